@@ -1,0 +1,122 @@
+"""Gated DeltaNet heads (Yang et al., ICLR 2025), as fla's GatedDeltaNet layer builds them.
+
+For n heads with key dim K and value dim V, from the normalised input x [B, T, d]:
+
+    q, k, v  = SiLU(ShortConv_4(x W_q)), SiLU(ShortConv_4(x W_k)), SiLU(ShortConv_4(x W_v))
+    q, k     = q / |q|, k / |k|                           (per head; q is scaled by K**-0.5 later)
+    beta_t   = sigmoid(x W_b)                             [B, T, n]
+    g_t      = -exp(A_log) * softplus(x W_a + dt_bias)    [B, T, n]  (log alpha_t <= 0)
+    o        = gated_delta_rule(q, k, v, g, beta)         (kernels_pallas.gdn; state fp32)
+    out      = RMSNorm(o) * SiLU(x W_g)                   per head over V
+
+ShortConv_4 is a causal depthwise convolution of width 4. ``A_log`` and ``dt_bias`` are per
+head and carry no weight decay (the optimizer's mask reads their names). With segment ids the
+convolution does not reach across documents and the recurrence restarts at each document.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import kernels_pallas
+from hwh_jax.layers.linear import dense
+from hwh_jax.layers.norms import GatedRMSNorm
+
+RESET_LOG_DECAY = -80.0  # g at a document start: alpha = e^-80 ~ 2e-35 wipes the state
+
+
+def causal_conv1d(x, weight, segment_ids=None):
+    """Depthwise causal conv: y_t = sum_i weight[i] * x_{t - (W-1) + i}; x [B,T,C], weight [W,C]."""
+    W = weight.shape[0]
+    T = x.shape[1]
+    xp = jnp.pad(x, ((0, 0), (W - 1, 0), (0, 0)))
+    if segment_ids is not None:
+        sp = jnp.pad(segment_ids, ((0, 0), (W - 1, 0)), constant_values=-1)
+    y = jnp.zeros_like(x)
+    for i in range(W):
+        tap = xp[:, i:i + T] * weight[i].astype(x.dtype)
+        if segment_ids is not None and i < W - 1:
+            tap = jnp.where((sp[:, i:i + T] == segment_ids)[..., None], tap, 0)
+        y = y + tap
+    return y
+
+
+def l2_normalize(x, eps=1e-6):
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, -1, keepdims=True) + eps)).astype(x.dtype)
+
+
+class ShortConv(nnx.Module):
+    def __init__(self, channels: int, width: int, *, param_dtype, rngs: nnx.Rngs):
+        init = nnx.with_partitioning(_conv_init, ("conv", "heads"))
+        self.weight = nnx.Param(init(rngs.params(), (width, channels), param_dtype))
+
+    def __call__(self, x, segment_ids=None):
+        return jax.nn.silu(causal_conv1d(x, self.weight[...], segment_ids))
+
+
+def _conv_init(key, shape, dtype):
+    bound = 1.0 / math.sqrt(shape[0])  # PyTorch Conv1d default for a depthwise kernel
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def _dt_bias_init(key, shape, dtype, dt_min=1e-3, dt_max=0.1, floor=1e-4):
+    """Inverse-softplus of dt ~ logUniform[dt_min, dt_max] (Mamba / fla initialisation)."""
+    u = jax.random.uniform(key, shape)
+    dt = jnp.maximum(jnp.exp(u * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)), floor)
+    return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
+
+
+def _a_log_init(key, shape, dtype):
+    return jnp.log(jax.random.uniform(key, shape, minval=1.0, maxval=16.0)).astype(dtype)
+
+
+class GatedDeltaNetHeads(nnx.Module):
+    def __init__(self, d_model: int, num_heads: int, key_dim: int, value_dim: int, *,
+                 conv_size: int = 4, norm_eps: float = 1e-6, impl: str = "auto",
+                 chunk_size: int = 64, dtype, param_dtype, rngs: nnx.Rngs):
+        self.num_heads, self.key_dim, self.value_dim = num_heads, key_dim, value_dim
+        self.impl, self.chunk_size, self.dtype = impl, chunk_size, dtype
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = dense(d_model, num_heads * key_dim, ("embed", "heads"), **kw)
+        self.k_proj = dense(d_model, num_heads * key_dim, ("embed", "heads"), **kw)
+        self.v_proj = dense(d_model, num_heads * value_dim, ("embed", "heads"), **kw)
+        self.g_proj = dense(d_model, num_heads * value_dim, ("embed", "heads"), **kw)
+        self.a_proj = dense(d_model, num_heads, ("embed", "heads"), **kw)
+        self.b_proj = dense(d_model, num_heads, ("embed", "heads"), **kw)
+        conv_kw = dict(param_dtype=param_dtype, rngs=rngs)
+        self.q_conv = ShortConv(num_heads * key_dim, conv_size, **conv_kw)
+        self.k_conv = ShortConv(num_heads * key_dim, conv_size, **conv_kw)
+        self.v_conv = ShortConv(num_heads * value_dim, conv_size, **conv_kw)
+        a_init = nnx.with_partitioning(_a_log_init, ("heads",))
+        dt_init = nnx.with_partitioning(_dt_bias_init, ("heads",))
+        self.A_log = nnx.Param(a_init(rngs.params(), (num_heads,), param_dtype))
+        self.dt_bias = nnx.Param(dt_init(rngs.params(), (num_heads,), param_dtype))
+        self.o_norm = GatedRMSNorm(value_dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype)
+
+    def gates(self, x, segment_ids=None):
+        """beta [B,T,n] and log decay g [B,T,n], fp32."""
+        beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
+        a = self.a_proj(x).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+        g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
+        if segment_ids is not None:
+            start = jnp.concatenate([jnp.zeros_like(segment_ids[:, :1], bool),
+                                     segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+            g = jnp.where(start[..., None], RESET_LOG_DECAY, g)
+        return beta, g
+
+    def __call__(self, x, segment_ids=None):
+        B, T, _ = x.shape
+        n, K, V = self.num_heads, self.key_dim, self.value_dim
+        q = self.q_conv(self.q_proj(x), segment_ids).reshape(B, T, n, K)
+        k = self.k_conv(self.k_proj(x), segment_ids).reshape(B, T, n, K)
+        v = self.v_conv(self.v_proj(x), segment_ids).reshape(B, T, n, V)
+        q, k = l2_normalize(q), l2_normalize(k)
+        beta, g = self.gates(x, segment_ids)
+        o, _ = kernels_pallas.gated_delta_rule(q, k, v, g, beta, impl=self.impl,
+                                               chunk_size=self.chunk_size)
+        gate = self.g_proj(x).reshape(B, T, n, V)
+        return self.o_norm(o, gate).reshape(B, T, n * V)

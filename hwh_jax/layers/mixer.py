@@ -1,0 +1,47 @@
+"""The head-wise hybrid token mixer: FA heads and GDN heads side by side in one layer.
+
+    y = W_o [ FA_1..n_fa(x) ; GDN_1..n_la(x) ]
+
+Both branches read the same normalised input; their head outputs are concatenated and one
+output projection [n_fa*D + n_la*V, d] mixes them. A layer with no FA heads (or no GDN heads)
+has no such branch at all: no weights, no compute. A pure Transformer layer is n_la = 0, a pure
+GDN layer n_fa = 0, a layer-wise hybrid alternates the two, HwH mixes them inside the layer.
+"""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from flax import nnx
+
+from hwh_jax.layers.attention import FullAttentionHeads
+from hwh_jax.layers.gdn import GatedDeltaNetHeads
+from hwh_jax.layers.linear import INIT_STD, dense
+from hwh_jax.layers.nnx_compat import data
+from hwh_jax.models.config import LayerSpec, ModelConfig
+
+
+class HeadwiseMixer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, rngs: nnx.Rngs):
+        kw = dict(dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, rngs=rngs)
+        self.fa = data(None if not spec.num_fa else FullAttentionHeads(
+                cfg.d_model, spec.num_fa, cfg.head_dim, q_per_kv=cfg.q_per_kv,
+                rope=spec.fa_rope, rope_theta=cfg.rope_theta, rope_pairing=cfg.rope_pairing,
+                window=spec.window, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
+                impl=cfg.attn_impl, **kw))
+        self.la = data(None if not spec.num_la else GatedDeltaNetHeads(
+                cfg.d_model, spec.num_la, cfg.la_key_dim, cfg.la_value_dim,
+                conv_size=cfg.conv_size, norm_eps=cfg.norm_eps, impl=cfg.gdn_impl,
+                chunk_size=cfg.gdn_chunk_size, **kw))
+        width = spec.num_fa * cfg.head_dim + spec.num_la * cfg.la_value_dim
+        self.o_proj = dense(width, cfg.d_model, ("heads", "embed"),
+                            std=INIT_STD / math.sqrt(2 * cfg.num_layers), **kw)
+
+    def __call__(self, x, positions, segment_ids=None):  # [B,T,d] -> [B,T,d]
+        outs = []
+        if self.fa is not None:
+            outs.append(self.fa(x, positions, segment_ids))
+        if self.la is not None:
+            outs.append(self.la(x, segment_ids))
+        y = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
+        return self.o_proj(y)

@@ -1,0 +1,104 @@
+"""The frozen model description every module receives: sizes plus a per-layer head allocation.
+
+Every architecture of the study is a tuple of ``LayerSpec``: how many full-attention (FA) and
+Gated DeltaNet (LA) heads layer l has, whether its FA heads use RoPE, and their window.
+Named schedules that build these tuples live in ``schedules.py``; sizes in ``variants.py``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from hwh_jax.layers.rope import PAIRINGS
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSpec:
+    num_fa: int              # full-attention query heads in this layer
+    num_la: int              # Gated DeltaNet heads in this layer
+    fa_rope: bool = False    # RoPE on this layer's FA heads (False = NoPE)
+    window: int | None = None  # sliding window of the FA heads (None = global)
+
+    def __post_init__(self):
+        if self.num_fa < 0 or self.num_la < 0 or self.num_fa + self.num_la == 0:
+            raise ValueError(f"LayerSpec needs num_fa, num_la >= 0 and at least one head, got "
+                             f"num_fa={self.num_fa}, num_la={self.num_la}")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"LayerSpec.window must be >= 1 or None, got {self.window}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    d_model: int
+    num_heads: int                     # head slots per layer (FA + LA) of the named size
+    head_dim: int                      # FA head dim D
+    la_key_dim: int                    # GDN key/query dim K
+    la_value_dim: int                  # GDN value dim V (= width of its slot in o_proj)
+    mlp_hidden: int                    # SwiGLU hidden width
+    layers: tuple[LayerSpec, ...]
+    arch: str = "custom"               # schedule name, for display only
+    q_per_kv: int = 1                  # GQA: FA query heads per kv head (1 = MHA)
+    qk_norm: bool = False              # per-head RMSNorm on FA q and k (Qwen3)
+    rope_theta: float = 10000.0
+    rope_pairing: str = "half"         # "half" (HF Llama/Qwen) or "interleaved"
+    conv_size: int = 4                 # GDN short causal convolution width
+    tie_embeddings: bool = True
+    norm_eps: float = 1e-6
+    dtype: str = "bfloat16"            # compute dtype of matmuls and activations
+    param_dtype: str = "float32"
+    attn_impl: str = "auto"            # kernels_pallas.attention impl
+    gdn_impl: str = "auto"             # kernels_pallas.gated_delta_rule impl
+    gdn_chunk_size: int = 64
+
+    def __post_init__(self):
+        if not self.layers:
+            raise ValueError("ModelConfig.layers is empty")
+        for name in ("vocab_size", "d_model", "num_heads", "head_dim", "la_key_dim",
+                     "la_value_dim", "mlp_hidden", "q_per_kv", "conv_size", "gdn_chunk_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for l, spec in enumerate(self.layers):
+            if spec.num_fa % self.q_per_kv:
+                raise ValueError(f"layer {l}: {spec.num_fa} FA heads not divisible by "
+                                 f"q_per_kv={self.q_per_kv}")
+        if self.rope_pairing not in PAIRINGS:
+            raise ValueError(f"rope_pairing must be one of {PAIRINGS}, got {self.rope_pairing!r}")
+        if any(s.fa_rope for s in self.layers) and self.head_dim % 2:
+            raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"ModelConfig.{name} must be one of {list(DTYPES)}, "
+                                 f"got {getattr(self, name)!r}")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def compute_dtype(self):
+        return DTYPES[self.dtype]
+
+    @property
+    def weight_dtype(self):
+        return DTYPES[self.param_dtype]
+
+    @property
+    def fa_heads(self) -> tuple[int, ...]:
+        return tuple(s.num_fa for s in self.layers)
+
+    @property
+    def la_heads(self) -> tuple[int, ...]:
+        return tuple(s.num_la for s in self.layers)
+
+    @property
+    def fa_share(self) -> float:
+        """FA heads over all heads of the model."""
+        fa, la = sum(self.fa_heads), sum(self.la_heads)
+        return fa / (fa + la)
+
+    def replace(self, **kw) -> "ModelConfig":
+        return dataclasses.replace(self, **kw)

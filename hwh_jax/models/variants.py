@@ -1,0 +1,110 @@
+"""Model sizes (a table of rows) and architectures (named schedules), combined into ModelConfig.
+
+Fair comparison at equal parameters: depth L, width d, head slots per layer H and head dims are
+the same for every architecture of a size. A GDN head costs more than an FA head (q, k, v *and*
+an output gate W_g of V columns, plus small a/b/conv/A_log/dt_bias terms: about 4dD + 2d against
+3dD for an MHA head with K = V = D), so an architecture whose mixers are heavier than the
+Transformer's gets a narrower SwiGLU: its hidden width is the Transformer's minus the mean extra
+mixer parameters per layer over 3d, rounded to a multiple of 64. Total parameters then match the
+Transformer's to well under 1% (docs/models.md lists every count).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from hwh_jax.models import schedules
+from hwh_jax.models.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    d_model: int
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    mlp_hidden: int     # the Transformer's SwiGLU width; other architectures are matched to it
+    vocab_size: int
+    swa_window: int     # default window of the SWA hybrid's local layers
+
+
+VOCAB_GPT2 = 50304  # GPT-2's 50257 tokens padded to a multiple of 64 for efficient matmuls
+
+SIZES = {
+    #          d     L   H   D    mlp   vocab        window
+    "tiny": Size(128, 4, 8, 16, 384, 4096, 64),       # CPU: trains in minutes
+    "small": Size(640, 12, 10, 64, 1728, VOCAB_GPT2, 512),   # ~92M, single-GPU experiments
+    "380m": Size(1024, 24, 16, 64, 3072, VOCAB_GPT2, 512),
+    "1b4": Size(2048, 24, 16, 128, 6144, VOCAB_GPT2, 512),
+}
+
+ARCHS = ("transformer", "gdn", "layerwise", "layerwise_nope", "swa", "hwh", "hwh_rope",
+         "hwh_uniform")
+
+
+def build_layers(arch: str, num_layers: int, num_heads: int, *, fa_share=None, counts=None,
+                 ratio=(1, 3), window=512, q_per_kv: int = 1):
+    fa_share = schedules.HWH_FA_SHARE if fa_share is None else fa_share
+    if arch == "transformer":
+        return schedules.transformer(num_layers, num_heads)
+    if arch == "gdn":
+        return schedules.gdn(num_layers, num_heads)
+    if arch in ("layerwise", "layerwise_nope"):
+        return schedules.layerwise(num_layers, num_heads, ratio, fa_rope=arch == "layerwise")
+    if arch == "swa":
+        return schedules.swa(num_layers, num_heads, window, ratio)
+    if arch in ("hwh", "hwh_rope", "hwh_uniform"):
+        uniform = arch == "hwh_uniform"
+        return schedules.hwh(num_layers, num_heads, fa_share=fa_share, counts=counts,
+                             placement="uniform" if uniform else "middle",
+                             fa_rope=arch == "hwh_rope", unit=q_per_kv,
+                             enforce_rules=not uniform)
+    raise ValueError(f"unknown architecture {arch!r}; known: {ARCHS}")
+
+
+def matched_mlp_hidden(cfg: ModelConfig, base: ModelConfig, multiple: int = 64) -> int:
+    """SwiGLU width that gives ``cfg`` the parameter count of ``base`` (same d and L)."""
+    from hwh_jax.models.params import mixer_params
+    extra = (sum(mixer_params(cfg, s) for s in cfg.layers)
+             - sum(mixer_params(base, s) for s in base.layers))
+    hidden = base.mlp_hidden - extra / (3 * cfg.d_model * cfg.num_layers)
+    return max(multiple, int(round(hidden / multiple)) * multiple)
+
+
+def model_config(arch: str, size: str, *, fa_share=None, counts=None, ratio=(1, 3),
+                 window=None, match_params: bool = True, **overrides) -> ModelConfig:
+    """ModelConfig of architecture ``arch`` at size ``size``; ``overrides`` replace fields
+    (dtype, q_per_kv, qk_norm, rope_theta, vocab_size, gdn_impl, ...)."""
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; known: {list(SIZES)}")
+    s = SIZES[size]
+    q_per_kv = overrides.get("q_per_kv", 1)
+    layers = build_layers(arch, s.num_layers, s.num_heads, fa_share=fa_share, counts=counts,
+                          ratio=tuple(ratio), window=window or s.swa_window, q_per_kv=q_per_kv)
+    fields = dict(vocab_size=s.vocab_size, d_model=s.d_model, num_heads=s.num_heads,
+                  head_dim=s.head_dim, la_key_dim=s.head_dim, la_value_dim=s.head_dim,
+                  mlp_hidden=s.mlp_hidden, layers=layers, arch=arch)
+    fields.update(overrides)
+    cfg = ModelConfig(**fields)
+    if match_params and "mlp_hidden" not in overrides and arch != "transformer":
+        base = cfg.replace(layers=schedules.transformer(s.num_layers, s.num_heads),
+                           mlp_hidden=s.mlp_hidden)
+        cfg = cfg.replace(mlp_hidden=matched_mlp_hidden(cfg, base))
+    return cfg
+
+
+def model_config_from_dict(m) -> ModelConfig:
+    """ModelConfig from the ``model`` section of a run config (any mapping; 0/"" = default)."""
+    m = dict(m)
+    counts = m.pop("counts", "") or None
+    if isinstance(counts, str) and not counts.endswith(".json"):
+        try:
+            counts = [int(c) for c in counts.split(",")]
+        except ValueError:
+            raise ValueError(f"model.counts must be comma-separated ints or a .json path, "
+                             f"got {counts!r}") from None
+    arch, size = m.pop("arch"), m.pop("size")
+    kw = dict(fa_share=m.pop("fa_share", None), counts=counts, ratio=tuple(m.pop("ratio", (1, 3))),
+              window=m.pop("window", 0) or None)
+    if not m.get("vocab_size"):
+        m.pop("vocab_size", None)
+    return model_config(arch, size, **kw, **m)

@@ -1,0 +1,77 @@
+"""Causal / sliding-window / GQA softmax attention behind one entry point.
+
+  reference  ``reference.py`` (XLA einsum + softmax, fp32 inside): the specification.
+  cudnn      ``jax.nn.dot_product_attention(implementation="cudnn")`` on GPU (bf16/fp16, D<=128).
+  splash     splash attention from ``jax.experimental.pallas.ops.tpu`` on TPU (T % 128 == 0).
+``impl="auto"`` takes the fast path of the backend when the inputs suit it, else the reference,
+and records the choice (``kernels_pallas.dispatch.chosen()``).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kernels_pallas import dispatch
+from kernels_pallas.attention.reference import attention_mask, attention_reference
+
+IMPLS = ("auto", "reference", "cudnn", "splash")
+
+
+def _cudnn_ok(q, window, segment_ids):
+    return (q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] <= 128
+            and q.shape[-1] % 8 == 0 and segment_ids is None)
+
+
+def resolve_impl(q, *, window=None, segment_ids=None, impl="auto") -> str:
+    dispatch.check_impl("attention", impl, IMPLS)
+    if impl != "auto":
+        return impl
+    backend = dispatch.backend()
+    if backend == "gpu" and _cudnn_ok(q, window, segment_ids):
+        return "cudnn"
+    if backend == "tpu" and segment_ids is None:
+        from kernels_pallas.attention import tpu
+        if tpu.supported(q.shape[1], q.shape[-1]):
+            return "splash"
+    return "reference"
+
+
+def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None,
+              impl="auto", interpret=False):
+    """Multi-head attention with grouped kv heads.
+
+    Args:
+      q: [B, T, H, D]; k, v: [B, T, G, D] with H % G == 0.
+      causal: mask keys after the query; window: keys in [t - window + 1, t] only (SWA).
+      scale: logit scale, default D**-0.5; segment_ids: [B, T] ints, attend within a segment.
+      impl: "auto" | "reference" | "cudnn" | "splash"; interpret: run splash in interpret mode.
+    Returns: [B, T, H, D] in q's dtype.
+    """
+    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
+        raise ValueError(f"attention: need q [B,T,H,D], k=v [B,T,G,D]; got {q.shape}, "
+                         f"{k.shape}, {v.shape}")
+    B, T, H, D = q.shape
+    G = k.shape[2]
+    if k.shape[0] != B or k.shape[3] != D or k.shape[1] != T:
+        raise ValueError(f"attention: k shape {k.shape} does not match q shape {q.shape}")
+    if H % G:
+        raise ValueError(f"attention: {H} query heads not divisible by {G} kv heads")
+    if window is not None and window < 1:
+        raise ValueError(f"attention: window must be >= 1, got {window}")
+    impl = dispatch.record("attention", resolve_impl(q, window=window, segment_ids=segment_ids,
+                                                     impl=impl))
+    if impl == "cudnn":
+        return jax.nn.dot_product_attention(
+            q, k, v, scale=scale, is_causal=causal, implementation="cudnn",
+            local_window_size=None if window is None else (window - 1, 0))
+    if impl == "splash":
+        if segment_ids is not None:
+            raise ValueError("attention: impl='splash' does not take segment_ids here")
+        from kernels_pallas.attention.tpu import splash_attention
+        return splash_attention(q, k, v, causal=causal, window=window, scale=scale,
+                                interpret=interpret)
+    return attention_reference(q, k, v, causal=causal, window=window, scale=scale,
+                               segment_ids=segment_ids)
+
+
+__all__ = ["attention", "attention_reference", "attention_mask", "resolve_impl", "IMPLS"]

@@ -1,0 +1,43 @@
+"""Softmax attention in plain XLA: the specification of ``kernels_pallas.attention``.
+
+    O_h = softmax(scale * Q_h K_g(h)^T + M) V_g(h),   g(h) = h // (H / G)   (GQA)
+
+M masks keys after the query (causal), keys more than ``window - 1`` positions back (sliding
+window: keys in [t - w + 1, t]) and keys of another document (segment ids). Logits and softmax
+in fp32; a query row with no visible key (impossible when causal) would return zeros.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_HI = jax.lax.Precision.HIGHEST
+
+
+def attention_mask(T_q, T_k, *, causal=True, window=None, q_offset=0):
+    """[T_q, T_k] bool, True where query i (absolute position q_offset + i) may see key j."""
+    qi = jnp.arange(T_q)[:, None] + q_offset
+    kj = jnp.arange(T_k)[None, :]
+    mask = jnp.ones((T_q, T_k), bool)
+    if causal:
+        mask &= kj <= qi
+    if window is not None:
+        mask &= kj > qi - window
+    return mask
+
+
+def attention_reference(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None):
+    """q [B,T,H,D], k/v [B,S,G,D] -> [B,T,H,D] in q's dtype; segment_ids [B,T] (T == S)."""
+    B, T, H, D = q.shape
+    S, G = k.shape[1], k.shape[2]
+    scale = D ** -0.5 if scale is None else scale
+    qg = q.reshape(B, T, G, H // G, D).astype(jnp.float32)
+    logits = jnp.einsum("btgrd,bsgd->bgrts", qg, k.astype(jnp.float32), precision=_HI) * scale
+    mask = attention_mask(T, S, causal=causal, window=window, q_offset=S - T)[None, None, None]
+    if segment_ids is not None:
+        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None, None]
+    logits = jnp.where(mask, logits, -jnp.inf)
+    p = jax.nn.softmax(logits, axis=-1, where=mask)
+    p = jnp.where(mask, p, 0.0)
+    o = jnp.einsum("bgrts,bsgd->btgrd", p, v.astype(jnp.float32), precision=_HI)
+    return o.reshape(B, T, H, D).astype(q.dtype)

@@ -1,0 +1,48 @@
+"""Attention on TPU through JAX's splash attention kernel (Pallas/Mosaic).
+
+Splash takes one sequence and [heads, T, D]; we vmap over batch and over kv groups (each group
+is an MQA problem: its H/G query heads share one k/v), and fold the scale into q.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+BLOCK = 128  # splash tiles the sequence in blocks of this many tokens
+
+
+def supported(T: int, D: int) -> bool:
+    return T % BLOCK == 0 and D % 64 == 0
+
+
+@functools.lru_cache(maxsize=32)
+def _kernel(T, heads, causal, window, interpret):
+    if window is not None:
+        one = sm.LocalMask((T, T), window_size=(window - 1, 0 if causal else None), offset=0)
+    elif causal:
+        one = sm.CausalMask((T, T))
+    else:
+        one = sm.FullMask((T, T))
+    mask = sm.MultiHeadMask([one] * heads)
+    block = min(512, T)
+    sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                          block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                          block_q_dq=block, block_kv_dq=block)
+    return sk.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+
+
+def splash_attention(q, k, v, *, causal=True, window=None, scale=None, interpret=False):
+    """q [B,T,H,D], k/v [B,T,G,D] -> [B,T,H,D]."""
+    B, T, H, D = q.shape
+    G = k.shape[2]
+    scale = D ** -0.5 if scale is None else scale
+    kernel = _kernel(T, H // G, causal, window, interpret)
+    qg = jnp.transpose((q * scale).astype(q.dtype).reshape(B, T, G, H // G, D), (0, 2, 3, 1, 4))
+    kg = jnp.transpose(k, (0, 2, 1, 3))  # [B, G, T, D]
+    vg = jnp.transpose(v, (0, 2, 1, 3))
+    o = jax.vmap(jax.vmap(kernel))(qg, kg, vg)  # [B, G, H/G, T, D]
+    return jnp.transpose(o, (0, 3, 1, 2, 4)).reshape(B, T, H, D)

@@ -1,0 +1,65 @@
+"""Gated DeltaNet ops: ``gated_delta_rule`` (training / prefill) and ``gated_delta_rule_step``.
+
+Implementations:
+  recurrent        ``naive.py``: lax.scan over tokens, the specification.
+  chunk_reference  ``chunk_reference.py``: chunked WY/UT form in pure jnp, lax.scan over chunks.
+``impl="auto"`` picks per backend (``AUTO_IMPL``); ``kernels_pallas.dispatch.chosen()`` tells.
+"""
+from __future__ import annotations
+
+from kernels_pallas import dispatch
+from kernels_pallas.gdn.chunk_reference import gated_delta_rule_chunk_reference
+from kernels_pallas.gdn.naive import gated_delta_rule_recurrent, gated_delta_rule_step
+
+IMPLS = ("auto", "recurrent", "chunk_reference")
+# The Pallas kernel (its own issue) will take over "gpu" and "tpu" here.
+AUTO_IMPL = {"cpu": "chunk_reference", "gpu": "chunk_reference", "tpu": "chunk_reference"}
+
+
+def resolve_impl(impl: str = "auto") -> str:
+    """The implementation ``gated_delta_rule(impl=impl)`` runs on this backend."""
+    dispatch.check_impl("gated_delta_rule", impl, IMPLS)
+    return AUTO_IMPL.get(dispatch.backend(), "chunk_reference") if impl == "auto" else impl
+
+
+def _check_shapes(q, k, v, g, beta, initial_state, chunk_size):
+    if q.ndim != 4:
+        raise ValueError(f"gated_delta_rule: q must be [B,T,H,K], got shape {q.shape}")
+    B, T, H, K = q.shape
+    if k.shape != q.shape:
+        raise ValueError(f"gated_delta_rule: k shape {k.shape} != q shape {q.shape}")
+    if v.ndim != 4 or v.shape[:3] != (B, T, H):
+        raise ValueError(f"gated_delta_rule: v must be [B={B},T={T},H={H},V], got {v.shape}")
+    for name, x in (("g", g), ("beta", beta)):
+        if x.shape != (B, T, H):
+            raise ValueError(f"gated_delta_rule: {name} must be [B,T,H]={(B, T, H)}, got {x.shape}")
+    if initial_state is not None and initial_state.shape != (B, H, K, v.shape[-1]):
+        raise ValueError(f"gated_delta_rule: initial_state must be [B,H,K,V]="
+                         f"{(B, H, K, v.shape[-1])}, got {initial_state.shape}")
+    if chunk_size < 1:
+        raise ValueError(f"gated_delta_rule: chunk_size must be >= 1, got {chunk_size}")
+
+
+def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
+                     output_final_state=False, impl="auto", chunk_size=64):
+    """Gated delta rule over a sequence, fla layout.
+
+    Args:
+      q, k: [B, T, H, K] (k L2-normalised by the caller); v: [B, T, H, V];
+      g: [B, T, H] log decay (<= 0); beta: [B, T, H] in [0, 1];
+      scale: query scale, default K**-0.5; initial_state: [B, H, K, V] (fp32);
+      output_final_state: also return the state after the last token;
+      impl: "auto" | "recurrent" | "chunk_reference"; chunk_size: C of the chunked forms.
+    Returns:
+      (o [B, T, H, V] in v's dtype, final state [B, H, K, V] fp32 or None).
+    """
+    _check_shapes(q, k, v, g, beta, initial_state, chunk_size)
+    impl = dispatch.record("gated_delta_rule", resolve_impl(impl))
+    kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state)
+    if impl == "recurrent":
+        return gated_delta_rule_recurrent(q, k, v, g, beta, **kw)
+    return gated_delta_rule_chunk_reference(q, k, v, g, beta, chunk_size=chunk_size, **kw)
+
+
+__all__ = ["gated_delta_rule", "gated_delta_rule_step", "gated_delta_rule_recurrent",
+           "gated_delta_rule_chunk_reference", "resolve_impl", "IMPLS", "AUTO_IMPL"]

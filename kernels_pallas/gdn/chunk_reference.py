@@ -1,0 +1,108 @@
+"""Gated DeltaNet in chunked WY/UT form, pure jnp: the plain-XLA fast path and the kernel's model.
+
+Within a chunk of C tokens with local cumulative log decay G_i = sum_{j<=i} g_j and incoming
+state S0 [K, V], unrolling the recurrence of ``naive.py`` gives for the corrected values U':
+
+    (I + A) U' = beta*V - (beta*exp(G)*K) S0,    A_ij = beta_i exp(G_i - G_j) k_i.k_j  (j < i)
+
+so with T = (I + A)^-1 (unit lower triangular):
+
+    u = T (beta*V),   w = T (beta*exp(G)*K),   U' = u - w S0                (WY/UT form)
+    O = (exp(G)*Q) S0 + tril(Q K^T * exp(G_i - G_j)) U'                     (j <= i)
+    S_next = exp(G_last) S0 + (exp(G_last - G)*K)^T U'
+
+Every decay is a difference of chunk-local cumulative gates, masked *before* ``exp`` so that the
+masked entries (whose differences are positive and may be huge) never reach ``exp``: no Inf, no
+NaN in values or gradients, for any g <= 0. Everything is fp32 at HIGHEST matmul precision.
+T need not be a multiple of C: the tail is padded with q = k = v = beta = 0 and g = 0, which
+leaves outputs and state unchanged.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_HI = jax.lax.Precision.HIGHEST
+_NEG = -1e30  # stands for -inf before exp; finite so that 0 * it stays 0 in gradients
+
+
+def _pad_time(x, pad):
+    if pad == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (0, pad)
+    return jnp.pad(x, widths)
+
+
+def chunk_local_cumsum(g, chunk_size):
+    """g [B, N*C, H] -> chunk-local inclusive cumulative sum, same shape."""
+    B, T, H = g.shape
+    return jnp.cumsum(g.reshape(B, T // chunk_size, chunk_size, H), axis=2).reshape(B, T, H)
+
+
+def wy_representation(k, v, beta, g_cum):
+    """Per-chunk w, u of the UT transform.
+
+    Args (chunked, fp32): k [..., C, K], v [..., C, V], beta [..., C], g_cum [..., C].
+    Returns w [..., C, K], u [..., C, V].
+    """
+    C = k.shape[-2]
+    diff = g_cum[..., :, None] - g_cum[..., None, :]
+    strict = jnp.tril(jnp.ones((C, C), bool), -1)
+    decay = jnp.exp(jnp.where(strict, diff, _NEG))
+    kk = jnp.einsum("...ik,...jk->...ij", k, k, precision=_HI)
+    A = beta[..., :, None] * kk * decay                       # strictly lower
+    eye = jnp.eye(C, dtype=k.dtype)
+    rhs = jnp.concatenate([beta[..., None] * v,
+                           (beta * jnp.exp(g_cum))[..., None] * k], axis=-1)
+    sol = jax.scipy.linalg.solve_triangular(eye + A, rhs, lower=True, unit_diagonal=True)
+    V = v.shape[-1]
+    return sol[..., V:], sol[..., :V]
+
+
+def gated_delta_rule_chunk_reference(q, k, v, g, beta, *, scale=None, initial_state=None,
+                                     output_final_state=False, chunk_size=64):
+    """Chunked GDN; same signature and layout as the recurrent reference."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    C = chunk_size
+    scale = K ** -0.5 if scale is None else scale
+    f32 = jnp.float32
+    out_dtype = v.dtype
+    pad = (-T) % C
+    q, k, v, g, beta = (_pad_time(a.astype(f32), pad) for a in (q, k, v, g, beta))
+    Tp = T + pad
+    N = Tp // C
+    g_cum = chunk_local_cumsum(g, C)
+
+    # [B, T, H, X] -> [N, B, H, C, X]: chunks lead so that lax.scan walks them.
+    def chunks(x):
+        x = x.reshape(B, N, C, H, -1)
+        return jnp.transpose(x, (1, 0, 3, 2, 4))
+
+    qc, kc, vc = chunks(q * scale), chunks(k), chunks(v)
+    bc, gc = chunks(beta)[..., 0], chunks(g_cum)[..., 0]      # [N, B, H, C]
+    w, u = wy_representation(kc, vc, bc, gc)
+
+    C_idx = jnp.arange(C)
+    causal = C_idx[:, None] >= C_idx[None, :]
+    intra_decay = jnp.exp(jnp.where(causal, gc[..., :, None] - gc[..., None, :], _NEG))
+    qk = jnp.einsum("...ik,...jk->...ij", qc, kc, precision=_HI) * intra_decay
+    q_dec = qc * jnp.exp(gc)[..., None]
+    g_last = gc[..., -1:]
+    k_dec = kc * jnp.exp(g_last - gc)[..., None]
+
+    def body(S, xs):
+        w_n, u_n, qk_n, q_dec_n, k_dec_n, g_last_n = xs
+        v_new = u_n - jnp.einsum("bhck,bhkv->bhcv", w_n, S, precision=_HI)
+        o = (jnp.einsum("bhck,bhkv->bhcv", q_dec_n, S, precision=_HI)
+             + jnp.einsum("bhij,bhjv->bhiv", qk_n, v_new, precision=_HI))
+        S = (jnp.exp(g_last_n)[..., None] * S
+             + jnp.einsum("bhck,bhcv->bhkv", k_dec_n, v_new, precision=_HI))
+        return S, o
+
+    S0 = (jnp.zeros((B, H, K, V), f32) if initial_state is None
+          else initial_state.astype(f32))
+    S, o = jax.lax.scan(body, S0, (w, u, qk, q_dec, k_dec, g_last))
+    o = jnp.transpose(o, (1, 0, 3, 2, 4)).reshape(B, Tp, H, V)[:, :T]
+    return o.astype(out_dtype), (S if output_final_state else None)

@@ -1,0 +1,33 @@
+r"""Print a config's parameter count and per-layer FA/LA allocation, without allocating weights.
+
+  python -m launch.describe --config=configs/hwh_1b4.py
+  python -m launch.describe --config=configs/hwh_tiny.py --forward   # plus one jitted forward
+  python -m launch.describe --table                                  # docs/models.md table
+"""
+from absl import app, flags
+from ml_collections import config_flags
+
+from hwh_jax.models.describe import describe, markdown_table
+from hwh_jax.models.variants import model_config_from_dict
+
+config_flags.DEFINE_config_file("config", "configs/hwh_tiny.py", "run config file")
+flags.DEFINE_bool("table", False, "print the markdown table of every architecture x size")
+flags.DEFINE_bool("forward", False, "also run one jitted forward pass on random tokens")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    if FLAGS.table:
+        print(markdown_table())
+        return
+    config = FLAGS.config
+    cfg = model_config_from_dict(config.model)
+    print(describe(cfg))
+    if FLAGS.forward:
+        from hwh_jax.models.smoke import forward_once
+        print(forward_once(cfg, seq_len=config.seq_len, seed=config.seed))
+
+
+if __name__ == "__main__":
+    app.run(main)

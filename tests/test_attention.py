@@ -1,0 +1,77 @@
+"""The attention dispatcher against its reference, and the reference against jax.nn."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels_pallas import attention, attention_reference, dispatch
+
+# (B, T, H, G, D, window)
+SHAPES = [(2, 37, 4, 2, 16, None), (1, 64, 4, 1, 32, 9), (2, 50, 3, 3, 8, 1),
+          (1, 40, 8, 2, 16, 100)]
+IDS = [f"B{b}-T{t}-H{h}-G{g}-D{d}-W{w}" for b, t, h, g, d, w in SHAPES]
+
+
+def qkv(B, T, H, G, D, seed=0, dtype=jnp.float32):
+    rng = np.random.default_rng(seed)
+    n = lambda *s: jnp.asarray(rng.standard_normal(s, dtype=np.float32), dtype)  # noqa: E731
+    return n(B, T, H, D), n(B, T, G, D), n(B, T, G, D)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_reference_matches_jax_nn(shape):
+    B, T, H, G, D, w = shape
+    q, k, v = qkv(B, T, H, G, D)
+    ref = attention_reference(q, k, v, causal=True, window=w)
+    other = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla",
+                                         local_window_size=None if w is None else (w - 1, 0))
+    np.testing.assert_allclose(ref, other, atol=2e-6, rtol=2e-6)
+
+
+def test_reference_against_loop():
+    """Brute force per (b, h, t) in float64 NumPy, window and GQA included."""
+    B, T, H, G, D, w = 1, 12, 4, 2, 8, 5
+    q, k, v = qkv(B, T, H, G, D, seed=1)
+    out = np.asarray(attention_reference(q, k, v, window=w, scale=0.3))
+    qn, kn, vn = (np.asarray(x, np.float64) for x in (q, k, v))
+    for h in range(H):
+        g = h // (H // G)
+        for t in range(T):
+            keys = [s for s in range(T) if s <= t and s > t - w]
+            z = np.array([0.3 * qn[0, t, h] @ kn[0, s, g] for s in keys])
+            p = np.exp(z - z.max())
+            p /= p.sum()
+            np.testing.assert_allclose(out[0, t, h], p @ vn[0, keys, g], atol=1e-5)
+
+
+def test_segment_ids_isolate_documents():
+    B, T, H, G, D = 1, 20, 2, 2, 8
+    q, k, v = qkv(B, T, H, G, D, seed=2)
+    seg = jnp.array([[0] * 7 + [1] * 13])
+    out = attention_reference(q, k, v, segment_ids=seg)
+    second = attention_reference(q[:, 7:], k[:, 7:], v[:, 7:])
+    np.testing.assert_allclose(out[:, 7:], second, atol=1e-6)
+
+
+def test_auto_on_cpu_is_reference_and_recorded():
+    q, k, v = qkv(1, 8, 2, 1, 8)
+    np.testing.assert_array_equal(attention(q, k, v), attention_reference(q, k, v))
+    assert dispatch.chosen()["attention@cpu"] == "reference"
+
+
+@pytest.mark.parametrize("window", [None, 100], ids=["causal", "W100"])
+def test_splash_interpret_matches_reference(window):
+    """The TPU path (splash attention) run by the Pallas interpreter on the CPU."""
+    q, k, v = qkv(1, 256, 4, 2, 64, seed=3)
+    ref = attention_reference(q, k, v, window=window)
+    out = attention(q, k, v, window=window, impl="splash", interpret=True)
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
+
+
+def test_bad_inputs_raise():
+    q, k, v = qkv(1, 8, 3, 2, 8)
+    with pytest.raises(ValueError, match="divisible"):
+        attention(q, k, v)
+    q, k, v = qkv(1, 8, 2, 1, 8)
+    with pytest.raises(ValueError, match="window"):
+        attention(q, k, v, window=0)

@@ -1,0 +1,114 @@
+"""The model family: causality, packing, parameter counts, one forward of every tiny config."""
+import glob
+import importlib.util
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from hwh_jax.models import ARCHS, HybridLM, count_params, count_params_whole, model_config
+from hwh_jax.models.variants import model_config_from_dict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_config(path):
+    spec = importlib.util.spec_from_file_location("cfg", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config()
+
+
+def tokens(B, T, vocab, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).integers(0, vocab, (B, T)), jnp.int32)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_causality(arch):
+    """Changing token t changes no logit before t (and does change the logit at t)."""
+    cfg = model_config(arch, "tiny", dtype="float32", window=8, gdn_chunk_size=16)
+    model = HybridLM(cfg, rngs=nnx.Rngs(0))
+    fwd = nnx.jit(lambda m, x: m(x))
+    x = tokens(1, 40, cfg.vocab_size)
+    t = 23
+    y = x.at[0, t].set((x[0, t] + 1) % cfg.vocab_size)
+    a, b = fwd(model, x), fwd(model, y)
+    np.testing.assert_allclose(a[:, :t], b[:, :t], atol=1e-6, rtol=0)
+    assert float(jnp.abs(a[:, t] - b[:, t]).max()) > 1e-4
+
+
+@pytest.mark.parametrize("arch", ["transformer", "gdn", "hwh", "swa"])
+def test_packed_documents_match_separate_runs(arch):
+    """With segment ids and in-document positions, a packed row equals its documents run alone."""
+    cfg = model_config(arch, "tiny", dtype="float32", window=8, gdn_chunk_size=16)
+    model = HybridLM(cfg, rngs=nnx.Rngs(1))
+    fwd = nnx.jit(lambda m, x, p, s: m(x, p, s))
+    x = tokens(1, 45, cfg.vocab_size, seed=1)
+    n1 = 19
+    seg = jnp.array([[0] * n1 + [1] * (45 - n1)])
+    pos = jnp.array([list(range(n1)) + list(range(45 - n1))])
+    packed = fwd(model, x, pos, seg)
+    alone = fwd(model, x[:, n1:], jnp.arange(45 - n1)[None], jnp.zeros((1, 45 - n1), jnp.int32))
+    np.testing.assert_allclose(packed[:, n1:], alone, atol=2e-4, rtol=1e-4)
+
+
+TINY_CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*_tiny.py")))
+
+
+@pytest.mark.parametrize("path", TINY_CONFIGS, ids=[os.path.basename(p) for p in TINY_CONFIGS])
+def test_tiny_config_jitted_forward(path):
+    config = load_config(path)
+    cfg = model_config_from_dict(config.model)
+    model = HybridLM(cfg, rngs=nnx.Rngs(0))
+    logits = nnx.jit(lambda m, x: m(x))(model, tokens(2, 70, cfg.vocab_size))
+    assert logits.shape == (2, 70, cfg.vocab_size) and logits.dtype == jnp.float32
+    assert bool(jnp.all(jnp.isfinite(logits)))
+
+
+def test_every_arch_size_config_file_exists():
+    from hwh_jax.models import SIZES
+    for arch in ARCHS:
+        for size in SIZES:
+            path = os.path.join(ROOT, "configs", f"{arch}_{size}.py")
+            config = load_config(path)
+            assert (config.model.arch, config.model.size) == (arch, size)
+
+
+@pytest.mark.parametrize("size,target", [("380m", 380e6), ("1b4", 1.4e9)])
+def test_named_sizes_within_5_percent(size, target):
+    for arch in ARCHS:
+        n = count_params(model_config(arch, size))
+        assert abs(n / target - 1) < 0.05, (arch, size, n)
+
+
+@pytest.mark.parametrize("size", ["tiny", "small", "380m", "1b4"])
+def test_architectures_match_transformer_params(size):
+    base = count_params(model_config("transformer", size))
+    for arch in ARCHS:
+        n = count_params(model_config(arch, size))
+        assert abs(n / base - 1) < 0.03, (arch, n, base)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fast_count_equals_whole_model_count(arch):
+    cfg = model_config(arch, "tiny")
+    assert count_params(cfg) == count_params_whole(cfg)
+
+
+def test_mixed_precision_dtypes():
+    cfg = model_config("hwh", "tiny")  # bf16 compute by default
+    model = HybridLM(cfg, rngs=nnx.Rngs(0))
+    params = jax.tree.leaves(nnx.state(model, nnx.Param))
+    assert all(p.dtype == jnp.float32 for p in params)
+    h = nnx.jit(lambda m, x: m.hidden(x))(model, tokens(1, 10, cfg.vocab_size))
+    assert h.dtype == jnp.bfloat16
+
+
+def test_absent_branch_has_no_weights():
+    gdn = HybridLM(model_config("gdn", "tiny"), rngs=nnx.Rngs(0))
+    tr = HybridLM(model_config("transformer", "tiny"), rngs=nnx.Rngs(0))
+    assert all(b.mixer.fa is None and b.mixer.la is not None for b in gdn.blocks)
+    assert all(b.mixer.la is None and b.mixer.fa is not None for b in tr.blocks)
