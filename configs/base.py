@@ -41,9 +41,48 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.qk_norm = False                      # Qwen3-style q/k RMSNorm in FA heads
     m.rope_theta = 10000.0
     m.rope_pairing = "half"                # "half" (HF) or "interleaved"
-    m.dtype = "bfloat16"                   # compute dtype (params stay float32)
+    m.dtype = "float32" if size == "tiny" else "bfloat16"  # compute dtype (params stay fp32);
+    #                                        tiny runs on CPUs, where bf16 is emulated and slow
     m.attn_impl = "auto"                   # kernels_pallas.attention impl
     m.gdn_impl = "auto"                    # kernels_pallas.gated_delta_rule impl
     m.gdn_chunk_size = 64
+    d = config.data = ml_collections.ConfigDict()
+    d.source = "text"                      # "text" | "tfds" | "arrayrecord"
+    d.paths = ("dickens/dickens.zip",)     # relative to data_dir unless absolute
+    d.heldout_paths = ()                   # explicit held-out files (else the stream's tail)
+    d.heldout_fraction = 0.01              # share of the token stream held out
+    d.text_field = "text"                  # jsonl / TFDS field holding the text
+    d.tfds_name = ""                       # e.g. "fineweb_edu" (prepared under tfds_data_dir)
+    d.tfds_split = "train"
+    d.tfds_heldout_split = ""
+    d.tfds_data_dir = ""
+    d.tokenizer = "train_sentencepiece" if size == "tiny" else "gpt2"
+    d.sp_model = ""                        # a SentencePiece .model for tokenizer="sentencepiece"
+    d.sp_vocab_size = 4096                 # vocabulary of the corpus-trained SentencePiece
+    d.data_dir = ""                        # default $HWH_DATA_DIR or ../shared/data
+
+    t = config.train = ml_collections.ConfigDict()
+    t.steps = 250 if size == "tiny" else 20000
+    t.stop_at_step = 0                     # stop (with a checkpoint) before `steps`; 0 = no
+    t.batch_size = 16 if size == "tiny" else 256   # global batch, sequences
+    t.grad_accum = 1                       # micro-batches per step
+    t.lr = 3e-3 if size == "tiny" else 3e-4
+    t.min_lr_ratio = 0.1
+    t.warmup_steps = 25 if size == "tiny" else 1000
+    t.schedule = "cosine"                  # "cosine" | "wsd" | "constant"
+    t.decay_fraction = 0.2                 # wsd: final decay share of the steps
+    t.weight_decay = 0.1
+    t.b1, t.b2, t.eps = 0.9, 0.95, 1e-8
+    t.clip_norm = 1.0
+    t.z_loss = 0.0                         # e.g. 1e-4 for PaLM's z-loss
+    t.document_mask = False                # attend / recur within documents only
+    t.mesh = (-1, 1, 1)                    # (data, fsdp, tensor); -1 = the remaining devices
+    t.log_every = 25 if size == "tiny" else 50
+    t.eval_every = 50 if size == "tiny" else 1000
+    t.eval_batches = 20                    # held-out batches per evaluation (0 = all)
+    t.final_eval = True                    # held-out evaluation after the last step
+    t.checkpoint_every = 100 if size == "tiny" else 1000
+    t.keep_checkpoints = 3
+    t.peak_flops = 0.0                     # per-device peak for MFU; 0 = from the device kind
     config.lock()
     return config

@@ -52,10 +52,10 @@ def l2_normalize(x, eps=1e-6):
 class ShortConv(nnx.Module):
     def __init__(self, channels: int, width: int, *, param_dtype, rngs: nnx.Rngs):
         init = nnx.with_partitioning(_conv_init, ("conv", "heads"))
-        self.weight = nnx.Param(init(rngs.params(), (width, channels), param_dtype))
+        self.kernel = nnx.Param(init(rngs.params(), (width, channels), param_dtype))
 
     def __call__(self, x, segment_ids=None):
-        return jax.nn.silu(causal_conv1d(x, self.weight[...], segment_ids))
+        return jax.nn.silu(causal_conv1d(x, self.kernel[...], segment_ids))
 
 
 def _conv_init(key, shape, dtype):

@@ -1,0 +1,133 @@
+r"""Time the GDN implementations on one accelerator and check their bf16 accuracy.
+
+  python bench/gdn.py --shapes 8,2048,16,128,128 2,8192,16,128,128 --out results.jsonl
+
+For each (B, T, H, K, V): forward and forward+backward medians (ms) of every JAX implementation
+named in --impls, achieved TFLOP/s (forward: 4C(K+V) + 6KV FLOPs per token and head, x3 for
+fwd+bwd) and TB/s (q, k, v, o, g, beta read or written once, bf16), against ceilings measured in
+the same run (a bf16 8192^3 matmul; a device-to-device copy counting read + write). With
+--check, the relative error of bf16 outputs and of every gradient against an fp32 run of the
+recurrent reference. fla is timed by bench/fla_gdn_anchor.py in the same command (see
+docs/benchmarks.md). Results go to stdout as a table and to --out as JSON lines.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels_pallas.gdn import gated_delta_rule
+
+
+def median_ms(fn, *args, warmup=3, reps=20):
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def ceilings():
+    a = jax.random.normal(jax.random.key(0), (8192, 8192), jnp.bfloat16)
+    mm = jax.jit(lambda x, y: x @ y)
+    t = median_ms(mm, a, a, reps=10)
+    x = jax.random.normal(jax.random.key(1), (1 << 30,), jnp.bfloat16)  # 2 GiB
+    cp = jax.jit(lambda x: x * 1)
+    tc = median_ms(cp, x, reps=10)
+    return {"matmul_tflops": 2 * 8192 ** 3 / t / 1e9, "copy_tbps": 2 * x.nbytes / tc / 1e9}
+
+
+def inputs(B, T, H, K, V, dtype, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 6)
+    q = jax.random.normal(ks[0], (B, T, H, K))
+    k = jax.random.normal(ks[1], (B, T, H, K))
+    q = q / jnp.linalg.norm(q, axis=-1, keepdims=True)
+    k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+    v = jax.random.normal(ks[2], (B, T, H, V))
+    g = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, H)) + 3.0)
+    beta = jax.nn.sigmoid(jax.random.normal(ks[4], (B, T, H)))
+    do = jax.random.normal(ks[5], (B, T, H, V))
+    cast = lambda x: x.astype(dtype)  # noqa: E731
+    return cast(q), cast(k), cast(v), g.astype(jnp.float32), cast(beta), cast(do)
+
+
+def fns(impl):
+    def fwd(q, k, v, g, beta):
+        return gated_delta_rule(q, k, v, g, beta, impl=impl)[0]
+
+    def fwd_bwd(q, k, v, g, beta, do):
+        o, vjp = jax.vjp(fwd, q, k, v, g, beta)
+        return vjp(do.astype(o.dtype))
+    return jax.jit(fwd), jax.jit(fwd_bwd)
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def check(impl, shape):
+    B, T, H, K, V = shape
+    x16 = inputs(B, T, H, K, V, jnp.bfloat16, seed=1)
+    x32 = tuple(a.astype(jnp.float32) for a in x16)
+    _, fb16 = fns(impl)
+    _, fb32 = fns("chunk_reference")
+    o16 = fns(impl)[0](*x16[:5])
+    o32 = fns("chunk_reference")[0](*x32[:5])
+    g16, g32 = fb16(*x16), fb32(*x32)
+    out = {"o": rel(o16, o32)}
+    out.update({f"d{n}": rel(a, b) for n, a, b in zip(("q", "k", "v", "g", "beta"), g16, g32)})
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", nargs="+", default=["8,2048,16,128,128", "2,8192,16,128,128"])
+    ap.add_argument("--impls", nargs="+", default=["chunk_reference"])
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    ceil = ceilings()
+    print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__, **ceil}),
+          flush=True)
+    rows = []
+    for spec in args.shapes:
+        shape = tuple(int(s) for s in spec.split(","))
+        B, T, H, K, V = shape
+        x = inputs(*shape, jnp.bfloat16)
+        flops_fwd = B * T * H * (4 * 64 * (K + V) + 6 * K * V)
+        bytes_fwd = 2 * B * T * H * (2 * K + 2 * V) + 4 * B * T * H * 2
+        for impl in args.impls:
+            f, fb = fns(impl)
+            row = {"impl": impl, "shape": list(shape),
+                   "fwd_ms": median_ms(f, *x[:5]), "fwd_bwd_ms": median_ms(fb, *x)}
+            row["fwd_tflops"] = flops_fwd / row["fwd_ms"] / 1e9
+            row["fwd_bwd_tflops"] = 3 * flops_fwd / row["fwd_bwd_ms"] / 1e9
+            row["fwd_tbps"] = bytes_fwd / row["fwd_ms"] / 1e9
+            if args.check:
+                row["rel_err_bf16_vs_fp32"] = check(impl, shape)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(json.dumps({"ceilings": ceil}) + "\n")
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    print(f"\nceilings: bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s, copy "
+          f"{ceil['copy_tbps']:.2f} TB/s")
+    print(f"{'impl':16s} {'shape':22s} {'fwd ms':>8s} {'f+b ms':>8s} {'fwd TF/s':>9s} {'TB/s':>6s}")
+    for r in rows:
+        print(f"{r['impl']:16s} {str(tuple(r['shape'])):22s} {r['fwd_ms']:8.2f} "
+              f"{r['fwd_bwd_ms']:8.2f} {r['fwd_tflops']:9.1f} {r['fwd_tbps']:6.2f}")
+
+
+if __name__ == "__main__":
+    main()

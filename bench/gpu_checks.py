@@ -1,0 +1,109 @@
+r"""Checks that need an accelerator: the attention fast path against its reference, and one
+jitted training step of the model, with the kernel choices the dispatchers made.
+
+  python bench/gpu_checks.py            # prints JSON lines, ends with a summary table
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+import hwh_jax  # noqa: F401  (flax settings)
+import kernels_pallas
+from hwh_jax.models import HybridLM, model_config
+from kernels_pallas.attention import attention, attention_reference, resolve_impl
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def attention_checks():
+    out = []
+    for B, T, H, G, D, w in [(2, 1024, 16, 16, 128, None), (2, 1000, 8, 2, 64, None),
+                             (1, 2048, 8, 4, 128, 256)]:
+        ks = jax.random.split(jax.random.key(T), 4)
+        q = jax.random.normal(ks[0], (B, T, H, D), jnp.bfloat16)
+        k = jax.random.normal(ks[1], (B, T, G, D), jnp.bfloat16)
+        v = jax.random.normal(ks[2], (B, T, G, D), jnp.bfloat16)
+        do = jax.random.normal(ks[3], (B, T, H, D), jnp.bfloat16)
+
+        def grads(impl):
+            f = lambda q, k, v: attention(q, k, v, window=w, impl=impl)  # noqa: E731
+            o, vjp = jax.vjp(f, q, k, v)
+            return (o, *vjp(do))
+        fast = jax.jit(lambda: grads("auto"))()
+        ref = jax.jit(lambda: grads("reference"))()
+        q32 = [x.astype(jnp.float32) for x in (q, k, v)]
+        exact = attention_reference(*q32, window=w)
+        row = {"check": "attention", "shape": [B, T, H, G, D], "window": w,
+               "impl": resolve_impl(q, window=w),
+               "rel_o_fast_vs_fp32": rel(fast[0], exact),
+               "rel_o_ref_bf16_vs_fp32": rel(ref[0], exact),
+               **{f"rel_d{n}_fast_vs_ref": rel(a, b)
+                  for n, a, b in zip("qkv", fast[1:], ref[1:])}}
+        out.append(row)
+        print(json.dumps(row), flush=True)
+    return out
+
+
+def train_step_timing(arch, size, B, T):
+    cfg = model_config(arch, size)
+    model = HybridLM(cfg, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model, nnx.Param)
+    tx = optax.adamw(1e-4)
+    opt = tx.init(params)
+    tok = jax.random.randint(jax.random.key(0), (B, T + 1), 0, cfg.vocab_size)
+
+    @jax.jit
+    def step(params, opt, tok):
+        def loss(p):
+            logits = nnx.merge(graphdef, p)(tok[:, :-1])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, tok[:, 1:]).mean()
+        l, g = jax.value_and_grad(loss)(params)
+        u, opt = tx.update(g, opt, params)
+        return optax.apply_updates(params, u), opt, l
+
+    t0 = time.time()
+    params, opt, l = step(params, opt, tok)
+    jax.block_until_ready(l)
+    compile_s = time.time() - t0
+    times = []
+    for _ in range(8):
+        t = time.perf_counter()
+        params, opt, l = step(params, opt, tok)
+        jax.block_until_ready(l)
+        times.append(time.perf_counter() - t)
+    ms = 1e3 * statistics.median(times)
+    row = {"check": "train_step", "arch": arch, "size": size, "B": B, "T": T,
+           "loss": float(l), "compile_s": compile_s, "step_ms": ms,
+           "tokens_per_s": B * T / ms * 1e3, "kernels": kernels_pallas.chosen()}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main():
+    print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__}))
+    att = attention_checks()
+    steps = [train_step_timing(a, "small", 8, 2048) for a in ("transformer", "hwh")]
+    print("\nattention fast path vs fp32 reference (bf16 inputs):")
+    for r in att:
+        print(f"  {r['shape']} w={r['window']} impl={r['impl']}: o {r['rel_o_fast_vs_fp32']:.2e}"
+              f" (bf16 reference {r['rel_o_ref_bf16_vs_fp32']:.2e}); dq/dk/dv vs reference "
+              f"{r['rel_dq_fast_vs_ref']:.1e}/{r['rel_dk_fast_vs_ref']:.1e}/"
+              f"{r['rel_dv_fast_vs_ref']:.1e}")
+    for r in steps:
+        print(f"  train step {r['arch']}-{r['size']} B{r['B']} T{r['T']}: {r['step_ms']:.1f} ms, "
+              f"{r['tokens_per_s'] / 1e3:.1f}k tok/s, loss {r['loss']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Input pipeline: text sources, tokenizers, packing into fixed-length sequences, Grain."""

@@ -1,0 +1,182 @@
+"""From a data spec to Grain iterators of packed batches, with a checkpointable state.
+
+Order: the packed sequences are shuffled by seed (a fresh permutation every epoch) and repeated;
+process p of P takes items p, p + P, p + 2P, ... so that the P local batches of a step together
+form exactly one global batch, whatever P is. The iterator's state is Grain's ``get_state()``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import grain
+import numpy as np
+
+from hwh_jax.data import sources
+from hwh_jax.data.packing import PackedSequences, concat_documents
+from hwh_jax.data.paths import cache_dir, data_dir, resolve
+from hwh_jax.data.tokenizers import GPT2BPE, SentencePieceTokenizer, train_sentencepiece
+
+log = logging.getLogger(__name__)
+TOKENIZERS = ("gpt2", "sentencepiece", "train_sentencepiece")
+SOURCES = ("text", "tfds", "arrayrecord")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+    source: str = "text"                  # "text" | "tfds" | "arrayrecord"
+    paths: tuple[str, ...] = ("dickens/dickens.zip",)  # text/arrayrecord files (data-dir relative)
+    heldout_paths: tuple[str, ...] = ()   # explicit held-out files; else the stream's tail
+    heldout_fraction: float = 0.01        # share of the stream held out when no heldout_paths
+    text_field: str = "text"              # jsonl / TFDS text field
+    tfds_name: str = ""
+    tfds_split: str = "train"
+    tfds_heldout_split: str = ""
+    tfds_data_dir: str = ""
+    tokenizer: str = "train_sentencepiece"  # "gpt2" | "sentencepiece" | "train_sentencepiece"
+    sp_model: str = ""                    # .model path for tokenizer="sentencepiece"
+    sp_vocab_size: int = 4096             # vocabulary of the trained SentencePiece model
+    data_dir: str = ""                    # default: $HWH_DATA_DIR or ../shared/data
+
+    def validate(self):
+        if self.source not in SOURCES:
+            raise ValueError(f"data.source must be one of {SOURCES}, got {self.source!r}")
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"data.tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+        if not 0 <= self.heldout_fraction < 1:
+            raise ValueError(f"data.heldout_fraction must lie in [0, 1), got {self.heldout_fraction}")
+        if self.source in ("text", "arrayrecord"):
+            if not self.paths:
+                raise ValueError("data.paths is empty")
+            for p in self.paths + self.heldout_paths:
+                if not resolve(p, self.data_dir or None).exists():
+                    raise FileNotFoundError(
+                        f"data path {p!r} not found (looked in {resolve(p, self.data_dir or None)};"
+                        f" data dir {data_dir(self.data_dir or None)}, set HWH_DATA_DIR or data.data_dir)")
+        if self.source == "tfds" and not self.tfds_name:
+            raise ValueError("data.source='tfds' needs data.tfds_name")
+        if self.tokenizer == "sentencepiece" and not Path(self.sp_model).exists():
+            raise FileNotFoundError(f"data.sp_model not found: {self.sp_model!r}")
+
+
+def _files(spec: DataSpec, paths) -> list[Path]:
+    return sources.expand([resolve(p, spec.data_dir or None) for p in paths])
+
+
+def _documents(spec: DataSpec, heldout: bool):
+    if spec.source == "tfds":
+        split = spec.tfds_heldout_split if heldout else spec.tfds_split
+        return sources.tfds_documents(spec.tfds_name, split, data_dir=spec.tfds_data_dir or None,
+                                      text_field=spec.text_field)
+    paths = spec.heldout_paths if heldout else spec.paths
+    return (doc for f in _files(spec, paths) for doc in sources.text_documents(f, spec.text_field))
+
+
+def _fingerprint(spec: DataSpec, paths) -> str:
+    h = hashlib.sha256(json.dumps(dataclasses.asdict(spec), sort_keys=True).encode())
+    if spec.source != "tfds":
+        for f in _files(spec, paths):
+            st = f.stat()
+            h.update(f"{f}:{st.st_size}:{int(st.st_mtime)}".encode())
+    return h.hexdigest()[:16]
+
+
+def load_tokenizer(spec: DataSpec):
+    if spec.tokenizer == "gpt2":
+        return GPT2BPE(data_dir(spec.data_dir or None) / "gpt2_bpe")
+    if spec.tokenizer == "sentencepiece":
+        return SentencePieceTokenizer(spec.sp_model)
+    if spec.source == "arrayrecord":
+        raise ValueError("pre-tokenised ArrayRecord data needs tokenizer 'gpt2' or 'sentencepiece'")
+    model = train_sentencepiece(_documents(spec, heldout=False), spec.sp_vocab_size,
+                                cache_dir() / "tokenizers",
+                                key=_fingerprint(dataclasses.replace(spec, heldout_paths=()),
+                                                 spec.paths))
+    return SentencePieceTokenizer(model, use_seqio=False)  # ours: no TensorFlow import
+
+
+def token_stream(spec: DataSpec, tokenizer, heldout: bool = False) -> np.ndarray:
+    """The (cached) uint32 token stream of the train or explicit held-out documents."""
+    paths = spec.heldout_paths if heldout else spec.paths
+    key = f"{_fingerprint(spec, paths)}_{tokenizer.name}_{'heldout' if heldout else 'train'}"
+    path = cache_dir() / "tokens" / f"{key}.npy"
+    if path.exists():
+        return np.load(path, mmap_mode="r")
+    t0 = time.time()
+    if spec.source == "arrayrecord":
+        docs = sources.arrayrecord_tokens([resolve(p, spec.data_dir or None) for p in paths])
+    else:
+        docs = (tokenizer.encode(text) for text in _documents(spec, heldout))
+    stream = concat_documents(docs, tokenizer.eos_id)
+    if len(stream) and int(stream.max()) >= 2 ** 32 - 1:
+        raise ValueError("token id does not fit uint32")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial.npy")
+    np.save(tmp, stream)
+    tmp.rename(path)
+    log.info("tokenised %s: %d tokens in %.1fs (cached at %s)", "held-out" if heldout else "train",
+             len(stream), time.time() - t0, path)
+    return stream
+
+
+@dataclasses.dataclass
+class Splits:
+    train: PackedSequences
+    heldout: PackedSequences
+    tokenizer: object
+
+
+def build_splits(spec: DataSpec, seq_len: int) -> Splits:
+    """Tokenise (or load from cache) and pack the train and held-out splits."""
+    spec.validate()
+    tok = load_tokenizer(spec)
+    kw = dict(eos_id=tok.eos_id, pad_id=tok.pad_id)
+    stream = token_stream(spec, tok)
+    has_heldout = bool(spec.heldout_paths) or (spec.source == "tfds" and spec.tfds_heldout_split)
+    if has_heldout:
+        heldout = token_stream(spec, tok, heldout=True)
+    else:
+        n_held = int(len(stream) * spec.heldout_fraction) // (seq_len + 1) * (seq_len + 1)
+        if spec.heldout_fraction > 0:
+            n_held = max(n_held, seq_len + 1)
+        if n_held >= len(stream):
+            raise ValueError(f"held-out share {spec.heldout_fraction} of {len(stream)} tokens "
+                             f"leaves no training data at seq_len {seq_len}")
+        stream, heldout = stream[:len(stream) - n_held], stream[len(stream) - n_held:]
+    return Splits(PackedSequences(stream, seq_len, **kw),
+                  PackedSequences(heldout, seq_len, **kw) if len(heldout) > 1 else None, tok)
+
+
+def _stack(batch_list):
+    return {k: np.stack([b[k] for b in batch_list]) for k in batch_list[0]}
+
+
+def train_dataset(seqs: PackedSequences, *, global_batch: int, seed: int,
+                  process_index: int = 0, process_count: int = 1) -> grain.IterDataset:
+    """Infinite, shuffled (per epoch, by seed), per-process slice of global batches."""
+    if global_batch % process_count:
+        raise ValueError(f"global batch {global_batch} not divisible by {process_count} processes")
+    ds = grain.MapDataset.source(seqs).shuffle(seed=seed).repeat(None)
+    ds = ds[process_index::process_count].batch(global_batch // process_count, batch_fn=_stack)
+    return ds.to_iter_dataset()
+
+
+def eval_batches(seqs: PackedSequences, *, batch: int, max_batches: int | None = None):
+    """Deterministic held-out batches (in order; the last one padded with masked rows)."""
+    n = len(seqs)
+    count = -(-n // batch)
+    if max_batches:
+        count = min(count, max_batches)
+    for b in range(count):
+        rows = [seqs[i] if i < n else _masked(seqs[0]) for i in range(b * batch, (b + 1) * batch)]
+        yield _stack(rows)
+
+
+def _masked(row):
+    row = dict(row)
+    row["loss_mask"] = np.zeros_like(row["loss_mask"])
+    return row

@@ -1,0 +1,147 @@
+"""Tokenizers: GPT-2 byte-level BPE from its original files, SentencePiece (directly or through
+seqio's ``SentencePieceVocabulary``), and a small SentencePiece model trained on the corpus.
+
+All expose ``encode(str) -> list[int]``, ``decode(ids) -> str``, ``vocab_size``, ``eos_id``,
+``pad_id`` and ``name`` (which keys the token caches).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from pathlib import Path
+
+import regex
+
+
+@functools.lru_cache()
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable unicode characters."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+class GPT2BPE:
+    """Byte-level BPE (Radford et al., 2019) read from ``encoder.json`` and ``vocab.bpe``."""
+
+    PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+    def __init__(self, folder: str | Path):
+        folder = Path(folder)
+        for f in ("encoder.json", "vocab.bpe"):
+            if not (folder / f).exists():
+                raise FileNotFoundError(f"GPT-2 BPE file missing: {folder / f}")
+        self.encoder = json.loads((folder / "encoder.json").read_text())
+        self.decoder = {v: k for k, v in self.encoder.items()}
+        merges = (folder / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:]
+        self.ranks = {tuple(m.split()): i for i, m in enumerate(merges) if m}
+        self.byte_encoder = _bytes_to_unicode()
+        self.byte_decoder = {v: k for k, v in self.byte_encoder.items()}
+        self.pat = regex.compile(self.PATTERN)
+        self.cache: dict[str, list[str]] = {}
+        self.eos_id = self.encoder["<|endoftext|>"]
+        self.pad_id = self.eos_id
+        self.vocab_size = len(self.encoder)
+        self.name = "gpt2_bpe"
+
+    def _bpe(self, token: str) -> list[str]:
+        if token in self.cache:
+            return self.cache[token]
+        word = list(token)
+        while len(word) > 1:
+            pairs = {(word[i], word[i + 1]) for i in range(len(word) - 1)}
+            best = min(pairs, key=lambda p: self.ranks.get(p, float("inf")))
+            if best not in self.ranks:
+                break
+            merged, i = [], 0
+            while i < len(word):
+                if i < len(word) - 1 and (word[i], word[i + 1]) == best:
+                    merged.append(word[i] + word[i + 1])
+                    i += 2
+                else:
+                    merged.append(word[i])
+                    i += 1
+            word = merged
+        self.cache[token] = word
+        return word
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        for piece in self.pat.findall(text):
+            mapped = "".join(self.byte_encoder[b] for b in piece.encode("utf-8"))
+            ids.extend(self.encoder[t] for t in self._bpe(mapped))
+        return ids
+
+    def decode(self, ids) -> str:
+        text = "".join(self.decoder[int(i)] for i in ids)
+        return bytearray(self.byte_decoder[c] for c in text).decode("utf-8", errors="replace")
+
+
+class SentencePieceTokenizer:
+    """A SentencePiece ``.model``; through seqio's SentencePieceVocabulary if seqio is installed
+    (``use_seqio=None``: when available), else the sentencepiece library directly."""
+
+    def __init__(self, model_path: str | Path, *, use_seqio: bool | None = None):
+        model_path = Path(model_path)
+        if not model_path.exists():
+            raise FileNotFoundError(f"SentencePiece model not found: {model_path}")
+        if use_seqio is None:
+            try:
+                import seqio  # noqa: F401
+                use_seqio = True
+            except ImportError:
+                use_seqio = False
+        self.backend = "seqio" if use_seqio else "sentencepiece"
+        if use_seqio:
+            import seqio
+            self.vocab = seqio.SentencePieceVocabulary(str(model_path))
+            self.sp = self.vocab.tokenizer
+        else:
+            import sentencepiece as spm
+            self.vocab = None
+            self.sp = spm.SentencePieceProcessor(model_file=str(model_path))
+        self.eos_id = int(self.sp.eos_id())
+        self.pad_id = max(int(self.sp.pad_id()), 0)
+        self.vocab_size = int(self.sp.get_piece_size())
+        digest = hashlib.sha256(model_path.read_bytes()).hexdigest()[:12]
+        self.name = f"sp_{digest}"
+
+    def encode(self, text: str) -> list[int]:
+        if self.vocab is not None:
+            return list(self.vocab.encode(text))
+        return self.sp.encode(text)
+
+    def decode(self, ids) -> str:
+        if self.vocab is not None:
+            return self.vocab.decode([int(i) for i in ids])
+        return self.sp.decode([int(i) for i in ids])
+
+
+def train_sentencepiece(documents, vocab_size: int, out_dir: Path, *, key: str,
+                        max_sentences: int = 300_000) -> Path:
+    """Train (once, then cached under ``out_dir/key``) a BPE SentencePiece model with byte
+    fallback, pad=0, eos=1, unk=2, bos=3, on lines of ``documents`` (an iterable of str)."""
+    import sentencepiece as spm
+    prefix = out_dir / f"spm_{key}_{vocab_size}"
+    model = prefix.with_suffix(".model")
+    if model.exists():
+        return model
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = (line for doc in documents for line in doc.splitlines() if line.strip())
+    tmp = prefix.with_suffix(".partial")
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=lines, model_prefix=str(tmp), vocab_size=vocab_size,
+        model_type="bpe", byte_fallback=True, character_coverage=1.0,
+        input_sentence_size=max_sentences, shuffle_input_sentence=True,
+        pad_id=0, eos_id=1, unk_id=2, bos_id=3, num_threads=2, minloglevel=2)
+    tmp.with_suffix(".partial.model").rename(model)
+    tmp.with_suffix(".partial.vocab").rename(prefix.with_suffix(".vocab"))
+    return model

@@ -1,0 +1,1 @@
+"""Training: sharding, optimizer, steps, checkpoints, metrics and the train loop."""

@@ -1,0 +1,42 @@
+"""Model FLOPs per token, for MFU: the formula is written once, here, and in docs/training.md.
+
+  training FLOPs / token = 6 * N_matmul                          (forward + backward, weights)
+                         + sum_l 6 * n_fa(l) * D * T_eff(l)      (causal attention, fwd+bwd)
+                         + sum_l 3 * n_la(l) * (4 C (K + V) + 6 K V)   (GDN chunked form)
+N_matmul = every weight in a matmul (all parameters minus the embedding table, plus the LM head
+even when tied, minus norm/conv/A_log/dt_bias vectors, which are negligible and ignored);
+T_eff = T for global causal attention (12 * D * T/2: QK^T and PV over on average T/2 keys, x3
+for the backward), min(window, T) for a sliding window; the GDN term is the forward of the
+chunked WY form per token and head (ANCHORS.md: 8CD + 6D^2 for K = V = D) times 3.
+MFU = FLOPs/token * tokens/s / (peak FLOP/s of all devices).
+"""
+from __future__ import annotations
+
+from hwh_jax.models.config import ModelConfig
+from hwh_jax.models.params import param_table
+
+# Dense bf16 peak per device, FLOP/s (datasheets). Unknown kinds (CPU) report no MFU.
+PEAK_FLOPS = {"NVIDIA H200": 989e12, "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100": 989e12,
+              "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A100-SXM4-40GB": 312e12,
+              "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
+              "TPU v5": 459e12, "TPU v6 lite": 918e12, "TPU v6e": 918e12}
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    p = param_table(cfg)
+    n_matmul = p["non_embedding"] + cfg.vocab_size * cfg.d_model - p["norms"]
+    total = 6.0 * n_matmul
+    C = cfg.gdn_chunk_size
+    K, V = cfg.la_key_dim, cfg.la_value_dim
+    for s in cfg.layers:
+        t_eff = seq_len if s.window is None else min(s.window, seq_len)
+        total += 6.0 * s.num_fa * cfg.head_dim * t_eff
+        total += 3.0 * s.num_la * (4 * C * (K + V) + 6 * K * V)
+    return total
+
+
+def peak_flops(device_kind: str) -> float | None:
+    for name, peak in PEAK_FLOPS.items():
+        if device_kind.startswith(name):
+            return peak
+    return None

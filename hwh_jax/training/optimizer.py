@@ -1,0 +1,71 @@
+"""AdamW with warmup + cosine or WSD schedule, global-norm clipping and a weight-decay mask."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import optax
+
+NO_DECAY_NAMES = ("A_log", "dt_bias", "bias", "weight")  # norms' scale is called "weight"
+SCHEDULES = ("cosine", "wsd", "constant")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1       # final lr / peak lr
+    warmup_steps: int = 100
+    total_steps: int = 1000
+    schedule: str = "cosine"        # "cosine" | "wsd" (warmup-stable-decay) | "constant"
+    decay_fraction: float = 0.2     # wsd: share of steps in the final linear decay
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    clip_norm: float = 1.0          # 0 = no clipping
+
+    def validate(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"train.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.lr <= 0 or self.total_steps < 1 or self.warmup_steps < 0:
+            raise ValueError(f"need lr > 0, steps >= 1, warmup >= 0; got lr={self.lr}, "
+                             f"steps={self.total_steps}, warmup={self.warmup_steps}")
+        if not 0 < self.decay_fraction <= 1:
+            raise ValueError(f"train.decay_fraction must lie in (0, 1], got {self.decay_fraction}")
+
+
+def learning_rate_schedule(spec: OptimizerSpec) -> optax.Schedule:
+    warm = max(spec.warmup_steps, 0)
+    end = spec.lr * spec.min_lr_ratio
+    if spec.schedule == "constant":
+        main = optax.constant_schedule(spec.lr)
+    elif spec.schedule == "cosine":
+        main = optax.cosine_decay_schedule(spec.lr, max(spec.total_steps - warm, 1),
+                                           alpha=spec.min_lr_ratio)
+    else:  # wsd: hold the peak, then decay linearly over the last decay_fraction of steps
+        decay = max(int(spec.total_steps * spec.decay_fraction), 1)
+        stable = max(spec.total_steps - warm - decay, 0)
+        main = optax.join_schedules(
+            [optax.constant_schedule(spec.lr), optax.linear_schedule(spec.lr, end, decay)],
+            [stable])
+    if warm == 0:
+        return main
+    return optax.join_schedules([optax.linear_schedule(0.0, spec.lr, warm), main], [warm])
+
+
+def decay_mask(params):
+    """True for weights that decay: matrices and embeddings, not norms, biases, A_log, dt_bias."""
+    def keep(path, leaf):
+        keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        name = str(keys[-1]) if keys else ""
+        return name not in NO_DECAY_NAMES and getattr(leaf, "ndim", 0) >= 2
+    return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def make_optimizer(spec: OptimizerSpec) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    spec.validate()
+    schedule = learning_rate_schedule(spec)
+    parts = [optax.clip_by_global_norm(spec.clip_norm)] if spec.clip_norm > 0 else []
+    parts.append(optax.adamw(schedule, b1=spec.b1, b2=spec.b2, eps=spec.eps,
+                             weight_decay=spec.weight_decay, mask=decay_mask))
+    return optax.chain(*parts), schedule

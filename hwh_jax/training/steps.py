@@ -1,0 +1,85 @@
+"""Loss, the jitted train step (with gradient accumulation and non-finite guard) and eval step.
+
+The train state is a plain dict {params, opt_state, step, rng, bad_step} of arrays, so that
+Orbax saves it and shardings map onto it directly; the model is rebuilt inside the step from
+its graph definition (``nnx.merge``), which costs nothing at run time.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+
+def cross_entropy(logits, targets, mask, z_loss: float = 0.0):
+    """Mean masked token cross entropy (+ z_loss * mean log(Z)^2, PaLM) and token count."""
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    gold = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    nll = logz - gold
+    count = jnp.maximum(mask.sum(), 1.0)
+    loss = (nll * mask).sum() / count
+    zl = z_loss * ((logz ** 2) * mask).sum() / count if z_loss else 0.0
+    return loss, zl, mask.sum()
+
+
+def model_loss(graphdef, params, batch, *, z_loss=0.0, document_mask=False):
+    model = nnx.merge(graphdef, params)
+    seg = batch["segment_ids"] if document_mask else None
+    pos = batch["positions"] if document_mask else None
+    logits = model(batch["inputs"], pos, seg)
+    loss, zl, count = cross_entropy(logits, batch["targets"], batch["loss_mask"], z_loss)
+    return loss + zl, (loss, count)
+
+
+def _split_micro(batch, n):
+    return jax.tree.map(lambda x: x.reshape(n, x.shape[0] // n, *x.shape[1:]), batch)
+
+
+def make_train_step(graphdef, tx, schedule, *, grad_accum=1, z_loss=0.0, document_mask=False):
+    """train_step(state, batch) -> (state, metrics); batch leading dim = global batch."""
+    loss_fn = functools.partial(model_loss, graphdef, z_loss=z_loss, document_mask=document_mask)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def train_step(state, batch):
+        params = state["params"]
+        if grad_accum == 1:
+            (_, (loss, count)), grads = grad_fn(params, batch)
+        else:
+            def micro(carry, mb):
+                g_sum, l_sum, n_sum = carry
+                (_, (l, n)), g = grad_fn(params, mb)
+                g_sum = jax.tree.map(lambda a, b: a + b * n, g_sum, g)
+                return (g_sum, l_sum + l * n, n_sum + n), None
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            (g_sum, l_sum, count), _ = jax.lax.scan(
+                micro, (zeros, 0.0, 0.0), _split_micro(batch, grad_accum))
+            grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), g_sum)
+            loss = l_sum / jnp.maximum(count, 1.0)
+        gnorm = optax.global_norm(grads)
+        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        new_params = optax.apply_updates(params, updates)
+        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+        # A non-finite step changes nothing and is remembered; the host stops at its next check.
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa
+        step = state["step"]
+        new_state = {
+            "params": keep(new_params, params),
+            "opt_state": keep(opt_state, state["opt_state"]),
+            "step": step + 1,
+            "rng": state["rng"],
+            "bad_step": jnp.where(ok | (state["bad_step"] >= 0), state["bad_step"], step),
+        }
+        metrics = {"loss": loss, "grad_norm": gnorm, "lr": schedule(step), "tokens": count}
+        return new_state, metrics
+
+    return train_step
+
+
+def make_eval_step(graphdef, *, document_mask=False):
+    def eval_step(params, batch):
+        _, (loss, count) = model_loss(graphdef, params, batch, document_mask=document_mask)
+        return loss * count, count
+    return eval_step

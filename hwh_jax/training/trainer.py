@@ -1,0 +1,331 @@
+"""``train_and_evaluate(config, workdir)``: the whole pretraining run, cut into sections.
+
+Read top to bottom: specs from the config (every check before any compile) -> mesh -> data ->
+model and optimizer initialised from shapes straight into sharded arrays -> resume -> loop
+(progress line, held-out evaluation, checkpoints, SIGTERM/SIGINT, non-finite guard) -> final
+evaluation, loss plot and summary.json.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import signal
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from hwh_jax.data.pipeline import DataSpec, build_splits, eval_batches, train_dataset
+from hwh_jax.models.config import ModelConfig
+from hwh_jax.models.lm import HybridLM
+from hwh_jax.models.params import param_table
+from hwh_jax.models.variants import model_config_from_dict
+from hwh_jax.training import sharding as shd
+from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
+from hwh_jax.training.flops import flops_per_token, peak_flops
+from hwh_jax.training.metrics import MetricsWriter, format_duration, plot_loss, progress_line
+from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
+from hwh_jax.training.steps import make_eval_step, make_train_step
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What a run did: per-step train losses and batch indices (for resume checks), evals."""
+    final_step: int
+    losses: dict[int, float]
+    batch_ids: dict[int, list[int]]
+    heldout: dict[int, float]
+    stopped_early: bool
+    summary: dict
+
+
+class _Stop:
+    """SIGTERM / SIGINT set a flag; the loop saves a checkpoint and returns cleanly."""
+
+    def __init__(self):
+        self.signal = None
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: signals cannot be caught here
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        self.signal = signal.Signals(signum).name
+        log.warning("received %s: saving a checkpoint and stopping", self.signal)
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+# ---------------------------------------------------------------- specs (no compile yet)
+def _specs(config):
+    c = config.train
+    data = DataSpec(**{k: (tuple(v) if isinstance(v, (list, tuple)) else v)
+                       for k, v in config.data.to_dict().items()})
+    data.validate()
+    opt = OptimizerSpec(lr=c.lr, min_lr_ratio=c.min_lr_ratio, warmup_steps=c.warmup_steps,
+                        total_steps=c.steps, schedule=c.schedule, decay_fraction=c.decay_fraction,
+                        weight_decay=c.weight_decay, b1=c.b1, b2=c.b2, eps=c.eps,
+                        clip_norm=c.clip_norm)
+    opt.validate()
+    if config.seq_len < 2:
+        raise ValueError(f"seq_len must be >= 2, got {config.seq_len}")
+    if c.batch_size < 1 or c.grad_accum < 1 or c.batch_size % c.grad_accum:
+        raise ValueError(f"train.batch_size={c.batch_size} must be a positive multiple of "
+                         f"train.grad_accum={c.grad_accum}")
+    return data, opt
+
+
+def _model_config(config, tokenizer_vocab: int) -> ModelConfig:
+    m = config.model.to_dict()
+    if not m.get("vocab_size"):
+        m["vocab_size"] = -(-tokenizer_vocab // 64) * 64  # the tokenizer's, padded to 64
+    cfg = model_config_from_dict(m)
+    if cfg.vocab_size < tokenizer_vocab:
+        raise ValueError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's "
+                         f"vocabulary ({tokenizer_vocab})")
+    return cfg
+
+
+def _check_seq_len(cfg: ModelConfig, seq_len: int):
+    if cfg.attn_impl == "splash" and seq_len % 128:
+        raise ValueError(f"seq_len={seq_len}: attn_impl='splash' needs a multiple of 128")
+
+
+def unigram_entropy(stream: np.ndarray) -> float:
+    """Entropy (nats/token) of the corpus' unigram distribution: the loss of a model that
+    ignores context, which a language model must beat."""
+    counts = np.bincount(np.asarray(stream, np.int64))
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def _put(batch, sharding):
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+            for k, v in batch.items() if k != "index"}
+
+
+# ---------------------------------------------------------------- the run
+def train_and_evaluate(config, workdir: str | Path) -> RunResult:
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    c = config.train
+    data_spec, opt_spec = _specs(config)
+
+    # --- mesh
+    mesh = shd.make_mesh(tuple(c.mesh))
+    dp = shd.data_parallel_size(mesh)
+    if (c.batch_size // c.grad_accum) % dp:
+        raise ValueError(f"micro-batch {c.batch_size // c.grad_accum} (train.batch_size / "
+                         f"train.grad_accum) does not divide over the data-parallel size {dp} "
+                         f"of mesh {dict(mesh.shape)}")
+    if c.batch_size % jax.process_count():
+        raise ValueError(f"train.batch_size={c.batch_size} not divisible by "
+                         f"{jax.process_count()} processes")
+
+    # --- data
+    t0 = time.time()
+    splits = build_splits(data_spec, config.seq_len)
+    cfg = _model_config(config, splits.tokenizer.vocab_size)
+    _check_seq_len(cfg, config.seq_len)
+    entropy = unigram_entropy(splits.train.stream)
+    log.info("data: train %r, held-out %r, tokenizer %s (%d), unigram entropy %.3f nats "
+             "(%.1fs)", splits.train, splits.heldout, splits.tokenizer.name,
+             splits.tokenizer.vocab_size, entropy, time.time() - t0)
+    train_iter = iter(train_dataset(splits.train, global_batch=c.batch_size, seed=config.seed,
+                                    process_index=jax.process_index(),
+                                    process_count=jax.process_count()))
+
+    # --- model and optimizer, from shapes into sharded arrays
+    tx, schedule = make_optimizer(opt_spec)
+    abstract_model = nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(config.seed)))
+    graphdef, abstract_params = nnx.split(abstract_model, nnx.Param)
+    param_sh = shd.state_shardings(abstract_params, mesh)
+    repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def init_state():
+        params = nnx.state(HybridLM(cfg, rngs=nnx.Rngs(config.seed)), nnx.Param)
+        return {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
+                "rng": jax.random.key_data(jax.random.key(config.seed)),
+                "bad_step": jnp.int32(-1)}
+
+    abstract_state = jax.eval_shape(init_state)
+    # optimizer moments mirror the params' shardings (same tree under mu / nu)
+    opt_sh = _mirror_shardings(abstract_state["opt_state"], abstract_params, param_sh, repl)
+    state_sh = {"params": param_sh, "opt_state": opt_sh, "step": repl, "rng": repl,
+                "bad_step": repl}
+    ckpt = Checkpointer(workdir, keep=c.keep_checkpoints)
+    restored = ckpt.restore(abstract_with_shardings(abstract_state, state_sh))
+    if restored is None:
+        state = jax.jit(init_state, out_shardings=state_sh)()
+        start = 0
+    else:
+        start, state, data_state, _ = restored
+        train_iter.set_state(data_state)
+        log.info("resumed from step %d in %s", start, ckpt.directory)
+
+    p = param_table(cfg)
+    fpt = flops_per_token(cfg, config.seq_len)
+    kind = jax.devices()[0].device_kind
+    peak = c.peak_flops or peak_flops(kind)
+    peak_total = peak * jax.device_count() if peak else None
+    log.info("model %s: %s params, FA %s / LA %s per layer; %.3g FLOPs/token; mesh %s on %d x %s",
+             cfg.arch, f"{p['total']:,}", cfg.fa_heads, cfg.la_heads, fpt, dict(mesh.shape),
+             jax.device_count(), kind)
+
+    # --- steps
+    batch_sh = shd.batch_sharding(mesh)
+    train_step = jax.jit(make_train_step(graphdef, tx, schedule, grad_accum=c.grad_accum,
+                                         z_loss=c.z_loss, document_mask=c.document_mask),
+                         in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None),
+                         donate_argnums=(0,))
+    eval_step = jax.jit(make_eval_step(graphdef, document_mask=c.document_mask),
+                        in_shardings=(param_sh, batch_sh))
+
+    def evaluate(params):
+        if splits.heldout is None:
+            return None
+        total, count = 0.0, 0.0
+        for b in eval_batches(splits.heldout, batch=c.batch_size // c.grad_accum,
+                              max_batches=c.eval_batches or None):
+            s, n = eval_step(params, _put(b, batch_sh))
+            total, count = total + float(s), count + float(n)
+        return total / max(count, 1.0)
+
+    writer = MetricsWriter(workdir, enabled=jax.process_index() == 0)
+    meta = {"config": json.loads(config.to_json_best_effort()), "arch": cfg.arch}
+    losses, batch_ids, heldout = {}, {}, {}
+    pending = []  # (step, metrics on device, batch ids): fetched at log points, no per-step sync
+    stop_at = c.stop_at_step or c.steps
+    tokens_per_step = c.batch_size * config.seq_len
+    t_last, step_last = time.time(), start
+    stopped_early = False
+
+    def save(step):
+        bad = int(state["bad_step"])
+        if bad >= 0:
+            raise FloatingPointError(f"non-finite loss or gradient at step {bad}; the last "
+                                     f"good checkpoint stays in {ckpt.directory}")
+        ckpt.save(step, state, train_iter.get_state(), {**meta, "step": step})
+
+    def flush(step):
+        nonlocal t_last, step_last
+        for s, m, ids in pending:
+            m = jax.device_get(m)
+            losses[s] = float(m["loss"])
+            batch_ids[s] = ids
+            writer.write(s, "train", {k: m[k] for k in ("loss", "grad_norm", "lr")})
+        bad = int(state["bad_step"])
+        if bad >= 0:
+            raise FloatingPointError(f"non-finite loss or gradient at step {bad} (the update "
+                                     f"was skipped); the last good checkpoint stays in "
+                                     f"{ckpt.directory}")
+        if pending:
+            dt = time.time() - t_last
+            tps = tokens_per_step * (step - step_last) / max(dt, 1e-9)
+            mfu = fpt * tps / peak_total if peak_total else None
+            eta = (stop_at - step) * dt / max(step - step_last, 1)
+            print(progress_line(step, c.steps, jax.device_get(pending[-1][1]), tps, mfu, eta),
+                  flush=True)
+            writer.write(step, "perf", {"tokens_per_s": tps, **({"mfu": mfu} if mfu else {})})
+            t_last, step_last = time.time(), step
+        pending.clear()
+
+    # XLA:CPU collectives can deadlock when several multi-device programs are in flight at once
+    # (seen with 8 fake CPU devices): there, and only there, each step is waited for.
+    wait_each_step = jax.default_backend() == "cpu" and len(mesh.devices.flat) > 1
+    with _Stop() as stop:
+        step = start
+        while step < stop_at:
+            batch = next(train_iter)
+            ids = batch["index"].tolist()
+            state, m = train_step(state, _put(batch, batch_sh))
+            if wait_each_step:
+                jax.block_until_ready(m)
+            step += 1
+            pending.append((step, m, ids))
+            if step % c.log_every == 0 or step == stop_at:
+                flush(step)
+            if c.eval_every and step % c.eval_every == 0 and step < c.steps:
+                flush(step)
+                heldout[step] = evaluate(state["params"])
+                if heldout[step] is not None:
+                    writer.write(step, "heldout", {"loss": heldout[step],
+                                                   "perplexity": math.exp(min(heldout[step], 50))})
+                    print(f"step {step:>6d} | held-out loss {heldout[step]:.4f} | "
+                          f"ppl {math.exp(min(heldout[step], 50)):.2f}", flush=True)
+            if c.checkpoint_every and step % c.checkpoint_every == 0:
+                flush(step)
+                save(step)
+            if stop.signal:
+                flush(step)
+                save(step)
+                stopped_early = True
+                print(f"stopped by {stop.signal} at step {step}; checkpoint saved", flush=True)
+                break
+        flush(step)
+        if step == stop_at and step not in ckpt.steps():
+            save(step)
+        stopped_early = stopped_early or step < c.steps
+
+    final = None
+    if step >= c.steps and c.final_eval:
+        final = heldout[step] = evaluate(state["params"])
+        if final is not None:
+            writer.write(step, "heldout", {"loss": final, "perplexity": math.exp(min(final, 50))})
+    summary = {
+        "arch": cfg.arch, "params": p["total"], "steps": step, "tokens": step * tokens_per_step,
+        "final_heldout_loss": final, "unigram_entropy": entropy,
+        "last_train_loss": losses[max(losses)] if losses else None,
+        "wall_s": time.time() - t0, "devices": f"{jax.device_count()} x {kind}",
+        "mesh": dict(mesh.shape), "flops_per_token": fpt,
+    }
+    if jax.process_index() == 0:
+        (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if not stopped_early:
+            plot_loss(workdir / "metrics.jsonl", workdir / "loss.png",
+                      title=f"{cfg.arch}: {step} steps x {tokens_per_step} tokens",
+                      reference={"unigram entropy": entropy})
+        if final is not None:
+            print(f"done: {step} steps, held-out loss {final:.4f} (ppl {math.exp(final):.2f}) vs "
+                  f"unigram entropy {entropy:.4f}; wall {format_duration(summary['wall_s'])}; "
+                  f"outputs in {workdir}", flush=True)
+    writer.close()
+    ckpt.close()
+    return RunResult(step, losses, batch_ids, heldout, stopped_early, summary)
+
+
+def _mirror_shardings(opt_state, params, param_sh, repl):
+    """Shard every optimizer leaf whose path ends like a param path the way that param is;
+    scalars (counts) and anything else are replicated."""
+    flat_p = {_suffix(path): sh for path, sh in
+              jax.tree_util.tree_flatten_with_path(param_sh)[0]}
+    shapes = {_suffix(path): x.shape for path, x in
+              jax.tree_util.tree_flatten_with_path(params)[0]}
+
+    def pick(path, leaf):
+        key = _suffix(path)
+        for n in range(len(key), 0, -1):
+            k = key[-n:]
+            if k in flat_p and shapes[k] == leaf.shape:
+                return flat_p[k]
+        return repl
+
+    return jax.tree_util.tree_map_with_path(pick, opt_state)
+
+
+def _suffix(path):
+    return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)

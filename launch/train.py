@@ -1,0 +1,31 @@
+r"""Pretrain a model: ``python -m launch.train --config=configs/hwh_tiny.py --workdir=runs/x``.
+
+Intentionally short: the logic is ``hwh_jax.training.trainer.train_and_evaluate``. Any config
+field can be overridden, e.g. ``--config.train.steps=100 --config.train.mesh=1,2,4``. On a
+multi-host TPU slice or GPU cluster every process runs this same command.
+"""
+import logging
+import os
+
+from absl import app, flags
+from ml_collections import config_flags
+
+config_flags.DEFINE_config_file("config", None, "run config file", lock_config=True)
+flags.DEFINE_string("workdir", None, "checkpoints, metrics and plots go here")
+flags.mark_flags_as_required(["config", "workdir"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    import jax
+    if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("TPU_WORKER_HOSTNAMES") \
+            or int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        jax.distributed.initialize()
+    logging.getLogger().setLevel(logging.INFO)
+    from hwh_jax.training.trainer import train_and_evaluate
+    train_and_evaluate(FLAGS.config, FLAGS.workdir)
+
+
+if __name__ == "__main__":
+    app.run(main)

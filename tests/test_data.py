@@ -1,0 +1,189 @@
+"""Sources, tokenizers, packing, shuffling and per-process sharding of the input pipeline."""
+import gzip
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hwh_jax.data import sources
+from hwh_jax.data.packing import PackedSequences, concat_documents
+from hwh_jax.data.paths import data_dir
+from hwh_jax.data.pipeline import DataSpec, build_splits, train_dataset
+from hwh_jax.data.tokenizers import GPT2BPE, SentencePieceTokenizer, train_sentencepiece
+
+SHAKESPEARE = data_dir() / "tinyshakespeare" / "input.txt"
+
+
+@pytest.fixture(scope="module")
+def sp_model(tmp_path_factory):
+    text = SHAKESPEARE.read_text()[:300_000]
+    return train_sentencepiece([text], 512, tmp_path_factory.mktemp("sp"), key="test")
+
+
+def test_packing_keeps_every_token_once():
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(5, 100, rng.integers(1, 40)) for _ in range(50)]
+    stream = concat_documents(docs, eos_id=1)
+    assert len(stream) == sum(len(d) + 1 for d in docs)
+    seqs = PackedSequences(stream, 16, eos_id=1, pad_id=0)
+    seen = []
+    for i in range(len(seqs)):
+        row = seqs[i]
+        n_valid = int(row["loss_mask"].sum()) + 1 if i < len(seqs) - 1 else None
+        window = np.concatenate([row["inputs"], row["targets"][-1:]])
+        if i < len(seqs) - 1:
+            assert n_valid == 17
+            seen.append(window)
+        else:
+            valid = int(row["loss_mask"].sum()) + 1
+            seen.append(window[:valid])
+    np.testing.assert_array_equal(np.concatenate(seen), stream)
+
+
+def test_segments_and_positions():
+    stream = np.array([5, 6, 1, 7, 8, 9, 1, 4], np.uint32)   # docs [5 6] [7 8 9] [4], eos = 1
+    seqs = PackedSequences(stream, 9, eos_id=1, pad_id=0)    # one padded window of 10
+    row = seqs[0]
+    np.testing.assert_array_equal(row["inputs"], [5, 6, 1, 7, 8, 9, 1, 4, 0])
+    np.testing.assert_array_equal(row["segment_ids"], [1, 1, 1, 2, 2, 2, 2, 3, 0])
+    np.testing.assert_array_equal(row["positions"], [0, 1, 2, 0, 1, 2, 3, 0, 0])
+    np.testing.assert_array_equal(row["loss_mask"], [1, 1, 1, 1, 1, 1, 1, 0, 0])
+
+
+def test_shuffling_is_deterministic_and_a_permutation_per_epoch():
+    seqs = PackedSequences(np.arange(2, 2 + 21 * 10, dtype=np.uint32), 20, eos_id=1, pad_id=0)
+    n = len(seqs)
+
+    def order(seed, steps):
+        it = iter(train_dataset(seqs, global_batch=2, seed=seed))
+        return [i for _ in range(steps) for i in next(it)["index"].tolist()]
+
+    a, b, c = order(0, n), order(0, n), order(1, n)
+    assert a == b and a != c
+    assert sorted(a[:n]) == list(range(n)) and sorted(a[n:2 * n]) == list(range(n))
+
+
+def test_process_slices_form_the_global_batch():
+    seqs = PackedSequences(np.arange(2, 2 + 9 * 40, dtype=np.uint32), 8, eos_id=1, pad_id=0)
+    whole = iter(train_dataset(seqs, global_batch=8, seed=3))
+    parts = [iter(train_dataset(seqs, global_batch=8, seed=3, process_index=p, process_count=4))
+             for p in range(4)]
+    for _ in range(5):
+        global_ids = sorted(next(whole)["index"].tolist())
+        local_ids = sorted(i for it in parts for i in next(it)["index"].tolist())
+        assert global_ids == local_ids
+
+
+def test_iterator_state_roundtrip():
+    seqs = PackedSequences(np.arange(2, 2 + 9 * 40, dtype=np.uint32), 8, eos_id=1, pad_id=0)
+    it = iter(train_dataset(seqs, global_batch=4, seed=0))
+    next(it)
+    state = it.get_state()
+    expected = [next(it)["index"].tolist() for _ in range(3)]
+    it2 = iter(train_dataset(seqs, global_batch=4, seed=0))
+    it2.set_state(json.loads(json.dumps(state)))
+    assert [next(it2)["index"].tolist() for _ in range(3)] == expected
+
+
+def test_text_sources(tmp_path):
+    (tmp_path / "a.txt").write_text("doc one\n<|endoftext|>\ndoc two\n")
+    with gzip.open(tmp_path / "b.txt.gz", "wt") as f:
+        f.write("gz doc")
+    with zipfile.ZipFile(tmp_path / "c.zip", "w") as z:
+        z.writestr("x.txt", "zip doc")
+        z.writestr("y.jsonl", json.dumps({"text": "zip json doc"}) + "\n")
+    (tmp_path / "d.jsonl").write_text(json.dumps({"body": "j1"}) + "\n\n" +
+                                      json.dumps({"body": "j2"}) + "\n")
+    docs = lambda name, **kw: list(sources.text_documents(tmp_path / name, **kw))  # noqa: E731
+    assert docs("a.txt") == ["doc one\n", "doc two\n"]
+    assert docs("b.txt.gz") == ["gz doc"]
+    assert docs("c.zip") == ["zip doc", "zip json doc"]
+    assert docs("d.jsonl", text_field="body") == ["j1", "j2"]
+    with pytest.raises(KeyError, match="text"):
+        docs("d.jsonl")
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        docs("nope.txt")
+    assert [p.name for p in sources.expand([tmp_path])] == ["a.txt", "b.txt.gz", "c.zip", "d.jsonl"]
+
+
+def test_shipped_corpora_read():
+    dickens = list(sources.text_documents(data_dir() / "dickens" / "dickens.zip"))
+    assert len(dickens) == 1 and len(dickens[0]) > 9_900_000  # CRLF read as LF
+    valid = list(sources.text_documents(data_dir() / "gutenberg" / "gutenberg_valid.txt.gz"))
+    assert len(valid) == 3
+
+
+def test_gpt2_bpe_known_ids():
+    tok = GPT2BPE(data_dir() / "gpt2_bpe")
+    assert tok.encode("Hello world") == [15496, 995]
+    assert tok.eos_id == 50256 and tok.vocab_size == 50257
+    text = "Héllo  world\n\n it's 12345 ünïcode ✓"
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_sentencepiece_direct_and_through_seqio(sp_model):
+    direct = SentencePieceTokenizer(sp_model, use_seqio=False)
+    via_seqio = SentencePieceTokenizer(sp_model, use_seqio=True)
+    assert via_seqio.backend == "seqio"
+    text = "To be, or not to be, that is the question."
+    assert direct.encode(text) == via_seqio.encode(text)
+    assert via_seqio.decode(via_seqio.encode(text)) == text
+    assert direct.vocab_size == 512 and direct.eos_id == 1 and direct.pad_id == 0
+
+
+def test_trained_tokenizer_is_cached(sp_model, tmp_path_factory):
+    again = train_sentencepiece(["unused"], 512, Path(sp_model).parent, key="test")
+    assert again == sp_model
+
+
+def test_arrayrecord_source(tmp_path, sp_model, monkeypatch):
+    monkeypatch.setenv("HWH_CACHE_DIR", str(tmp_path / "cache"))
+    docs = [[5, 6, 7], [8, 9], list(range(10, 50))]
+    path = tmp_path / "tokens.arrayrecord"
+    sources.write_arrayrecord_tokens(path, docs)
+    assert [d.tolist() for d in sources.arrayrecord_tokens([path])] == docs
+    spec = DataSpec(source="arrayrecord", paths=(str(path),), tokenizer="sentencepiece",
+                    sp_model=str(sp_model), heldout_fraction=0.0)
+    splits = build_splits(spec, seq_len=7)
+    np.testing.assert_array_equal(splits.train.stream, concat_documents(docs, 1))
+
+
+def test_tfds_source_with_local_dataset(tmp_path, sp_model, monkeypatch):
+    import tensorflow_datasets as tfds
+
+    class TinyText(tfds.core.GeneratorBasedBuilder):
+        """A three-document text dataset built on the spot (no network)."""
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+                {"text": tfds.features.Text()}))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(["alpha beta", "gamma delta", "epsilon"]),
+                    "validation": self._generate_examples(["zeta eta"])}
+
+        def _generate_examples(self, texts):
+            for i, t in enumerate(texts):
+                yield i, {"text": t}
+
+    data = tmp_path / "tfds"
+    TinyText(data_dir=str(data), file_format="array_record").download_and_prepare()
+    texts = sorted(sources.tfds_documents("tiny_text", "train", data_dir=str(data)))
+    assert texts == ["alpha beta", "epsilon", "gamma delta"]
+    monkeypatch.setenv("HWH_CACHE_DIR", str(tmp_path / "cache"))
+    spec = DataSpec(source="tfds", paths=(), tfds_name="tiny_text", tfds_data_dir=str(data),
+                    tfds_heldout_split="validation", tokenizer="sentencepiece",
+                    sp_model=str(sp_model))
+    splits = build_splits(spec, seq_len=4)
+    tok = splits.tokenizer
+    assert tok.decode([t for t in splits.heldout.stream if t != tok.eos_id]) == "zeta eta"
+
+
+def test_missing_path_is_named():
+    with pytest.raises(FileNotFoundError, match="no_such_corpus.txt"):
+        DataSpec(paths=("no_such_corpus.txt",)).validate()
+    with pytest.raises(ValueError, match="tokenizer"):
+        DataSpec(tokenizer="bytes").validate()

@@ -1,0 +1,233 @@
+"""The training pipeline: resume equivalence, mesh invariance, signals, NaN guard, bad input."""
+import glob
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from configs import base
+from hwh_jax.data.paths import data_dir
+from hwh_jax.training.trainer import train_and_evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A 200 kB slice of tinyshakespeare and a cache dir shared by this module's runs."""
+    root = tmp_path_factory.mktemp("corpus")
+    path = root / "shakespeare.txt"
+    path.write_text((data_dir() / "tinyshakespeare" / "input.txt").read_text()[:200_000])
+    os.environ["HWH_CACHE_DIR"] = str(root / "cache")
+    return path
+
+
+def small_config(corpus, arch="hwh", **train):
+    config = base.get_config(f"{arch}_tiny")
+    config.seq_len = 32
+    config.model.dtype = "float32"
+    config.model.gdn_chunk_size = 16
+    config.data.paths = (str(corpus),)
+    config.data.sp_vocab_size = 512
+    config.data.heldout_fraction = 0.05
+    t = config.train
+    t.steps, t.batch_size, t.lr, t.warmup_steps = 6, 8, 3e-3, 2
+    t.log_every, t.eval_every, t.checkpoint_every, t.eval_batches = 1, 0, 0, 2
+    t.mesh = (1, 1, 1)  # one device: multi-device runs are test_mesh_invariance's business
+    for k, v in train.items():
+        setattr(t, k, v)
+    return config
+
+
+def test_resume_is_bitwise_identical(corpus, tmp_path):
+    straight = train_and_evaluate(small_config(corpus), tmp_path / "a")
+    first = train_and_evaluate(small_config(corpus, stop_at_step=3), tmp_path / "b")
+    assert first.stopped_early and first.final_step == 3
+    second = train_and_evaluate(small_config(corpus), tmp_path / "b")
+    resumed = {**first.losses, **second.losses}
+    assert sorted(second.losses) == [4, 5, 6]
+    assert resumed == straight.losses  # bitwise: float equality of every step's loss
+    assert {**first.batch_ids, **second.batch_ids} == straight.batch_ids
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["steps"] == 6 and (tmp_path / "a" / "loss.png").exists()
+    rows = [json.loads(l) for l in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["split"] for r in rows} >= {"train", "heldout", "perf"}
+    assert list((tmp_path / "a" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+_REF = {}
+MESH_TIMEOUT_S, MESH_ATTEMPTS = 240, 2
+
+
+def _train_in_subprocess(corpus, workdir, mesh):
+    """launch.train on 8 fake CPU devices in a fresh process; the per-step train losses.
+
+    XLA:CPU's in-process collectives can deadlock at random when 8 fake devices share 2 cores
+    (seen here in about one run in five on these meshes, and in every run on mesh 1x2x4,
+    which is why that mesh is not in the list below): a hung attempt is killed after
+    MESH_TIMEOUT_S and retried from scratch, at most MESH_ATTEMPTS times."""
+    from conftest import XLA_TEST_FLAGS
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count=8 {XLA_TEST_FLAGS}"}
+    args = [sys.executable, "-m", "launch.train", "--config=configs/hwh_tiny.py",
+            "--config.seq_len=32", "--config.model.dtype=float32",
+            "--config.model.gdn_chunk_size=16", f"--config.data.paths=('{corpus}',)",
+            "--config.data.sp_vocab_size=512", "--config.data.heldout_fraction=0.05",
+            "--config.train.steps=3", "--config.train.batch_size=8", "--config.train.lr=3e-3",
+            "--config.train.warmup_steps=2", "--config.train.log_every=1",
+            "--config.train.eval_every=0", "--config.train.checkpoint_every=0",
+            "--config.train.final_eval=False", f"--config.train.mesh={mesh}"]
+    for attempt in range(MESH_ATTEMPTS):
+        run_dir = workdir / f"attempt{attempt}"
+        try:
+            out = subprocess.run(args + [f"--workdir={run_dir}"], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=MESH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            print(f"mesh {mesh}: attempt {attempt} hung in XLA:CPU collectives; retrying")
+            continue
+        assert out.returncode == 0, out.stderr[-3000:]
+        rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
+    pytest.fail(f"mesh {mesh}: {MESH_ATTEMPTS} attempts all hung")
+
+
+@pytest.mark.parametrize("mesh", [(1, 1, 1), (8, 1, 1), (1, 8, 1), (2, 2, 2)],
+                         ids=lambda m: "x".join(map(str, m)))
+def test_mesh_invariance(corpus, tmp_path, mesh):
+    """fp32 losses on 8 fake CPU devices agree with the single-device run (mesh 1x1x1)."""
+    losses = _train_in_subprocess(corpus, tmp_path, ",".join(map(str, mesh)))
+    assert sorted(losses) == [1, 2, 3]
+    if mesh == (1, 1, 1):
+        _REF.update(losses)
+        return
+    assert _REF, "the 1x1x1 reference runs first"
+    for step, loss in _REF.items():
+        assert abs(losses[step] - loss) <= 1e-5 * abs(loss), (step, losses[step], loss)
+
+
+def test_grad_accumulation_matches_one_big_batch(corpus, tmp_path):
+    one = train_and_evaluate(small_config(corpus, steps=3), tmp_path / "one")
+    acc = train_and_evaluate(small_config(corpus, steps=3, grad_accum=2), tmp_path / "acc")
+    for s in one.losses:
+        assert abs(one.losses[s] - acc.losses[s]) < 1e-5 * abs(one.losses[s])
+
+
+def test_nan_stops_with_step_and_keeps_last_good_checkpoint(corpus, tmp_path):
+    config = small_config(corpus, steps=30, lr=1e12, clip_norm=0.0, warmup_steps=0,
+                          checkpoint_every=1, weight_decay=0.0)
+    with pytest.raises(FloatingPointError, match=r"at step \d+"):
+        train_and_evaluate(config, tmp_path)
+    steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps, "no good checkpoint kept"
+
+
+def test_unreadable_latest_checkpoint_falls_back(corpus, tmp_path, caplog):
+    train_and_evaluate(small_config(corpus, steps=4, checkpoint_every=2), tmp_path)
+    latest = tmp_path / "checkpoints" / "4"
+    for f in (latest / "state").rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"garbage")
+    res = train_and_evaluate(small_config(corpus, steps=5, checkpoint_every=2), tmp_path)
+    assert "unreadable" in caplog.text and sorted(res.losses) == [3, 4, 5]
+
+
+def test_sigterm_saves_a_checkpoint_that_resumes(corpus, tmp_path):
+    workdir = tmp_path / "run"
+    args = [sys.executable, "-m", "launch.train", "--config=configs/hwh_tiny.py",
+            f"--workdir={workdir}", "--config.seq_len=32", "--config.model.dtype=float32",
+            f"--config.data.paths=('{corpus}',)", "--config.data.sp_vocab_size=512",
+            "--config.train.steps=100000", "--config.train.batch_size=4",
+            "--config.train.log_every=1", "--config.train.eval_every=0",
+            "--config.train.checkpoint_every=0"]
+    from conftest import XLA_TEST_FLAGS
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": XLA_TEST_FLAGS}
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step") and "/100000" in line and "step      3/" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    out = "".join(lines) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, out[-3000:]
+    assert "stopped by SIGTERM" in out
+    steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert steps and min(steps) >= 3
+    config = small_config(corpus, steps=max(steps) + 1)
+    config.train.batch_size = 4
+    res = train_and_evaluate(config, workdir)
+    assert sorted(res.losses) == [max(steps) + 1]
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda c: setattr(c.data, "paths", ("missing/corpus.txt",)), "missing/corpus.txt"),
+    (lambda c: setattr(c.train, "mesh", (3, 1, 1)), "does not divide the 8 devices"),
+    (lambda c: setattr(c.train, "batch_size", 6), "data-parallel size 8"),
+    (lambda c: setattr(c, "seq_len", 1), "seq_len"),
+    (lambda c: setattr(c.train, "schedule", "linear"), "schedule"),
+    (lambda c: setattr(c.model, "vocab_size", 100), "vocab_size=100"),
+], ids=["path", "mesh", "batch", "seq_len", "schedule", "vocab"])
+def test_bad_input_fails_early_naming_the_value(corpus, tmp_path, change, match):
+    config = small_config(corpus, mesh=(-1, 1, 1))
+    change(config)
+    t = time.time()
+    with pytest.raises((ValueError, FileNotFoundError), match=match):
+        train_and_evaluate(config, tmp_path)
+    assert not (tmp_path / "checkpoints" / "1").exists()
+
+
+def test_unknown_config_key_is_rejected():
+    config = base.get_config("hwh_tiny")
+    with pytest.raises(AttributeError, match="lr_max"):
+        config.train.lr_max = 1.0
+
+
+CONFIGS = sorted(p for p in glob.glob(str(ROOT / "configs" / "*_*.py"))
+                 if not Path(p).name.startswith("_"))
+
+
+def _load(path):
+    spec = importlib.util.spec_from_file_location("c", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config()
+
+
+@pytest.mark.parametrize("arch", sorted({Path(p).stem.rsplit("_", 1)[0] for p in CONFIGS}))
+def test_every_config_builds_and_its_tiny_form_trains_a_step(arch):
+    """Every configs/<arch>_<size>.py builds (from shapes); the arch's tiny form takes a step."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from hwh_jax.models.lm import HybridLM
+    from hwh_jax.models.params import count_params
+    from hwh_jax.models.variants import model_config_from_dict
+    from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
+    from hwh_jax.training.steps import make_train_step
+    for path in CONFIGS:
+        if Path(path).stem.rsplit("_", 1)[0] == arch:
+            assert count_params(model_config_from_dict(_load(path).model)) > 0
+    config = _load(ROOT / "configs" / f"{arch}_tiny.py")
+    config.model.gdn_chunk_size = 16
+    cfg = model_config_from_dict(config.model)
+    graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    tx, schedule = make_optimizer(OptimizerSpec(lr=1e-3, warmup_steps=0, total_steps=10))
+    state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
+             "rng": jnp.zeros((2,), jnp.uint32), "bad_step": jnp.int32(-1)}
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, cfg.vocab_size, (2, 33))
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
+             "segment_ids": np.ones((2, 32), np.int32), "positions": np.tile(np.arange(32), (2, 1)),
+             "loss_mask": np.ones((2, 32), np.float32)}
+    new_state, m = jax.jit(make_train_step(graphdef, tx, schedule))(state, batch)
+    assert np.isfinite(float(m["loss"])) and int(new_state["step"]) == 1
+    assert int(new_state["bad_step"]) == -1
