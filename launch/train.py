@@ -23,6 +23,7 @@ def main(argv):
             or int(os.environ.get("SLURM_NTASKS", "1")) > 1:
         jax.distributed.initialize()
     logging.getLogger().setLevel(logging.INFO)
+    logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax's per-save INFO chatter
     from hwh_jax.training.trainer import train_and_evaluate
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
