@@ -120,3 +120,16 @@ def test_auto_choice_is_visible():
     q, k, v, g, beta, _, _ = make_inputs(1, 8, 1, 4, 4)
     gated_delta_rule(q, k, v, g, beta)
     assert dispatch.chosen()[f"gated_delta_rule@{jax.default_backend()}"] == resolve_impl()
+
+
+@pytest.mark.parametrize("C", [5, 16, 64, 48])
+def test_unit_lower_inverse_matches_numpy(C):
+    """Block substitution == LAPACK inverse, for random and for all-ones strictly-lower A
+    (where a power series would cancel catastrophically: binomial terms, exact inverse tiny)."""
+    from kernels_pallas.gdn.chunk_reference import unit_lower_inverse
+    rng = np.random.default_rng(C)
+    for A in (np.tril(rng.uniform(-1, 1, (3, C, C)), -1), np.tril(np.ones((1, C, C)), -1)):
+        got = np.asarray(jax.jit(unit_lower_inverse)(jnp.asarray(A, jnp.float32)))
+        want = np.linalg.inv(np.eye(C) + A)
+        scale = np.abs(want).max()
+        assert np.abs(got - want).max() <= 1e-5 * scale, (C, np.abs(got - want).max(), scale)

@@ -58,7 +58,7 @@ def make_train_step(graphdef, tx, schedule, *, grad_accum=1, z_loss=0.0, documen
                 micro, (zeros, 0.0, 0.0), _split_micro(batch, grad_accum))
             grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), g_sum)
             loss = l_sum / jnp.maximum(count, 1.0)
-        gnorm = optax.global_norm(grads)
+        gnorm = optax.tree.norm(grads)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         new_params = optax.apply_updates(params, updates)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)

@@ -244,17 +244,12 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
             t_last, step_last = time.time(), step
         pending.clear()
 
-    # XLA:CPU collectives can deadlock when several multi-device programs are in flight at once
-    # (seen with 8 fake CPU devices): there, and only there, each step is waited for.
-    wait_each_step = jax.default_backend() == "cpu" and len(mesh.devices.flat) > 1
     with _Stop() as stop:
         step = start
         while step < stop_at:
             batch = next(train_iter)
             ids = batch["index"].tolist()
             state, m = train_step(state, _put(batch, batch_sh))
-            if wait_each_step:
-                jax.block_until_ready(m)
             step += 1
             pending.append((step, m, ids))
             if step % c.log_every == 0 or step == stop_at:

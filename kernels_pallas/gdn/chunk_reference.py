@@ -16,6 +16,10 @@ masked entries (whose differences are positive and may be huge) never reach ``ex
 NaN in values or gradients, for any g <= 0. Everything is fp32 at HIGHEST matmul precision.
 T need not be a multiple of C: the tail is padded with q = k = v = beta = 0 and g = 0, which
 leaves outputs and state unchanged.
+
+T is formed by block forward substitution (``unit_lower_inverse``): matmuls only, exact
+elimination (no power series), and no LAPACK triangular solve, whose XLA:CPU custom call
+waits on a shared thread pool and deadlocked multi-device CPU programs.
 """
 from __future__ import annotations
 
@@ -40,6 +44,28 @@ def chunk_local_cumsum(g, chunk_size):
     return jnp.cumsum(g.reshape(B, T // chunk_size, chunk_size, H), axis=2).reshape(B, T, H)
 
 
+def unit_lower_inverse(A, base: int = 16):
+    """(I + A)^-1 for strictly lower-triangular A [..., C, C].
+
+    Rows of blocks of at most ``base`` are eliminated one by one (row i = e_i - A_i X); larger
+    blocks are split in halves and merged exactly: for [[A11, 0], [A21, A22]],
+    X21 = -X22 A21 X11. Every step is a matmul, so this runs well on GPU and TPU too.
+    """
+    C = A.shape[-1]
+    if C <= base:
+        X = jnp.broadcast_to(jnp.eye(C, dtype=A.dtype), A.shape)
+        for i in range(1, C):
+            row = -jnp.einsum("...j,...jk->...k", A[..., i, :i], X[..., :i, :], precision=_HI)
+            X = X.at[..., i, :].add(row)
+        return X
+    h = C // 2
+    X11 = unit_lower_inverse(A[..., :h, :h], base)
+    X22 = unit_lower_inverse(A[..., h:, h:], base)
+    X21 = -jnp.einsum("...ij,...jk,...kl->...il", X22, A[..., h:, :h], X11, precision=_HI)
+    top = jnp.concatenate([X11, jnp.zeros(X11.shape[:-1] + (C - h,), A.dtype)], axis=-1)
+    return jnp.concatenate([top, jnp.concatenate([X21, X22], axis=-1)], axis=-2)
+
+
 def wy_representation(k, v, beta, g_cum):
     """Per-chunk w, u of the UT transform.
 
@@ -52,12 +78,11 @@ def wy_representation(k, v, beta, g_cum):
     decay = jnp.exp(jnp.where(strict, diff, _NEG))
     kk = jnp.einsum("...ik,...jk->...ij", k, k, precision=_HI)
     A = beta[..., :, None] * kk * decay                       # strictly lower
-    eye = jnp.eye(C, dtype=k.dtype)
-    rhs = jnp.concatenate([beta[..., None] * v,
-                           (beta * jnp.exp(g_cum))[..., None] * k], axis=-1)
-    sol = jax.scipy.linalg.solve_triangular(eye + A, rhs, lower=True, unit_diagonal=True)
-    V = v.shape[-1]
-    return sol[..., V:], sol[..., :V]
+    Tinv = unit_lower_inverse(A)
+    u = jnp.einsum("...ij,...jv->...iv", Tinv, beta[..., None] * v, precision=_HI)
+    w = jnp.einsum("...ij,...jk->...ik", Tinv, (beta * jnp.exp(g_cum))[..., None] * k,
+                   precision=_HI)
+    return w, u
 
 
 def gated_delta_rule_chunk_reference(q, k, v, g, beta, *, scale=None, initial_state=None,
