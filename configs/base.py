@@ -84,5 +84,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     t.checkpoint_every = 100 if size == "tiny" else 1000
     t.keep_checkpoints = 3
     t.peak_flops = 0.0                     # per-device peak for MFU; 0 = from the device kind
+
+    e = config.eval = ml_collections.ConfigDict()  # hwh_jax.eval.EvalSpec, run after training
+    e.at_end = size == "tiny"              # evaluate the final model (writes <workdir>/eval)
+    e.suites = ("niah", "ppl")             # any of niah, mqar, ppl, commonsense
+    e.niah_tasks = ("niah_single_1", "niah_single_2", "niah_single_3")
+    e.niah_factors = (1, 2)                # NIAH lengths: multiples of seq_len
+    e.niah_depths = 3                      # evenly spaced needle depths
+    e.ppl_factor = 2                       # perplexity by position up to this x seq_len
+    e.batch_size = 8
+    e.commonsense_limit = 0                # first N examples per commonsense task (0 = all)
     config.lock()
     return config

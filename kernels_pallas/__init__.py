@@ -1,7 +1,7 @@
 """Kernels of hwh-jax: each op has a pure-jnp reference (the spec) and a dispatcher."""
-from kernels_pallas.attention import attention, attention_reference
+from kernels_pallas.attention import attention, attention_reference, cached_attention
 from kernels_pallas.dispatch import chosen
 from kernels_pallas.gdn import gated_delta_rule, gated_delta_rule_step
 
-__all__ = ["attention", "attention_reference", "chosen", "gated_delta_rule",
+__all__ = ["attention", "attention_reference", "cached_attention", "chosen", "gated_delta_rule",
            "gated_delta_rule_step"]

@@ -5,9 +5,16 @@
     [q, k <- RoPE(q, t), RoPE(k, t)]            (NoPE: no position signal at all)
     o = softmax(q k^T / sqrt(D) + mask) v        (kernels_pallas.attention)
 The module returns the heads' outputs [B, T, n*D]; the mixer owns the output projection.
+
+Inference (``init_cache`` / ``extend``): keys (rotated) and values of past tokens live in a
+cache whose slots are indexed by absolute time t (rows are left-padded to a common t; row b's
+tokens start at ``start[b]``). Global heads keep every slot; sliding-window heads keep a ring of
+``window`` slots (slot = t mod window), each slot tagged with the time it holds.
 """
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 from flax import nnx
 
 import kernels_pallas
@@ -53,3 +60,45 @@ class FullAttentionHeads(nnx.Module):
         o = kernels_pallas.attention(q, k, v, causal=True, window=self.window,
                                      segment_ids=segment_ids, impl=self.impl)
         return o.reshape(B, T, self.num_heads * self.head_dim)
+
+    # ------------------------------------------------------------ inference
+    def init_cache(self, batch: int, max_len: int, dtype):
+        size = max_len if self.window is None else min(self.window, max_len)
+        shape = (batch, size, self.num_kv, self.head_dim)
+        cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+        if self.window is not None:
+            cache["time"] = jnp.full((size,), -1, jnp.int32)
+        return cache
+
+    def extend(self, x, t0, start, cache):
+        """x [B, Tn, d] at times t0 .. t0+Tn-1 (t0 traced is fine); start [B] int32.
+        Returns (heads' outputs [B, Tn, n*D], updated cache)."""
+        B, Tn, _ = x.shape
+        times = t0 + jnp.arange(Tn, dtype=jnp.int32)
+        positions = jnp.maximum(times[None] - start[:, None], 0)
+        q, k = self.qk(x, positions)
+        v = self.v_proj(x).reshape(B, Tn, self.num_kv, self.head_dim)
+        if self.rope:
+            kw = dict(theta=self.rope_theta, pairing=self.rope_pairing)
+            q, k = apply_rope(q, positions, **kw), apply_rope(k, positions, **kw)
+        k, v = k.astype(cache["k"].dtype), v.astype(cache["v"].dtype)
+        if self.window is None:  # write, then attend over every slot written so far
+            ck = jax.lax.dynamic_update_slice(cache["k"], k, (0, t0, 0, 0))
+            cv = jax.lax.dynamic_update_slice(cache["v"], v, (0, t0, 0, 0))
+            slots = jnp.arange(ck.shape[1], dtype=jnp.int32)
+            k_time = jnp.where(slots < t0 + Tn, slots, -1)
+            new = {"k": ck, "v": cv}
+            keys, vals = ck, cv
+        else:  # the ring may be smaller than Tn: attend over ring + new, then write the tail
+            size = cache["k"].shape[1]
+            keys = jnp.concatenate([cache["k"], k], axis=1)
+            vals = jnp.concatenate([cache["v"], v], axis=1)
+            k_time = jnp.concatenate([cache["time"], times])
+            m = min(Tn, size)
+            slot = times[-m:] % size
+            new = {"k": cache["k"].at[:, slot].set(k[:, -m:]),
+                   "v": cache["v"].at[:, slot].set(v[:, -m:]),
+                   "time": cache["time"].at[slot].set(times[-m:])}
+        o = kernels_pallas.cached_attention(q, keys, vals, q_time=times, k_time=k_time,
+                                            k_start=start, window=self.window)
+        return o.reshape(B, Tn, self.num_heads * self.head_dim), new

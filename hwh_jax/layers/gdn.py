@@ -12,6 +12,10 @@ For n heads with key dim K and value dim V, from the normalised input x [B, T, d
 ShortConv_4 is a causal depthwise convolution of width 4. ``A_log`` and ``dt_bias`` are per
 head and carry no weight decay (the optimizer's mask reads their names). With segment ids the
 convolution does not reach across documents and the recurrence restarts at each document.
+
+Inference (``init_cache`` / ``extend``): the fp32 state [B, n, K, V] plus, per convolution, the
+last W-1 projected inputs. Left padding (``valid`` False) is made invisible: the padded inputs
+are zeroed before the convolution and their beta and g are 0, so the state stays at zero.
 """
 from __future__ import annotations
 
@@ -56,6 +60,12 @@ class ShortConv(nnx.Module):
 
     def __call__(self, x, segment_ids=None):
         return jax.nn.silu(causal_conv1d(x, self.kernel[...], segment_ids))
+
+    def extend(self, x, state):
+        """x [B, Tn, C] after the W-1 inputs in ``state`` -> (outputs [B, Tn, C], new state)."""
+        xp = jnp.concatenate([state.astype(x.dtype), x], axis=1)
+        y = causal_conv1d(xp, self.kernel[...])[:, state.shape[1]:]
+        return jax.nn.silu(y), xp[:, xp.shape[1] - state.shape[1]:]
 
 
 def _conv_init(key, shape, dtype):
@@ -120,3 +130,37 @@ class GatedDeltaNetHeads(nnx.Module):
                                                chunk_size=self.chunk_size)
         gate = self.g_proj(x).reshape(B, T, n, V)
         return self.o_norm(o, gate).reshape(B, T, n * V)
+
+    # ------------------------------------------------------------ inference
+    def init_cache(self, batch: int, dtype):
+        n, K, V = self.num_heads, self.key_dim, self.value_dim
+        W = self.q_conv.kernel.shape[0]
+        return {"state": jnp.zeros((batch, n, K, V), jnp.float32),
+                "conv_q": jnp.zeros((batch, W - 1, n * K), dtype),
+                "conv_k": jnp.zeros((batch, W - 1, n * K), dtype),
+                "conv_v": jnp.zeros((batch, W - 1, n * V), dtype)}
+
+    def extend(self, x, valid, cache):
+        """x [B, Tn, d], valid [B, Tn] bool -> (heads' outputs [B, Tn, n*V], updated cache)."""
+        B, Tn, _ = x.shape
+        n, K, V = self.num_heads, self.key_dim, self.value_dim
+        keep = valid[..., None].astype(x.dtype)
+        q, conv_q = self.q_conv.extend(self.q_proj(x) * keep, cache["conv_q"])
+        k, conv_k = self.k_conv.extend(self.k_proj(x) * keep, cache["conv_k"])
+        v, conv_v = self.v_conv.extend(self.v_proj(x) * keep, cache["conv_v"])
+        q = l2_normalize(q.reshape(B, Tn, n, K))
+        k = l2_normalize(k.reshape(B, Tn, n, K))
+        v = v.reshape(B, Tn, n, V)
+        beta, g = self.gates(x)
+        beta, g = jnp.where(valid[..., None], beta, 0.0), jnp.where(valid[..., None], g, 0.0)
+        if Tn == 1:
+            o, state = kernels_pallas.gated_delta_rule_step(
+                q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], cache["state"])
+            o = o[:, None]
+        else:
+            o, state = kernels_pallas.gated_delta_rule(
+                q, k, v, g, beta, initial_state=cache["state"], output_final_state=True,
+                impl=self.impl, chunk_size=self.chunk_size)
+        gate = self.g_proj(x).reshape(B, Tn, n, V)
+        out = self.o_norm(o, gate).reshape(B, Tn, n * V)
+        return out, {"state": state, "conv_q": conv_q, "conv_k": conv_k, "conv_v": conv_v}

@@ -45,3 +45,19 @@ class HeadwiseMixer(nnx.Module):
             outs.append(self.la(x, segment_ids))
         y = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
         return self.o_proj(y)
+
+    # ------------------------------------------------------------ inference
+    def init_cache(self, batch: int, max_len: int, dtype):
+        return {"fa": None if self.fa is None else self.fa.init_cache(batch, max_len, dtype),
+                "la": None if self.la is None else self.la.init_cache(batch, dtype)}
+
+    def extend(self, x, t0, start, valid, cache):
+        outs, new = [], {"fa": None, "la": None}
+        if self.fa is not None:
+            o, new["fa"] = self.fa.extend(x, t0, start, cache["fa"])
+            outs.append(o)
+        if self.la is not None:
+            o, new["la"] = self.la.extend(x, valid, cache["la"])
+            outs.append(o)
+        y = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
+        return self.o_proj(y), new

@@ -6,6 +6,10 @@
 
 Mixer_l is the head-wise mixer of ``LayerSpec`` l (``hwh_jax.layers.mixer``). Parameters are
 ``ModelConfig.param_dtype`` (fp32), activations ``ModelConfig.dtype`` (bf16), logits fp32.
+
+Inference: ``init_cache(batch, max_len)`` then ``extend(tokens, cache)`` any number of times
+(a prompt, a chunk of one, or one token): the cache holds the time ``t`` of the next token, the
+per-row first time ``start`` (rows are left-padded to a common length) and one entry per layer.
 """
 from __future__ import annotations
 
@@ -35,6 +39,11 @@ class Block(nnx.Module):
     def __call__(self, x, positions, segment_ids=None):
         x = x + self.mixer(self.mixer_norm(x), positions, segment_ids)
         return x + self.mlp(self.mlp_norm(x))
+
+    def extend(self, x, t0, start, valid, cache):
+        y, cache = self.mixer.extend(self.mixer_norm(x), t0, start, valid, cache)
+        x = x + y
+        return x + self.mlp(self.mlp_norm(x)), cache
 
 
 class HybridLM(nnx.Module):
@@ -67,3 +76,24 @@ class HybridLM(nnx.Module):
 
     def __call__(self, tokens, positions=None, segment_ids=None):
         return self.logits(self.hidden(tokens, positions, segment_ids))
+
+    # ------------------------------------------------------------ inference
+    def init_cache(self, batch: int, max_len: int, *, start=None, dtype=None):
+        """Empty cache for ``batch`` rows and at most ``max_len`` time steps; ``start`` [B]:
+        the number of left-padding slots of each row (default none)."""
+        dtype = self.cfg.compute_dtype if dtype is None else dtype
+        start = jnp.zeros((batch,), jnp.int32) if start is None else jnp.asarray(start, jnp.int32)
+        return {"t": jnp.int32(0), "start": start,
+                "layers": [b.mixer.init_cache(batch, max_len, dtype) for b in self.blocks]}
+
+    def extend(self, tokens, cache):
+        """tokens [B, Tn] at times cache["t"] ... -> (fp32 logits [B, Tn, vocab], new cache)."""
+        t0, start = cache["t"], cache["start"]
+        valid = (t0 + jnp.arange(tokens.shape[1]))[None] >= start[:, None]
+        x = self.embed(tokens)
+        layers = []
+        for block, c in zip(self.blocks, cache["layers"]):
+            x, c = block.extend(x, t0, start, valid, c)
+            layers.append(c)
+        logits = self.logits(self.final_norm(x))
+        return logits, {**cache, "t": t0 + tokens.shape[1], "layers": layers}

@@ -81,6 +81,9 @@ def _specs(config):
                         weight_decay=c.weight_decay, b1=c.b1, b2=c.b2, eps=c.eps,
                         clip_norm=c.clip_norm)
     opt.validate()
+    if config.get("eval") is not None and config.eval.at_end:
+        from hwh_jax.eval.suite import spec_from_config
+        spec_from_config(config.eval).validate()
     if config.seq_len < 2:
         raise ValueError(f"seq_len must be >= 2, got {config.seq_len}")
     if c.batch_size < 1 or c.grad_accum < 1 or c.batch_size % c.grad_accum:
@@ -116,6 +119,18 @@ def unigram_entropy(stream: np.ndarray) -> float:
 def _put(batch, sharding):
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
             for k, v in batch.items() if k != "index"}
+
+
+def init_train_state(cfg: ModelConfig, tx, seed: int) -> dict:
+    """The checkpointed train state: params, optimizer state, step, rng, non-finite marker."""
+    params = nnx.state(HybridLM(cfg, rngs=nnx.Rngs(seed)), nnx.Param)
+    return {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
+            "rng": jax.random.key_data(jax.random.key(seed)), "bad_step": jnp.int32(-1)}
+
+
+def model_from_config(config, tokenizer_vocab: int) -> ModelConfig:
+    """The run's ModelConfig (vocabulary from the tokenizer when the config leaves it 0)."""
+    return _model_config(config, tokenizer_vocab)
 
 
 # ---------------------------------------------------------------- the run
@@ -157,10 +172,7 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
     repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
     def init_state():
-        params = nnx.state(HybridLM(cfg, rngs=nnx.Rngs(config.seed)), nnx.Param)
-        return {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
-                "rng": jax.random.key_data(jax.random.key(config.seed)),
-                "bad_step": jnp.int32(-1)}
+        return init_train_state(cfg, tx, config.seed)
 
     abstract_state = jax.eval_shape(init_state)
     # optimizer moments mirror the params' shardings (same tree under mu / nu)
@@ -281,6 +293,10 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
         final = heldout[step] = evaluate(state["params"])
         if final is not None:
             writer.write(step, "heldout", {"loss": final, "perplexity": math.exp(min(final, 50))})
+    evaluation = None
+    if step >= c.steps and config.get("eval") is not None and config.eval.at_end \
+            and jax.process_index() == 0:
+        evaluation = _final_suite(config, cfg, graphdef, state["params"], splits, workdir, step)
     summary = {
         "arch": cfg.arch, "params": p["total"], "steps": step, "tokens": step * tokens_per_step,
         "final_heldout_loss": final, "unigram_entropy": entropy,
@@ -288,6 +304,8 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
         "wall_s": time.time() - t0, "devices": f"{jax.device_count()} x {kind}",
         "mesh": dict(mesh.shape), "flops_per_token": fpt,
     }
+    if evaluation is not None:
+        summary["eval"] = {k: evaluation[k] for k in ("niah_summary", "wall_s") if k in evaluation}
     if jax.process_index() == 0:
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
         if not stopped_early:
@@ -301,6 +319,22 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
     writer.close()
     ckpt.close()
     return RunResult(step, losses, batch_ids, heldout, stopped_early, summary)
+
+
+def _final_suite(config, cfg, graphdef, params, splits, workdir: Path, step: int) -> dict:
+    """The config's ``eval`` section on the final model (NIAH, perplexity by position, ...)."""
+    from hwh_jax.eval.suite import run_suite, spec_from_config
+    from hwh_jax.training.restore import LoadedRun
+    spec = spec_from_config(config.eval)
+    run = LoadedRun(nnx.merge(graphdef, params), cfg, splits.tokenizer, config, step, workdir)
+    print(f"evaluating the final model: {', '.join(spec.suites)} -> {workdir / 'eval'}",
+          flush=True)
+    stream = None if splits.heldout is None else np.asarray(splits.heldout.stream)
+    out = run_suite(run, spec, workdir / "eval", heldout_stream=stream)
+    if "niah_summary" in out:
+        print("NIAH: " + ", ".join(f"{k} {v:.0f}" for k, v in out["niah_summary"].items()),
+              flush=True)
+    return out
 
 
 def _mirror_shardings(opt_state, params, param_sh, repl):

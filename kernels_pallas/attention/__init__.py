@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas import dispatch
-from kernels_pallas.attention.reference import attention_mask, attention_reference
+from kernels_pallas.attention.reference import (attention_mask, attention_reference,
+                                                cached_attention)
 
 IMPLS = ("auto", "reference", "cudnn", "splash")
 
@@ -74,4 +75,4 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
                                segment_ids=segment_ids)
 
 
-__all__ = ["attention", "attention_reference", "attention_mask", "resolve_impl", "IMPLS"]
+__all__ = ["attention", "attention_reference", "attention_mask", "cached_attention", "resolve_impl", "IMPLS"]

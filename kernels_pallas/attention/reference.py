@@ -41,3 +41,27 @@ def attention_reference(q, k, v, *, causal=True, window=None, scale=None, segmen
     p = jnp.where(mask, p, 0.0)
     o = jnp.einsum("bgrts,bsgd->btgrd", p, v.astype(jnp.float32), precision=_HI)
     return o.reshape(B, T, H, D).astype(q.dtype)
+
+
+def cached_attention(q, k, v, *, q_time, k_time, k_start, window=None, scale=None):
+    """Attention of new queries over a KV cache whose slots carry absolute times.
+
+    q [B,T,H,D] at times ``q_time`` [T]; k/v [B,S,G,D] at times ``k_time`` [S] (-1 = empty
+    slot); ``k_start`` [B]: the first time that belongs to each row (left padding before it).
+    Key s is visible to query t iff k_start <= k_time[s] <= q_time[t] (and, with a window,
+    k_time[s] > q_time[t] - window). A query with no visible key returns zeros.
+    """
+    B, T, H, D = q.shape
+    G = k.shape[2]
+    scale = D ** -0.5 if scale is None else scale
+    qg = q.reshape(B, T, G, H // G, D).astype(jnp.float32)
+    logits = jnp.einsum("btgrd,bsgd->bgrts", qg, k.astype(jnp.float32), precision=_HI) * scale
+    kt, qt = k_time[None, None, :], q_time[None, :, None]
+    mask = (kt >= 0) & (kt <= qt) & (kt >= k_start[:, None, None])          # [B, T, S]
+    if window is not None:
+        mask &= kt > qt - window
+    mask = mask[:, None, None]
+    p = jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), axis=-1, where=mask)
+    p = jnp.where(mask, p, 0.0)
+    o = jnp.einsum("bgrts,bsgd->btgrd", p, v.astype(jnp.float32), precision=_HI)
+    return o.reshape(B, T, H, D).astype(q.dtype)

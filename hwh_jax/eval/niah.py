@@ -1,0 +1,194 @@
+"""RULER-style needle-in-a-haystack: niah_single_1/2/3 (Hsieh et al., 2024).
+
+Templates are RULER's (``scripts/data/synthetic/constants.py`` and ``niah.py``):
+
+    Some special magic {numbers} are hidden within the following text. Make sure to memorize
+    it. I will quiz you about the {numbers} afterwards.\n{context}\nWhat are all the special
+    magic {numbers} for {key} mentioned in the provided text? The special magic {number} for
+    {key} mentioned in the provided text is
+
+with the needle "One of the special magic {numbers} for {key} is: {value}." inserted into the
+haystack at the requested depth. Tasks:
+
+    niah_single_1  noise haystack ("The grass is green. ... There and back again." repeated),
+                   key: word, value: 7-digit number
+    niah_single_2  Paul Graham essays (sorted by file name, whitespace collapsed), key: word,
+                   value: 7-digit number
+    niah_single_3  essays, key: word, value: UUID
+
+The haystack is the longest that keeps prompt + ``max_new_tokens`` within the requested length
+in the model's tokens (binary search, as RULER does). Needles sit at sentence boundaries of the
+essays (depth = share of sentences before the needle); in the noise haystack, between repeats.
+Score = 100 x share of expected values found in the greedy answer (RULER's string_match_all).
+
+Differences from RULER, by necessity (no network, no extra packages): keys are adjective-noun
+pairs from the short lists below rather than wonderwords' full lists; sentences are split by a
+regular expression rather than NLTK's punkt; the noise haystack puts the needle at the requested
+depth (RULER picks a random slot), so that depth can be swept for it too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import random
+import re
+import uuid
+from pathlib import Path
+
+from hwh_jax.data.paths import data_dir
+
+TEMPLATE = ("Some special magic {type_needle_v} are hidden within the following text. Make sure "
+            "to memorize it. I will quiz you about the {type_needle_v} afterwards.\n{context}\n"
+            "What are all the special magic {type_needle_v} for {query} mentioned in the "
+            "provided text?")
+ANSWER_PREFIX = " The special magic {type_needle_v1} for {query} mentioned in the provided text is"
+NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+
+TASKS = {  # name -> (haystack, value type)
+    "niah_single_1": ("noise", "numbers"),
+    "niah_single_2": ("essay", "numbers"),
+    "niah_single_3": ("essay", "uuids"),
+}
+RULER_DEPTHS = [round(i * 100 / 39) for i in range(40)]  # 40 evenly spaced, as RULER
+
+_ADJECTIVES = """able ancient angry bitter bold brave bright broad calm careful cheap clever cold
+cool curious damp dark deep eager early empty fair famous fancy fierce flat fresh gentle giant
+glad golden grand green happy heavy hollow honest huge humble icy jolly kind large lazy little
+lively loud lucky mellow mighty modern narrow noisy odd old pale plain polite proud quick quiet
+rapid rare rich rough round royal rusty sad shiny short silent silly sleepy slow small smooth
+soft solid sour spicy steady steep sticky strange strict strong sudden sweet swift tall tame
+tender thin tidy tiny tough vast warm wet wide wild wise witty young""".split()
+_NOUNS = """anchor apple arrow badge basket beach bell berry blade blanket boat bottle bridge
+brush bucket button cabin camera candle canyon carpet castle cave chair cloud coast comet
+compass cottage crayon crown desk diamond dragon drum eagle engine falcon feather fence field
+flag forest fountain garden gate glacier guitar hammer harbor helmet hill island jacket jewel
+kettle kite ladder lake lantern lemon letter lion magnet marble meadow mirror moon mountain
+needle ocean orchard owl palace parrot pencil piano pillow planet pocket pond puzzle quilt
+rabbit river robot rocket saddle sailor scarf shell shield ship statue storm stream tiger
+tower train tunnel umbrella valley violin wagon whale window wizard""".split()
+WORDS = sorted({f"{a}-{n}" for a in _ADJECTIVES for n in _NOUNS})
+
+
+@dataclasses.dataclass
+class NiahSample:
+    task: str
+    length: int          # requested length in tokens (prompt + answer budget)
+    depth: int           # percent
+    prompt: str
+    expected: list[str]
+    prompt_tokens: int
+
+
+@functools.lru_cache(maxsize=4)
+def essay_words(folder: str | None = None) -> tuple[str, ...]:
+    root = Path(folder) if folder else data_dir() / "pg_essays" / "PaulGrahamEssays"
+    files = sorted(p for p in root.glob("*.txt") if p.name != "rss.txt")
+    if not files:
+        raise FileNotFoundError(f"no Paul Graham essays (*.txt) in {root}")
+    text = " ".join(p.read_text(encoding="utf-8", errors="replace") for p in files)
+    return tuple(re.sub(r"\s+", " ", text).strip().split(" "))
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
+
+
+def split_sentences(text: str) -> list[str]:
+    return [s for s in _SENTENCE_END.split(text) if s]
+
+
+def _value(kind: str, rng: random.Random) -> str:
+    if kind == "numbers":
+        return str(rng.randint(10**6, 10**7 - 1))
+    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
+def build_context(haystack: str, size: int, needle: str, depth: int, essay=None) -> str:
+    """Haystack of ``size`` units (essay words / noise sentences) with the needle at depth %."""
+    if haystack == "noise":
+        sentences = [NOISE] * size
+        sentences.insert(round(size * depth / 100), needle)
+        return "\n".join(sentences)
+    sents = split_sentences(" ".join(essay[:size]))
+    at = int(len(sents) * depth / 100)
+    return " ".join(sents[:at] + [needle] + sents[at:])
+
+
+def render(task: str, context: str, key: str) -> str:
+    kind = TASKS[task][1]
+    return (TEMPLATE.format(type_needle_v=kind, context=context, query=key)
+            + ANSWER_PREFIX.format(type_needle_v1=kind[:-1], query=key))
+
+
+def make_sample(task: str, length: int, depth: int, tokenizer, *, max_new_tokens: int,
+                seed: int = 0, essay_folder: str | None = None) -> NiahSample:
+    """One prompt of at most ``length - max_new_tokens`` tokens with its expected answer."""
+    if task not in TASKS:
+        raise ValueError(f"unknown NIAH task {task!r}; known: {list(TASKS)}")
+    if not 0 <= depth <= 100:
+        raise ValueError(f"NIAH depth must be a percentage in [0, 100], got {depth}")
+    haystack, kind = TASKS[task]
+    rng = random.Random(f"{task}-{length}-{depth}-{seed}")
+    key, value = rng.choice(WORDS), _value(kind, rng)
+    needle = NEEDLE.format(type_needle_v=kind, key=key, value=value)
+    essay = essay_words(essay_folder) if haystack == "essay" else None
+    budget = length - max_new_tokens
+
+    def n_tokens(size):
+        return len(tokenizer.encode(render(task, build_context(haystack, size, needle, depth,
+                                                              essay), key)))
+
+    if n_tokens(0) > budget:
+        raise ValueError(f"{task}: length {length} leaves no room for a haystack (the template "
+                         f"alone is {n_tokens(0)} tokens + {max_new_tokens} to generate)")
+    # every word / sentence costs at least one token: ``budget`` units is an upper bound
+    lo, hi = 0, min(len(essay), budget) if essay is not None else budget
+    if essay is not None and hi == len(essay) and n_tokens(hi) <= budget:
+        raise ValueError(f"{task}: the essays ({len(essay)} words) are shorter than {length} "
+                         f"tokens")
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if n_tokens(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    prompt = render(task, build_context(haystack, lo, needle, depth, essay), key)
+    return NiahSample(task, length, depth, prompt, [value], len(tokenizer.encode(prompt)))
+
+
+def string_match_all(prediction: str, expected: list[str]) -> float:
+    """RULER's metric: 100 x share of expected strings found (case-insensitive) in prediction."""
+    pred = prediction.lower()
+    return 100.0 * sum(e.lower() in pred for e in expected) / len(expected)
+
+
+def run_niah(generator, tokenizer, *, tasks, lengths, depths, samples: int = 1,
+             max_new_tokens: int | None = None, batch_size: int = 8, log=print):
+    """Generate, answer greedily and score every (task, length, depth, sample).
+
+    All tasks of one length share one batch shape (short batches are filled with copies), and
+    one answer budget: ``max_new_tokens`` or 48 when a UUID task is in the set, else 16; so
+    each length compiles one prefill and one decode. Returns rows {task, length, depth, sample,
+    score, prediction, expected, prompt_tokens}."""
+    new = max_new_tokens or (48 if any(TASKS[t][1] == "uuids" for t in tasks) else 16)
+    rows = []
+    for length in lengths:
+        batch = [make_sample(t, length, d, tokenizer, max_new_tokens=new, seed=s)
+                 for t in tasks for d in depths for s in range(samples)]
+        sample_ids = [s for t in tasks for d in depths for s in range(samples)]
+        for i in range(0, len(batch), batch_size):
+            part = batch[i:i + batch_size]
+            prompts = [tokenizer.encode(b.prompt) for b in part]
+            prompts += [prompts[-1]] * (batch_size - len(prompts))   # one shape per length
+            outs, _ = generator.generate(prompts, new)
+            for j, (b, out) in enumerate(zip(part, outs)):
+                pred = tokenizer.decode(out)
+                rows.append({"task": b.task, "length": length, "depth": b.depth,
+                             "sample": sample_ids[i + j],
+                             "score": string_match_all(pred, b.expected), "prediction": pred,
+                             "expected": b.expected, "prompt_tokens": b.prompt_tokens})
+        for t in tasks:
+            scores = [r["score"] for r in rows if r["task"] == t and r["length"] == length]
+            log(f"niah {t} @ {length}: {sum(scores) / len(scores):.1f} over {len(scores)} "
+                f"samples")
+    return rows

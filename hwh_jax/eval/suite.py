@@ -1,0 +1,137 @@
+"""The evaluation suite over one trained run: NIAH, MQAR, perplexity by position, commonsense.
+
+``run_suite(run, spec, out_dir)`` evaluates a ``LoadedRun`` (``hwh_jax.training.restore``),
+writes ``results.json`` and its figures under ``out_dir`` and returns the results; ``compare``
+draws the cross-model figures (extrapolation chart, perplexity vs position).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hwh_jax.eval import commonsense, mqar, niah, perplexity, plots
+from hwh_jax.eval.scoring import Scorer
+from hwh_jax.inference.generate import Generator
+
+SUITES = ("niah", "mqar", "ppl", "commonsense")
+
+
+@dataclasses.dataclass
+class EvalSpec:
+    suites: tuple = ("niah", "ppl")
+    batch_size: int = 8
+    niah_tasks: tuple = tuple(niah.TASKS)
+    niah_factors: tuple = (1, 2, 4)     # lengths = factor x the run's training length
+    niah_depths: int = 5                # evenly spaced in [0, 100] (RULER: 40)
+    niah_samples: int = 1
+    ppl_factor: int = 4                 # windows of factor x training length
+    ppl_buckets_per_train_len: int = 4
+    ppl_windows: int = 16
+    ppl_text: str = ""                  # a text file; default the run's held-out split
+    mqar_vocab: int = 0                 # 0: the model's vocabulary (capped at 8192)
+    mqar_settings: tuple = ((64, 4), (128, 8), (256, 16))
+    mqar_examples: int = 64
+    commonsense_tasks: tuple = commonsense.TASKS
+    commonsense_limit: int = 0          # first N examples per task; 0 = all
+
+    def validate(self):
+        bad = [s for s in self.suites if s not in SUITES]
+        if bad:
+            raise ValueError(f"unknown eval suite(s) {bad}; known: {list(SUITES)}")
+        bad = [t for t in self.niah_tasks if t not in niah.TASKS]
+        if bad:
+            raise ValueError(f"unknown NIAH task(s) {bad}; known: {list(niah.TASKS)}")
+        bad = [t for t in self.commonsense_tasks if t not in commonsense.TASKS]
+        if bad:
+            raise ValueError(f"unknown commonsense task(s) {bad}; known: {list(commonsense.TASKS)}")
+        if self.niah_depths < 1 or any(f <= 0 for f in self.niah_factors):
+            raise ValueError(f"niah_depths={self.niah_depths} and niah_factors="
+                             f"{self.niah_factors} must be positive")
+
+
+def depth_grid(n: int) -> list[int]:
+    return [0] if n == 1 else [round(i * 100 / (n - 1)) for i in range(n)]
+
+
+def _heldout_stream(run, spec: EvalSpec) -> np.ndarray:
+    if spec.ppl_text:
+        text = Path(spec.ppl_text).read_text(encoding="utf-8", errors="replace")
+        return np.asarray(run.tokenizer.encode(text), np.int32)
+    from hwh_jax.data.pipeline import build_splits
+    from hwh_jax.training.trainer import _specs
+    data_spec, _ = _specs(run.config)
+    splits = build_splits(data_spec, run.config.seq_len)
+    if splits.heldout is None:
+        raise ValueError("the run has no held-out split; pass ppl_text")
+    return np.asarray(splits.heldout.stream)
+
+
+def spec_from_config(e) -> EvalSpec:
+    """EvalSpec from a run config's ``eval`` section."""
+    return EvalSpec(suites=tuple(e.suites), batch_size=e.batch_size,
+                    niah_tasks=tuple(e.niah_tasks), niah_factors=tuple(e.niah_factors),
+                    niah_depths=e.niah_depths, ppl_factor=e.ppl_factor,
+                    commonsense_limit=e.commonsense_limit)
+
+
+def run_suite(run, spec: EvalSpec, out_dir: str | Path, log=print,
+              heldout_stream: np.ndarray | None = None) -> dict:
+    spec.validate()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    L = int(run.config.seq_len)
+    tok = run.tokenizer
+    results = {"model": run.name, "arch": run.model_cfg.arch, "step": run.step,
+               "workdir": str(run.workdir), "train_len": L, "spec": dataclasses.asdict(spec)}
+    max_len = L * max(max(spec.niah_factors), spec.ppl_factor)
+    scorer = Scorer(run.model, batch_size=spec.batch_size, max_len=max_len)
+    t0 = time.time()
+    if "niah" in spec.suites:
+        gen = Generator(run.model, eos_id=tok.eos_id, vocab=tok.vocab_size, pad_id=tok.pad_id)
+        rows = niah.run_niah(gen, tok, tasks=spec.niah_tasks,
+                             lengths=[int(f * L) for f in spec.niah_factors],
+                             depths=depth_grid(spec.niah_depths), samples=spec.niah_samples,
+                             batch_size=spec.batch_size, log=log)
+        results["niah"] = rows
+        results["niah_summary"] = {
+            f"{t}@{n}": float(np.mean([r["score"] for r in rows if r["task"] == t
+                                       and r["length"] == n]))
+            for t in spec.niah_tasks for n in sorted({r["length"] for r in rows})}
+        for t in spec.niah_tasks:
+            plots.niah_heatmap(rows, t, f"{run.name}: {t}", out_dir / f"niah_{t}.png", L)
+    if "ppl" in spec.suites:
+        bucket = max(L // spec.ppl_buckets_per_train_len, 1)
+        stream = heldout_stream if heldout_stream is not None and not spec.ppl_text else \
+            _heldout_stream(run, spec)
+        results["ppl"] = perplexity.ppl_by_position(
+            scorer, stream, max_len=spec.ppl_factor * L, bucket=bucket,
+            max_windows=spec.ppl_windows, log=log)
+        plots.ppl_chart({run.name: results["ppl"]}, out_dir / "ppl_by_position.png", L)
+    if "mqar" in spec.suites:
+        vocab = spec.mqar_vocab or min(tok.vocab_size, 8192)
+        results["mqar"] = mqar.evaluate_mqar(scorer, vocab_size=vocab,
+                                             settings=spec.mqar_settings,
+                                             num_examples=spec.mqar_examples, log=log)
+    if "commonsense" in spec.suites:
+        results["commonsense"] = {
+            t: commonsense.evaluate_task(scorer, tok, t, limit=spec.commonsense_limit or None,
+                                         log=log) for t in spec.commonsense_tasks}
+    results["wall_s"] = time.time() - t0
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    return results
+
+
+def compare(all_results: list[dict], out_dir: str | Path):
+    """Cross-model figures from several ``run_suite`` results."""
+    out_dir = Path(out_dir)
+    train_len = all_results[0]["train_len"]
+    niah_rows = {r["model"]: r["niah"] for r in all_results if "niah" in r}
+    if niah_rows:
+        plots.extrapolation_chart(niah_rows, out_dir / "niah_extrapolation.png", train_len)
+    ppl_rows = {r["model"]: r["ppl"] for r in all_results if "ppl" in r}
+    if ppl_rows:
+        plots.ppl_chart(ppl_rows, out_dir / "ppl_by_position.png", train_len)

@@ -1,0 +1,138 @@
+"""Evaluation suite: NIAH generator and scorer, MQAR invariants, eval files, log-likelihoods."""
+import re
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from hwh_jax.data.paths import data_dir
+from hwh_jax.data.tokenizers import GPT2BPE
+from hwh_jax.eval import commonsense, mqar, niah
+from hwh_jax.eval.scoring import Scorer
+from hwh_jax.models import HybridLM, model_config
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return GPT2BPE(data_dir() / "gpt2_bpe")
+
+
+@pytest.mark.parametrize("task", list(niah.TASKS))
+@pytest.mark.parametrize("length", [512, 2048])
+def test_niah_prompt_follows_ruler_template_length_and_depth(gpt2, task, length):
+    new = 16
+    for depth in (0, 50, 100):
+        s = niah.make_sample(task, length, depth, gpt2, max_new_tokens=new, seed=1)
+        n = len(gpt2.encode(s.prompt))
+        assert n == s.prompt_tokens and length - new - 40 <= n <= length - new, n
+        kind = niah.TASKS[task][1]
+        m = re.fullmatch(
+            rf"Some special magic {kind} are hidden within the following text\. Make sure to "
+            rf"memorize it\. I will quiz you about the {kind} afterwards\.\n(.*)\nWhat are all "
+            rf"the special magic {kind} for ([a-z]+-[a-z]+) mentioned in the provided text\? The "
+            rf"special magic {kind[:-1]} for \2 mentioned in the provided text is", s.prompt,
+            flags=re.S)
+        assert m, s.prompt[:200]
+        context, key = m.group(1), m.group(2)
+        needle = f"One of the special magic {kind} for {key} is: {s.expected[0]}."
+        assert context.count(needle) == 1
+        value = s.expected[0]
+        if kind == "numbers":
+            assert re.fullmatch(r"[1-9]\d{6}", value)
+        else:
+            assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-"
+                                r"[0-9a-f]{12}", value)
+        at = context.index(needle) / max(len(context) - len(needle), 1)
+        assert abs(at - depth / 100) < 0.1, (depth, at)
+        if niah.TASKS[task][0] == "noise":
+            assert set(context.replace(needle, "").split("\n")) <= {niah.NOISE, ""}
+        elif depth == 100:  # after the (word-truncated) haystack, as in RULER
+            assert context.endswith(needle)
+        else:  # at a sentence boundary of the essays
+            before = context[:context.index(needle)].rstrip()
+            assert before == "" or before[-1] in ".!?\"')]", before[-30:]
+
+
+def test_niah_rejects_bad_requests(gpt2):
+    with pytest.raises(ValueError, match="no room"):
+        niah.make_sample("niah_single_2", 60, 50, gpt2, max_new_tokens=16)
+    with pytest.raises(ValueError, match="depth"):
+        niah.make_sample("niah_single_2", 600, 150, gpt2, max_new_tokens=16)
+    with pytest.raises(ValueError, match="unknown NIAH task"):
+        niah.make_sample("niah_multi", 600, 50, gpt2, max_new_tokens=16)
+
+
+def test_string_match_all():
+    assert niah.string_match_all(" 1234567.", ["1234567"]) == 100.0
+    assert niah.string_match_all("The number is 1234.", ["1234567"]) == 0.0
+    assert niah.string_match_all("AB-cd and 9", ["ab-CD", "8"]) == 50.0
+
+
+def test_mqar_generator_invariants():
+    b = mqar.multiquery_ar(8192, 16, 256, 16, seed=3)
+    assert b.inputs.shape == b.labels.shape == (16, 256)
+    for x, y in zip(b.inputs, b.labels):
+        keys, values = x[0:32:2], x[1:32:2]
+        assert (keys >= 1).all() and (keys < 4096).all() and len(set(keys)) == 16
+        assert (values >= 4096).all() and len(set(values)) == 16
+        q = np.nonzero(y != mqar.IGNORE)[0]
+        assert len(q) == 16 and (q >= 32).all()
+        kv = dict(zip(keys.tolist(), values.tolist()))
+        for t in q:  # the input at a query position is a key; its label is that key's value
+            assert y[t] == kv[int(x[t])]
+    again = mqar.multiquery_ar(8192, 16, 256, 16, seed=3)
+    assert (again.inputs == b.inputs).all()
+    with pytest.raises(ValueError, match="pairs need"):
+        mqar.multiquery_ar(8192, 4, 64, 32)
+    small = mqar.multiquery_ar(512, 4, 64, 4, seed=0)
+    onehot = np.eye(512)[np.where(small.labels == mqar.IGNORE, 0, small.labels)]
+    assert mqar.mqar_accuracy(onehot, small.labels) == 1.0
+    assert mqar.mqar_accuracy(np.roll(onehot, 1, axis=-1), small.labels) == 0.0
+
+
+@pytest.mark.parametrize("task", commonsense.TASKS)
+def test_every_eval_example_loads(task):
+    expected = {"arc_easy": 2376, "arc_challenge": 1172, "piqa": 1838, "openbook_qa": 500,
+                "hellaswag": 10042, "winogrande": 1267, "lambada_openai": 5153}[task]
+    rows = commonsense.load_task(task)
+    assert len(rows) == expected
+    for r in rows:
+        if task == "winogrande":
+            assert len(r["contexts"]) == 2 and r["continuation"].strip()
+        elif task == "lambada_openai":
+            assert r["context"] and r["continuation"].strip() and " " not in r["continuation"][1:]
+        else:
+            assert r["context"] and len(r["choices"]) >= 2 and all(c.strip() for c in r["choices"])
+    if task == "hellaswag":
+        tag = re.compile(r"\[[a-z]+\]")  # [title], [header], [step]: removed as the harness does
+        assert not any(tag.search(c) for r in rows for c in r["choices"] + [r["context"]])
+
+
+def test_split_encode_keeps_the_whole(gpt2):
+    ctx, cont = commonsense.split_encode(gpt2, "Question: why?\nAnswer:", " because")
+    assert gpt2.decode(ctx + cont) == "Question: why?\nAnswer: because"
+    assert gpt2.decode(cont) == " because"
+
+
+def test_loglikelihood_equals_brute_force_sum():
+    model = HybridLM(model_config("hwh", "tiny", dtype="float32", vocab_size=128),
+                     rngs=nnx.Rngs(0))
+    scorer = Scorer(model, batch_size=4, bucket=16)
+    rng = np.random.default_rng(0)
+    reqs = [(rng.integers(1, 128, n).tolist(), rng.integers(1, 128, m).tolist())
+            for n, m in [(5, 3), (20, 1), (2, 7)]]
+    got = scorer.loglikelihood(reqs)
+    fwd = nnx.jit(lambda m, x: m(x))
+    for (ctx, cont), (lp, greedy) in zip(reqs, got):
+        whole = jnp.asarray([ctx + cont + [0] * (32 - len(ctx) - len(cont))])  # one shape
+        logp = np.asarray(jax_log_softmax(fwd(model, whole)))[0]
+        ref = sum(logp[len(ctx) - 1 + i, cont[i]] for i in range(len(cont)))
+        assert abs(lp - ref) < 1e-4 * abs(ref)
+        assert greedy == all(int(np.argmax(logp[len(ctx) - 1 + i])) == cont[i]
+                             for i in range(len(cont)))
+
+
+def jax_log_softmax(x):
+    import jax
+    return jax.nn.log_softmax(x, axis=-1)

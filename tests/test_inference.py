@@ -1,0 +1,133 @@
+"""Inference: cached decoding == the parallel forward, left padding is invisible, sampling."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from hwh_jax.inference import Generator, cache_bytes, sample
+from hwh_jax.models import ARCHS, HybridLM, model_config
+
+VOCAB = 256
+
+
+def tiny(arch, **kw):
+    # chunk 8 and window 8: a 13-token prompt crosses GDN chunks and SWA windows
+    cfg = model_config(arch, "tiny", dtype="float32", gdn_chunk_size=8, vocab_size=VOCAB,
+                       window=8, **kw)
+    return HybridLM(cfg, rngs=nnx.Rngs(0))
+
+
+def tokens(B, T, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).integers(1, VOCAB, (B, T)), jnp.int32)
+
+
+@nnx.jit
+def _forward(model, x):
+    return model(x)
+
+
+@nnx.jit
+def _extend(model, x, cache):
+    return model.extend(x, cache)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefill_then_token_by_token_matches_parallel_forward(arch):
+    model = tiny(arch)
+    x = tokens(2, 24)
+    full = _forward(model, x)
+    cache = model.init_cache(2, 24)
+    logits, cache = _extend(model, x[:, :13], cache)
+    outs = [logits]
+    for t in range(13, 24):
+        logits, cache = _extend(model, x[:, t:t + 1], cache)
+        outs.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(outs, 1), full, atol=1e-4, rtol=0)
+    assert int(cache["t"]) == 24
+
+
+@pytest.mark.parametrize("arch", ["hwh", "swa", "transformer"])
+def test_left_padding_is_invisible(arch):
+    """Rows of lengths 5 and 17 in one left-padded batch: each row's logits equal its own
+    unpadded forward, in the prompt and in the decoded steps."""
+    model = tiny(arch)
+    rows = [tokens(1, 9, seed=1)[0], tokens(1, 21, seed=2)[0]]
+    prompts = [r[:5] if i == 0 else r[:17] for i, r in enumerate(rows)]
+    P = 17
+    padded = jnp.stack([jnp.pad(p, (P - len(p), 0)) for p in prompts])
+    cache = model.init_cache(2, P + 4, start=[P - len(p) for p in prompts])
+    logits, cache = _extend(model, padded, cache)
+    steps = [logits[:, -1]]
+    for s in range(3):
+        nxt = jnp.stack([rows[0][5 + s], rows[1][17 + s]])[:, None]
+        logits, cache = _extend(model, nxt, cache)
+        steps.append(logits[:, 0])
+    for b, (row, n) in enumerate([(rows[0], 5), (rows[1], 17)]):
+        ref = _forward(model, row[None, :n + 3])[0]
+        np.testing.assert_allclose(jnp.stack([s[b] for s in steps]), ref[n - 1:n + 3],
+                                   atol=1e-4, rtol=0)
+
+
+def test_batched_greedy_generation_equals_one_by_one_and_brute_force():
+    model = tiny("hwh")
+    gen = Generator(model, vocab=VOCAB, length_multiple=16)
+    prompts = [tokens(1, 3, seed=3)[0].tolist(), tokens(1, 11, seed=4)[0].tolist()]
+    batched, timing = gen.generate(prompts, 6)
+    assert timing["padded_prompt"] == 16
+    for p, out in zip(prompts, batched):
+        assert gen.generate([p], 6)[0][0] == out
+        seq = list(p)  # brute force: full forward (right-padded to one shape), argmax, append
+        for _ in range(6):
+            x = jnp.asarray([seq + [0] * (17 - len(seq))])
+            seq.append(int(jnp.argmax(_forward(model, x)[0, len(seq) - 1, :VOCAB])))
+        assert seq[len(p):] == out
+
+
+def test_eos_stops_a_row_and_is_not_returned():
+    model = tiny("gdn")
+    gen = Generator(model, vocab=VOCAB)
+    out = gen.generate([[5, 6, 7]], 8)[0][0]
+    stopped = Generator(model, vocab=VOCAB, eos_id=out[2]).generate([[5, 6, 7]], 8)[0][0]
+    assert stopped == out[:out.index(out[2])]
+
+
+def test_sampling():
+    logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.2, 0.0]]))
+    key = jax.random.key(0)
+    assert int(sample(logits, key)[0]) == 0
+    assert int(sample(logits, key, temperature=1.0, top_p=0.4)[0]) == 0  # nucleus = {0}
+    draws = jax.vmap(lambda k: sample(logits, k, temperature=1.0, top_p=0.75))(
+        jax.random.split(key, 2000))[:, 0]
+    freq = np.bincount(np.asarray(draws), minlength=4) / 2000
+    assert freq[2] == 0 and freq[3] == 0 and abs(freq[0] - 0.625) < 0.04  # {0,1} renormalised
+    assert int(sample(jnp.asarray([[0.0, 5.0]]), key, vocab=1)[0]) == 0   # padded row masked
+    with pytest.raises(ValueError, match="top_p"):
+        sample(logits, key, temperature=1.0, top_p=0.0)
+
+
+def test_generate_rejects_bad_input():
+    gen = Generator(tiny("gdn"), vocab=VOCAB)
+    with pytest.raises(ValueError, match="at least one token"):
+        gen.generate([[1, 2], []], 4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        gen.generate([[1, 2]], 0)
+
+
+def test_cache_memory_by_architecture():
+    """Exact for the Transformer (2 x layers x heads x D x context x 2 bytes); HwH holds only
+    its FA heads' KV plus a context-independent GDN state; SWA caps at the window."""
+    ctx = 32768
+    t = cache_bytes(model_config("transformer", "small"), 1, ctx)
+    s = model_config("transformer", "small")
+    assert t["total"] == 2 * s.num_layers * s.num_heads * s.head_dim * ctx * 2 and t["la"] == 0
+    h_cfg = model_config("hwh", "small")
+    h = cache_bytes(h_cfg, 1, ctx)
+    assert h["fa"] == 2 * sum(h_cfg.fa_heads) * s.head_dim * ctx * 2
+    assert h["la"] == cache_bytes(h_cfg, 1, 2 * ctx)["la"] > 0
+    assert h["total"] < t["total"] / 4
+    w_cfg = model_config("swa", "small")
+    grow = cache_bytes(w_cfg, 1, 2 * ctx)["fa"] - cache_bytes(w_cfg, 1, ctx)["fa"]
+    global_heads = sum(l.num_fa for l in w_cfg.layers if l.window is None)
+    assert 0 < global_heads < sum(w_cfg.fa_heads)
+    assert grow == 2 * global_heads * s.head_dim * ctx * 2   # windowed layers do not grow
