@@ -3,6 +3,7 @@ r"""Print a config's parameter count and per-layer FA/LA allocation, without all
   python -m launch.describe --config=configs/hwh_1b4.py
   python -m launch.describe --config=configs/hwh_tiny.py --forward   # plus one jitted forward
   python -m launch.describe --table                                  # docs/models.md table
+  python -m launch.describe --cache=380m        # decode-cache MiB per arch and context (bf16)
 """
 from absl import app, flags
 from ml_collections import config_flags
@@ -13,6 +14,8 @@ from hwh_jax.models.variants import model_config_from_dict
 config_flags.DEFINE_config_file("config", "configs/hwh_tiny.py", "run config file")
 flags.DEFINE_bool("table", False, "print the markdown table of every architecture x size")
 flags.DEFINE_bool("forward", False, "also run one jitted forward pass on random tokens")
+flags.DEFINE_string("cache", "", "size: print the decode-cache table of every architecture")
+flags.DEFINE_list("contexts", ["2048", "8192", "32768", "65536"], "contexts of the cache table")
 FLAGS = flags.FLAGS
 
 
@@ -20,6 +23,13 @@ def main(argv):
     del argv
     if FLAGS.table:
         print(markdown_table())
+        return
+    if FLAGS.cache:
+        from hwh_jax.inference import cache_table
+        from hwh_jax.models.variants import ARCHS, model_config
+        configs = {a: model_config(a, FLAGS.cache) for a in ARCHS}
+        print(f"decode cache, MiB at batch 1, bf16 KV, fp32 GDN state ({FLAGS.cache}):")
+        print(cache_table(configs, [int(c) for c in FLAGS.contexts]))
         return
     config = FLAGS.config
     cfg = model_config_from_dict(config.model)

@@ -26,3 +26,44 @@ def test_describe_overrides_and_table():
     assert "FA share 0.2083 (80 FA / 304 LA heads)" in out
     table = run("launch.describe", "--table")
     assert table.count("\n") > 30 and "| 1b4 | hwh |" in table
+
+
+def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
+    """A tiny run ends with its evaluation; launch.eval then runs every suite on the checkpoint
+    (and a second copy of it, for the cross-model figures); launch.generate decodes a batch."""
+    import json
+
+    from hwh_jax.data.paths import data_dir
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text((data_dir() / "tinyshakespeare" / "input.txt").read_text()[:150_000])
+    work = tmp_path / "run"
+    out = run("launch.train", "--config=configs/hwh_tiny.py", f"--workdir={work}",
+              "--config.seq_len=64", "--config.model.gdn_chunk_size=16",
+              f"--config.data.paths=('{corpus}',)", "--config.data.sp_vocab_size=512",
+              "--config.data.heldout_fraction=0.1", "--config.train.steps=4",
+              "--config.train.batch_size=4", "--config.train.warmup_steps=1",
+              "--config.train.eval_every=0", "--config.train.log_every=2",
+              "--config.eval.niah_factors=(4,)", "--config.eval.niah_depths=2",
+              "--config.eval.niah_tasks=('niah_single_1','niah_single_3')")
+    assert "NIAH: niah_single_1@256" in out
+    summary = json.loads((work / "summary.json").read_text())
+    assert set(summary["eval"]["niah_summary"]) == {"niah_single_1@256", "niah_single_3@256"}
+    assert (work / "eval" / "niah_niah_single_3.png").exists()
+    assert (work / "eval" / "ppl_by_position.png").exists()
+
+    ev = tmp_path / "ev"
+    out = run("launch.eval", f"--checkpoint={work},{work}", f"--out={ev}",
+              "--suite=niah,mqar,ppl,commonsense", "--niah_factors=4", "--niah_depths=1",
+              "--niah_tasks=niah_single_2", "--ppl_factor=2", "--commonsense_limit=3",
+              "--mqar_examples=4", "--batch_size=4")
+    assert "lambada_openai: acc" in out and "mqar seq 256 pairs 16" in out
+    res = json.loads((ev / "0_hwh_run" / "results.json").read_text())
+    assert {r["depth"] for r in res["niah"]} == {0} and len(res["ppl"]) == 8
+    assert set(res["commonsense"]) == {"arc_easy", "arc_challenge", "piqa", "openbook_qa",
+                                       "hellaswag", "winogrande", "lambada_openai"}
+    assert all(0 <= v["acc"] <= 1 and v["examples"] == 3 for v in res["commonsense"].values())
+    assert (ev / "niah_extrapolation.png").exists() and (ev / "ppl_by_position.png").exists()
+
+    out = run("launch.generate", f"--checkpoint={work}", "--prompt=To be", "--prompt=The king",
+              "--max_new_tokens=5")
+    assert "--- 'To be'" in out and "cache" in out and "MiB" in out

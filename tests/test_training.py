@@ -42,6 +42,7 @@ def small_config(corpus, arch="hwh", **train):
     t.steps, t.batch_size, t.lr, t.warmup_steps = 6, 8, 3e-3, 2
     t.log_every, t.eval_every, t.checkpoint_every, t.eval_batches = 1, 0, 0, 2
     t.mesh = (1, 1, 1)  # one device: multi-device runs are test_mesh_invariance's business
+    config.eval.at_end = False  # the evaluation suite after training: tests/test_launch.py
     for k, v in train.items():
         setattr(t, k, v)
     return config
@@ -79,7 +80,8 @@ def _train_in_subprocess(corpus, workdir, mesh):
             "--config.train.steps=3", "--config.train.batch_size=8", "--config.train.lr=3e-3",
             "--config.train.warmup_steps=2", "--config.train.log_every=1",
             "--config.train.eval_every=0", "--config.train.checkpoint_every=0",
-            "--config.train.final_eval=False", f"--config.train.mesh={mesh}",
+            "--config.train.final_eval=False", "--config.eval.at_end=False",
+            f"--config.train.mesh={mesh}",
             f"--workdir={workdir}"]
     out = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=MESH_TIMEOUT_S)

@@ -13,7 +13,7 @@ import numpy as np
 
 
 def ppl_by_position(scorer, stream: np.ndarray, *, max_len: int, bucket: int,
-                    max_windows: int = 16, log=print) -> list[dict]:
+                    max_windows: int = 64, log=print) -> list[dict]:
     """Rows {start, end, loss, ppl, tokens} per bucket of positions [start, end)."""
     if max_len % bucket:
         raise ValueError(f"ppl_by_position: max_len {max_len} must be a multiple of bucket "

@@ -30,7 +30,7 @@ class EvalSpec:
     niah_samples: int = 1
     ppl_factor: int = 4                 # windows of factor x training length
     ppl_buckets_per_train_len: int = 4
-    ppl_windows: int = 16
+    ppl_windows: int = 64
     ppl_text: str = ""                  # a text file; default the run's held-out split
     mqar_vocab: int = 0                 # 0: the model's vocabulary (capped at 8192)
     mqar_settings: tuple = ((64, 4), (128, 8), (256, 16))
