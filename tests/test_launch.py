@@ -43,11 +43,12 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
               "--config.data.heldout_fraction=0.1", "--config.train.steps=4",
               "--config.train.batch_size=4", "--config.train.warmup_steps=1",
               "--config.train.eval_every=0", "--config.train.log_every=2",
-              "--config.eval.niah_factors=(4,)", "--config.eval.niah_depths=2",
+              "--config.train.mesh=1,1,1",
+              "--config.eval.niah_factors=(8,)", "--config.eval.niah_depths=2",
               "--config.eval.niah_tasks=('niah_single_1','niah_single_3')")
-    assert "NIAH: niah_single_1@256" in out
+    assert "NIAH: niah_single_1@512" in out
     summary = json.loads((work / "summary.json").read_text())
-    assert set(summary["eval"]["niah_summary"]) == {"niah_single_1@256", "niah_single_3@256"}
+    assert set(summary["eval"]["niah_summary"]) == {"niah_single_1@512", "niah_single_3@512"}
     assert (work / "eval" / "niah_niah_single_3.png").exists()
     assert (work / "eval" / "ppl_by_position.png").exists()
 

@@ -87,7 +87,7 @@ def run_suite(run, spec: EvalSpec, out_dir: str | Path, log=print,
     tok = run.tokenizer
     results = {"model": run.name, "arch": run.model_cfg.arch, "step": run.step,
                "workdir": str(run.workdir), "train_len": L, "spec": dataclasses.asdict(spec)}
-    max_len = L * max(max(spec.niah_factors), spec.ppl_factor)
+    max_len = int(L * max(max(spec.niah_factors), spec.ppl_factor))
     scorer = Scorer(run.model, batch_size=spec.batch_size, max_len=max_len)
     t0 = time.time()
     if "niah" in spec.suites:

@@ -21,17 +21,19 @@ import kernels_pallas
 from hwh_jax.layers.linear import dense
 from hwh_jax.layers.nnx_compat import data
 from hwh_jax.layers.norms import RMSNorm
-from hwh_jax.layers.rope import apply_rope
+from hwh_jax.layers.rope import apply_rope, scaled_frequencies
 
 
 class FullAttentionHeads(nnx.Module):
     def __init__(self, d_model: int, num_heads: int, head_dim: int, *, q_per_kv: int = 1,
                  rope: bool, rope_theta: float = 10000.0, rope_pairing: str = "half",
+                 rope_scaling: tuple = (),
                  window: int | None = None, qk_norm: bool = False, norm_eps: float = 1e-6,
                  impl: str = "auto", dtype, param_dtype, rngs: nnx.Rngs):
         self.num_heads, self.head_dim = num_heads, head_dim
         self.num_kv = num_heads // q_per_kv
         self.rope, self.rope_theta, self.rope_pairing = rope, rope_theta, rope_pairing
+        self.rope_scaling = tuple(rope_scaling)
         self.window, self.impl, self.dtype = window, impl, dtype
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.q_proj = dense(d_model, num_heads * head_dim, ("embed", "heads"), **kw)
@@ -50,12 +52,16 @@ class FullAttentionHeads(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k
 
+    def frequencies(self):
+        """RoPE angular frequencies w_r [D/2] (with the configured scaling)."""
+        return scaled_frequencies(self.head_dim, self.rope_theta, self.rope_scaling)
+
     def __call__(self, x, positions, segment_ids=None):
         B, T, _ = x.shape
         q, k = self.qk(x, positions)
         v = self.v_proj(x).reshape(B, T, self.num_kv, self.head_dim)
         if self.rope:
-            kw = dict(theta=self.rope_theta, pairing=self.rope_pairing)
+            kw = dict(pairing=self.rope_pairing, frequencies=self.frequencies())
             q, k = apply_rope(q, positions, **kw), apply_rope(k, positions, **kw)
         o = kernels_pallas.attention(q, k, v, causal=True, window=self.window,
                                      segment_ids=segment_ids, impl=self.impl)
@@ -79,7 +85,7 @@ class FullAttentionHeads(nnx.Module):
         q, k = self.qk(x, positions)
         v = self.v_proj(x).reshape(B, Tn, self.num_kv, self.head_dim)
         if self.rope:
-            kw = dict(theta=self.rope_theta, pairing=self.rope_pairing)
+            kw = dict(pairing=self.rope_pairing, frequencies=self.frequencies())
             q, k = apply_rope(q, positions, **kw), apply_rope(k, positions, **kw)
         k, v = k.astype(cache["k"].dtype), v.astype(cache["v"].dtype)
         if self.window is None:  # write, then attend over every slot written so far

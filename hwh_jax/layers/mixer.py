@@ -27,6 +27,7 @@ class HeadwiseMixer(nnx.Module):
         self.fa = data(None if not spec.num_fa else FullAttentionHeads(
                 cfg.d_model, spec.num_fa, cfg.head_dim, q_per_kv=cfg.q_per_kv,
                 rope=spec.fa_rope, rope_theta=cfg.rope_theta, rope_pairing=cfg.rope_pairing,
+                rope_scaling=cfg.rope_scaling,
                 window=spec.window, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
                 impl=cfg.attn_impl, **kw))
         self.la = data(None if not spec.num_la else GatedDeltaNetHeads(

@@ -18,6 +18,28 @@ def rope_frequencies(head_dim: int, theta: float):
     return theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
 
 
+def scaled_frequencies(head_dim: int, theta: float, scaling=()):
+    """w_r with an HF ``rope_scaling`` applied; ``scaling`` is a dict or (key, value) pairs.
+
+    "llama3" (Llama 3.1): periods longer than original_max_position_embeddings / low_freq_factor
+    are stretched by ``factor``, shorter than ... / high_freq_factor kept, smooth in between."""
+    w = rope_frequencies(head_dim, theta)
+    s = dict(scaling)
+    kind = s.get("rope_type", s.get("type", "default"))
+    if kind == "default" or not s:
+        return w
+    if kind != "llama3":
+        raise ValueError(f"rope scaling {kind!r} is not supported (only 'llama3' and 'default')")
+    factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old = float(s["original_max_position_embeddings"])
+    wavelen = 2 * jnp.pi / w
+    scaled = jnp.where(wavelen > old / low, w / factor, w)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    return jnp.where(medium, smoothed, scaled)
+
+
 def split_pairs(x, pairing: str):
     """x [..., D] -> (x1, x2) [..., F] with group r = (x1[r], x2[r])."""
     F = x.shape[-1] // 2

@@ -45,6 +45,7 @@ class ModelConfig:
     qk_norm: bool = False              # per-head RMSNorm on FA q and k (Qwen3)
     rope_theta: float = 10000.0
     rope_pairing: str = "half"         # "half" (HF Llama/Qwen) or "interleaved"
+    rope_scaling: tuple = ()           # ((key, value), ...), e.g. Llama 3.1's rope_type "llama3"
     conv_size: int = 4                 # GDN short causal convolution width
     tie_embeddings: bool = True
     norm_eps: float = 1e-6
