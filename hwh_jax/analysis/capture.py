@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class LayerQK:
-    layer: int
+    layer: int = dataclasses.field(metadata=dict(static=True))
     q: jnp.ndarray            # [B, T, H, D] after q-norm, before rotation
     k: jnp.ndarray            # [B, T, G, D]
     frequencies: jnp.ndarray  # [D/2] RoPE angular frequencies (used for the analysis even
     #                           when the heads are NoPE: the decomposition is then hypothetical)
-    rope: bool
-    q_per_kv: int
-    scale: float
-    pairing: str
+    rope: bool = dataclasses.field(metadata=dict(static=True))
+    q_per_kv: int = dataclasses.field(metadata=dict(static=True))
+    scale: float = dataclasses.field(metadata=dict(static=True))
+    pairing: str = dataclasses.field(metadata=dict(static=True))
 
 
 def capture_qk(model, tokens, positions=None):

@@ -1,0 +1,86 @@
+"""Figures of the frequency analysis: per-layer RFIS / RPD heatmaps, the GPBand profile, and
+retrieval heads over depth."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _period_ticks(ax, periods, train_len):
+    F = len(periods)
+    ticks = sorted(set(np.linspace(0, F - 1, min(F, 6)).round().astype(int)))
+    ax.set_xticks(ticks, [f"{periods[t]:.0f}" for t in ticks], fontsize=7)
+    ax.set_xlabel("frequency index r -> rotation period 2pi/w_r (tokens)", fontsize=8)
+    if train_len:
+        r = np.interp(np.log(train_len), np.log(periods), np.arange(F))
+        ax.axvline(r, color="white", ls="--", lw=1)
+
+
+def layer_heatmaps(result: dict, path_prefix: Path, title: str):
+    """One PNG per analysed layer: RFIS and RPD, heads x frequency, band and training length."""
+    plt = _plt()
+    periods = np.asarray(result["periods"])
+    band, L = result["band"], result["band"].get("train_len")
+    for layer in result["layers"]:
+        if not layer["heads"]:
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(10, 1.2 + 0.22 * layer["heads"]))
+        for ax, key in zip(axes, ("rfis", "rpd")):
+            im = ax.imshow(np.asarray(layer[key]), aspect="auto", cmap="magma", vmin=0)
+            ax.set_ylabel("head", fontsize=8)
+            kinds = "".join("R" if h["kind"] == "retrieval" else "P" for h in layer["taxonomy"])
+            ax.set_title(f"{key.upper()} layer {layer['layer']} ({kinds})", fontsize=8)
+            _period_ticks(ax, periods, L)
+            ax.axvspan(band["lo"] - 0.5, band["hi"] + 0.5, color="cyan", alpha=0.15)
+            fig.colorbar(im, ax=ax)
+        fig.suptitle(title + "  (dashed: training length; cyan: GPBand)", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(f"{path_prefix}_layer{layer['layer']:02d}.png", dpi=110)
+        plt.close(fig)
+
+
+def band_profile(results: dict, path: Path):
+    """Mean RPD per frequency against rotation period, one line per model, bands shaded,
+    training lengths dashed: does the band move with the training length?"""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for (name, r), color in zip(results.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
+        periods = np.asarray(r["periods"])
+        rpd = np.concatenate([np.asarray(l["rpd"]) for l in r["layers"] if l["heads"]], 0)
+        ax.plot(periods, rpd.mean(0), color=color, label=name)
+        b = r["band"]
+        ax.axvspan(periods[b["lo"]], periods[b["hi"]], color=color, alpha=0.15)
+        if b.get("train_len"):
+            ax.axvline(b["train_len"], color=color, ls="--", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("rotation period (tokens)")
+    ax.set_ylabel("mean RPD over heads (bits)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def retrieval_by_depth(result: dict, path: Path, title: str):
+    plt = _plt()
+    counts = result["counts"]
+    heads = [l["heads"] for l in result["layers"]]
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.bar(range(len(counts)), heads, color="lightgrey", label="FA heads analysed")
+    ax.bar(range(len(counts)), counts, color="tab:red", label="retrieval heads")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("heads")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
