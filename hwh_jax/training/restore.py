@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
@@ -56,7 +57,7 @@ def load_run(workdir: str | Path, step: int | None = None) -> LoadedRun:
     tokenizer = load_tokenizer(data_spec)
     cfg = model_from_config(config, tokenizer.vocab_size)
     tx, _ = make_optimizer(opt_spec)
-    abstract = jax.eval_shape(lambda: init_train_state(cfg, tx, config.seed))
+    abstract = jax.eval_shape(lambda s: init_train_state(cfg, tx, s), jnp.int32(config.seed))
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = abstract_with_shardings(abstract, jax.tree.map(lambda _: device, abstract))
     state = manager.restore(step, args=ocp.args.Composite(

@@ -84,6 +84,11 @@ def _specs(config):
     if config.get("eval") is not None and config.eval.at_end:
         from hwh_jax.eval.suite import spec_from_config
         spec_from_config(config.eval).validate()
+    if c.log_every < 1:
+        raise ValueError(f"train.log_every must be >= 1, got {c.log_every}")
+    for name in ("eval_every", "checkpoint_every", "stop_at_step", "eval_batches"):
+        if getattr(c, name) < 0:
+            raise ValueError(f"train.{name} must be >= 0, got {getattr(c, name)}")
     if config.seq_len < 2:
         raise ValueError(f"seq_len must be >= 2, got {config.seq_len}")
     if c.batch_size < 1 or c.grad_accum < 1 or c.batch_size % c.grad_accum:
@@ -121,11 +126,16 @@ def _put(batch, sharding):
             for k, v in batch.items() if k != "index"}
 
 
-def init_train_state(cfg: ModelConfig, tx, seed: int) -> dict:
-    """The checkpointed train state: params, optimizer state, step, rng, non-finite marker."""
-    params = nnx.state(HybridLM(cfg, rngs=nnx.Rngs(seed)), nnx.Param)
+def init_train_state(cfg: ModelConfig, tx, seed) -> dict:
+    """The checkpointed train state: params, optimizer state, step, rng, non-finite marker.
+
+    Under ``jit`` pass ``seed`` as an argument (a traced int32), not a Python constant: with a
+    constant key XLA constant-folds the whole random initialisation at compile time (minutes
+    for a 100M-parameter model on a GPU)."""
+    key = jax.random.key(seed)
+    params = nnx.state(HybridLM(cfg, rngs=nnx.Rngs(key)), nnx.Param)
     return {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
-            "rng": jax.random.key_data(jax.random.key(seed)), "bad_step": jnp.int32(-1)}
+            "rng": jax.random.key_data(key), "bad_step": jnp.int32(-1)}
 
 
 def model_from_config(config, tokenizer_vocab: int) -> ModelConfig:
@@ -171,10 +181,11 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
     param_sh = shd.state_shardings(abstract_params, mesh)
     repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
-    def init_state():
-        return init_train_state(cfg, tx, config.seed)
+    def init_state(seed):
+        return init_train_state(cfg, tx, seed)
 
-    abstract_state = jax.eval_shape(init_state)
+    seed = jnp.int32(config.seed)
+    abstract_state = jax.eval_shape(init_state, seed)
     # optimizer moments mirror the params' shardings (same tree under mu / nu)
     opt_sh = _mirror_shardings(abstract_state["opt_state"], abstract_params, param_sh, repl)
     state_sh = {"params": param_sh, "opt_state": opt_sh, "step": repl, "rng": repl,
@@ -182,7 +193,7 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
     ckpt = Checkpointer(workdir, keep=c.keep_checkpoints)
     restored = ckpt.restore(abstract_with_shardings(abstract_state, state_sh))
     if restored is None:
-        state = jax.jit(init_state, out_shardings=state_sh)()
+        state = jax.jit(init_state, out_shardings=state_sh)(seed)
         start = 0
     else:
         start, state, data_state, _ = restored
