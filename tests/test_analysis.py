@@ -117,13 +117,15 @@ def test_gpband_and_taxonomy_on_constructed_profiles():
     F = 32
     w = rope_frequencies(2 * F, 10000.0)
     periods = taxonomy.rotation_periods(w)
-    rpd = np.full((4, F), 0.01)
-    rpd[:, 20:24] = 0.3                                 # a bump in the lower-frequency half
+    rpd = np.zeros((4, F))
+    rpd[:, :12] = 0.3                                   # strong at high frequencies
+    rpd[:, 12:20] = np.linspace(0.2, 0.04, 8)           # the falling edge
+    rpd[:, 20:] = 0.001                                 # rotation no longer matters
     band = taxonomy.gpband([rpd[:2], rpd[2:]], w, train_len=512)
-    assert (band.lo, band.hi) == (20, 23) and band.periods == (periods[20], periods[23])
+    assert (band.lo, band.hi) == (15, 19) and band.periods == (periods[15], periods[19])
     rfis = np.zeros((2, F))
-    rfis[0, 26:] = 1.0                                  # below the band: retrieval
-    rfis[1, :24] = 1.0                                  # band and higher: positional
+    rfis[0, 22:] = 1.0                                  # below the band: retrieval
+    rfis[1, :20] = 1.0                                  # band and higher: positional
     kinds = taxonomy.classify_heads(rfis, band)
     assert [h["kind"] for h in kinds] == ["retrieval", "positional"]
     assert kinds[0]["retrieval_score"] == pytest.approx(1.0)

@@ -2,12 +2,14 @@
 
 Definitions used here (the paper describes the phenomenon; these make it a computation):
 
-* **GPBand**: over all analysed heads, the mean RPD profile over frequencies is the share of
-  attention that the rotation itself decides. The band is the contiguous run of frequencies
-  around its peak, among the lower half of the frequencies (long periods, where global position
-  can be fitted), where the profile stays at or above ``fraction`` (default half) of that peak.
-  It is reported as frequency indices and as rotation periods 2 pi / w_r against the training
-  length.
+* **GPBand**: over all analysed heads, the mean RPD profile over frequencies says how much
+  attention the rotation itself decides at each frequency. On trained RoPE models it is large
+  at high frequencies and falls to ~0 at periods somewhat longer than the training length. The
+  band is the falling edge: from the first frequency (going towards long periods) where the
+  profile drops below ``upper`` (50%) of its maximum, to the last frequency where it is still
+  at least ``lower`` (10%) of it. It is reported as frequency indices and as rotation periods
+  2 pi / w_r against the training length; frequencies past it barely rotate within the context
+  and act as position-free channels.
 * **Retrieval score** of a head: the share of its RFIS mass at frequencies *below* the band
   (periods longer than the band's), i.e. what it reads from nearly rotation-free channels. A
   head is a retrieval head when the score is at least ``threshold`` (default 0.5), else a
@@ -40,19 +42,16 @@ def rotation_periods(frequencies) -> np.ndarray:
     return 2 * math.pi / np.asarray(frequencies, np.float64)
 
 
-def gpband(rpd_layers, frequencies, *, train_len: int | None = None, fraction: float = 0.5,
-           ) -> Band:
+def gpband(rpd_layers, frequencies, *, train_len: int | None = None, upper: float = 0.5,
+           lower: float = 0.1) -> Band:
     """Band from RPD [H, F] arrays (one per layer, any head counts)."""
     profile = np.concatenate([np.asarray(r, np.float64) for r in rpd_layers], 0).mean(0)
-    F = profile.shape[0]
-    lower = np.arange(F // 2, F) if F > 1 else np.arange(F)
-    peak = int(lower[np.argmax(profile[lower])])
-    level = fraction * profile[peak]
-    lo = hi = peak
-    while lo - 1 >= 0 and profile[lo - 1] >= level:
-        lo -= 1
-    while hi + 1 < F and profile[hi + 1] >= level:
-        hi += 1
+    peak = int(np.argmax(profile))
+    top = profile[peak]
+    above = np.nonzero(profile >= lower * top)[0]
+    hi = int(above.max())
+    strong = np.nonzero(profile[:hi + 1] >= upper * top)[0]
+    lo = min(int(strong.max()) + 1, hi)
     periods = rotation_periods(frequencies)
     return Band(lo, hi, peak, (float(periods[lo]), float(periods[hi])), train_len)
 
