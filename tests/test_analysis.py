@@ -213,6 +213,10 @@ def test_launch_analyze_on_an_hf_checkpoint(tmp_path):
     assert all(len(l["rfis"]) == 4 and len(l["rfis"][0]) == 8 for l in res["layers"])
     counts = json.loads((folder / "counts.json").read_text())["fa_heads"]
     assert len(counts) == 2 and all(0 <= c <= 4 for c in counts)
+    from hwh_jax.models.schedules import hwh, load_counts
+    assert load_counts(str(folder / "counts.json")) == counts   # what model.counts reads
+    assert [l.num_fa for l in hwh(2, 4, counts=str(folder / "counts.json"),
+                                  enforce_rules=False)] == counts
     for name in ("heatmap_layer00.png", "heatmap_layer01.png", "retrieval_by_depth.png"):
         assert (folder / name).exists()
     assert (tmp_path / "an" / "gpband.png").exists()
