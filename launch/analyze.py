@@ -102,10 +102,11 @@ def main(argv):
                 smp = niah.make_sample("niah_single_2", seq_len, round(100 * s / max(
                     FLAGS.qr_samples - 1, 1)), tok, max_new_tokens=0, seed=s)
                 ids = tok.encode(smp.prompt)
-                val = tok.encode(" " + smp.expected[0])[-2:]  # the value's last tokens
-                at = max(j for j in range(len(ids) - len(val) + 1) if ids[j:j + len(val)] == val)
+                at = smp.prompt.index(smp.expected[0])   # the needle value, in tokens:
+                lo = len(tok.encode(smp.prompt[:at]))     # prefix lengths (one token of slack
+                hi = len(tok.encode(smp.prompt[:at + len(smp.expected[0])]))  # at the start)
                 prompts.append(ids)
-                spans.append((at, at + len(val)))
+                spans.append((max(lo - 1, 0), hi))
             qr = qr_scores(model, prompts, spans)
             for layer in res["layers"]:
                 for h in layer["taxonomy"]:

@@ -68,3 +68,9 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     out = run("launch.generate", f"--checkpoint={work}", "--prompt=To be", "--prompt=The king",
               "--max_new_tokens=5")
     assert "--- 'To be'" in out and "cache" in out and "MiB" in out
+
+    out = run("launch.analyze", f"--checkpoint={work}", "--seq_len=512", "--num_samples=1",
+              "--num_queries=4", "--qr_samples=1", f"--out={tmp_path / 'an'}")
+    res = json.loads((tmp_path / "an" / "0_hwh_run" / "analysis.json").read_text())
+    heads = [h for layer in res["layers"] for h in layer["taxonomy"]]
+    assert heads and all(0 <= h["qr_score"] <= 1 and 0 <= h["ld_score"] <= 1 for h in heads)
