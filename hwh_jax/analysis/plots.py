@@ -6,12 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+from hwh_jax.plotting import finish_line_chart, pyplot
 
 
 def _period_ticks(ax, periods, train_len):
@@ -26,7 +21,7 @@ def _period_ticks(ax, periods, train_len):
 
 def layer_heatmaps(result: dict, path_prefix: Path, title: str):
     """One PNG per analysed layer: RFIS and RPD, heads x frequency, band and training length."""
-    plt = _plt()
+    plt = pyplot()
     periods = np.asarray(result["periods"])
     band, L = result["band"], result["band"].get("train_len")
     for layer in result["layers"]:
@@ -50,7 +45,7 @@ def layer_heatmaps(result: dict, path_prefix: Path, title: str):
 def band_profile(results: dict, path: Path):
     """Mean RPD per frequency against rotation period, one line per model, bands shaded,
     training lengths dashed: does the band move with the training length?"""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for (name, r), color in zip(results.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
         periods = np.asarray(r["periods"])
@@ -61,17 +56,12 @@ def band_profile(results: dict, path: Path):
         if b.get("train_len"):
             ax.axvline(b["train_len"], color=color, ls="--", lw=1)
     ax.set_xscale("log")
-    ax.set_xlabel("rotation period (tokens)")
-    ax.set_ylabel("mean RPD over heads (bits)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    finish_line_chart(fig, ax, path, xlabel="rotation period (tokens)",
+                      ylabel="mean RPD over heads (bits)")
 
 
 def retrieval_by_depth(result: dict, path: Path, title: str):
-    plt = _plt()
+    plt = pyplot()
     counts = result["counts"]
     heads = [l["heads"] for l in result["layers"]]
     fig, ax = plt.subplots(figsize=(6, 3))

@@ -5,17 +5,12 @@ from pathlib import Path
 
 import numpy as np
 
-
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+from hwh_jax.plotting import finish_line_chart, pyplot
 
 
 def niah_heatmap(rows, task: str, title: str, path: Path, train_len: int | None = None):
     """Depth (rows) x length (columns) mean score of one task for one model."""
-    plt = _plt()
+    plt = pyplot()
     rows = [r for r in rows if r["task"] == task]
     lengths = sorted({r["length"] for r in rows})
     depths = sorted({r["depth"] for r in rows})
@@ -44,7 +39,7 @@ def niah_heatmap(rows, task: str, title: str, path: Path, train_len: int | None 
 
 def extrapolation_chart(per_model: dict, path: Path, train_len: int | None = None):
     """Mean NIAH score vs length, one line per (model, task)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, rows in per_model.items():
         for task in sorted({r["task"] for r in rows}):
@@ -55,30 +50,19 @@ def extrapolation_chart(per_model: dict, path: Path, train_len: int | None = Non
     if train_len:
         ax.axvline(train_len, color="grey", ls="--", lw=1, label="training length")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("NIAH score")
     ax.set_ylim(-5, 105)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    finish_line_chart(fig, ax, path, xlabel="context length (tokens)", ylabel="NIAH score",
+                      legend_size=7)
 
 
 def ppl_chart(per_model: dict, path: Path, train_len: int | None = None):
     """Perplexity per position bucket, one line per model."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, rows in per_model.items():
         mids = [(r["start"] + r["end"]) / 2 for r in rows]
         ax.plot(mids, [r["ppl"] for r in rows], marker=".", label=name)
     if train_len:
         ax.axvline(train_len, color="grey", ls="--", lw=1, label="training length")
-    ax.set_xlabel("position (tokens)")
-    ax.set_ylabel("perplexity")
     ax.set_yscale("log")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    finish_line_chart(fig, ax, path, xlabel="position (tokens)", ylabel="perplexity")
