@@ -1,18 +1,23 @@
 r"""Time the GDN implementations on one accelerator and check their bf16 accuracy.
 
-  python bench/gdn.py --shapes 8,2048,16,128,128 2,8192,16,128,128 --out results.jsonl
+  python bench/gdn.py --shapes 8,2048,16,128,128 2,8192,16,128,128 --impls pallas chunk_reference \
+      --check --breakdown --out results.jsonl
 
 For each (B, T, H, K, V): forward and forward+backward medians (ms) of every JAX implementation
 named in --impls, achieved TFLOP/s (forward: 4C(K+V) + 6KV FLOPs per token and head, x3 for
 fwd+bwd) and TB/s (q, k, v, o, g, beta read or written once, bf16), against ceilings measured in
 the same run (a bf16 8192^3 matmul; a device-to-device copy counting read + write). With
---check, the relative error of bf16 outputs and of every gradient against an fp32 run of the
-recurrent reference. fla is timed by bench/fla_gdn_anchor.py in the same command (see
+--check, the relative error of bf16 outputs and of every gradient (q, k, v, g, beta) against an
+fp32 run of ``chunk_reference`` at full matmul precision (itself tested against the recurrent
+form). With --breakdown, the Pallas path's parts timed alone: the chunk-parallel preparation
+(forward, forward+backward), the forward scan kernel, and the backward kernel with its recompute.
+--tune times each Pallas kernel over its launch settings and uses the best for the rows. fla is timed by bench/fla_gdn_anchor.py in the same command (see
 docs/benchmarks.md). Results go to stdout as a table and to --out as JSON lines.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -21,7 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels_pallas.gdn import gated_delta_rule
+from kernels_pallas.gdn import gated_delta_rule, gated_delta_rule_pallas
+from kernels_pallas.gdn import pallas as gdn_pallas
+from kernels_pallas.gdn import scan_kernels, wy_kernels
+from kernels_pallas.gdn.chunk_reference import chunk_local_cumsum
 
 
 def median_ms(fn, *args, warmup=3, reps=20):
@@ -59,8 +67,10 @@ def inputs(B, T, H, K, V, dtype, seed=0):
     return cast(q), cast(k), cast(v), g.astype(jnp.float32), cast(beta), cast(do)
 
 
-def fns(impl):
+def fns(impl, **opts):
     def fwd(q, k, v, g, beta):
+        if impl == "pallas":
+            return gated_delta_rule_pallas(q, k, v, g, beta, **opts)[0]
         return gated_delta_rule(q, k, v, g, beta, impl=impl)[0]
 
     def fwd_bwd(q, k, v, g, beta, do):
@@ -74,13 +84,13 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def check(impl, shape):
+def check(impl, shape, opts=None):
     B, T, H, K, V = shape
     x16 = inputs(B, T, H, K, V, jnp.bfloat16, seed=1)
     x32 = tuple(a.astype(jnp.float32) for a in x16)
-    _, fb16 = fns(impl)
+    f16, fb16 = fns(impl, **(opts or {}))
     _, fb32 = fns("chunk_reference")
-    o16 = fns(impl)[0](*x16[:5])
+    o16 = f16(*x16[:5])
     o32 = fns("chunk_reference")[0](*x32[:5])
     g16, g32 = fb16(*x16), fb32(*x32)
     out = {"o": rel(o16, o32)}
@@ -88,11 +98,84 @@ def check(impl, shape):
     return out
 
 
+def default_cfg(shape, **over):
+    B, T, H, K, V = shape
+    kw = dict(chunk=64, layout="triton", block_v=gdn_pallas.default_block_v("triton", K, V))
+    kw.update(over)
+    return scan_kernels.ScanConfig(**kw)
+
+
+def breakdown(shape, x, cfg=None, parts=("chunk", "scan"), reps=20):
+    """ms of each kernel of the Pallas path alone (plus the XLA cumsum), at ``cfg``."""
+    B, T, H, K, V = shape
+    cfg = cfg or default_cfg(shape)
+    q, k, v, g, beta, do = x
+    C = cfg.chunk
+    G = jax.jit(lambda g: chunk_local_cumsum(g, C))(g)
+    b = beta.astype(jnp.float32)
+    S0 = jnp.zeros((B, H, K, V), jnp.float32)
+    wy_f = jax.jit(lambda *a: wy_kernels.wy_forward(cfg, *a))
+    w, u, qk, X = wy_f(q, k, v, b, G)
+    fwd = jax.jit(lambda *a: scan_kernels.scan_forward(cfg, *a))
+    fwd_store = jax.jit(lambda *a: scan_kernels.scan_forward(cfg, *a, store=True))
+    bwd = jax.jit(lambda *a: scan_kernels.scan_backward(cfg, *a))
+    _, _, h, v_new = fwd_store(q, k, w, u, qk, G, S0)
+    dv_new, dh, _ = bwd(q, k, w, qk, G, do, S0)
+    sg = jax.jit(lambda *a: scan_kernels.state_grads(cfg, *a))
+    dq, dk, dw, dqk, dG = sg(q, k, G, h, dh, v_new, dv_new, do)
+    wy_b = jax.jit(lambda *a: wy_kernels.wy_backward(cfg, *a))
+    t = functools.partial(median_ms, reps=reps)
+    out = {}
+    if "chunk" in parts:
+        out.update({"wy_fwd_ms": t(wy_f, q, k, v, b, G),
+                    "wy_fwd_given_inverse_ms": t(wy_f, q, k, v, b, G, X),
+                    "state_grads_ms": t(sg, q, k, G, h, dh, v_new, dv_new, do),
+                    "wy_bwd_ms": t(wy_b, q, k, v, b, G, X, dw, u, dqk, dq, dk, dG)})
+    if "scan" in parts:
+        out.update({"scan_fwd_ms": t(fwd, q, k, w, u, qk, G, S0),
+                    "scan_fwd_store_ms": t(fwd_store, q, k, w, u, qk, G, S0),
+                    "scan_bwd_ms": t(bwd, q, k, w, qk, G, do, S0)})
+    return out
+
+
+def tune(shape, x):
+    """Launch settings per kernel family, each timed alone; returns the best of each."""
+    B, T, H, K, V = shape
+    rows, best = [], {}
+    for cw in (2, 4, 8):
+        r = breakdown(shape, x, default_cfg(shape, chunk_warps=cw), ("chunk",), reps=10)
+        rows.append({"shape": list(shape), "chunk_warps": cw, **r})
+        print(json.dumps(rows[-1]), flush=True)
+        tot = r["wy_fwd_ms"] + r["wy_fwd_given_inverse_ms"] + r["state_grads_ms"] + r["wy_bwd_ms"]
+        if tot < best.get("chunk", (1e9,))[0]:
+            best["chunk"] = (tot, {"chunk_warps": cw})
+    for bv, nw, ns in ((32, 4, 2), (32, 8, 2), (64, 4, 2), (64, 8, 2), (64, 4, 1), (64, 4, 3),
+                       (128, 8, 2)):
+        if bv > V or V % bv:
+            continue
+        if True:
+            opts = {"block_v": bv, "num_warps": nw, "num_stages": ns}
+            try:
+                r = breakdown(shape, x, default_cfg(shape, **opts), ("scan",), reps=10)
+            except Exception as e:  # noqa: BLE001  (a setting the compiler refuses)
+                r = {"error": str(e)[:200]}
+            rows.append({"shape": list(shape), **opts, **r})
+            print(json.dumps(rows[-1]), flush=True)
+            if "error" not in r:
+                tot = r["scan_fwd_store_ms"] + r["scan_bwd_ms"]
+                if tot < best.get("scan", (1e9,))[0]:
+                    best["scan"] = (tot, opts)
+    return rows, {**best["chunk"][1], **best["scan"][1]}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["8,2048,16,128,128", "2,8192,16,128,128"])
     ap.add_argument("--impls", nargs="+", default=["chunk_reference"])
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--tune", action="store_true",
+                    help="time launch settings per kernel and use the best for the pallas rows")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     ceil = ceilings()
@@ -105,15 +188,21 @@ def main():
         x = inputs(*shape, jnp.bfloat16)
         flops_fwd = B * T * H * (4 * 64 * (K + V) + 6 * K * V)
         bytes_fwd = 2 * B * T * H * (2 * K + 2 * V) + 4 * B * T * H * 2
+        opts = {}
+        if args.tune and "pallas" in args.impls:
+            tuned, opts = tune(shape, x)
+            rows += [dict(r, impl="tune") for r in tuned]
         for impl in args.impls:
-            f, fb = fns(impl)
-            row = {"impl": impl, "shape": list(shape),
+            f, fb = fns(impl, **(opts if impl == "pallas" else {}))
+            row = {"impl": impl, "shape": list(shape), "opts": opts if impl == "pallas" else {},
                    "fwd_ms": median_ms(f, *x[:5]), "fwd_bwd_ms": median_ms(fb, *x)}
             row["fwd_tflops"] = flops_fwd / row["fwd_ms"] / 1e9
             row["fwd_bwd_tflops"] = 3 * flops_fwd / row["fwd_bwd_ms"] / 1e9
             row["fwd_tbps"] = bytes_fwd / row["fwd_ms"] / 1e9
             if args.check:
-                row["rel_err_bf16_vs_fp32"] = check(impl, shape)
+                row["rel_err_bf16_vs_fp32"] = check(impl, shape, row["opts"])
+            if args.breakdown and impl == "pallas":
+                row["breakdown"] = breakdown(shape, x, default_cfg(shape, **opts))
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.out:
@@ -125,6 +214,8 @@ def main():
           f"{ceil['copy_tbps']:.2f} TB/s")
     print(f"{'impl':16s} {'shape':22s} {'fwd ms':>8s} {'f+b ms':>8s} {'fwd TF/s':>9s} {'TB/s':>6s}")
     for r in rows:
+        if "fwd_tflops" not in r:
+            continue
         print(f"{r['impl']:16s} {str(tuple(r['shape'])):22s} {r['fwd_ms']:8.2f} "
               f"{r['fwd_bwd_ms']:8.2f} {r['fwd_tflops']:9.1f} {r['fwd_tbps']:6.2f}")
 

@@ -3,6 +3,8 @@
 Implementations:
   recurrent        ``naive.py``: lax.scan over tokens, the specification.
   chunk_reference  ``chunk_reference.py``: chunked WY/UT form in pure jnp, lax.scan over chunks.
+  pallas           ``pallas.py``: chunk-parallel part in XLA, the sequential pass over chunks as
+                   Pallas kernels (``scan_kernels.py``: Triton on GPU, Mosaic on TPU), fwd + bwd.
 ``impl="auto"`` picks per backend (``AUTO_IMPL``); ``kernels_pallas.dispatch.chosen()`` tells.
 """
 from __future__ import annotations
@@ -10,10 +12,10 @@ from __future__ import annotations
 from kernels_pallas import dispatch
 from kernels_pallas.gdn.chunk_reference import gated_delta_rule_chunk_reference
 from kernels_pallas.gdn.naive import gated_delta_rule_recurrent, gated_delta_rule_step
+from kernels_pallas.gdn.pallas import gated_delta_rule_pallas
 
-IMPLS = ("auto", "recurrent", "chunk_reference")
-# The Pallas kernel (its own issue) will take over "gpu" and "tpu" here.
-AUTO_IMPL = {"cpu": "chunk_reference", "gpu": "chunk_reference", "tpu": "chunk_reference"}
+IMPLS = ("auto", "recurrent", "chunk_reference", "pallas")
+AUTO_IMPL = {"cpu": "chunk_reference", "gpu": "pallas", "tpu": "pallas"}
 
 
 def resolve_impl(impl: str = "auto") -> str:
@@ -41,7 +43,7 @@ def _check_shapes(q, k, v, g, beta, initial_state, chunk_size):
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
-                     output_final_state=False, impl="auto", chunk_size=64):
+                     output_final_state=False, impl="auto", chunk_size=64, interpret=False):
     """Gated delta rule over a sequence, fla layout.
 
     Args:
@@ -49,7 +51,9 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
       g: [B, T, H] log decay (<= 0); beta: [B, T, H] in [0, 1];
       scale: query scale, default K**-0.5; initial_state: [B, H, K, V] (fp32);
       output_final_state: also return the state after the last token;
-      impl: "auto" | "recurrent" | "chunk_reference"; chunk_size: C of the chunked forms.
+      impl: "auto" | "recurrent" | "chunk_reference" | "pallas"; chunk_size: C of the chunked
+        forms; interpret: for "pallas" off its GPU/TPU: True (generic interpreter) or a
+        ``pltpu.InterpretParams()`` (TPU semantics).
     Returns:
       (o [B, T, H, V] in v's dtype, final state [B, H, K, V] fp32 or None).
     """
@@ -58,8 +62,11 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
     kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state)
     if impl == "recurrent":
         return gated_delta_rule_recurrent(q, k, v, g, beta, **kw)
+    if impl == "pallas":
+        return gated_delta_rule_pallas(q, k, v, g, beta, chunk_size=chunk_size,
+                                       interpret=interpret, **kw)
     return gated_delta_rule_chunk_reference(q, k, v, g, beta, chunk_size=chunk_size, **kw)
 
 
 __all__ = ["gated_delta_rule", "gated_delta_rule_step", "gated_delta_rule_recurrent",
-           "gated_delta_rule_chunk_reference", "resolve_impl", "IMPLS", "AUTO_IMPL"]
+           "gated_delta_rule_chunk_reference", "gated_delta_rule_pallas", "resolve_impl", "IMPLS", "AUTO_IMPL"]

@@ -47,23 +47,37 @@ def chunk_local_cumsum(g, chunk_size):
 def unit_lower_inverse(A, base: int = 16):
     """(I + A)^-1 for strictly lower-triangular A [..., C, C].
 
-    Rows of blocks of at most ``base`` are eliminated one by one (row i = e_i - A_i X); larger
-    blocks are split in halves and merged exactly: for [[A11, 0], [A21, A22]],
-    X21 = -X22 A21 X11. Every step is a matmul, so this runs well on GPU and TPU too.
+    A is zero-padded to base * 2^m (the padded inverse's top-left block is the inverse wanted).
+    The m diagonal blocks of size ``base`` are inverted together, row by row (row i =
+    e_i - A_i X); then neighbouring blocks are merged exactly, all pairs of a level at once:
+    for [[A11, 0], [A21, A22]], X21 = -X22 A21 X11. Every step is a batched matmul, so the
+    sequential depth is base - 1 + log2(m) whatever the batch, and there is no power series.
     """
     C = A.shape[-1]
-    if C <= base:
-        X = jnp.broadcast_to(jnp.eye(C, dtype=A.dtype), A.shape)
-        for i in range(1, C):
-            row = -jnp.einsum("...j,...jk->...k", A[..., i, :i], X[..., :i, :], precision=_HI)
-            X = X.at[..., i, :].add(row)
-        return X
-    h = C // 2
-    X11 = unit_lower_inverse(A[..., :h, :h], base)
-    X22 = unit_lower_inverse(A[..., h:, h:], base)
-    X21 = -jnp.einsum("...ij,...jk,...kl->...il", X22, A[..., h:, :h], X11, precision=_HI)
-    top = jnp.concatenate([X11, jnp.zeros(X11.shape[:-1] + (C - h,), A.dtype)], axis=-1)
-    return jnp.concatenate([top, jnp.concatenate([X21, X22], axis=-1)], axis=-2)
+    base = min(base, C)
+    nb = 1 << max(0, (-(-C // base) - 1).bit_length())      # blocks, a power of 2
+    P = nb * base
+    if P != C:
+        A = jnp.pad(A, [(0, 0)] * (A.ndim - 2) + [(0, P - C), (0, P - C)])
+    lead = A.shape[:-2]
+    # [..., nb, nb, base, base]: (block row, block column, row, column)
+    Ab = jnp.swapaxes(A.reshape(*lead, nb, base, nb, base), -3, -2)
+    D = jnp.moveaxis(jnp.diagonal(Ab, axis1=-4, axis2=-3), -1, -3)    # [..., nb, base, base]
+    X = jnp.broadcast_to(jnp.eye(base, dtype=A.dtype), D.shape)
+    for i in range(1, base):
+        row = -jnp.einsum("...j,...jk->...k", D[..., i, :i], X[..., :i, :], precision=_HI)
+        X = X.at[..., i, :].add(row)
+    s, m = base, nb
+    while m > 1:
+        # sub-diagonal blocks A21 of each pair at this level, [..., m/2, s, s]
+        Ab = jnp.swapaxes(A.reshape(*lead, m, s, m, s), -3, -2)
+        A21 = jnp.moveaxis(jnp.diagonal(Ab[..., 1::2, 0::2, :, :], axis1=-4, axis2=-3), -1, -3)
+        X11, X22 = X[..., 0::2, :, :], X[..., 1::2, :, :]
+        X21 = -jnp.einsum("...ij,...jk,...kl->...il", X22, A21, X11, precision=_HI)
+        top = jnp.concatenate([X11, jnp.zeros_like(X11)], axis=-1)
+        X = jnp.concatenate([top, jnp.concatenate([X21, X22], axis=-1)], axis=-2)
+        s, m = 2 * s, m // 2
+    return X[..., 0, :C, :C]
 
 
 def wy_representation(k, v, beta, g_cum):

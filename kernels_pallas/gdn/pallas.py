@@ -1,0 +1,127 @@
+"""Chunked Gated DeltaNet as Pallas kernels: ``gated_delta_rule(impl="pallas")``.
+
+Four kernels under one ``jax.custom_vjp`` (notation of ``chunk_reference.py``):
+  ``wy_kernels.wy_forward``    chunk-parallel: A, X = (I + A)^-1, w, u, QK per chunk; saves X.
+  ``scan_kernels.scan_forward`` sequential over chunks: v, o and the state, per value block.
+  ``scan_kernels.scan_backward`` sequential, backwards: dv and dS per chunk, dS_0.
+  ``wy_kernels.wy_backward``   chunk-parallel: dq, dk, dv, dbeta, dG through the WY form.
+The backward keeps only the inputs, the inverses X and the initial state; it recomputes w, u,
+QK (from X) and the chunk states (forward kernel with ``store=True``), as fla does. Between the
+backward scan and the WY backward, dq, dk, dw, dQK and dG of the state path come from the chunk
+states (``scan_kernels.state_grads``, one program per chunk). Padding of T to the chunk, the chunk-local cumulative sum of g and its transpose are
+XLA too. Memory is O(T); the [B, N, H, K, V] chunk states exist only inside the backward pass.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kernels_pallas.gdn.chunk_reference import _pad_time, chunk_local_cumsum
+from kernels_pallas.gdn.scan_kernels import ScanConfig, scan_backward, scan_forward, \
+    state_grads
+from kernels_pallas.gdn.wy_kernels import wy_backward, wy_forward
+
+f32 = jnp.float32
+
+
+def _reverse_chunk_cumsum(x, C):
+    """x [B, T, H] -> sum over later positions of the same chunk (inclusive)."""
+    B, T, H = x.shape
+    x = x.reshape(B, T // C, C, H)
+    return jnp.flip(jnp.cumsum(jnp.flip(x, 2), 2), 2).reshape(B, T, H)
+
+
+def _op(cfg, scale):
+    """The custom_vjp op on padded inputs: (q, k, v, g, beta, S0) -> (o, S_N)."""
+    C = cfg.chunk
+
+    def prepare(q, k, v, g, beta):
+        cd = jnp.result_type(q.dtype, k.dtype, v.dtype)
+        qs = (q.astype(f32) * scale).astype(cd)
+        return qs, k.astype(cd), v.astype(cd), beta.astype(f32), chunk_local_cumsum(
+            g.astype(f32), C)
+
+    def forward(q, k, v, g, beta, S0):
+        qs, kc, vc, b, G = prepare(q, k, v, g, beta)
+        w, u, qk, X = wy_forward(cfg, qs, kc, vc, b, G)
+        o, SN = scan_forward(cfg, qs, kc, w, u, qk, G, S0)
+        return (o, SN), (q, k, v, g, beta, S0, X)
+
+    @jax.custom_vjp
+    def op(q, k, v, g, beta, S0):
+        return forward(q, k, v, g, beta, S0)[0]
+
+    def bwd(res, cts):
+        q, k, v, g, beta, S0, X = res
+        do, dSN = cts
+        qs, kc, vc, b, G = prepare(q, k, v, g, beta)
+        cd = qs.dtype
+        w, u, qk = wy_forward(cfg, qs, kc, vc, b, G, X)
+        _, _, h, v_new = scan_forward(cfg, qs, kc, w, u, qk, G, S0, store=True)
+        dv_new, dh, dS0 = scan_backward(cfg, qs, kc, w, qk, G, do.astype(cd), dSN.astype(f32))
+        dq, dk, dw, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, v_new, dv_new, do.astype(cd))
+        dq, dk, dv, db, dG = wy_backward(cfg, qs, kc, vc, b, G, X, dw, dv_new.astype(cd), dqk,
+                                         dq, dk, dG)
+        dg = _reverse_chunk_cumsum(dG, C)
+        return (dq * scale).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), \
+            dg.astype(g.dtype), db.astype(beta.dtype), dS0
+
+    op.defvjp(forward, bwd)
+    return op
+
+
+def _layout(interpret):
+    if interpret is False or interpret is None:
+        backend = jax.default_backend()
+        if backend == "gpu":
+            return "triton"
+        if backend == "tpu":
+            return "tpu"
+        raise ValueError(f"gated_delta_rule(impl='pallas') has no compiled lowering on backend "
+                         f"{backend!r}: pass interpret=True (generic interpreter) or "
+                         f"interpret=pltpu.InterpretParams() (TPU semantics)")
+    if interpret is True:
+        return "triton"
+    from jax.experimental.pallas import tpu as pltpu
+    if isinstance(interpret, pltpu.InterpretParams):
+        return "tpu"
+    raise ValueError(f"gated_delta_rule: interpret must be False, True or a "
+                     f"pltpu.InterpretParams, got {interpret!r}")
+
+
+def _pow2(n):
+    return n > 0 and n & (n - 1) == 0
+
+
+def default_block_v(layout, K, V):
+    """Value columns per program: "tpu" V or 128; "triton" the largest power of two dividing V,
+    at most 64 (K <= 128) or 32 (larger K), so that the fp32 state block fits registers."""
+    if layout == "tpu":
+        return 128 if V % 128 == 0 else V
+    cap = 64 if K <= 128 else 32
+    return min(cap, V & -V)
+
+
+def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,
+                            output_final_state=False, chunk_size=64, interpret=False,
+                            block_v=None, num_warps=4, num_stages=2, chunk_warps=4):
+    """Same contract as ``gated_delta_rule``; see the module docstring for the split."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    layout = _layout(interpret)
+    bv = default_block_v(layout, K, V) if block_v is None else block_v
+    if V % bv:
+        raise ValueError(f"gated_delta_rule(impl='pallas'): block_v={bv} does not divide V={V}")
+    if layout == "triton" and interpret is not True:
+        for name, n in (("K", K), ("block_v", bv), ("chunk_size", chunk_size)):
+            if not _pow2(n) or n < 16 and name != "block_v":
+                raise ValueError(f"gated_delta_rule(impl='pallas') on GPU needs {name} a power "
+                                 f"of two >= 16, got {n}")
+    cfg = ScanConfig(chunk=chunk_size, layout=layout, block_v=bv, interpret=interpret,
+                     num_warps=num_warps, num_stages=num_stages, chunk_warps=chunk_warps)
+    scale = K ** -0.5 if scale is None else scale
+    pad = (-T) % chunk_size
+    S0 = (jnp.zeros((B, H, K, V), f32) if initial_state is None
+          else initial_state.astype(f32))
+    o, S = _op(cfg, scale)(*(_pad_time(x, pad) for x in (q, k, v, g, beta)), S0)
+    return o[:, :T].astype(v.dtype), (S if output_final_state else None)

@@ -1,0 +1,346 @@
+"""The inter-chunk pass of chunked Gated DeltaNet as Pallas kernels, forward and backward.
+
+The chunk-parallel part of the WY/UT form (``pallas.py``) leaves, for each chunk n of C tokens
+of one (batch, head): the scaled queries q and keys k [C, K], w [C, K], u [C, V], the masked
+intra-chunk scores QK [C, C] (QK_ij = q_i.k_j exp(G_i - G_j), j <= i) and the chunk-local
+cumulative log gates G [C]. What is left is sequential over chunks and independent across
+(batch, head, block of BV value columns); the state S [K, BV] stays in registers / VMEM:
+
+    forward                                   backward (dS = dL/dS_{n+1}, walking n down)
+    v_n     = u_n - w_n S_n                     dv_n  = QK_n^T do_n + kd_n dS
+    o_n     = qd_n S_n + QK_n v_n               dS   <- e^{G_last} dS + qd_n^T do_n - w_n^T dv_n
+    S_{n+1} = e^{G_last} S_n + kd_n^T v_n
+
+with qd = q e^G and kd = k e^{G_last - G}, both <= 1 in size since G falls within a chunk.
+The backward kernel needs S_n, recomputed by the forward kernel (``store=True`` writes S_n and
+v_n); nothing but the inputs is kept between the passes. Everything the kernels do not need
+sequentially (dq, dk, dw, dQK, dG from S_n, dS_{n+1}, v_n, dv_n) is batched matmuls in XLA.
+
+Two launch layouts run the same per-chunk bodies:
+  "triton" (GPU, and the generic interpreter): grid (B, H, V/BV); each program walks its N
+           chunks in a ``fori_loop``, reading the [B, T, H, X] arrays in place.
+  "tpu"    (Mosaic, and ``pltpu.InterpretParams``): grid (B, H, V/BV, N), the chunk axis
+           "arbitrary", the state in a VMEM scratch; arrays in [B, H, T, X] so that blocks are
+           (C, K) tiles and BV is V or a multiple of 128.
+Matmul operands are in the inputs' dtype (bf16 in training) with fp32 accumulation; the state,
+v and all gradients of the state are fp32.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+f32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanConfig:
+    """How the scan kernels are launched. ``layout``: "triton" | "tpu"; ``interpret``: False,
+    True (generic interpreter) or a ``pltpu.InterpretParams``."""
+    chunk: int
+    layout: str
+    block_v: int
+    interpret: object = False
+    num_warps: int = 4
+    num_stages: int = 2
+    chunk_warps: int = 4        # the one-chunk-per-program kernels (WY fwd / bwd, state grads)
+
+
+# ---------------------------------------------------------------- per-chunk bodies (values)
+
+def _dot(a, b, trans_a=False):
+    """a @ b (or a^T @ b) with fp32 accumulation; fp32 operands at full precision."""
+    prec = jax.lax.Precision.HIGHEST if a.dtype == f32 else None
+    dims = (((0,), (0,)), ((), ())) if trans_a else (((1,), (0,)), ((), ()))
+    return jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=f32)
+
+
+def _decayed(q, k, G):
+    """qd = q e^G, kd = k e^{G_last - G}, e^{G_last} [1, 1]; G is a [C, 1] column."""
+    C = G.shape[0]
+    rows = jax.lax.broadcasted_iota(jnp.int32, G.shape, 0)
+    g_last = jnp.sum(jnp.where(rows == C - 1, G, 0.0), axis=0, keepdims=True)   # [1, 1]
+    qd = (q.astype(f32) * jnp.exp(G)).astype(q.dtype)
+    kd = (k.astype(f32) * jnp.exp(g_last - G)).astype(k.dtype)
+    return qd, kd, jnp.exp(g_last)
+
+
+def _fwd_chunk(S, q, k, w, u, qk, G):
+    qd, kd, a_last = _decayed(q, k, G)
+    Sc = S.astype(q.dtype)
+    v = u.astype(f32) - _dot(w, Sc)
+    vc = v.astype(q.dtype)
+    o = _dot(qd, Sc) + _dot(qk, vc)
+    return o, v, a_last * S + _dot(kd, vc, trans_a=True)
+
+
+def _bwd_chunk(dS, q, k, w, qk, G, do):
+    qd, kd, a_last = _decayed(q, k, G)
+    dv = _dot(qk, do, trans_a=True) + _dot(kd, dS.astype(q.dtype))
+    dS = a_last * dS + _dot(qd, do, trans_a=True) - _dot(w, dv.astype(q.dtype), trans_a=True)
+    return dv, dS
+
+
+# ---------------------------------------------------------------- "triton" layout kernels
+
+def _fwd_kernel_loop(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, sN_ref,
+                     *store_refs, n_chunks, chunk):
+    def body(n, S):
+        t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
+        if store_refs:
+            store_refs[0][n, :, :] = S
+        o, v, S = _fwd_chunk(S, q_ref[t, :], k_ref[t, :], w_ref[t, :], u_ref[t, :],
+                             qk_ref[t, :], g_ref[t, :])
+        o_ref[t, :] = o.astype(o_ref.dtype)
+        if store_refs:
+            store_refs[1][t, :] = v
+        return S
+
+    sN_ref[...] = jax.lax.fori_loop(0, n_chunks, body, s0_ref[...].astype(f32))
+
+
+def _bwd_kernel_loop(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref, dh_ref,
+                     ds0_ref, *, n_chunks, chunk):
+    def body(i, dS):
+        n = n_chunks - 1 - i
+        t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
+        dh_ref[n, :, :] = dS
+        dv, dS = _bwd_chunk(dS, q_ref[t, :], k_ref[t, :], w_ref[t, :], qk_ref[t, :],
+                            g_ref[t, :], do_ref[t, :])
+        dv_ref[t, :] = dv
+        return dS
+
+    ds0_ref[...] = jax.lax.fori_loop(0, n_chunks, body, dsN_ref[...].astype(f32))
+
+
+# ---------------------------------------------------------------- "tpu" layout kernels
+
+def _fwd_kernel_grid(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, sN_ref,
+                     *rest, n_chunks, store):
+    store_refs, (S_scr,) = rest[:-1], rest[-1:]
+    n = pl.program_id(3)
+
+    @pl.when(n == 0)
+    def _():
+        S_scr[...] = s0_ref[...].astype(f32)
+
+    S = S_scr[...]
+    if store:
+        store_refs[0][...] = S
+    o, v, S = _fwd_chunk(S, q_ref[...], k_ref[...], w_ref[...], u_ref[...], qk_ref[...],
+                         g_ref[...])
+    o_ref[...] = o.astype(o_ref.dtype)
+    if store:
+        store_refs[1][...] = v
+    S_scr[...] = S
+
+    @pl.when(n == n_chunks - 1)
+    def _():
+        sN_ref[...] = S
+
+
+def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref, dh_ref,
+                     ds0_ref, dS_scr, *, n_chunks):
+    i = pl.program_id(3)
+
+    @pl.when(i == 0)
+    def _():
+        dS_scr[...] = dsN_ref[...].astype(f32)
+
+    dS = dS_scr[...]
+    dh_ref[...] = dS
+    dv, dS = _bwd_chunk(dS, q_ref[...], k_ref[...], w_ref[...], qk_ref[...], g_ref[...],
+                        do_ref[...])
+    dv_ref[...] = dv
+    dS_scr[...] = dS
+
+    @pl.when(i == n_chunks - 1)
+    def _():
+        ds0_ref[...] = dS
+
+
+# ---------------------------------------------------------------- state-path gradients
+
+def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_ref,
+                        dq_ref, dk_ref, dw_ref, dqk_ref, dg_ref, *, block_v):
+    """One chunk: the gradients that flow through the state, from S_n (h), dS_{n+1} (dh), the
+    corrected values v and their cotangents dv. Loops over value blocks of ``block_v``."""
+    C, K = k_ref.shape
+    V = h_ref.shape[-1]
+    cd = k_ref.dtype
+    dqd = jnp.zeros((C, K), f32)
+    dw = jnp.zeros((C, K), f32)
+    dkd = jnp.zeros((C, K), f32)
+    dqk = jnp.zeros((C, C), f32)
+    hdh = jnp.zeros((1, 1), f32)
+    for j in range(V // block_v):
+        c = pl.ds(j * block_v, block_v)
+        h, dh = h_ref[:, c], dh_ref[:, c]
+        do, v = do_ref[:, c], v_ref[:, c].astype(cd)
+        hc = h.astype(cd)
+        dqd += _dot_nt(do, hc)
+        dw -= _dot_nt(dv_ref[:, c].astype(cd), hc)
+        dkd += _dot_nt(v, dh.astype(cd))
+        dqk += _dot_nt(do, v)
+        hdh += jnp.sum(jnp.sum(h * dh, axis=1, keepdims=True), axis=0, keepdims=True)
+    G = g_ref[...]
+    _, _, a_last = _decayed(q_ref[...], k_ref[...], G)
+    rows = jax.lax.broadcasted_iota(jnp.int32, G.shape, 0)
+    g_last = jnp.sum(jnp.where(rows == C - 1, G, 0.0), axis=0, keepdims=True)
+    dq = dqd * jnp.exp(G)
+    dk = dkd * jnp.exp(g_last - G)
+    from_k = jnp.sum(dk * k_ref[...].astype(f32), axis=1, keepdims=True)
+    d_last = jnp.sum(from_k, axis=0, keepdims=True) + a_last * hdh
+    dg_ref[...] = (jnp.sum(dq * q_ref[...].astype(f32), axis=1, keepdims=True) - from_k
+                   + jnp.where(rows == C - 1, d_last, 0.0))
+    dq_ref[...] = dq
+    dk_ref[...] = dk
+    dw_ref[...] = dw.astype(dw_ref.dtype)
+    dqk_ref[...] = dqk.astype(dqk_ref.dtype)
+
+
+def _dot_nt(a, b):
+    """a @ b^T, fp32 accumulation."""
+    prec = jax.lax.Precision.HIGHEST if a.dtype == f32 else None
+    return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=prec,
+                               preferred_element_type=f32)
+
+
+# ---------------------------------------------------------------- launchers
+
+def _params(cfg, num_warps=None):
+    if cfg.interpret is not False and cfg.layout == "triton":
+        return {}
+    if cfg.layout == "tpu":
+        from jax.experimental.pallas import tpu as pltpu
+        return {"compiler_params": pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))}
+    from jax.experimental.pallas import triton as plgpu
+    return {"compiler_params": plgpu.CompilerParams(num_warps=num_warps or cfg.num_warps,
+                                                    num_stages=cfg.num_stages)}
+
+
+def _to_bhtx(x):
+    return jnp.swapaxes(x, 1, 2)
+
+
+def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
+    """Forward kernel. [B, T, H, X] inputs (T a multiple of the chunk), G [B, T, H] fp32,
+    S0 [B, H, K, V] fp32. Returns o [B, T, H, V] (u's dtype), S_N, and with ``store`` also
+    S_n for every chunk [B, N, H, K, V] and v [B, T, H, V] (fp32)."""
+    B, T, H, K = q.shape
+    V = u.shape[-1]
+    C, BV = cfg.chunk, cfg.block_v
+    N, NV = T // C, V // BV
+    sq = pl.squeezed
+    out_shape = [jax.ShapeDtypeStruct((B, T, H, V), u.dtype),
+                 jax.ShapeDtypeStruct((B, H, K, V), f32)]
+    if cfg.layout == "triton":
+        if store:
+            out_shape += [jax.ShapeDtypeStruct((B, N, H, K, V), f32),
+                          jax.ShapeDtypeStruct((B, T, H, V), f32)]
+        seq = lambda X: pl.BlockSpec((sq, T, sq, X), lambda b, h, j: (b, 0, h, 0))  # noqa: E731
+        seq_v = pl.BlockSpec((sq, T, sq, BV), lambda b, h, j: (b, 0, h, j))
+        state = pl.BlockSpec((sq, sq, K, BV), lambda b, h, j: (b, h, 0, j))
+        outs = [seq_v, state]
+        if store:
+            outs += [pl.BlockSpec((sq, N, sq, K, BV), lambda b, h, j: (b, 0, h, 0, j)), seq_v]
+        res = pl.pallas_call(
+            functools.partial(_fwd_kernel_loop, n_chunks=N, chunk=C),
+            grid=(B, H, NV),
+            in_specs=[seq(K), seq(K), seq(K), seq_v, seq(C), seq(1), state],
+            out_specs=outs, out_shape=out_shape, interpret=cfg.interpret,
+            name="gdn_scan_fwd", **_params(cfg),
+        )(q, k, w, u, qk, G[..., None], S0)
+        return tuple(res)
+
+    # "tpu": [B, H, T, X], one chunk per grid step along the last ("arbitrary") axis.
+    from jax.experimental.pallas import tpu as pltpu
+    if store:
+        out_shape += [jax.ShapeDtypeStruct((B, H, N, K, V), f32),
+                      jax.ShapeDtypeStruct((B, H, T, V), f32)]
+    out_shape[0] = jax.ShapeDtypeStruct((B, H, T, V), u.dtype)
+    blk = lambda X: pl.BlockSpec((sq, sq, C, X), lambda b, h, j, n: (b, h, n, 0))  # noqa: E731
+    blk_v = pl.BlockSpec((sq, sq, C, BV), lambda b, h, j, n: (b, h, n, j))
+    state = pl.BlockSpec((sq, sq, K, BV), lambda b, h, j, n: (b, h, 0, j))
+    outs = [blk_v, state]
+    if store:
+        outs += [pl.BlockSpec((sq, sq, sq, K, BV), lambda b, h, j, n: (b, h, n, 0, j)), blk_v]
+    res = pl.pallas_call(
+        functools.partial(_fwd_kernel_grid, n_chunks=N, store=store),
+        grid=(B, H, NV, N),
+        in_specs=[blk(K), blk(K), blk(K), blk_v, blk(C), blk(1), state],
+        out_specs=outs, out_shape=out_shape,
+        scratch_shapes=[pltpu.VMEM((K, BV), f32)], interpret=cfg.interpret,
+        name="gdn_scan_fwd", **_params(cfg),
+    )(*(_to_bhtx(x) for x in (q, k, w, u, qk, G[..., None])), S0)
+    o, sN = _to_bhtx(res[0]), res[1]
+    if not store:
+        return o, sN
+    return o, sN, jnp.swapaxes(res[2], 1, 2), _to_bhtx(res[3])
+
+
+def scan_backward(cfg, q, k, w, qk, G, do, dSN):
+    """Backward kernel: dv [B, T, H, V], dS_{n+1} for every chunk [B, N, H, K, V] and dS_0,
+    all fp32, given the cotangents do [B, T, H, V] and dS_N [B, H, K, V]."""
+    B, T, H, K = q.shape
+    V = do.shape[-1]
+    C, BV = cfg.chunk, cfg.block_v
+    N, NV = T // C, V // BV
+    sq = pl.squeezed
+    if cfg.layout == "triton":
+        out_shape = [jax.ShapeDtypeStruct((B, T, H, V), f32),
+                     jax.ShapeDtypeStruct((B, N, H, K, V), f32),
+                     jax.ShapeDtypeStruct((B, H, K, V), f32)]
+        seq = lambda X: pl.BlockSpec((sq, T, sq, X), lambda b, h, j: (b, 0, h, 0))  # noqa: E731
+        seq_v = pl.BlockSpec((sq, T, sq, BV), lambda b, h, j: (b, 0, h, j))
+        state = pl.BlockSpec((sq, sq, K, BV), lambda b, h, j: (b, h, 0, j))
+        dv, dh, dS0 = pl.pallas_call(
+            functools.partial(_bwd_kernel_loop, n_chunks=N, chunk=C),
+            grid=(B, H, NV),
+            in_specs=[seq(K), seq(K), seq(K), seq(C), seq(1), seq_v, state],
+            out_specs=[seq_v, pl.BlockSpec((sq, N, sq, K, BV), lambda b, h, j: (b, 0, h, 0, j)),
+                       state],
+            out_shape=out_shape, interpret=cfg.interpret, name="gdn_scan_bwd", **_params(cfg),
+        )(q, k, w, qk, G[..., None], do, dSN)
+        return dv, dh, dS0
+
+    from jax.experimental.pallas import tpu as pltpu
+    out_shape = [jax.ShapeDtypeStruct((B, H, T, V), f32),
+                 jax.ShapeDtypeStruct((B, H, N, K, V), f32),
+                 jax.ShapeDtypeStruct((B, H, K, V), f32)]
+    last = N - 1
+    blk = lambda X: pl.BlockSpec((sq, sq, C, X),  # noqa: E731
+                                 lambda b, h, j, i: (b, h, last - i, 0))
+    blk_v = pl.BlockSpec((sq, sq, C, BV), lambda b, h, j, i: (b, h, last - i, j))
+    state = pl.BlockSpec((sq, sq, K, BV), lambda b, h, j, i: (b, h, 0, j))
+    dv, dh, dS0 = pl.pallas_call(
+        functools.partial(_bwd_kernel_grid, n_chunks=N),
+        grid=(B, H, NV, N),
+        in_specs=[blk(K), blk(K), blk(K), blk(C), blk(1), blk_v, state],
+        out_specs=[blk_v,
+                   pl.BlockSpec((sq, sq, sq, K, BV), lambda b, h, j, i: (b, h, last - i, 0, j)),
+                   state],
+        out_shape=out_shape, scratch_shapes=[pltpu.VMEM((K, BV), f32)],
+        interpret=cfg.interpret, name="gdn_scan_bwd", **_params(cfg),
+    )(*(_to_bhtx(x) for x in (q, k, w, qk, G[..., None], do)), dSN)
+    return _to_bhtx(dv), jnp.swapaxes(dh, 1, 2), dS0
+
+
+def state_grads(cfg, q, k, G, h, dh, v, dv, do):
+    """Per chunk, in parallel: dq, dk (fp32) of the state path, dw, dQK (q's dtype) and dG
+    (fp32 [B, T, H]) from S_n (h) and dS_{n+1} (dh) [B, N, H, K, V], v, dv, do [B, T, H, V]."""
+    from kernels_pallas.gdn.wy_kernels import chunk_call
+    B, T, H, K = q.shape
+    V, C = v.shape[-1], cfg.chunk
+    bv = min(V, 64)
+    dq, dk, dw, dqk, dG = chunk_call(
+        cfg, functools.partial(_state_grads_kernel, block_v=bv),
+        [(q, K), (k, K), (G[..., None], 1), (h, None), (dh, None), (v, V), (dv, V), (do, V)],
+        [(K, f32), (K, f32), (K, q.dtype), (C, q.dtype), (1, f32)], (B, T, H),
+        name="gdn_state_grads")
+    return dq, dk, dw, dqk, dG[..., 0]
