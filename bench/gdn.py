@@ -100,7 +100,7 @@ def check(impl, shape, opts=None):
 
 def default_cfg(shape, **over):
     B, T, H, K, V = shape
-    kw = dict(chunk=64, layout="triton", block_v=gdn_pallas.default_block_v("triton", K, V))
+    kw = dict(chunk=64, layout="triton", block_v=gdn_pallas.default_block_v("triton", B, H, K, V))
     kw.update(over)
     return scan_kernels.ScanConfig(**kw)
 

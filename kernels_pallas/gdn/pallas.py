@@ -56,7 +56,7 @@ def _op(cfg, scale):
         do, dSN = cts
         qs, kc, vc, b, G = prepare(q, k, v, g, beta)
         cd = qs.dtype
-        w, u, qk = wy_forward(cfg, qs, kc, vc, b, G, X)
+        w, u, qk, _ = wy_forward(cfg, qs, kc, vc, b, G, X)
         _, _, h, v_new = scan_forward(cfg, qs, kc, w, u, qk, G, S0, store=True)
         dv_new, dh, dS0 = scan_backward(cfg, qs, kc, w, qk, G, do.astype(cd), dSN.astype(f32))
         dq, dk, dw, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, v_new, dv_new, do.astype(cd))
@@ -93,13 +93,17 @@ def _pow2(n):
     return n > 0 and n & (n - 1) == 0
 
 
-def default_block_v(layout, K, V):
-    """Value columns per program: "tpu" V or 128; "triton" the largest power of two dividing V,
-    at most 64 (K <= 128) or 32 (larger K), so that the fp32 state block fits registers."""
+def default_block_v(layout, B, H, K, V, programs=128):
+    """Value columns per program of the sequential scan. "tpu": V, or 128 when it divides V.
+    "triton": the largest power of two dividing V, at most 64, halved (down to 16) while the
+    grid B x H x V/block has fewer than ``programs`` programs (about one per SM of an H200),
+    since the scan's speed is the latency of its chunk loop times the waves of programs."""
     if layout == "tpu":
         return 128 if V % 128 == 0 else V
-    cap = 64 if K <= 128 else 32
-    return min(cap, V & -V)
+    bv = min(64, V & -V)
+    while bv > 16 and B * H * (V // bv) < programs:
+        bv //= 2
+    return bv
 
 
 def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,
@@ -109,7 +113,7 @@ def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,
     B, T, H, K = q.shape
     V = v.shape[-1]
     layout = _layout(interpret)
-    bv = default_block_v(layout, K, V) if block_v is None else block_v
+    bv = default_block_v(layout, B, H, K, V) if block_v is None else block_v
     if V % bv:
         raise ValueError(f"gated_delta_rule(impl='pallas'): block_v={bv} does not divide V={V}")
     if layout == "triton" and interpret is not True:

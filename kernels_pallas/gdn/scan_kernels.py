@@ -48,6 +48,7 @@ class ScanConfig:
     num_warps: int = 4
     num_stages: int = 2
     chunk_warps: int = 4        # the one-chunk-per-program kernels (WY fwd / bwd, state grads)
+    chunk_block: int = 64       # their column block over K and V
 
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
@@ -166,40 +167,45 @@ def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
 # ---------------------------------------------------------------- state-path gradients
 
 def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_ref,
-                        dq_ref, dk_ref, dw_ref, dqk_ref, dg_ref, *, block_v):
+                        dq_ref, dk_ref, dw_ref, dqk_ref, dg_ref, *, blk):
     """One chunk: the gradients that flow through the state, from S_n (h), dS_{n+1} (dh), the
-    corrected values v and their cotangents dv. Loops over value blocks of ``block_v``."""
+    corrected values v and their cotangents dv. K and V in blocks of ``blk``: three [C, blk]
+    fp32 accumulators live at a time."""
     C, K = k_ref.shape
     V = h_ref.shape[-1]
     cd = k_ref.dtype
-    dqd = jnp.zeros((C, K), f32)
-    dw = jnp.zeros((C, K), f32)
-    dkd = jnp.zeros((C, K), f32)
-    dqk = jnp.zeros((C, C), f32)
-    hdh = jnp.zeros((1, 1), f32)
-    for j in range(V // block_v):
-        c = pl.ds(j * block_v, block_v)
-        h, dh = h_ref[:, c], dh_ref[:, c]
-        do, v = do_ref[:, c], v_ref[:, c].astype(cd)
-        hc = h.astype(cd)
-        dqd += _dot_nt(do, hc)
-        dw -= _dot_nt(dv_ref[:, c].astype(cd), hc)
-        dkd += _dot_nt(v, dh.astype(cd))
-        dqk += _dot_nt(do, v)
-        hdh += jnp.sum(jnp.sum(h * dh, axis=1, keepdims=True), axis=0, keepdims=True)
     G = g_ref[...]
-    _, _, a_last = _decayed(q_ref[...], k_ref[...], G)
     rows = jax.lax.broadcasted_iota(jnp.int32, G.shape, 0)
     g_last = jnp.sum(jnp.where(rows == C - 1, G, 0.0), axis=0, keepdims=True)
-    dq = dqd * jnp.exp(G)
-    dk = dkd * jnp.exp(g_last - G)
-    from_k = jnp.sum(dk * k_ref[...].astype(f32), axis=1, keepdims=True)
-    d_last = jnp.sum(from_k, axis=0, keepdims=True) + a_last * hdh
-    dg_ref[...] = (jnp.sum(dq * q_ref[...].astype(f32), axis=1, keepdims=True) - from_k
-                   + jnp.where(rows == C - 1, d_last, 0.0))
-    dq_ref[...] = dq
-    dk_ref[...] = dk
-    dw_ref[...] = dw.astype(dw_ref.dtype)
+    kblocks = [pl.ds(i * min(blk, K), min(blk, K)) for i in range(K // min(blk, K))]
+    vblocks = [pl.ds(j * min(blk, V), min(blk, V)) for j in range(V // min(blk, V))]
+    dqk = jnp.zeros((C, C), f32)
+    hdh = jnp.zeros((1, 1), f32)
+    from_q = jnp.zeros((C, 1), f32)
+    from_k = jnp.zeros((C, 1), f32)
+    for i, ck in enumerate(kblocks):
+        dqd = jnp.zeros((C, ck.size), f32)
+        dw = jnp.zeros((C, ck.size), f32)
+        dkd = jnp.zeros((C, ck.size), f32)
+        for cv in vblocks:
+            h, dh = h_ref[ck, cv], dh_ref[ck, cv]
+            do, v = do_ref[:, cv], v_ref[:, cv].astype(cd)
+            hc = h.astype(cd)
+            dqd += _dot_nt(do, hc)
+            dw -= _dot_nt(dv_ref[:, cv].astype(cd), hc)
+            dkd += _dot_nt(v, dh.astype(cd))
+            hdh += jnp.sum(jnp.sum(h * dh, axis=1, keepdims=True), axis=0, keepdims=True)
+            if i == 0:
+                dqk += _dot_nt(do, v)
+        dq = dqd * jnp.exp(G)
+        dk = dkd * jnp.exp(g_last - G)
+        from_q += jnp.sum(dq * q_ref[:, ck].astype(f32), axis=1, keepdims=True)
+        from_k += jnp.sum(dk * k_ref[:, ck].astype(f32), axis=1, keepdims=True)
+        dq_ref[:, ck] = dq
+        dk_ref[:, ck] = dk
+        dw_ref[:, ck] = dw.astype(dw_ref.dtype)
+    d_last = jnp.sum(from_k, axis=0, keepdims=True) + jnp.exp(g_last) * hdh
+    dg_ref[...] = from_q - from_k + jnp.where(rows == C - 1, d_last, 0.0)
     dqk_ref[...] = dqk.astype(dqk_ref.dtype)
 
 
@@ -337,9 +343,8 @@ def state_grads(cfg, q, k, G, h, dh, v, dv, do):
     from kernels_pallas.gdn.wy_kernels import chunk_call
     B, T, H, K = q.shape
     V, C = v.shape[-1], cfg.chunk
-    bv = min(V, 64)
     dq, dk, dw, dqk, dG = chunk_call(
-        cfg, functools.partial(_state_grads_kernel, block_v=bv),
+        cfg, functools.partial(_state_grads_kernel, blk=cfg.chunk_block),
         [(q, K), (k, K), (G[..., None], 1), (h, None), (dh, None), (v, V), (dv, V), (do, V)],
         [(K, f32), (K, f32), (K, q.dtype), (C, q.dtype), (1, f32)], (B, T, H),
         name="gdn_state_grads")

@@ -65,81 +65,98 @@ def _invert_diag_block(A):
     return X
 
 
-def _wy_fwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, *refs, sub, given_inverse):
-    if given_inverse:
-        x_in_ref, w_ref, u_ref, qk_ref = refs
-    else:
-        w_ref, u_ref, qk_ref, x_ref = refs
+def _blocks(n, size):
+    """Static column slices of ``size`` covering n (size divides n)."""
+    size = min(size, n)
+    return [pl.ds(j * size, size) for j in range(n // size)]
+
+
+def _inverse_kernel(k_ref, b_ref, g_ref, x_ref, *, sub):
+    """X = (I + A)^-1 of one chunk, in sub x sub blocks (upper blocks written as zeros)."""
     C = k_ref.shape[0]
     m = C // sub
-    cd = k_ref.dtype
-    G = g_ref[...]
-    qk_ref[...] = (_dot_nt(q_ref[...], k_ref[...]) * _decay(G, G, "causal")).astype(qk_ref.dtype)
-
     rs = [pl.ds(i * sub, sub) for i in range(m)]
-    Gs = [g_ref[r, :] for r in rs]
-    bs = [b_ref[r, :].astype(f32) for r in rs]
-    ks = [k_ref[r, :] for r in rs]
-    if given_inverse:
-        X = {(i, j): x_in_ref[rs[i], rs[j]] for i in range(m) for j in range(i + 1)}
-    else:
-        A = {(i, j): bs[i] * _dot_nt(ks[i], ks[j]) * _decay(Gs[i], Gs[j], "strict" if i == j else None)
-             for i in range(m) for j in range(i + 1)}
-        X = {(i, i): _invert_diag_block(A[i, i]) for i in range(m)}
-        for i in range(1, m):
-            for j in range(i):
-                acc = _dot(A[i, j], X[j, j])
-                for l in range(j + 1, i):
-                    acc = acc + _dot(A[i, l], X[l, j])
-                X[i, j] = -_dot(X[i, i], acc)
-        for i in range(m):
-            for j in range(m):
-                x_ref[rs[i], rs[j]] = X[i, j] if j <= i else jnp.zeros((sub, sub), f32)
-    kb = [(bs[j] * jnp.exp(Gs[j]) * ks[j].astype(f32)).astype(cd) for j in range(m)]
-    vb = [(bs[j] * v_ref[rs[j], :].astype(f32)).astype(cd) for j in range(m)]
+    A = {}
     for i in range(m):
-        w = sum(_dot(X[i, j].astype(cd), kb[j]) for j in range(i + 1))
-        u = sum(_dot(X[i, j].astype(cd), vb[j]) for j in range(i + 1))
-        w_ref[rs[i], :] = w.astype(w_ref.dtype)
-        u_ref[rs[i], :] = u.astype(u_ref.dtype)
+        Gi, bi, ki = g_ref[rs[i], :], b_ref[rs[i], :].astype(f32), k_ref[rs[i], :]
+        for j in range(i + 1):
+            A[i, j] = (bi * _dot_nt(ki, k_ref[rs[j], :])
+                       * _decay(Gi, g_ref[rs[j], :], "strict" if i == j else None))
+    X = {(i, i): _invert_diag_block(A[i, i]) for i in range(m)}
+    for i in range(1, m):
+        for j in range(i):
+            acc = _dot(A[i, j], X[j, j])
+            for l in range(j + 1, i):
+                acc = acc + _dot(A[i, l], X[l, j])
+            X[i, j] = -_dot(X[i, i], acc)
+    for i in range(m):
+        for j in range(m):
+            x_ref[rs[i], rs[j]] = X[i, j] if j <= i else jnp.zeros((sub, sub), f32)
+
+
+def _apply_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, w_ref, u_ref, qk_ref, *, blk):
+    """w = X (beta e^G k), u = X (beta v), QK = (q k^T) o Dc for one chunk, given X; the K
+    and V columns in blocks of ``blk`` so that few wide fp32 tiles are live at once."""
+    C, K = k_ref.shape
+    V = v_ref.shape[-1]
+    cd = k_ref.dtype
+    G, beta = g_ref[...], b_ref[...].astype(f32)
+    Xc = x_ref[...].astype(cd)
+    scale_k = beta * jnp.exp(G)
+    qk = jnp.zeros((C, C), f32)
+    for c in _blocks(K, blk):
+        k = k_ref[:, c]
+        qk += _dot_nt(q_ref[:, c], k)
+        w_ref[:, c] = _dot(Xc, (scale_k * k.astype(f32)).astype(cd)).astype(w_ref.dtype)
+    qk_ref[...] = (qk * _decay(G, G, "causal")).astype(qk_ref.dtype)
+    for c in _blocks(V, blk):
+        u_ref[:, c] = _dot(Xc, (beta * v_ref[:, c].astype(f32)).astype(cd)).astype(u_ref.dtype)
 
 
 def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk_ref,
-                   dq_in_ref, dk_in_ref, dg_in_ref, dq_ref, dk_ref, dv_ref, db_ref, dg_ref):
+                   dq_in_ref, dk_in_ref, dg_in_ref, dq_ref, dk_ref, dv_ref, db_ref, dg_ref,
+                   *, blk):
+    C, K = k_ref.shape
+    V = v_ref.shape[-1]
     cd = k_ref.dtype
     G, beta = g_ref[...], b_ref[...].astype(f32)
-    k = k_ref[...]
-    # QK = (q k^T) o Dc
-    F = dqk_ref[...].astype(f32) * _decay(G, G, "causal")
-    q = q_ref[...]
-    P = F * _dot_nt(q, k)                                      # dQK o QK
-    Fc = F.astype(cd)
-    dq_ref[...] = dq_in_ref[...] + _dot(Fc, k)
-    dk = dk_in_ref[...] + _dot(Fc, q, trans_a=True)
-    dG = dg_in_ref[...] + jnp.sum(P, axis=1, keepdims=True) - jnp.sum(P.T, axis=1, keepdims=True)
-    # w = X kb, u = X vb
+    eG = jnp.exp(G)
+    # [C, C] products over all columns: k k^T, q k^T, dX = dw kb^T + du vb^T.
+    kk = jnp.zeros((C, C), f32)
+    qk = jnp.zeros((C, C), f32)
+    dX = jnp.zeros((C, C), f32)
+    for c in _blocks(K, blk):
+        k = k_ref[:, c]
+        kk += _dot_nt(k, k)
+        qk += _dot_nt(q_ref[:, c], k)
+        dX += _dot_nt(dw_ref[:, c], (beta * eG * k.astype(f32)).astype(cd))
+    for c in _blocks(V, blk):
+        dX += _dot_nt(du_ref[:, c], (beta * v_ref[:, c].astype(f32)).astype(cd))
     X = x_ref[...]
     Xc = X.astype(cd)
-    dw, du = dw_ref[...], du_ref[...]
-    eG = jnp.exp(G)
-    kf, vf = k.astype(f32), v_ref[...].astype(f32)
-    kb = (beta * eG * kf).astype(cd)
-    dX = _dot_nt(dw, kb) + _dot_nt(du, (beta * vf).astype(cd))
-    dkb = _dot(Xc, dw, trans_a=True)
-    dvb = _dot(Xc, du, trans_a=True)
-    dv_ref[...] = beta * dvb
-    db = jnp.sum(dkb * eG * kf, axis=1, keepdims=True) + jnp.sum(dvb * vf, axis=1, keepdims=True)
-    dk += beta * eG * dkb
-    dG += jnp.sum(dkb * kb.astype(f32), axis=1, keepdims=True)
-    # A = diag(beta) (k k^T o D), X = (I + A)^-1
+    F = dqk_ref[...].astype(f32) * _decay(G, G, "causal")     # through QK = (q k^T) o Dc
     dA = -_dot_nt(_dot(X, dX, trans_a=True), X)               # -(X^T dX) X^T
-    kk = _dot_nt(k, k)
     E = dA * _decay(G, G, "strict")                            # zero on and above the diagonal
-    bE = (beta * E).astype(cd)
-    M = beta * E * kk                                          # dA o A
-    dk_ref[...] = dk + _dot(bE, k) + _dot(bE, k, trans_a=True)
-    db_ref[...] = db + jnp.sum(E * kk, axis=1, keepdims=True)
-    dg_ref[...] = dG + jnp.sum(M, axis=1, keepdims=True) - jnp.sum(M.T, axis=1, keepdims=True)
+    PM = F * qk + beta * E * kk                                # dQK o QK + dA o A
+    dG = (dg_in_ref[...] + jnp.sum(PM, axis=1, keepdims=True)
+          - jnp.sum(PM.T, axis=1, keepdims=True))
+    db = jnp.sum(E * kk, axis=1, keepdims=True)
+    Fc, bE = F.astype(cd), (beta * E).astype(cd)
+    for c in _blocks(K, blk):
+        k, q, dw = k_ref[:, c], q_ref[:, c], dw_ref[:, c]
+        kf = k.astype(f32)
+        dq_ref[:, c] = dq_in_ref[:, c] + _dot(Fc, k)
+        dkb = _dot(Xc, dw, trans_a=True)
+        dk_ref[:, c] = (dk_in_ref[:, c] + _dot(Fc, q, trans_a=True) + beta * eG * dkb
+                        + _dot(bE, k) + _dot(bE, k, trans_a=True))
+        db += jnp.sum(dkb * eG * kf, axis=1, keepdims=True)
+        dG += jnp.sum(dkb * beta * eG * kf, axis=1, keepdims=True)
+    for c in _blocks(V, blk):
+        dvb = _dot(Xc, du_ref[:, c], trans_a=True)
+        dv_ref[:, c] = beta * dvb
+        db += jnp.sum(dvb * v_ref[:, c].astype(f32), axis=1, keepdims=True)
+    db_ref[...] = db
+    dg_ref[...] = dG
 
 
 # ---------------------------------------------------------------- launchers
@@ -182,20 +199,20 @@ def chunk_call(cfg, kernel, ins, outs, btH, *, name):
 
 
 def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16):
-    """w [B,T,H,K], u [B,T,H,V], QK [B,T,H,C] (k's dtype) and, unless X is given, X
-    [B,T,H,C] fp32. q is the scaled query, beta and G [B, T, H]."""
+    """w [B,T,H,K], u [B,T,H,V], QK [B,T,H,C] (k's dtype) and X [B,T,H,C] fp32 (computed
+    unless given). q is the scaled query, beta and G [B, T, H]."""
     B, T, H, K = k.shape
     V, C = v.shape[-1], cfg.chunk
     cd = k.dtype
-    ins = [(q, K), (k, K), (v, V), (beta[..., None], 1), (G[..., None], 1)]
-    outs = [(K, cd), (V, cd), (C, cd)]
+    b1, G1 = beta[..., None], G[..., None]
     if X is None:
-        outs.append((C, f32))
-    else:
-        ins.append((X, C))
-    return chunk_call(cfg, functools.partial(_wy_fwd_kernel, sub=min(sub, C),
-                                             given_inverse=X is not None),
-                      ins, outs, (B, T, H), name="gdn_wy_fwd")
+        (X,) = chunk_call(cfg, functools.partial(_inverse_kernel, sub=min(sub, C)),
+                          [(k, K), (b1, 1), (G1, 1)], [(C, f32)], (B, T, H),
+                          name="gdn_wy_inverse")
+    w, u, qk = chunk_call(cfg, functools.partial(_apply_kernel, blk=cfg.chunk_block),
+                          [(q, K), (k, K), (v, V), (b1, 1), (G1, 1), (X, C)],
+                          [(K, cd), (V, cd), (C, cd)], (B, T, H), name="gdn_wy_apply")
+    return w, u, qk, X
 
 
 def wy_backward(cfg, q, k, v, beta, G, X, dw, du, dqk, dq, dk, dG):
@@ -204,7 +221,7 @@ def wy_backward(cfg, q, k, v, beta, G, X, dw, du, dqk, dq, dk, dG):
     B, T, H, K = k.shape
     V, C = v.shape[-1], cfg.chunk
     dq, dk, dv, db, dG = chunk_call(
-        cfg, _wy_bwd_kernel,
+        cfg, functools.partial(_wy_bwd_kernel, blk=cfg.chunk_block),
         [(q, K), (k, K), (v, V), (beta[..., None], 1), (G[..., None], 1), (X, C), (dw, K),
          (du, V), (dqk, C), (dq, K), (dk, K), (dG[..., None], 1)],
         [(K, f32), (K, f32), (V, f32), (1, f32), (1, f32)], (B, T, H), name="gdn_wy_bwd")
