@@ -10,10 +10,11 @@ usable as ``--config.model.counts=<path>`` of an ``hwh`` config), RFIS/RPD heatm
 ``retrieval_by_depth.png``; and for all models together ``gpband.png``.
 """
 import json
-import logging
 from pathlib import Path
 
 from absl import app, flags
+
+from launch import setup_logging
 
 flags.DEFINE_list("checkpoint", [], "launch.train workdir(s)")
 flags.DEFINE_list("hf_checkpoint", [], "Hugging Face folder(s) (config.json + safetensors)")
@@ -58,8 +59,9 @@ def _samples(tok, run, seq_len, n, rng, cfg):
         if run is None:
             raise ValueError("--data=heldout needs a project run; give a text file for HF models")
         from hwh_jax.data.pipeline import build_splits
-        from hwh_jax.training.trainer import _specs
-        stream = np.asarray(build_splits(_specs(run.config)[0], run.config.seq_len).heldout.stream)
+        from hwh_jax.training.trainer import run_specs
+        data_spec = run_specs(run.config)[0]
+        stream = np.asarray(build_splits(data_spec, run.config.seq_len).heldout.stream)
     else:
         from hwh_jax.data.paths import data_dir
         p = Path(FLAGS.data)
@@ -76,8 +78,7 @@ def _samples(tok, run, seq_len, n, rng, cfg):
 def main(argv):
     del argv
     import numpy as np
-    logging.getLogger().setLevel(logging.INFO)
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    setup_logging()
     from hwh_jax.analysis import plots
     from hwh_jax.analysis.run import analyze_model, qr_scores
     models = [("run", p) for p in FLAGS.checkpoint] + [("hf", p) for p in FLAGS.hf_checkpoint]

@@ -5,10 +5,11 @@ Writes, under ``--out`` (default ``<first checkpoint>/eval``): one folder per ru
 cross-model extrapolation chart and perplexity chart. The logic is ``hwh_jax.eval.suite``.
 """
 import json
-import logging
 from pathlib import Path
 
 from absl import app, flags
+
+from launch import setup_logging
 
 flags.DEFINE_list("checkpoint", None, "launch.train workdir(s), comma-separated")
 flags.DEFINE_list("suite", ["niah", "ppl"], "any of niah, mqar, ppl, commonsense")
@@ -30,8 +31,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    logging.getLogger().setLevel(logging.INFO)
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    setup_logging()
     from hwh_jax.eval import suite
     from hwh_jax.eval.commonsense import TASKS
     from hwh_jax.training.restore import load_run

@@ -4,9 +4,10 @@ r"""Generate text from a trained run: ``python -m launch.generate --checkpoint=r
 Several ``--prompt`` flags make one batch (left-padded, decoded together). Prints the
 continuations, prefill and decode timings, and the decode cache's memory at this length.
 """
-import logging
 
 from absl import app, flags
+
+from launch import setup_logging
 
 flags.DEFINE_string("checkpoint", None, "launch.train workdir")
 flags.DEFINE_multi_string("prompt", ["It was"], "prompt text (repeat for a batch)")
@@ -21,8 +22,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    logging.getLogger().setLevel(logging.INFO)
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    setup_logging()
     from hwh_jax.inference import Generator, cache_bytes
     from hwh_jax.training.restore import load_run
     run = load_run(FLAGS.checkpoint)

@@ -4,10 +4,11 @@ Intentionally short: the logic is ``hwh_jax.training.trainer.train_and_evaluate`
 field can be overridden, e.g. ``--config.train.steps=100 --config.train.mesh=1,2,4``. On a
 multi-host TPU slice or GPU cluster every process runs this same command.
 """
-import logging
 import os
 
 from absl import app, flags
+
+from launch import setup_logging
 from ml_collections import config_flags
 
 config_flags.DEFINE_config_file("config", None, "run config file", lock_config=True)
@@ -22,8 +23,7 @@ def main(argv):
     if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("TPU_WORKER_HOSTNAMES") \
             or int(os.environ.get("SLURM_NTASKS", "1")) > 1:
         jax.distributed.initialize()
-    logging.getLogger().setLevel(logging.INFO)
-    logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax's per-save INFO chatter
+    setup_logging()
     from hwh_jax.training.trainer import train_and_evaluate
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
 

@@ -1,11 +1,19 @@
 """Test-session setup: 8 fake CPU devices for mesh tests, absl flags marked parsed for grain."""
+import atexit
 import os
+import shutil
+import tempfile
 
 # Tests compile many small programs: skipping LLVM's heavy optimisations halves compile time
 # (results are bitwise the same here; only run speed drops, which tests do not measure).
 XLA_TEST_FLAGS = "--xla_backend_optimization_level=0"
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {XLA_TEST_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache per test session, inherited by the launcher subprocesses:
+# the trainer, eval and analysis programs that several tests compile are compiled once.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="hwh_jax_xla_cache_")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 from absl import flags  # noqa: E402
 

@@ -21,9 +21,10 @@ MODES = {"generic": True, "tpu": pltpu.InterpretParams()}
 if jax.default_backend() in ("gpu", "tpu"):
     MODES["compiled"] = False
 
-# (B, T, H, K, V, chunk): T not a multiple of the chunk, K != V both ways, one K=256/V=512;
-# chunks of 1, 2 and 4 inverted 16-blocks.
-SHAPES = [(2, 75, 2, 16, 32, 16), (1, 100, 3, 32, 16, 32), (1, 130, 1, 16, 32, 64),
+# (B, T, H, K, V, chunk): T not a multiple of the chunk, K != V both ways, one K=256/V=512
+# (several 64-column blocks), K=80 (16-column blocks); the chunk's inverse from 1 block of 16,
+# 3 blocks of 8 (chunk 24) and 4 blocks of 16 (chunk 64).
+SHAPES = [(2, 75, 2, 16, 32, 16), (1, 100, 3, 80, 16, 24), (1, 130, 1, 16, 32, 64),
           (1, 40, 1, 256, 512, 16)]
 IDS = [f"B{b}-T{t}-H{h}-K{k}-V{v}-C{c}" for b, t, h, k, v, c in SHAPES]
 # fp32 both sides; the chunked form reorders sums, dk/dg/dbeta go through the inverse.

@@ -69,7 +69,7 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
               "--max_new_tokens=5")
     assert "--- 'To be'" in out and "cache" in out and "MiB" in out
 
-    out = run("launch.analyze", f"--checkpoint={work}", "--seq_len=512", "--num_samples=1",
+    out = run("launch.analyze", f"--checkpoint={work}", "--seq_len=256", "--num_samples=1",
               "--num_queries=4", "--qr_samples=1", f"--out={tmp_path / 'an'}")
     res = json.loads((tmp_path / "an" / "0_hwh_run" / "analysis.json").read_text())
     heads = [h for layer in res["layers"] for h in layer["taxonomy"]]

@@ -62,8 +62,8 @@ def _heldout_stream(run, spec: EvalSpec) -> np.ndarray:
         text = Path(spec.ppl_text).read_text(encoding="utf-8", errors="replace")
         return np.asarray(run.tokenizer.encode(text), np.int32)
     from hwh_jax.data.pipeline import build_splits
-    from hwh_jax.training.trainer import _specs
-    data_spec, _ = _specs(run.config)
+    from hwh_jax.training.trainer import run_specs
+    data_spec, _ = run_specs(run.config)
     splits = build_splits(data_spec, run.config.seq_len)
     if splits.heldout is None:
         raise ValueError("the run has no held-out split; pass ppl_text")

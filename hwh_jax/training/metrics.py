@@ -65,9 +65,8 @@ def read_metrics(path: Path) -> list[dict]:
 def plot_loss(metrics_path: Path, out_png: Path, *, title: str = "",
               reference: dict[str, float] | None = None) -> Path:
     """Train and held-out loss against step; horizontal lines for reference levels."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from hwh_jax.plotting import finish_line_chart, pyplot
+    plt = pyplot()
     rows = read_metrics(metrics_path)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for split, style in (("train", "-"), ("heldout", "o-")):
@@ -78,12 +77,7 @@ def plot_loss(metrics_path: Path, out_png: Path, *, title: str = "",
         if value is not None and math.isfinite(value):
             ax.axhline(value, ls="--", lw=1, color="gray")
             ax.text(ax.get_xlim()[0], value, f" {name} {value:.2f}", va="bottom", fontsize=8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats / token)")
     ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
+    finish_line_chart(fig, ax, out_png, xlabel="step", ylabel="loss (nats / token)",
+                      legend_size=10)
     return out_png

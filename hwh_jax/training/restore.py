@@ -21,7 +21,7 @@ from hwh_jax.models.config import ModelConfig
 from hwh_jax.models.lm import HybridLM
 from hwh_jax.training.checkpoint import abstract_with_shardings
 from hwh_jax.training.optimizer import make_optimizer
-from hwh_jax.training.trainer import _specs, init_train_state, model_from_config
+from hwh_jax.training.trainer import init_train_state, model_from_config, run_specs
 
 
 @dataclasses.dataclass
@@ -53,7 +53,7 @@ def load_run(workdir: str | Path, step: int | None = None) -> LoadedRun:
         raise ValueError(f"step {step} not in {directory} (have {steps})")
     meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     config = ml_collections.ConfigDict(meta["config"])
-    data_spec, opt_spec = _specs(config)
+    data_spec, opt_spec = run_specs(config)
     tokenizer = load_tokenizer(data_spec)
     cfg = model_from_config(config, tokenizer.vocab_size)
     tx, _ = make_optimizer(opt_spec)

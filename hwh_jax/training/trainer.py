@@ -71,7 +71,8 @@ class _Stop:
 
 
 # ---------------------------------------------------------------- specs (no compile yet)
-def _specs(config):
+def run_specs(config):
+    """(DataSpec, OptimizerSpec) of a run config, every field checked (errors name the value)."""
     c = config.train
     data = DataSpec(**{k: (tuple(v) if isinstance(v, (list, tuple)) else v)
                        for k, v in config.data.to_dict().items()})
@@ -148,7 +149,7 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     c = config.train
-    data_spec, opt_spec = _specs(config)
+    data_spec, opt_spec = run_specs(config)
 
     # --- mesh
     mesh = shd.make_mesh(tuple(c.mesh))

@@ -3,8 +3,9 @@
 Implementations:
   recurrent        ``naive.py``: lax.scan over tokens, the specification.
   chunk_reference  ``chunk_reference.py``: chunked WY/UT form in pure jnp, lax.scan over chunks.
-  pallas           ``pallas.py``: chunk-parallel part in XLA, the sequential pass over chunks as
-                   Pallas kernels (``scan_kernels.py``: Triton on GPU, Mosaic on TPU), fwd + bwd.
+  pallas           ``pallas.py``: the chunked form as Pallas kernels, forward and backward
+                   (``wy_kernels.py`` per chunk, ``scan_kernels.py`` across chunks): Triton on
+                   GPU, Mosaic on TPU, ``interpret=`` on CPU.
 ``impl="auto"`` picks per backend (``AUTO_IMPL``); ``kernels_pallas.dispatch.chosen()`` tells.
 """
 from __future__ import annotations

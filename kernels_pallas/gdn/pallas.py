@@ -1,15 +1,17 @@
 """Chunked Gated DeltaNet as Pallas kernels: ``gated_delta_rule(impl="pallas")``.
 
-Four kernels under one ``jax.custom_vjp`` (notation of ``chunk_reference.py``):
-  ``wy_kernels.wy_forward``    chunk-parallel: A, X = (I + A)^-1, w, u, QK per chunk; saves X.
-  ``scan_kernels.scan_forward`` sequential over chunks: v, o and the state, per value block.
-  ``scan_kernels.scan_backward`` sequential, backwards: dv and dS per chunk, dS_0.
-  ``wy_kernels.wy_backward``   chunk-parallel: dq, dk, dv, dbeta, dG through the WY form.
-The backward keeps only the inputs, the inverses X and the initial state; it recomputes w, u,
-QK (from X) and the chunk states (forward kernel with ``store=True``), as fla does. Between the
-backward scan and the WY backward, dq, dk, dw, dQK and dG of the state path come from the chunk
-states (``scan_kernels.state_grads``, one program per chunk). Padding of T to the chunk, the chunk-local cumulative sum of g and its transpose are
-XLA too. Memory is O(T); the [B, N, H, K, V] chunk states exist only inside the backward pass.
+Six kernels under one ``jax.custom_vjp`` (notation of ``chunk_reference.py``):
+  forward   ``wy_kernels.wy_forward``        per chunk: X = (I + A)^-1 (saved), then w, u, QK.
+            ``scan_kernels.scan_forward``    sequential over chunks: v, o and the state.
+  backward  ``wy_forward`` given X           per chunk: w, u, QK again.
+            ``scan_forward(store=True)``     the chunk states S_n and v again.
+            ``scan_kernels.scan_backward``   sequential, backwards: dv and dS_{n+1} per chunk, dS_0.
+            ``scan_kernels.state_grads``     per chunk: dq, dk, dw, dQK, dG through the state.
+            ``wy_kernels.wy_backward``       per chunk: adds dq, dk, dG through the WY form; dv,
+                                             dbeta.
+Saved between the passes: the inputs, X and the initial state (as fla: recompute w, u and the
+chunk states). Padding T to the chunk, the chunk-local cumulative sum of g and its transpose are
+XLA. Memory is O(T); the [B, N, H, K, V] chunk states exist only inside the backward pass.
 """
 from __future__ import annotations
 

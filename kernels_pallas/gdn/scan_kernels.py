@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -177,8 +178,7 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
     G = g_ref[...]
     rows = jax.lax.broadcasted_iota(jnp.int32, G.shape, 0)
     g_last = jnp.sum(jnp.where(rows == C - 1, G, 0.0), axis=0, keepdims=True)
-    kblocks = [pl.ds(i * min(blk, K), min(blk, K)) for i in range(K // min(blk, K))]
-    vblocks = [pl.ds(j * min(blk, V), min(blk, V)) for j in range(V // min(blk, V))]
+    kblocks, vblocks = _blocks(K, blk), _blocks(V, blk)
     dqk = jnp.zeros((C, C), f32)
     hdh = jnp.zeros((1, 1), f32)
     from_q = jnp.zeros((C, 1), f32)
@@ -207,6 +207,12 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
     d_last = jnp.sum(from_k, axis=0, keepdims=True) + jnp.exp(g_last) * hdh
     dg_ref[...] = from_q - from_k + jnp.where(rows == C - 1, d_last, 0.0)
     dqk_ref[...] = dqk.astype(dqk_ref.dtype)
+
+
+def _blocks(n, size):
+    """Static slices covering n columns in equal blocks of at most ``size``."""
+    size = math.gcd(n, size)
+    return [pl.ds(j * size, size) for j in range(n // size)]
 
 
 def _dot_nt(a, b):

@@ -9,10 +9,11 @@ where per token), the forward kernel forms
     w   = X diag(beta e^G) k,   u = X diag(beta) v
     QK  = (q k^T) o Dc                     Dc_ij = e^{G_i - G_j} for j <= i, else 0
 
-X is built from sub x sub diagonal blocks inverted row by row (row r = e_r - A_r X) and exact
-block forward substitution below the diagonal (X_ij = -X_ii sum_{j<=l<i} A_il X_lj): every
-entry is an elimination, no power series, so no cancellation whatever the keys. The kernel
-saves X (fp32) for the backward pass; given X it recomputes w, u and QK only.
+X is built by ``_inverse_kernel`` from 16 x 16 diagonal blocks inverted row by row
+(row r = e_r - A_r X) and exact block forward substitution below the diagonal
+(X_ij = -X_ii sum_{j<=l<i} A_il X_lj): every entry is an elimination, no power series, so no
+cancellation whatever the keys. X (fp32) is saved for the backward pass; ``_apply_kernel`` forms
+w, u and QK from it (in the forward, and again in the backward).
 
 The backward kernel takes the cotangents dw, du, dQK and returns dq, dk, dv, dbeta and dG
 (the gradient with respect to the cumulative gates; the caller turns it into dg):
@@ -24,17 +25,19 @@ The backward kernel takes the cotangents dw, du, dQK and returns dq, dk, dv, dbe
     dbeta = rowsum(dkb o e^G k) + rowsum(dvb o v) + rowsum(E o k k^T)
     dG  = rowsum(dkb o kb) + rowsum(M) - colsum(M) + rowsum(P) - colsum(P),
           M = dA o A,   P = dQK o QK
-Masks are applied to the exponent (before ``exp``), so no masked entry can overflow.
+Masks are applied to the exponent (before ``exp``), so no masked entry can overflow. Wide
+operands are walked in 64-column blocks so that few [C, 64] fp32 tiles are live at once.
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels_pallas.gdn.scan_kernels import _dot, _dot_nt, _params
+from kernels_pallas.gdn.scan_kernels import _blocks, _dot, _dot_nt, _params
 
 f32 = jnp.float32
 _NEG = -1e30
@@ -63,12 +66,6 @@ def _invert_diag_block(A):
         new = jnp.sum(a_col * X, axis=0, keepdims=True)                         # A[r, :] X
         X = X - jnp.where(rows == r, new, 0.0)
     return X
-
-
-def _blocks(n, size):
-    """Static column slices of ``size`` covering n (size divides n)."""
-    size = min(size, n)
-    return [pl.ds(j * size, size) for j in range(n // size)]
 
 
 def _inverse_kernel(k_ref, b_ref, g_ref, x_ref, *, sub):
@@ -206,7 +203,7 @@ def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16):
     cd = k.dtype
     b1, G1 = beta[..., None], G[..., None]
     if X is None:
-        (X,) = chunk_call(cfg, functools.partial(_inverse_kernel, sub=min(sub, C)),
+        (X,) = chunk_call(cfg, functools.partial(_inverse_kernel, sub=math.gcd(sub, C)),
                           [(k, K), (b1, 1), (G1, 1)], [(C, f32)], (B, T, H),
                           name="gdn_wy_inverse")
     w, u, qk = chunk_call(cfg, functools.partial(_apply_kernel, blk=cfg.chunk_block),
