@@ -9,9 +9,11 @@ fwd+bwd) and TB/s (q, k, v, o, g, beta read or written once, bf16), against ceil
 the same run (a bf16 8192^3 matmul; a device-to-device copy counting read + write). With
 --check, the relative error of bf16 outputs and of every gradient (q, k, v, g, beta) against an
 fp32 run of ``chunk_reference`` at full matmul precision (itself tested against the recurrent
-form). With --breakdown, the Pallas path's parts timed alone: the chunk-parallel preparation
-(forward, forward+backward), the forward scan kernel, and the backward kernel with its recompute.
---tune times each Pallas kernel over its launch settings and uses the best for the rows. fla is timed by bench/fla_gdn_anchor.py in the same command (see
+form). With --breakdown, each kernel of the Pallas path timed alone (WY inverse + apply, apply
+given the inverse, scan forward with and without the chunk-state store, scan backward,
+state-path gradients, WY backward).
+--tune times each Pallas kernel over its launch settings and uses the best for the rows.
+fla is timed by bench/fla_gdn_anchor.py in the same command (see
 docs/benchmarks.md). Results go to stdout as a table and to --out as JSON lines.
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 from kernels_pallas.gdn import gated_delta_rule, gated_delta_rule_pallas
 from kernels_pallas.gdn import pallas as gdn_pallas
 from kernels_pallas.gdn import scan_kernels, wy_kernels
+from kernels_pallas.gdn._common import KernelConfig
 from kernels_pallas.gdn.chunk_reference import chunk_local_cumsum
 
 
@@ -102,7 +105,7 @@ def default_cfg(shape, **over):
     B, T, H, K, V = shape
     kw = dict(chunk=64, layout="triton", block_v=gdn_pallas.default_block_v("triton", B, H, K, V))
     kw.update(over)
-    return scan_kernels.ScanConfig(**kw)
+    return KernelConfig(**kw)
 
 
 def breakdown(shape, x, cfg=None, parts=("chunk", "scan"), reps=20):

@@ -29,15 +29,16 @@ def test_describe_overrides_and_table():
 
 
 def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
-    """A tiny run ends with its evaluation; launch.eval then runs every suite on the checkpoint
-    (and a second copy of it, for the cross-model figures); launch.generate decodes a batch."""
+    """A tiny experiment (training + its closing evaluation + experiment.json); launch.eval then
+    runs every suite on the checkpoint; the experiment report tabulates it twice (cross-model
+    figures); launch.generate decodes; launch.analyze analyses."""
     import json
 
     from hwh_jax.data.paths import data_dir
     corpus = tmp_path / "corpus.txt"
     corpus.write_text((data_dir() / "tinyshakespeare" / "input.txt").read_text()[:150_000])
     work = tmp_path / "run"
-    out = run("launch.train", "--config=configs/hwh_tiny.py", f"--workdir={work}",
+    out = run("launch.experiment", "--config=configs/hwh_tiny.py", f"--out={work}",
               "--config.seq_len=64", "--config.model.gdn_chunk_size=16",
               f"--config.data.paths=('{corpus}',)", "--config.data.sp_vocab_size=512",
               "--config.data.heldout_fraction=0.1", "--config.train.steps=4",
@@ -46,14 +47,17 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
               "--config.train.mesh=1,1,1",
               "--config.eval.niah_factors=(8,)", "--config.eval.niah_depths=2",
               "--config.eval.niah_tasks=('niah_single_1','niah_single_3')")
-    assert "NIAH: niah_single_1@512" in out
+    assert "NIAH: niah_single_1@512" in out and "experiment run (hwh" in out
+    exp = json.loads((work / "experiment.json").read_text())
+    assert exp["tokens"] == 4 * 4 * 64 and exp["tokens_per_s"] > 0
+    assert set(exp["niah"]) == {"niah_single_1@512", "niah_single_3@512"}
     summary = json.loads((work / "summary.json").read_text())
     assert set(summary["eval"]["niah_summary"]) == {"niah_single_1@512", "niah_single_3@512"}
     assert (work / "eval" / "niah_niah_single_3.png").exists()
     assert (work / "eval" / "ppl_by_position.png").exists()
 
     ev = tmp_path / "ev"
-    out = run("launch.eval", f"--checkpoint={work},{work}", f"--out={ev}",
+    out = run("launch.eval", f"--checkpoint={work}", f"--out={ev}",
               "--suite=niah,mqar,ppl,commonsense", "--niah_factors=4", "--niah_depths=1",
               "--niah_tasks=niah_single_2", "--ppl_factor=2", "--commonsense_limit=3",
               "--mqar_examples=4", "--batch_size=4")
@@ -68,6 +72,10 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     out = run("launch.generate", f"--checkpoint={work}", "--prompt=To be", "--prompt=The king",
               "--max_new_tokens=5")
     assert "--- 'To be'" in out and "cache" in out and "MiB" in out
+
+    out = run("launch.experiment", f"--report={work},{work}", f"--out={tmp_path / 'rep'}")
+    assert "| run | hwh |" in out and "S-NIAH-3@512" in out and "parameter spread 0.0%" in out
+    assert (tmp_path / "rep" / "niah_extrapolation.png").exists()
 
     out = run("launch.analyze", f"--checkpoint={work}", "--seq_len=256", "--num_samples=1",
               "--num_queries=4", "--qr_samples=1", f"--out={tmp_path / 'an'}")

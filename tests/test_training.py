@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -170,7 +169,6 @@ def test_sigterm_saves_a_checkpoint_that_resumes(corpus, tmp_path):
 def test_bad_input_fails_early_naming_the_value(corpus, tmp_path, change, match):
     config = small_config(corpus, mesh=(-1, 1, 1))
     change(config)
-    t = time.time()
     with pytest.raises((ValueError, FileNotFoundError), match=match):
         train_and_evaluate(config, tmp_path)
     assert not (tmp_path / "checkpoints" / "1").exists()
@@ -222,3 +220,25 @@ def test_every_config_builds_and_its_tiny_form_trains_a_step(arch):
     new_state, m = jax.jit(make_train_step(graphdef, tx, schedule))(state, batch)
     assert np.isfinite(float(m["loss"])) and int(new_state["step"]) == 1
     assert int(new_state["bad_step"]) == -1
+
+
+def test_experiment_configs_match_parameters_and_tokens():
+    """configs/experiment.py: the six architectures of the reproduction at `small` have the same
+    parameter count within 5% (at the vocabulary a 8192-piece tokenizer gives), train on the
+    same number of tokens at L and 2L, and end with NIAH at L, 2L, 4L, MQAR and perplexity."""
+    from configs import experiment
+    from hwh_jax.models.params import count_params
+    from hwh_jax.training.trainer import model_from_config
+    params, tokens = {}, set()
+    for arch in experiment.ARCHS:
+        for L in (512, 1024):
+            config = experiment.get_config(f"{arch},{L}")
+            tokens.add(config.train.steps * config.train.batch_size * config.seq_len)
+            assert tuple(config.eval.niah_factors) == (1, 2, 4)
+            assert set(config.eval.suites) == {"niah", "mqar", "ppl"}
+        params[arch] = count_params(model_from_config(config, 8192))
+    assert len(tokens) == 1, tokens
+    spread = (max(params.values()) - min(params.values())) / min(params.values())
+    assert spread <= 0.05, params
+    with pytest.raises(ValueError, match="swa"):
+        experiment.get_config("swa")

@@ -16,7 +16,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from hwh_jax.data.pipeline import DataSpec, load_tokenizer
+from hwh_jax.data.pipeline import load_tokenizer
 from hwh_jax.models.config import ModelConfig
 from hwh_jax.models.lm import HybridLM
 from hwh_jax.training.checkpoint import abstract_with_shardings

@@ -70,4 +70,5 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
 
 
 __all__ = ["gated_delta_rule", "gated_delta_rule_step", "gated_delta_rule_recurrent",
-           "gated_delta_rule_chunk_reference", "gated_delta_rule_pallas", "resolve_impl", "IMPLS", "AUTO_IMPL"]
+           "gated_delta_rule_chunk_reference", "gated_delta_rule_pallas", "resolve_impl", "IMPLS",
+           "AUTO_IMPL"]

@@ -18,9 +18,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas.gdn._common import KernelConfig
 from kernels_pallas.gdn.chunk_reference import _pad_time, chunk_local_cumsum
-from kernels_pallas.gdn.scan_kernels import ScanConfig, scan_backward, scan_forward, \
-    state_grads
+from kernels_pallas.gdn.scan_kernels import scan_backward, scan_forward, state_grads
 from kernels_pallas.gdn.wy_kernels import wy_backward, wy_forward
 
 f32 = jnp.float32
@@ -123,7 +123,7 @@ def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,
             if not _pow2(n) or n < 16 and name != "block_v":
                 raise ValueError(f"gated_delta_rule(impl='pallas') on GPU needs {name} a power "
                                  f"of two >= 16, got {n}")
-    cfg = ScanConfig(chunk=chunk_size, layout=layout, block_v=bv, interpret=interpret,
+    cfg = KernelConfig(chunk=chunk_size, layout=layout, block_v=bv, interpret=interpret,
                      num_warps=num_warps, num_stages=num_stages, chunk_warps=chunk_warps)
     scale = K ** -0.5 if scale is None else scale
     pad = (-T) % chunk_size

@@ -27,39 +27,16 @@ v and all gradients of the state are fp32.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-f32 = jnp.float32
-
-
-@dataclasses.dataclass(frozen=True)
-class ScanConfig:
-    """How the scan kernels are launched. ``layout``: "triton" | "tpu"; ``interpret``: False,
-    True (generic interpreter) or a ``pltpu.InterpretParams``."""
-    chunk: int
-    layout: str
-    block_v: int
-    interpret: object = False
-    num_warps: int = 4
-    num_stages: int = 2
-    chunk_warps: int = 4        # the one-chunk-per-program kernels (WY fwd / bwd, state grads)
-    chunk_block: int = 64       # their column block over K and V
+from kernels_pallas.gdn._common import chunk_call, col_blocks, compiler_params, dot, dot_nt, f32
 
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
-
-def _dot(a, b, trans_a=False):
-    """a @ b (or a^T @ b) with fp32 accumulation; fp32 operands at full precision."""
-    prec = jax.lax.Precision.HIGHEST if a.dtype == f32 else None
-    dims = (((0,), (0,)), ((), ())) if trans_a else (((1,), (0,)), ((), ()))
-    return jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=f32)
-
 
 def _decayed(q, k, G):
     """qd = q e^G, kd = k e^{G_last - G}, e^{G_last} [1, 1]; G is a [C, 1] column."""
@@ -74,16 +51,16 @@ def _decayed(q, k, G):
 def _fwd_chunk(S, q, k, w, u, qk, G):
     qd, kd, a_last = _decayed(q, k, G)
     Sc = S.astype(q.dtype)
-    v = u.astype(f32) - _dot(w, Sc)
+    v = u.astype(f32) - dot(w, Sc)
     vc = v.astype(q.dtype)
-    o = _dot(qd, Sc) + _dot(qk, vc)
-    return o, v, a_last * S + _dot(kd, vc, trans_a=True)
+    o = dot(qd, Sc) + dot(qk, vc)
+    return o, v, a_last * S + dot(kd, vc, trans_a=True)
 
 
 def _bwd_chunk(dS, q, k, w, qk, G, do):
     qd, kd, a_last = _decayed(q, k, G)
-    dv = _dot(qk, do, trans_a=True) + _dot(kd, dS.astype(q.dtype))
-    dS = a_last * dS + _dot(qd, do, trans_a=True) - _dot(w, dv.astype(q.dtype), trans_a=True)
+    dv = dot(qk, do, trans_a=True) + dot(kd, dS.astype(q.dtype))
+    dS = a_last * dS + dot(qd, do, trans_a=True) - dot(w, dv.astype(q.dtype), trans_a=True)
     return dv, dS
 
 
@@ -178,7 +155,7 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
     G = g_ref[...]
     rows = jax.lax.broadcasted_iota(jnp.int32, G.shape, 0)
     g_last = jnp.sum(jnp.where(rows == C - 1, G, 0.0), axis=0, keepdims=True)
-    kblocks, vblocks = _blocks(K, blk), _blocks(V, blk)
+    kblocks, vblocks = col_blocks(K, blk), col_blocks(V, blk)
     dqk = jnp.zeros((C, C), f32)
     hdh = jnp.zeros((1, 1), f32)
     from_q = jnp.zeros((C, 1), f32)
@@ -191,12 +168,12 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
             h, dh = h_ref[ck, cv], dh_ref[ck, cv]
             do, v = do_ref[:, cv], v_ref[:, cv].astype(cd)
             hc = h.astype(cd)
-            dqd += _dot_nt(do, hc)
-            dw -= _dot_nt(dv_ref[:, cv].astype(cd), hc)
-            dkd += _dot_nt(v, dh.astype(cd))
+            dqd += dot_nt(do, hc)
+            dw -= dot_nt(dv_ref[:, cv].astype(cd), hc)
+            dkd += dot_nt(v, dh.astype(cd))
             hdh += jnp.sum(jnp.sum(h * dh, axis=1, keepdims=True), axis=0, keepdims=True)
             if i == 0:
-                dqk += _dot_nt(do, v)
+                dqk += dot_nt(do, v)
         dq = dqd * jnp.exp(G)
         dk = dkd * jnp.exp(g_last - G)
         from_q += jnp.sum(dq * q_ref[:, ck].astype(f32), axis=1, keepdims=True)
@@ -209,32 +186,7 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
     dqk_ref[...] = dqk.astype(dqk_ref.dtype)
 
 
-def _blocks(n, size):
-    """Static slices covering n columns in equal blocks of at most ``size``."""
-    size = math.gcd(n, size)
-    return [pl.ds(j * size, size) for j in range(n // size)]
-
-
-def _dot_nt(a, b):
-    """a @ b^T, fp32 accumulation."""
-    prec = jax.lax.Precision.HIGHEST if a.dtype == f32 else None
-    return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=prec,
-                               preferred_element_type=f32)
-
-
 # ---------------------------------------------------------------- launchers
-
-def _params(cfg, num_warps=None):
-    if cfg.interpret is not False and cfg.layout == "triton":
-        return {}
-    if cfg.layout == "tpu":
-        from jax.experimental.pallas import tpu as pltpu
-        return {"compiler_params": pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))}
-    from jax.experimental.pallas import triton as plgpu
-    return {"compiler_params": plgpu.CompilerParams(num_warps=num_warps or cfg.num_warps,
-                                                    num_stages=cfg.num_stages)}
-
 
 def _to_bhtx(x):
     return jnp.swapaxes(x, 1, 2)
@@ -266,7 +218,7 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
             grid=(B, H, NV),
             in_specs=[seq(K), seq(K), seq(K), seq_v, seq(C), seq(1), state],
             out_specs=outs, out_shape=out_shape, interpret=cfg.interpret,
-            name="gdn_scan_fwd", **_params(cfg),
+            name="gdn_scan_fwd", **compiler_params(cfg),
         )(q, k, w, u, qk, G[..., None], S0)
         return tuple(res)
 
@@ -288,7 +240,7 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
         in_specs=[blk(K), blk(K), blk(K), blk_v, blk(C), blk(1), state],
         out_specs=outs, out_shape=out_shape,
         scratch_shapes=[pltpu.VMEM((K, BV), f32)], interpret=cfg.interpret,
-        name="gdn_scan_fwd", **_params(cfg),
+        name="gdn_scan_fwd", **compiler_params(cfg),
     )(*(_to_bhtx(x) for x in (q, k, w, u, qk, G[..., None])), S0)
     o, sN = _to_bhtx(res[0]), res[1]
     if not store:
@@ -317,7 +269,8 @@ def scan_backward(cfg, q, k, w, qk, G, do, dSN):
             in_specs=[seq(K), seq(K), seq(K), seq(C), seq(1), seq_v, state],
             out_specs=[seq_v, pl.BlockSpec((sq, N, sq, K, BV), lambda b, h, j: (b, 0, h, 0, j)),
                        state],
-            out_shape=out_shape, interpret=cfg.interpret, name="gdn_scan_bwd", **_params(cfg),
+            out_shape=out_shape, interpret=cfg.interpret, name="gdn_scan_bwd",
+            **compiler_params(cfg),
         )(q, k, w, qk, G[..., None], do, dSN)
         return dv, dh, dS0
 
@@ -338,7 +291,7 @@ def scan_backward(cfg, q, k, w, qk, G, do, dSN):
                    pl.BlockSpec((sq, sq, sq, K, BV), lambda b, h, j, i: (b, h, last - i, 0, j)),
                    state],
         out_shape=out_shape, scratch_shapes=[pltpu.VMEM((K, BV), f32)],
-        interpret=cfg.interpret, name="gdn_scan_bwd", **_params(cfg),
+        interpret=cfg.interpret, name="gdn_scan_bwd", **compiler_params(cfg),
     )(*(_to_bhtx(x) for x in (q, k, w, qk, G[..., None], do)), dSN)
     return _to_bhtx(dv), jnp.swapaxes(dh, 1, 2), dS0
 
@@ -346,7 +299,6 @@ def scan_backward(cfg, q, k, w, qk, G, do, dSN):
 def state_grads(cfg, q, k, G, h, dh, v, dv, do):
     """Per chunk, in parallel: dq, dk (fp32) of the state path, dw, dQK (q's dtype) and dG
     (fp32 [B, T, H]) from S_n (h) and dS_{n+1} (dh) [B, N, H, K, V], v, dv, do [B, T, H, V]."""
-    from kernels_pallas.gdn.wy_kernels import chunk_call
     B, T, H, K = q.shape
     V, C = v.shape[-1], cfg.chunk
     dq, dk, dw, dqk, dG = chunk_call(

@@ -37,9 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels_pallas.gdn.scan_kernels import _blocks, _dot, _dot_nt, _params
-
-f32 = jnp.float32
+from kernels_pallas.gdn._common import chunk_call, col_blocks, dot, dot_nt, f32
 _NEG = -1e30
 
 
@@ -77,15 +75,15 @@ def _inverse_kernel(k_ref, b_ref, g_ref, x_ref, *, sub):
     for i in range(m):
         Gi, bi, ki = g_ref[rs[i], :], b_ref[rs[i], :].astype(f32), k_ref[rs[i], :]
         for j in range(i + 1):
-            A[i, j] = (bi * _dot_nt(ki, k_ref[rs[j], :])
+            A[i, j] = (bi * dot_nt(ki, k_ref[rs[j], :])
                        * _decay(Gi, g_ref[rs[j], :], "strict" if i == j else None))
     X = {(i, i): _invert_diag_block(A[i, i]) for i in range(m)}
     for i in range(1, m):
         for j in range(i):
-            acc = _dot(A[i, j], X[j, j])
+            acc = dot(A[i, j], X[j, j])
             for l in range(j + 1, i):
-                acc = acc + _dot(A[i, l], X[l, j])
-            X[i, j] = -_dot(X[i, i], acc)
+                acc = acc + dot(A[i, l], X[l, j])
+            X[i, j] = -dot(X[i, i], acc)
     for i in range(m):
         for j in range(m):
             x_ref[rs[i], rs[j]] = X[i, j] if j <= i else jnp.zeros((sub, sub), f32)
@@ -101,13 +99,13 @@ def _apply_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, w_ref, u_ref, qk_ref
     Xc = x_ref[...].astype(cd)
     scale_k = beta * jnp.exp(G)
     qk = jnp.zeros((C, C), f32)
-    for c in _blocks(K, blk):
+    for c in col_blocks(K, blk):
         k = k_ref[:, c]
-        qk += _dot_nt(q_ref[:, c], k)
-        w_ref[:, c] = _dot(Xc, (scale_k * k.astype(f32)).astype(cd)).astype(w_ref.dtype)
+        qk += dot_nt(q_ref[:, c], k)
+        w_ref[:, c] = dot(Xc, (scale_k * k.astype(f32)).astype(cd)).astype(w_ref.dtype)
     qk_ref[...] = (qk * _decay(G, G, "causal")).astype(qk_ref.dtype)
-    for c in _blocks(V, blk):
-        u_ref[:, c] = _dot(Xc, (beta * v_ref[:, c].astype(f32)).astype(cd)).astype(u_ref.dtype)
+    for c in col_blocks(V, blk):
+        u_ref[:, c] = dot(Xc, (beta * v_ref[:, c].astype(f32)).astype(cd)).astype(u_ref.dtype)
 
 
 def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk_ref,
@@ -122,34 +120,34 @@ def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk
     kk = jnp.zeros((C, C), f32)
     qk = jnp.zeros((C, C), f32)
     dX = jnp.zeros((C, C), f32)
-    for c in _blocks(K, blk):
+    for c in col_blocks(K, blk):
         k = k_ref[:, c]
-        kk += _dot_nt(k, k)
-        qk += _dot_nt(q_ref[:, c], k)
-        dX += _dot_nt(dw_ref[:, c], (beta * eG * k.astype(f32)).astype(cd))
-    for c in _blocks(V, blk):
-        dX += _dot_nt(du_ref[:, c], (beta * v_ref[:, c].astype(f32)).astype(cd))
+        kk += dot_nt(k, k)
+        qk += dot_nt(q_ref[:, c], k)
+        dX += dot_nt(dw_ref[:, c], (beta * eG * k.astype(f32)).astype(cd))
+    for c in col_blocks(V, blk):
+        dX += dot_nt(du_ref[:, c], (beta * v_ref[:, c].astype(f32)).astype(cd))
     X = x_ref[...]
     Xc = X.astype(cd)
     F = dqk_ref[...].astype(f32) * _decay(G, G, "causal")     # through QK = (q k^T) o Dc
-    dA = -_dot_nt(_dot(X, dX, trans_a=True), X)               # -(X^T dX) X^T
+    dA = -dot_nt(dot(X, dX, trans_a=True), X)               # -(X^T dX) X^T
     E = dA * _decay(G, G, "strict")                            # zero on and above the diagonal
     PM = F * qk + beta * E * kk                                # dQK o QK + dA o A
     dG = (dg_in_ref[...] + jnp.sum(PM, axis=1, keepdims=True)
           - jnp.sum(PM.T, axis=1, keepdims=True))
     db = jnp.sum(E * kk, axis=1, keepdims=True)
     Fc, bE = F.astype(cd), (beta * E).astype(cd)
-    for c in _blocks(K, blk):
+    for c in col_blocks(K, blk):
         k, q, dw = k_ref[:, c], q_ref[:, c], dw_ref[:, c]
         kf = k.astype(f32)
-        dq_ref[:, c] = dq_in_ref[:, c] + _dot(Fc, k)
-        dkb = _dot(Xc, dw, trans_a=True)
-        dk_ref[:, c] = (dk_in_ref[:, c] + _dot(Fc, q, trans_a=True) + beta * eG * dkb
-                        + _dot(bE, k) + _dot(bE, k, trans_a=True))
+        dq_ref[:, c] = dq_in_ref[:, c] + dot(Fc, k)
+        dkb = dot(Xc, dw, trans_a=True)
+        dk_ref[:, c] = (dk_in_ref[:, c] + dot(Fc, q, trans_a=True) + beta * eG * dkb
+                        + dot(bE, k) + dot(bE, k, trans_a=True))
         db += jnp.sum(dkb * eG * kf, axis=1, keepdims=True)
         dG += jnp.sum(dkb * beta * eG * kf, axis=1, keepdims=True)
-    for c in _blocks(V, blk):
-        dvb = _dot(Xc, du_ref[:, c], trans_a=True)
+    for c in col_blocks(V, blk):
+        dvb = dot(Xc, du_ref[:, c], trans_a=True)
         dv_ref[:, c] = beta * dvb
         db += jnp.sum(dvb * v_ref[:, c].astype(f32), axis=1, keepdims=True)
     db_ref[...] = db
@@ -157,43 +155,6 @@ def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk
 
 
 # ---------------------------------------------------------------- launchers
-
-def chunk_call(cfg, kernel, ins, outs, btH, *, name):
-    """pallas_call of a one-chunk-per-program kernel.
-
-    ins: (array, X) pairs, array [B, T, H, X] ("per token") or, with X None, [B, N, H, K, V]
-    ("per chunk", one [K, V] block each); outs: (X, dtype) pairs of per-token outputs.
-    Grid (B, N, H) on [B, T, H, X] arrays ("triton") or (B, H, N) on [B, H, T, X] ("tpu").
-    Returns the outputs in [B, T, H, X].
-    """
-    B, T, H = btH
-    C, N, sq = cfg.chunk, T // cfg.chunk, pl.squeezed
-    tpu = cfg.layout == "tpu"
-    if tpu:
-        from jax.experimental.pallas import tpu as pltpu
-        grid = (B, H, N)
-        tok = lambda X: pl.BlockSpec((sq, sq, C, X), lambda b, h, n: (b, h, n, 0))  # noqa: E731
-        chk = lambda a: pl.BlockSpec((sq, sq, sq) + a.shape[3:],  # noqa: E731
-                                     lambda b, h, n: (b, h, n, 0, 0))
-        params = {"compiler_params": pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel"))}
-    else:
-        grid = (B, N, H)
-        tok = lambda X: pl.BlockSpec((sq, C, sq, X), lambda b, n, h: (b, n, h, 0))  # noqa: E731
-        chk = lambda a: pl.BlockSpec((sq, sq, sq) + a.shape[3:],  # noqa: E731
-                                     lambda b, n, h: (b, n, h, 0, 0))
-        params = _params(cfg, num_warps=cfg.chunk_warps)
-    swap = (lambda a: jnp.swapaxes(a, 1, 2)) if tpu else (lambda a: a)  # noqa: E731
-    shape = (lambda X: (B, H, T, X)) if tpu else (lambda X: (B, T, H, X))  # noqa: E731
-    res = pl.pallas_call(
-        kernel, grid=grid,
-        in_specs=[chk(a) if X is None else tok(X) for a, X in ins],
-        out_specs=[tok(X) for X, _ in outs],
-        out_shape=[jax.ShapeDtypeStruct(shape(X), dt) for X, dt in outs],
-        interpret=cfg.interpret, name=name, **params,
-    )(*(swap(a) for a, _ in ins))
-    return tuple(swap(r) for r in res)
-
 
 def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16):
     """w [B,T,H,K], u [B,T,H,V], QK [B,T,H,C] (k's dtype) and X [B,T,H,C] fp32 (computed

@@ -1,0 +1,112 @@
+r"""Prefill time, per-token decode latency and decode-cache memory, per architecture and context.
+
+  python bench/decode.py --archs transformer gdn layerwise hwh --size 380m \
+      --contexts 2048 8192 32768 65536 --batches 1 32 --out $OUT/decode.jsonl
+
+For every (arch, context, batch): a random prompt of ``context - decode_steps`` tokens is
+prefilled in chunks of --prefill_chunk (``HybridLM.extend``, jitted once per chunk shape), then
+--decode_steps single tokens are decoded greedily; the medians of per-step wall times (after
+``block_until_ready``) give the decode latency. The cache is allocated for the full context, so
+the latency is that of a step at the end of a ``context``-long sequence; its size comes from
+the cache's own arrays (``hwh_jax.inference.cache.cache_bytes``). OOMs are caught and reported.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import hwh_jax  # noqa: F401  (flax settings)
+import kernels_pallas
+from hwh_jax.inference.cache import cache_bytes
+from hwh_jax.models import HybridLM, model_config
+
+
+def measure(model, cfg, context, batch, prefill_chunk, decode_steps):
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def extend(state, tokens, cache):
+        logits, cache = nnx.merge(graphdef, state).extend(tokens, cache)
+        return jnp.argmax(logits[:, -1], -1).astype(jnp.int32), cache
+
+    init = jax.jit(lambda state: nnx.merge(graphdef, state).init_cache(batch, context))
+    prompt_len = context - decode_steps
+    tok = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt_len), np.int32)
+    cache = init(state)
+    nxt = None
+    t0 = time.perf_counter()
+    for s in range(0, prompt_len, prefill_chunk):
+        nxt, cache = extend(state, tok[:, s:s + prefill_chunk], cache)
+    jax.block_until_ready(nxt)
+    first_prefill_s = time.perf_counter() - t0        # includes compiling each chunk shape
+    cache = init(state)
+    t0 = time.perf_counter()
+    for s in range(0, prompt_len, prefill_chunk):
+        nxt, cache = extend(state, tok[:, s:s + prefill_chunk], cache)
+    jax.block_until_ready(nxt)
+    prefill_s = time.perf_counter() - t0
+    times = []
+    for i in range(decode_steps):
+        t = time.perf_counter()
+        nxt, cache = extend(state, nxt[:, None], cache)
+        jax.block_until_ready(nxt)
+        if i:                                         # step 0 compiles the one-token shape
+            times.append(time.perf_counter() - t)
+    return {"prefill_s": prefill_s, "prefill_tokens_per_s": batch * prompt_len / prefill_s,
+            "prefill_compile_s": first_prefill_s - prefill_s,
+            "decode_ms": 1e3 * statistics.median(times)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--archs", nargs="+", default=["transformer", "gdn", "layerwise", "hwh"])
+    ap.add_argument("--size", default="380m")
+    ap.add_argument("--contexts", nargs="+", type=int, default=[2048, 8192, 32768, 65536])
+    ap.add_argument("--batches", nargs="+", type=int, default=[1, 32])
+    ap.add_argument("--prefill_chunk", type=int, default=2048)
+    ap.add_argument("--decode_steps", type=int, default=16)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__}),
+          flush=True)
+    rows = []
+    for arch in args.archs:
+        cfg = model_config(arch, args.size, dtype=args.dtype)
+        model = HybridLM(cfg, rngs=nnx.Rngs(0))
+        for T in args.contexts:
+            for B in args.batches:
+                row = {"arch": arch, "size": args.size, "context": T, "batch": B,
+                       "cache_gib": cache_bytes(cfg, B, T)["total"] / 2 ** 30}
+                try:
+                    row.update(measure(model, cfg, T, B, min(args.prefill_chunk, T),
+                                       args.decode_steps))
+                except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
+                    if "RESOURCE_EXHAUSTED" not in str(e) and "out of memory" not in str(e):
+                        raise
+                    row["oom"] = True
+                row["kernels"] = kernels_pallas.chosen()
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    print(f"\n{'arch':12s} {'ctx':>6s} {'B':>3s} {'cache GiB':>9s} {'prefill s':>9s} "
+          f"{'decode ms/token':>15s}")
+    for r in rows:
+        if r.get("oom"):
+            print(f"{r['arch']:12s} {r['context']:6d} {r['batch']:3d} {r['cache_gib']:9.2f}  OOM")
+            continue
+        print(f"{r['arch']:12s} {r['context']:6d} {r['batch']:3d} {r['cache_gib']:9.2f} "
+              f"{r['prefill_s']:9.2f} {r['decode_ms']:15.2f}")
+
+
+if __name__ == "__main__":
+    main()

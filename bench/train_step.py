@@ -1,0 +1,120 @@
+r"""Tokens/s and MFU of the project's jitted training step (forward, backward, AdamW) on one device.
+
+  python bench/train_step.py --archs transformer gdn layerwise hwh --sizes small 380m \
+      --contexts 2048 8192 32768 --tokens_per_step 131072 --out $OUT/train_step.jsonl
+
+For every (arch, size, context): the step of ``hwh_jax.training.steps.make_train_step`` (the one
+``launch.train`` runs, bf16 compute, fp32 params and AdamW state) on random tokens; the batch is
+tokens_per_step / context, halved until it fits in memory (``--tokens_per_step`` is the
+starting point, OOMs are caught and reported). Median of --steps timed steps after 2 warm-ups,
+``block_until_ready`` on each. MFU = flops_per_token (``hwh_jax/training/flops.py``: 6 x matmul
+params + attention + GDN chunk FLOPs) x tokens/s / the device's dense bf16 peak. The kernels the
+dispatchers chose and the device's peak memory are printed with each row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import hwh_jax  # noqa: F401  (flax settings)
+import kernels_pallas
+from hwh_jax.models import HybridLM, model_config
+from hwh_jax.models.params import count_params
+from hwh_jax.training.flops import flops_per_token, peak_flops
+from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
+from hwh_jax.training.steps import make_train_step
+
+
+def time_step(arch, size, T, B, steps, dtype):
+    cfg = model_config(arch, size, dtype=dtype)
+    graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    tx, schedule = make_optimizer(OptimizerSpec(lr=1e-4, warmup_steps=1, total_steps=100))
+    state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
+             "rng": jnp.zeros((2,), jnp.uint32), "bad_step": jnp.int32(-1)}
+    tok = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, T + 1)).astype(np.int32)
+    batch = jax.device_put({
+        "inputs": tok[:, :-1], "targets": tok[:, 1:],
+        "segment_ids": np.ones((B, T), np.int32), "positions": np.tile(np.arange(T), (B, 1)),
+        "loss_mask": np.ones((B, T), np.float32)})
+    step = jax.jit(make_train_step(graphdef, tx, schedule), donate_argnums=0)
+    t0 = time.time()
+    state, m = step(state, batch)
+    jax.block_until_ready(m["loss"])
+    compile_s = time.time() - t0
+    state, m = step(state, batch)
+    jax.block_until_ready(m["loss"])
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        state, m = step(state, batch)
+        jax.block_until_ready(m["loss"])
+        times.append(time.perf_counter() - t)
+    ms = 1e3 * statistics.median(times)
+    tps = B * T / ms * 1e3
+    kind = jax.devices()[0].device_kind
+    peak = peak_flops(kind)
+    fpt = flops_per_token(cfg, T)
+    mem = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+    return {"arch": arch, "size": size, "T": T, "B": B, "params": count_params(cfg),
+            "step_ms": ms, "tokens_per_s": tps, "flops_per_token": fpt,
+            "mfu": fpt * tps / peak if peak else None, "compile_s": compile_s,
+            "loss": float(m["loss"]), "peak_mem_gib": mem / 2 ** 30 if mem else None,
+            "kernels": kernels_pallas.chosen()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--archs", nargs="+", default=["transformer", "gdn", "layerwise", "hwh"])
+    ap.add_argument("--sizes", nargs="+", default=["small", "380m"])
+    ap.add_argument("--contexts", nargs="+", type=int, default=[2048, 8192, 32768])
+    ap.add_argument("--tokens_per_step", type=int, default=131072)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__}),
+          flush=True)
+    rows = []
+    for size in args.sizes:
+        for T in args.contexts:
+            for arch in args.archs:
+                B = max(args.tokens_per_step // T, 1)
+                while True:
+                    try:
+                        row = time_step(arch, size, T, B, args.steps, args.dtype)
+                        break
+                    except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
+                        if "RESOURCE_EXHAUSTED" not in str(e) and "out of memory" not in str(e):
+                            raise
+                        print(json.dumps({"arch": arch, "size": size, "T": T, "B": B,
+                                          "oom": True}), flush=True)
+                        if B == 1:
+                            row = {"arch": arch, "size": size, "T": T, "B": 0, "oom": True}
+                            break
+                        B //= 2
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    print(f"\n{'size':6s} {'T':>6s} {'arch':12s} {'B':>4s} {'step ms':>9s} {'tok/s':>10s} "
+          f"{'MFU':>6s} {'mem GiB':>8s}")
+    for r in rows:
+        if r.get("oom"):
+            print(f"{r['size']:6s} {r['T']:6d} {r['arch']:12s}  OOM at batch 1")
+            continue
+        mfu = f"{r['mfu']:.1%}" if r["mfu"] else "n/a"
+        mem = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] else "n/a"
+        print(f"{r['size']:6s} {r['T']:6d} {r['arch']:12s} {r['B']:4d} {r['step_ms']:9.1f} "
+              f"{r['tokens_per_s']:10,.0f} {mfu:>6s} {mem:>8s}")
+
+
+if __name__ == "__main__":
+    main()

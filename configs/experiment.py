@@ -1,0 +1,41 @@
+"""The small-scale reproduction of docs/results.md (issue: paper's claims on one H200).
+
+``--config=configs/experiment.py:ARCH[,L]`` with ARCH one of transformer, gdn, layerwise, hwh,
+hwh_rope, hwh_uniform (the `small` size, parameters matched by hwh_jax.models.variants) and L the
+training length (default 512). Every experiment sees the same tokens: Project Gutenberg
+(``gutenberg/``, else Dickens) through a SentencePiece vocabulary trained on it, 600 steps of
+64 sequences of 512 tokens (19.7M tokens). It ends with NIAH single 1/2/3 at L, 2L and 4L,
+MQAR and perplexity by position up to 4L. Override any field on the command line.
+"""
+from configs import base
+from hwh_jax.data.paths import data_dir
+
+ARCHS = ("transformer", "gdn", "layerwise", "hwh", "hwh_rope", "hwh_uniform")
+
+
+def get_config(arg: str = "hwh"):
+    arch, _, length = arg.partition(",")
+    if arch not in ARCHS:
+        raise ValueError(f"experiment arch {arch!r} is not one of {ARCHS}")
+    config = base.get_config(f"{arch}_small")
+    config.unlock()
+    L = int(length or 512)
+    config.seq_len = L
+    d = config.data
+    if (data_dir() / "gutenberg" / "gutenberg_train.txt.gz").exists():
+        d.paths = ("gutenberg/gutenberg_train.txt.gz",)
+        d.heldout_paths = ("gutenberg/gutenberg_valid.txt.gz",)
+    d.tokenizer = "train_sentencepiece"
+    config.model.vocab_size = 0
+    t = config.train
+    t.steps, t.batch_size = 600, 64 * 512 // L
+    t.warmup_steps, t.lr = 60, 1e-3
+    t.log_every, t.eval_every, t.checkpoint_every = 50, 200, 600
+    e = config.eval
+    e.at_end = True
+    e.suites = ("niah", "mqar", "ppl")
+    e.niah_factors = (1, 2, 4)
+    e.niah_depths = 5
+    e.ppl_factor = 4
+    config.lock()
+    return config

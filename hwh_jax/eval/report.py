@@ -1,0 +1,97 @@
+"""Experiment summaries and the cross-architecture report (docs/results.md's tables and figures).
+
+An experiment is one ``launch.train`` workdir whose closing evaluation ran (``config.eval``):
+``summary.json`` (params, tokens, wall time), ``metrics.jsonl`` (throughput rows) and
+``eval/results.json`` (NIAH rows, MQAR, perplexity by position). ``summarize`` folds them into
+one dict (written as ``experiment.json``); ``report`` turns several into markdown tables and the
+cross-model NIAH and perplexity figures.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from hwh_jax.eval.suite import compare
+from hwh_jax.training.metrics import read_metrics
+
+
+def summarize(workdir: str | Path) -> dict:
+    """One experiment's figures from its workdir (errors name the missing file)."""
+    workdir = Path(workdir)
+    for need in ("summary.json", "metrics.jsonl", "eval/results.json"):
+        if not (workdir / need).exists():
+            raise FileNotFoundError(f"{workdir} has no {need}: not a finished run with its "
+                                    f"closing evaluation (config.eval.at_end)")
+    summary = json.loads((workdir / "summary.json").read_text())
+    results = json.loads((workdir / "eval" / "results.json").read_text())
+    perf = [r for r in read_metrics(workdir / "metrics.jsonl") if r["split"] == "perf"]
+    steady = perf[1:] or perf          # the first window includes compilation
+    tps = [r["tokens_per_s"] for r in steady]
+    mfu = [r["mfu"] for r in steady if "mfu" in r]
+    out = {
+        "name": workdir.name, "arch": summary["arch"], "params": summary["params"],
+        "train_len": results["train_len"], "steps": summary["steps"],
+        "tokens": summary["tokens"], "wall_s": summary["wall_s"],
+        "devices": summary["devices"], "heldout_loss": summary["final_heldout_loss"],
+        "tokens_per_s": statistics.median(tps) if tps else None,
+        "mfu": statistics.median(mfu) if mfu else None,
+        "niah": results.get("niah_summary", {}),
+        "mqar": {f"{r['seq_len']}x{r['num_kv_pairs']}": r["accuracy"]
+                 for r in results.get("mqar", [])},
+        "results": results,
+    }
+    return out
+
+
+def _fmt(x, spec=".2f"):
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def niah_table(exps: list[dict]) -> str:
+    """Rows: experiments; columns: task x length (score 0-100, mean over depths)."""
+    keys = sorted({k for e in exps for k in e["niah"]},
+                  key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
+    head = "| model | arch | " + " | ".join(k.replace("niah_single_", "S-NIAH-")
+                                            for k in keys) + " |"
+    lines = [head, "|---|---|" + "---:|" * len(keys)]
+    for e in exps:
+        lines.append(f"| {e['name']} | {e['arch']} | "
+                     + " | ".join(_fmt(e["niah"].get(k), ".0f") for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def run_table(exps: list[dict]) -> str:
+    """Params, tokens, held-out loss, MQAR accuracy and throughput per experiment."""
+    lines = ["| model | arch | params | tokens | held-out loss | MQAR acc (mean) | tokens/s "
+             "| MFU | wall |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for e in exps:
+        mq = statistics.mean(e["mqar"].values()) if e["mqar"] else None
+        lines.append(
+            f"| {e['name']} | {e['arch']} | {e['params'] / 1e6:.1f}M | {e['tokens'] / 1e6:.1f}M | "
+            f"{_fmt(e['heldout_loss'], '.3f')} | {_fmt(mq, '.3f')} | "
+            f"{_fmt(e['tokens_per_s'], ',.0f')} | {_fmt(e['mfu'], '.1%')} | "
+            f"{e['wall_s']:.0f} s |")
+    return "\n".join(lines)
+
+
+def report(workdirs: list[str | Path], out_dir: str | Path) -> str:
+    """Write report.md (tables), experiments.json and the cross-model figures into out_dir."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    exps = [summarize(w) for w in workdirs]
+    lens = {e["train_len"] for e in exps}
+    if len(lens) > 1:
+        raise ValueError(f"experiments trained at different lengths {sorted(lens)}: report "
+                         f"them separately")
+    params = [e["params"] for e in exps]
+    spread = (max(params) - min(params)) / min(params)
+    text = (f"Training length L = {lens.pop()}; parameter spread {spread:.1%} "
+            f"(max vs min).\n\nNIAH (RULER single 1/2/3, string match, % over depths):\n\n"
+            f"{niah_table(exps)}\n\nRuns:\n\n{run_table(exps)}\n")
+    (out_dir / "report.md").write_text(text)
+    (out_dir / "experiments.json").write_text(
+        json.dumps([{k: v for k, v in e.items() if k != "results"} for e in exps], indent=2))
+    compare([e["results"] for e in exps], out_dir)
+    return text
