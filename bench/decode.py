@@ -13,7 +13,6 @@ the cache's own arrays (``hwh_jax.inference.cache.cache_bytes``). OOMs are caugh
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -23,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 import hwh_jax  # noqa: F401  (flax settings)
+from _bench import emit, is_oom, print_device, write_jsonl
 import kernels_pallas
 from hwh_jax.inference.cache import cache_bytes
 from hwh_jax.models import HybridLM, model_config
@@ -75,8 +75,7 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__}),
-          flush=True)
+    print_device()
     rows = []
     for arch in args.archs:
         cfg = model_config(arch, args.size, dtype=args.dtype)
@@ -89,15 +88,12 @@ def main():
                     row.update(measure(model, cfg, T, B, min(args.prefill_chunk, T),
                                        args.decode_steps))
                 except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
-                    if "RESOURCE_EXHAUSTED" not in str(e) and "out of memory" not in str(e):
+                    if not is_oom(e):
                         raise
                     row["oom"] = True
                 row["kernels"] = kernels_pallas.chosen()
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+                emit(rows, row)
+    write_jsonl(args.out, rows)
     print(f"\n{'arch':12s} {'ctx':>6s} {'B':>3s} {'cache GiB':>9s} {'prefill s':>9s} "
           f"{'decode ms/token':>15s}")
     for r in rows:

@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 import hwh_jax  # noqa: F401  (flax settings)
+from _bench import emit, is_oom, print_device, write_jsonl
 import kernels_pallas
 from hwh_jax.models import HybridLM, model_config
 from hwh_jax.models.params import count_params
@@ -79,8 +80,7 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__}),
-          flush=True)
+    print_device()
     rows = []
     for size in args.sizes:
         for T in args.contexts:
@@ -91,7 +91,7 @@ def main():
                         row = time_step(arch, size, T, B, args.steps, args.dtype)
                         break
                     except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
-                        if "RESOURCE_EXHAUSTED" not in str(e) and "out of memory" not in str(e):
+                        if not is_oom(e):
                             raise
                         print(json.dumps({"arch": arch, "size": size, "T": T, "B": B,
                                           "oom": True}), flush=True)
@@ -99,11 +99,8 @@ def main():
                             row = {"arch": arch, "size": size, "T": T, "B": 0, "oom": True}
                             break
                         B //= 2
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+                emit(rows, row)
+    write_jsonl(args.out, rows)
     print(f"\n{'size':6s} {'T':>6s} {'arch':12s} {'B':>4s} {'step ms':>9s} {'tok/s':>10s} "
           f"{'MFU':>6s} {'mem GiB':>8s}")
     for r in rows:

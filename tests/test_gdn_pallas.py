@@ -88,9 +88,12 @@ def test_bf16_inputs_close_to_fp32_spec():
         assert rel(out[name].astype(jnp.float32), ref[name]) < 2e-2, name
 
 
-def test_pallas_needs_interpret_off_accelerators():
-    if jax.default_backend() != "cpu":
-        pytest.skip("CPU-only message")
+def test_pallas_without_a_lowering_names_interpret(monkeypatch):
+    """On a backend with no compiled lowering (CPU), and for a bad interpret value, the error
+    says what to pass (the backend is pinned to "cpu" so this runs on every machine)."""
     q, k, v, g, beta, _, _ = make_inputs(1, 16, 1, 16, 16)
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     with pytest.raises(ValueError, match="interpret=True"):
         gated_delta_rule(q, k, v, g, beta, impl="pallas")
+    with pytest.raises(ValueError, match="interpret must be"):
+        gated_delta_rule(q, k, v, g, beta, impl="pallas", interpret="yes")

@@ -1,0 +1,29 @@
+"""Small helpers shared by the bench scripts (run as ``python bench/<script>.py``)."""
+from __future__ import annotations
+
+import json
+
+import jax
+
+
+def print_device() -> None:
+    """The JSON line every bench output starts with: device kind and JAX version."""
+    print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__}),
+          flush=True)
+
+
+def is_oom(e: Exception) -> bool:
+    """Whether an exception from XLA is an out-of-memory (it comes as several types)."""
+    return "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e)
+
+
+def emit(rows: list, row: dict) -> None:
+    """Keep a result row and print it as a JSON line."""
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def write_jsonl(path: str, rows: list[dict]) -> None:
+    if path:
+        with open(path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
