@@ -38,11 +38,15 @@ from kernels_pallas.gdn._common import chunk_call, col_blocks, compiler_params, 
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
 
+def _last_row(G):
+    """(is-last-row mask [C, 1], G_last [1, 1]) of a [C, 1] column (no value slicing: Triton)."""
+    last = jax.lax.broadcasted_iota(jnp.int32, G.shape, 0) == G.shape[0] - 1
+    return last, jnp.sum(jnp.where(last, G, 0.0), axis=0, keepdims=True)
+
+
 def _decayed(q, k, G):
     """qd = q e^G, kd = k e^{G_last - G}, e^{G_last} [1, 1]; G is a [C, 1] column."""
-    C = G.shape[0]
-    rows = jax.lax.broadcasted_iota(jnp.int32, G.shape, 0)
-    g_last = jnp.sum(jnp.where(rows == C - 1, G, 0.0), axis=0, keepdims=True)   # [1, 1]
+    _, g_last = _last_row(G)
     qd = (q.astype(f32) * jnp.exp(G)).astype(q.dtype)
     kd = (k.astype(f32) * jnp.exp(g_last - G)).astype(k.dtype)
     return qd, kd, jnp.exp(g_last)
@@ -153,8 +157,7 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
     V = h_ref.shape[-1]
     cd = k_ref.dtype
     G = g_ref[...]
-    rows = jax.lax.broadcasted_iota(jnp.int32, G.shape, 0)
-    g_last = jnp.sum(jnp.where(rows == C - 1, G, 0.0), axis=0, keepdims=True)
+    last, g_last = _last_row(G)
     kblocks, vblocks = col_blocks(K, blk), col_blocks(V, blk)
     dqk = jnp.zeros((C, C), f32)
     hdh = jnp.zeros((1, 1), f32)
@@ -182,7 +185,7 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
         dk_ref[:, ck] = dk
         dw_ref[:, ck] = dw.astype(dw_ref.dtype)
     d_last = jnp.sum(from_k, axis=0, keepdims=True) + jnp.exp(g_last) * hdh
-    dg_ref[...] = from_q - from_k + jnp.where(rows == C - 1, d_last, 0.0)
+    dg_ref[...] = from_q - from_k + jnp.where(last, d_last, 0.0)
     dqk_ref[...] = dqk.astype(dqk_ref.dtype)
 
 
