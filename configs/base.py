@@ -60,6 +60,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     d.sp_model = ""                        # a SentencePiece .model for tokenizer="sentencepiece"
     d.sp_vocab_size = 4096                 # vocabulary of the corpus-trained SentencePiece
     d.data_dir = ""                        # default $HWH_DATA_DIR or ../shared/data
+    d.retrieval_share = 0.0                # share of synthetic NIAH-format sequences (data/retrieval.py)
 
     t = config.train = ml_collections.ConfigDict()
     t.steps = 250 if size == "tiny" else 20000

@@ -4,8 +4,11 @@
 hwh_rope, hwh_uniform (the `small` size, parameters matched by hwh_jax.models.variants) and L the
 training length (default 512). Every experiment sees the same tokens: Project Gutenberg
 (``gutenberg/``, else Dickens) through a SentencePiece vocabulary trained on it, 600 steps of
-64 sequences of 512 tokens (19.7M tokens). It ends with NIAH single 1/2/3 at L, 2L and 4L,
-MQAR and perplexity by position up to 4L. Override any field on the command line.
+64 sequences of 512 tokens (19.7M tokens), a quarter of the sequences synthetic retrieval
+documents in RULER's NIAH format, at most L long, with book haystacks
+(``hwh_jax/data/retrieval.py``): retrieval does not emerge from 20M tokens of books. It ends
+with NIAH single 1/2/3 at L, 2L and 4L (essay and noise haystacks, never trained on), MQAR and
+perplexity by position up to 4L. Override any field on the command line.
 """
 from configs import base
 from hwh_jax.data.paths import data_dir
@@ -26,6 +29,7 @@ def get_config(arg: str = "hwh"):
         d.paths = ("gutenberg/gutenberg_train.txt.gz",)
         d.heldout_paths = ("gutenberg/gutenberg_valid.txt.gz",)
     d.tokenizer = "train_sentencepiece"
+    d.retrieval_share = 0.25   # synthetic NIAH-format sequences (hwh_jax/data/retrieval.py)
     config.model.vocab_size = 0
     t = config.train
     t.steps, t.batch_size = 600, 64 * 512 // L
@@ -37,5 +41,6 @@ def get_config(arg: str = "hwh"):
     e.niah_factors = (1, 2, 4)
     e.niah_depths = 5
     e.ppl_factor = 4
+    e.batch_size = 16          # the 15 NIAH prompts of a length in one batch
     config.lock()
     return config

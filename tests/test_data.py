@@ -1,6 +1,7 @@
 """Sources, tokenizers, packing, shuffling and per-process sharding of the input pipeline."""
 import gzip
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from hwh_jax.data import sources
 from hwh_jax.data.packing import PackedSequences, concat_documents
 from hwh_jax.data.paths import data_dir
 from hwh_jax.data.pipeline import DataSpec, build_splits, train_dataset
+from hwh_jax.data.retrieval import RetrievalMix
 from hwh_jax.data.tokenizers import GPT2BPE, SentencePieceTokenizer, train_sentencepiece
 
 SHAKESPEARE = data_dir() / "tinyshakespeare" / "input.txt"
@@ -187,3 +189,61 @@ def test_missing_path_is_named():
         DataSpec(paths=("no_such_corpus.txt",)).validate()
     with pytest.raises(ValueError, match="tokenizer"):
         DataSpec(tokenizer="bytes").validate()
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return GPT2BPE(data_dir() / "gpt2_bpe")
+
+
+def test_retrieval_mix_sequences(gpt2):
+    stream = np.asarray(gpt2.encode(SHAKESPEARE.read_text()[:60_000]), np.uint32)
+    text = PackedSequences(stream, 256, eos_id=gpt2.eos_id, pad_id=gpt2.pad_id)
+    mix = RetrievalMix(text, gpt2, 0.25)
+    assert mix.num_text == len(text) and mix.num_synthetic == round(len(text) / 3)
+    assert len(mix) == len(text) + mix.num_synthetic
+    np.testing.assert_array_equal(mix[3]["inputs"], text[3]["inputs"])
+    for j in range(12):
+        x = mix[len(text) + j]
+        assert int(x["index"]) == len(text) + j
+        assert x["inputs"].shape == x["targets"].shape == (256,) and x["loss_mask"].all()
+        np.testing.assert_array_equal(x["inputs"][1:], x["targets"][:-1])
+        window = np.concatenate([x["inputs"], x["targets"][-1:]])
+        doc = gpt2.decode(window.tolist()).split("<|endoftext|>")[0]
+        m = re.search(r"One of the special magic (numbers|uuids) for (\S+) is: (\S+)\.", doc)
+        assert m, doc
+        kind, key, value = m.groups()
+        assert doc.startswith(f"Some special magic {kind} are hidden")
+        question = (f"What are all the special magic {kind} for {key} mentioned in the provided "
+                    f"text? The special magic {kind[:-1]} for {key} mentioned in the provided text "
+                    f"is {value}.")
+        assert doc.endswith(question) and doc.index(m.group(0)) < doc.index(question)
+        assert len(value) == (7 if kind == "numbers" else 36)
+    again = RetrievalMix(text, gpt2, 0.25)
+    np.testing.assert_array_equal(again[len(text) + 5]["inputs"], mix[len(text) + 5]["inputs"])
+
+
+def test_retrieval_template_is_the_evaluations():
+    """The synthetic pieces around a context are exactly the NIAH prompt + the answer."""
+    from hwh_jax.eval import niah
+    for task in niah.TASKS:
+        kind = niah.TASKS[task][1]
+        header, needle, question, answer = RetrievalMix._pieces(kind, "odd-owl", "1234567")
+        context = "Haystack one." + needle + "Haystack two."
+        assert header + context + question + answer == \
+            niah.render(task, context, "odd-owl") + " 1234567."
+
+
+def test_retrieval_mix_share_in_batches_and_errors(gpt2):
+    stream = np.asarray(gpt2.encode(SHAKESPEARE.read_text()[:60_000]), np.uint32)
+    text = PackedSequences(stream, 256, eos_id=gpt2.eos_id, pad_id=gpt2.pad_id)
+    mix = RetrievalMix(text, gpt2, 0.2)
+    it = iter(train_dataset(mix, global_batch=16, seed=0))
+    ids = np.concatenate([next(it)["index"] for _ in range(len(mix) // 16)])
+    assert abs(np.mean(ids >= len(text)) - 0.2) < 0.05
+    with pytest.raises(ValueError, match="share"):
+        RetrievalMix(text, gpt2, 1.0)
+    with pytest.raises(ValueError, match="seq_len 64 is too short.*template"):
+        RetrievalMix(PackedSequences(stream, 64, eos_id=gpt2.eos_id, pad_id=0), gpt2, 0.2)
+    with pytest.raises(ValueError, match="retrieval_share"):
+        DataSpec(retrieval_share=-0.1).validate()

@@ -19,6 +19,7 @@ import numpy as np
 from hwh_jax.data import sources
 from hwh_jax.data.packing import PackedSequences, concat_documents
 from hwh_jax.data.paths import cache_dir, data_dir, resolve
+from hwh_jax.data.retrieval import RetrievalMix
 from hwh_jax.data.tokenizers import GPT2BPE, SentencePieceTokenizer, train_sentencepiece
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class DataSpec:
     sp_model: str = ""                    # .model path for tokenizer="sentencepiece"
     sp_vocab_size: int = 4096             # vocabulary of the trained SentencePiece model
     data_dir: str = ""                    # default: $HWH_DATA_DIR or ../shared/data
+    retrieval_share: float = 0.0          # share of synthetic NIAH-format training sequences
 
     def validate(self):
         if self.source not in SOURCES:
@@ -49,6 +51,8 @@ class DataSpec:
             raise ValueError(f"data.tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
         if not 0 <= self.heldout_fraction < 1:
             raise ValueError(f"data.heldout_fraction must lie in [0, 1), got {self.heldout_fraction}")
+        if not 0 <= self.retrieval_share < 1:
+            raise ValueError(f"data.retrieval_share must lie in [0, 1), got {self.retrieval_share}")
         if self.source in ("text", "arrayrecord"):
             if not self.paths:
                 raise ValueError("data.paths is empty")
@@ -77,7 +81,9 @@ def _documents(spec: DataSpec, heldout: bool):
 
 
 def _fingerprint(spec: DataSpec, paths) -> str:
-    h = hashlib.sha256(json.dumps(dataclasses.asdict(spec), sort_keys=True).encode())
+    fields = dataclasses.asdict(spec)
+    fields.pop("retrieval_share")  # mixed in after tokenisation: same tokenizer, same tokens
+    h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     if spec.source != "tfds":
         for f in _files(spec, paths):
             st = f.stat()
@@ -125,7 +131,7 @@ def token_stream(spec: DataSpec, tokenizer, heldout: bool = False) -> np.ndarray
 
 @dataclasses.dataclass
 class Splits:
-    train: PackedSequences
+    train: PackedSequences | RetrievalMix
     heldout: PackedSequences
     tokenizer: object
 
@@ -147,8 +153,11 @@ def build_splits(spec: DataSpec, seq_len: int) -> Splits:
             raise ValueError(f"held-out share {spec.heldout_fraction} of {len(stream)} tokens "
                              f"leaves no training data at seq_len {seq_len}")
         stream, heldout = stream[:len(stream) - n_held], stream[len(stream) - n_held:]
-    return Splits(PackedSequences(stream, seq_len, **kw),
-                  PackedSequences(heldout, seq_len, **kw) if len(heldout) > 1 else None, tok)
+    train = PackedSequences(stream, seq_len, **kw)
+    if spec.retrieval_share:
+        train = RetrievalMix(train, tok, spec.retrieval_share)
+    return Splits(train, PackedSequences(heldout, seq_len, **kw) if len(heldout) > 1 else None,
+                  tok)
 
 
 def _stack(batch_list):
