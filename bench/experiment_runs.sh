@@ -1,24 +1,40 @@
 #!/usr/bin/env bash
-# The experiments of docs/results.md, one after another on one GPU (configs/experiment.py).
+# The experiments of docs/results.md on one GPU (configs/experiment.py).
 # Usage: bash bench/experiment_runs.sh OUT_DIR L ARCH [ARCH ...]
 # Each run trains into ${WORK:-/tmp/exp}/ARCH (checkpoints stay there) under a time limit of
 # ${RUN_LIMIT:-290} s; OUT_DIR/ARCH gets its log, summary.json, metrics.jsonl, loss.png and eval/
 # (all that `python -m launch.experiment --report=...` reads). Then the report over OUT_DIR's runs.
+# PARALLEL=1 runs them all at once (the tokenizer and token cache are built first); their
+# tokens/s then measure a shared GPU, not one run.
 # EXTRA adds config overrides to every run (a CPU smoke test: EXTRA="--config.model.size=tiny
 # --config.model.dtype=float32 --config.train.steps=3").
 set -uo pipefail
 OUT=$1; L=$2; shift 2
 WORK=${WORK:-/tmp/exp}
 mkdir -p "$OUT" "$WORK"
-for arch in "$@"; do
+
+run_one() {
+  local arch=$1
   echo "=== $arch at L=$L ($(date -u +%T))"
   timeout "${RUN_LIMIT:-290}" python -m launch.experiment --config="configs/experiment.py:$arch,$L" \
     --out="$WORK/$arch" ${EXTRA:-} 2>&1 | grep -v "^I[0-9]" > "$OUT/$arch.log"
-  echo "exit ${PIPESTATUS[0]}; $(tail -n 1 "$OUT/$arch.log")"
+  echo "=== $arch exit ${PIPESTATUS[0]} ($(date -u +%T)): $(tail -n 1 "$OUT/$arch.log")"
   mkdir -p "$OUT/$arch"
-  [ -d "$WORK/$arch" ] && (cd "$WORK/$arch" && cp -r summary.json metrics.jsonl loss.png experiment.json eval \
-    "$OUT/$arch/" 2>/dev/null)
-done
+  [ -d "$WORK/$arch" ] && (cd "$WORK/$arch" && cp -r summary.json metrics.jsonl loss.png \
+    experiment.json eval "$OUT/$arch/" 2>/dev/null)
+}
+
+if [ "${PARALLEL:-0}" = 1 ]; then
+  python -c "
+from configs.experiment import get_config
+from hwh_jax.data.pipeline import build_splits
+from hwh_jax.training.trainer import run_specs
+c = get_config('$1,$L'); print(build_splits(run_specs(c)[0], c.seq_len).train)"
+  for arch in "$@"; do run_one "$arch" & done
+  wait
+else
+  for arch in "$@"; do run_one "$arch"; done
+fi
 runs=$(for a in "$@"; do [ -f "$OUT/$a/experiment.json" ] && printf '%s,' "$OUT/$a"; done)
 if [ -n "$runs" ]; then
   python -m launch.experiment --report="${runs%,}" --out="$OUT/report" 2>&1 | grep -v "^I[0-9]"

@@ -203,35 +203,42 @@ def test_retrieval_mix_sequences(gpt2):
     assert mix.num_text == len(text) and mix.num_synthetic == round(len(text) / 3)
     assert len(mix) == len(text) + mix.num_synthetic
     np.testing.assert_array_equal(mix[3]["inputs"], text[3]["inputs"])
-    for j in range(12):
+    needle = r"One of the special magic (numbers|uuids) for (\S+) is: (\S+)\. "
+    counts = set()
+    for j in range(mix.num_synthetic):
         x = mix[len(text) + j]
         assert int(x["index"]) == len(text) + j
         assert x["inputs"].shape == x["targets"].shape == (256,) and x["loss_mask"].all()
         np.testing.assert_array_equal(x["inputs"][1:], x["targets"][:-1])
         window = np.concatenate([x["inputs"], x["targets"][-1:]])
         doc = gpt2.decode(window.tolist()).split("<|endoftext|>")[0]
-        m = re.search(r"One of the special magic (numbers|uuids) for (\S+) is: (\S+)\.", doc)
-        assert m, doc
-        kind, key, value = m.groups()
-        assert doc.startswith(f"Some special magic {kind} are hidden")
-        question = (f"What are all the special magic {kind} for {key} mentioned in the provided "
-                    f"text? The special magic {kind[:-1]} for {key} mentioned in the provided text "
-                    f"is {value}.")
-        assert doc.endswith(question) and doc.index(m.group(0)) < doc.index(question)
-        assert len(value) == (7 if kind == "numbers" else 36)
+        found = re.findall(needle, doc)
+        kinds = {f[0] for f in found}
+        assert len(kinds) == 1 and doc.startswith(f"Some special magic {kinds.pop()} are hidden")
+        pairs = {key: value for _, key, value in found}
+        assert len(pairs) == len(found) and 1 <= len(found) <= 4
+        counts.add(len(found))
+        kind = found[0][0]
+        asked = re.findall(rf"What are all the special magic {kind} for (\S+) mentioned in the "
+                           rf"provided text\? The special magic {kind[:-1]} for \1 mentioned in "
+                           rf"the provided text is (\S+)\.", doc)
+        assert dict(asked) == pairs                     # every needle asked, answered right
+        last_needle = max(doc.index(f"for {k} is:") for k in pairs)
+        assert last_needle < doc.index("What are all")
+        assert all(len(v) == (7 if kind == "numbers" else 36) for v in pairs.values())
+    assert counts == {1, 2, 3}          # up to 4 drawn, fewer where 256 tokens cannot hold them
     again = RetrievalMix(text, gpt2, 0.25)
     np.testing.assert_array_equal(again[len(text) + 5]["inputs"], mix[len(text) + 5]["inputs"])
 
 
 def test_retrieval_template_is_the_evaluations():
-    """The synthetic pieces around a context are exactly the NIAH prompt + the answer."""
+    """One needle: the synthetic pieces around a context are the NIAH prompt + the answer."""
     from hwh_jax.eval import niah
     for task in niah.TASKS:
-        kind = niah.TASKS[task][1]
-        header, needle, question, answer = RetrievalMix._pieces(kind, "odd-owl", "1234567")
+        header, [needle], [answer] = RetrievalMix.pieces(niah.TASKS[task][1], ["odd-owl"],
+                                                         ["1234567"])
         context = "Haystack one." + needle + "Haystack two."
-        assert header + context + question + answer == \
-            niah.render(task, context, "odd-owl") + " 1234567."
+        assert header + context + answer == niah.render(task, context, "odd-owl") + " 1234567."
 
 
 def test_retrieval_mix_share_in_batches_and_errors(gpt2):

@@ -6,17 +6,20 @@ architectures. ``RetrievalMix`` appends synthetic sequences to a ``PackedSequenc
 that a fixed share of training sequences teach the *format* of the RULER NIAH task while the
 *lengths* it is evaluated at stay unseen. Each synthetic sequence is
 
-    [header] [haystack a] [needle] [haystack b] [question + answer prefix] [value] "." EOS [text]
+    [header] [haystack with k needles] [k x (question + answer prefix + value ".")] EOS [text]
 
-- header, needle, question and answer use RULER's niah_single templates
-  (``hwh_jax.eval.niah``), the value a random 7-digit number or UUID (half each), the key a
-  random adjective-noun pair;
+- header, needles, questions and answers use RULER's niah_single templates
+  (``hwh_jax.eval.niah``; with k = 1 the document is a NIAH prompt followed by its answer);
+  the values are random 7-digit numbers or UUIDs (one kind per document, half each), the keys
+  distinct random adjective-noun pairs;
+- k is uniform in 1..``max_needles``, lowered until the template fills at most 3/4 of the
+  window; every needle is asked for, in a random order (k answers per document: more signal
+  per sequence, and a model must match the key, not copy the one number it saw);
 - the haystack is a slice of the *training* token stream (books), never the Paul Graham essays
-  or the noise sentences of the evaluation; the needle sits at a uniformly random token depth;
-- the haystack is 0 to (L - template) tokens long, uniformly, so the document (header to value)
-  is ~100 tokens to all of the training length L; the rest of the window continues with
-  training text after an EOS. No synthetic document is
-  longer than L, so NIAH at 2L and 4L measures extrapolation.
+  or the noise sentences of the evaluation; needles sit at uniformly random token depths;
+- the haystack is 0 to (L - template) tokens long, uniformly; the rest of the window continues
+  with training text after an EOS. No synthetic document is longer than L, so NIAH at 2L and
+  4L measures extrapolation.
 
 Every token is trained on (the loss mask is 1), as for text. The synthetic sequence of index i
 is a pure function of (seed, i): resuming or resharding reproduces it.
@@ -30,21 +33,27 @@ import numpy as np
 from hwh_jax.data.packing import PackedSequences, segments_and_positions
 from hwh_jax.eval import niah
 
+KINDS = ("numbers", "uuids")
+
 
 class RetrievalMix:
     """``PackedSequences`` text windows followed by ``round(n * share / (1 - share))``
     synthetic retrieval windows: a Grain random-access source whose shuffle mixes them."""
 
-    def __init__(self, text: PackedSequences, tokenizer, share: float, *, seed: int = 0):
+    def __init__(self, text: PackedSequences, tokenizer, share: float, *, max_needles: int = 4,
+                 seed: int = 0):
         if not 0 < share < 1:
             raise ValueError(f"retrieval share must lie in (0, 1), got {share}")
+        if max_needles < 1:
+            raise ValueError(f"max_needles must be >= 1, got {max_needles}")
         self.text, self.tokenizer, self.share, self.seed = text, tokenizer, share, seed
+        self.max_needles = max_needles
         self.seq_len, self.window = text.seq_len, text.window
         self.eos_id, self.pad_id = text.eos_id, text.pad_id
         self.num_text = len(text)
         self.num_synthetic = max(1, round(self.num_text * share / (1 - share)))
         longest = max(niah.WORDS, key=len)
-        need = 1 + max(sum(len(tokenizer.encode(s)) for s in self._pieces(kind, longest, value))
+        need = 1 + max(sum(map(len, self._encode(kind, [longest], [value])))
                        for kind, value in (("numbers", "9" * 7), ("uuids", str(uuid.UUID(int=0)))))
         if need >= self.window:
             raise ValueError(f"seq_len {self.seq_len} is too short for synthetic retrieval "
@@ -53,13 +62,20 @@ class RetrievalMix:
             raise ValueError("the training stream is too short to cut haystacks from")
 
     @staticmethod
-    def _pieces(kind: str, key: str, value: str) -> list[str]:
+    def pieces(kind: str, keys: list[str], values: list[str]) -> tuple[str, list[str], list[str]]:
+        """Header, needles and question-answer texts of one document (k = len(keys))."""
         header, rest = niah.TEMPLATE.split("{context}")
-        return [header.format(type_needle_v=kind),
-                " " + niah.NEEDLE.format(type_needle_v=kind, key=key, value=value) + " ",
-                rest.format(type_needle_v=kind, query=key)
-                + niah.ANSWER_PREFIX.format(type_needle_v1=kind[:-1], query=key),
-                f" {value}."]
+        needles = [" " + niah.NEEDLE.format(type_needle_v=kind, key=k, value=v) + " "
+                   for k, v in zip(keys, values)]
+        answers = [rest.format(type_needle_v=kind, query=k)
+                   + niah.ANSWER_PREFIX.format(type_needle_v1=kind[:-1], query=k) + f" {v}."
+                   for k, v in zip(keys, values)]
+        return header.format(type_needle_v=kind), needles, answers
+
+    def _encode(self, kind, keys, values):
+        header, needles, answers = self.pieces(kind, keys, values)
+        enc = self.tokenizer.encode
+        return [enc(header)] + [enc(n) for n in needles] + [enc(a) for a in answers]
 
     @property
     def stream(self) -> np.ndarray:
@@ -80,30 +96,40 @@ class RetrievalMix:
     def synthetic(self, j: int) -> dict[str, np.ndarray]:
         """The j-th synthetic window (inputs, targets, segment_ids, positions, loss_mask)."""
         rng = np.random.default_rng((self.seed, 0x5EED, j))
-        kind = ("numbers", "uuids")[int(rng.integers(2))]
-        key = niah.WORDS[int(rng.integers(len(niah.WORDS)))]
-        value = (str(int(rng.integers(10 ** 6, 10 ** 7))) if kind == "numbers"
-                 else str(uuid.UUID(int=int.from_bytes(rng.bytes(16), "little"), version=4)))
-        header, needle, question, answer = (self.tokenizer.encode(s) for s in
-                                            self._pieces(kind, key, value))
-        fixed = len(header) + len(needle) + len(question) + len(answer) + 1   # + EOS
-        hay = int(rng.integers(0, max(self.window - fixed, 0) + 1))
+        kind = KINDS[int(rng.integers(2))]
+        k = int(rng.integers(1, self.max_needles + 1))
+        keys = [niah.WORDS[int(w)] for w in rng.choice(len(niah.WORDS), k, replace=False)]
+        values = [str(int(rng.integers(10 ** 6, 10 ** 7))) if kind == "numbers"
+                  else str(uuid.UUID(int=int.from_bytes(rng.bytes(16), "little"), version=4))
+                  for _ in range(k)]
+        order = rng.permutation(k)
+        while True:   # fewer needles until the template fills at most 3/4 of the window
+            parts = self._encode(kind, keys, values)
+            header, needles, answers = parts[0], parts[1:k + 1], parts[k + 1:]
+            fixed = sum(map(len, parts)) + 1                        # + EOS
+            if k == 1 or 4 * fixed <= 3 * self.window:
+                break
+            k, keys, values, order = k - 1, keys[:-1], values[:-1], order[order != k - 1]
+        if fixed > self.window:   # never cut a document silently
+            raise ValueError(f"synthetic retrieval sequence {j}: template of {fixed} tokens "
+                             f"exceeds the window of {self.window}")
+        hay = int(rng.integers(0, self.window - fixed + 1))
         stream = self.text.stream
         start = int(rng.integers(0, len(stream) - self.window))
         haystack = np.asarray(stream[start:start + hay], np.int32)
-        at = int(rng.integers(0, hay + 1))
-        doc = np.concatenate([header, haystack[:at], needle, haystack[at:], question, answer,
-                              [self.eos_id]]).astype(np.int32)
-        fill = self.window - len(doc)
-        if fill < 0:   # the template alone is longer than the window: never cut it silently
-            raise ValueError(f"synthetic retrieval sequence {j}: template of {fixed} tokens "
-                             f"exceeds the window of {self.window}")
+        cuts = np.sort(rng.integers(0, hay + 1, k))
+        doc = [header]
+        for n, (a, b) in enumerate(zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [hay]]))):
+            doc += [haystack[a:b]] + ([needles[n]] if n < k else [])
+        doc += [answers[n] for n in order] + [[self.eos_id]]
+        doc = np.concatenate([np.asarray(d, np.int32) for d in doc])
         start = int(rng.integers(0, len(stream) - self.window))
-        w = np.concatenate([doc, np.asarray(stream[start:start + fill], np.int32)])
+        w = np.concatenate([doc, np.asarray(stream[start:start + self.window - len(doc)],
+                                            np.int32)])
         seg, pos = segments_and_positions(w, self.eos_id, self.window)
         return {"inputs": w[:-1], "targets": w[1:], "segment_ids": seg[:-1],
                 "positions": pos[:-1], "loss_mask": np.ones(self.seq_len, np.float32)}
 
     def __repr__(self):
         return (f"RetrievalMix({self.num_text} text + {self.num_synthetic} synthetic retrieval "
-                f"x {self.seq_len}, share {self.share})")
+                f"x {self.seq_len}, share {self.share}, up to {self.max_needles} needles)")
