@@ -8,8 +8,11 @@ For every (arch, size, context): the step of ``hwh_jax.training.steps.make_train
 tokens_per_step / context, halved until it fits in memory (``--tokens_per_step`` is the
 starting point, OOMs are caught and reported). Median of --steps timed steps after 2 warm-ups,
 ``block_until_ready`` on each. MFU = flops_per_token (``hwh_jax/training/flops.py``: 6 x matmul
-params + attention + GDN chunk FLOPs) x tokens/s / the device's dense bf16 peak. The kernels the
-dispatchers chose and the device's peak memory are printed with each row.
+params + attention + GDN chunk FLOPs) x tokens/s / the device's dense bf16 peak. Memory: the
+compiled step's own buffers (arguments + outputs + temporaries - donated aliases, from
+``memory_analysis()``); the device's peak counter is process-wide (the largest step so far), so
+it is only recorded as ``process_peak_mem_gib``. The kernels the dispatchers chose are printed
+with each row.
 """
 from __future__ import annotations
 
@@ -44,8 +47,9 @@ def time_step(arch, size, T, B, steps, dtype):
         "inputs": tok[:, :-1], "targets": tok[:, 1:],
         "segment_ids": np.ones((B, T), np.int32), "positions": np.tile(np.arange(T), (B, 1)),
         "loss_mask": np.ones((B, T), np.float32)})
-    step = jax.jit(make_train_step(graphdef, tx, schedule), donate_argnums=0)
     t0 = time.time()
+    step = jax.jit(make_train_step(graphdef, tx, schedule), donate_argnums=0).lower(
+        state, batch).compile()
     state, m = step(state, batch)
     jax.block_until_ready(m["loss"])
     compile_s = time.time() - t0
@@ -62,11 +66,16 @@ def time_step(arch, size, T, B, steps, dtype):
     kind = jax.devices()[0].device_kind
     peak = peak_flops(kind)
     fpt = flops_per_token(cfg, T)
-    mem = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+    mem = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")  # process-wide
+    ma = step.memory_analysis()  # this step's own buffers, from the compiled program
+    step_bytes = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
+                  - ma.alias_size_in_bytes) if ma is not None else None
     return {"arch": arch, "size": size, "T": T, "B": B, "params": count_params(cfg),
             "step_ms": ms, "tokens_per_s": tps, "flops_per_token": fpt,
             "mfu": fpt * tps / peak if peak else None, "compile_s": compile_s,
-            "loss": float(m["loss"]), "peak_mem_gib": mem / 2 ** 30 if mem else None,
+            "loss": float(m["loss"]),
+            "step_mem_gib": step_bytes / 2 ** 30 if step_bytes else None,
+            "process_peak_mem_gib": mem / 2 ** 30 if mem else None,
             "kernels": kernels_pallas.chosen()}
 
 
@@ -108,7 +117,7 @@ def main():
             print(f"{r['size']:6s} {r['T']:6d} {r['arch']:12s}  OOM at batch 1")
             continue
         mfu = f"{r['mfu']:.1%}" if r["mfu"] else "n/a"
-        mem = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] else "n/a"
+        mem = f"{r['step_mem_gib']:.1f}" if r["step_mem_gib"] else "n/a"
         print(f"{r['size']:6s} {r['T']:6d} {r['arch']:12s} {r['B']:4d} {r['step_ms']:9.1f} "
               f"{r['tokens_per_s']:10,.0f} {mfu:>6s} {mem:>8s}")
 

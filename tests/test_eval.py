@@ -1,4 +1,5 @@
 """Evaluation suite: NIAH generator and scorer, MQAR invariants, eval files, log-likelihoods."""
+import json
 import re
 
 import jax.numpy as jnp
@@ -136,3 +137,28 @@ def test_loglikelihood_equals_brute_force_sum():
 def jax_log_softmax(x):
     import jax
     return jax.nn.log_softmax(x, axis=-1)
+
+
+def test_report_keeps_runs_cut_before_their_evaluation(tmp_path):
+    """A run without eval/results.json is tabulated from its metrics, not dropped."""
+    from hwh_jax.eval.report import report
+    run = tmp_path / "cut"
+    run.mkdir()
+    rows = [{"step": s, "split": "train", "loss": 10.0 - s / 10} for s in range(1, 61)]
+    rows += [{"step": 60, "split": "heldout", "loss": 4.5},
+             {"step": 30, "split": "perf", "tokens_per_s": 5.0},
+             {"step": 60, "split": "perf", "tokens_per_s": 7.0}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = report([run], tmp_path / "rep")
+    mean_last_50 = sum(10.0 - s / 10 for s in range(11, 61)) / 50
+    assert f"| cut | 60 | {mean_last_50:.4f} (last 50) | 4.5000 | 7 | no (cut short) |" in text
+    assert "NIAH" not in text                     # no finished run: no NIAH table
+    exps = json.loads((tmp_path / "rep" / "experiments.json").read_text())
+    assert exps[0]["closing_eval"] is False and exps[0]["steps"] == 60
+    assert (tmp_path / "rep" / "train_loss.png").exists()
+    short = tmp_path / "short"
+    short.mkdir()
+    (short / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
+    assert "| short | 4 |" in report([run, short], tmp_path / "rep3")   # fewer steps than smoothing
+    with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
+        report([tmp_path / "empty"], tmp_path / "rep2")

@@ -76,22 +76,76 @@ def run_table(exps: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def training_row(workdir: str | Path, last: int = 50) -> dict:
+    """What a run's metrics.jsonl says, finished or not: steps reached, mean train loss of the
+    last ``last`` logged steps, the last held-out loss, median steady tokens/s."""
+    workdir = Path(workdir)
+    path = workdir / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{workdir} has no metrics.jsonl: not a launch.train workdir")
+    rows = read_metrics(path)
+    train = {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
+    if not train:
+        raise ValueError(f"{path} has no training steps")
+    held = [r["loss"] for r in rows if r["split"] == "heldout"]
+    tps = [r["tokens_per_s"] for r in rows if r["split"] == "perf"][1:]
+    tail = sorted(train)[-last:]
+    return {"name": workdir.name, "steps": max(train),
+            "train_loss_tail": statistics.mean(train[s] for s in tail), "tail": len(tail),
+            "heldout_loss": held[-1] if held else None,
+            "tokens_per_s": statistics.median(tps) if tps else None, "train": train}
+
+
+def loss_figure(rows: list[dict], path: Path, smooth: int = 25):
+    """Training loss (running mean over ``smooth`` steps) of several runs against step."""
+    import numpy as np
+    from hwh_jax.plotting import finish_line_chart, pyplot
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in rows:
+        steps = sorted(r["train"])
+        n = min(smooth, len(steps))   # a short run: the mean of all its steps
+        loss = np.convolve([r["train"][s] for s in steps], np.ones(n) / n, "valid")
+        ax.plot(steps[n - 1:], loss, label=r["name"], lw=1.2, marker="." if n < smooth else None)
+    ax.set_title(f"training loss (running mean of {smooth} steps)")
+    finish_line_chart(fig, ax, path, xlabel="step", ylabel="loss (nats/token)")
+
+
 def report(workdirs: list[str | Path], out_dir: str | Path) -> str:
-    """Write report.md (tables), experiments.json and the cross-model figures into out_dir."""
+    """Write report.md (tables), experiments.json and the cross-model figures into out_dir.
+
+    Runs without their closing evaluation (cut short) are not dropped: they get their own table
+    (steps reached, training and held-out loss) and appear in the loss figure."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    exps = [summarize(w) for w in workdirs]
+    finished = [w for w in workdirs if (Path(w) / "eval" / "results.json").exists()
+                and (Path(w) / "summary.json").exists()]
+    cut = [w for w in workdirs if w not in finished]
+    exps = [summarize(w) for w in finished]
+    rows = [training_row(w) for w in workdirs]
     lens = {e["train_len"] for e in exps}
     if len(lens) > 1:
         raise ValueError(f"experiments trained at different lengths {sorted(lens)}: report "
                          f"them separately")
-    params = [e["params"] for e in exps]
-    spread = (max(params) - min(params)) / min(params)
-    text = (f"Training length L = {lens.pop()}; parameter spread {spread:.1%} "
-            f"(max vs min).\n\nNIAH (RULER single 1/2/3, string match, % over depths):\n\n"
-            f"{niah_table(exps)}\n\nRuns:\n\n{run_table(exps)}\n")
+    text = ""
+    if exps:
+        params = [e["params"] for e in exps]
+        spread = (max(params) - min(params)) / min(params)
+        text += (f"Training length L = {lens.pop()}; parameter spread {spread:.1%} "
+                 f"(max vs min).\n\nNIAH (RULER single 1/2/3, string match, % over depths):\n\n"
+                 f"{niah_table(exps)}\n\nRuns:\n\n{run_table(exps)}\n")
+    text += "\nTraining (every run; loss = mean of the last logged steps):\n\n" + \
+        "| run | steps | train loss | held-out loss | median tokens/s | closing evaluation |\n" \
+        "|---|---:|---:|---:|---:|---|\n" + "".join(
+            f"| {r['name']} | {r['steps']} | {r['train_loss_tail']:.4f} (last {r['tail']}) | "
+            f"{_fmt(r['heldout_loss'], '.4f')} | {_fmt(r['tokens_per_s'], ',.0f')} | "
+            f"{'no (cut short)' if w in cut else 'yes'} |\n" for w, r in zip(workdirs, rows))
     (out_dir / "report.md").write_text(text)
-    (out_dir / "experiments.json").write_text(
-        json.dumps([{k: v for k, v in e.items() if k != "results"} for e in exps], indent=2))
-    compare([e["results"] for e in exps], out_dir)
+    (out_dir / "experiments.json").write_text(json.dumps(
+        [{k: v for k, v in e.items() if k != "results"} for e in exps]
+        + [{k: v for k, v in r.items() if k != "train"} | {"closing_eval": False}
+           for w, r in zip(workdirs, rows) if w in cut], indent=2))
+    if exps:
+        compare([e["results"] for e in exps], out_dir)
+    loss_figure(rows, out_dir / "train_loss.png")
     return text
