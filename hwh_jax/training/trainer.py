@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+import kernels_pallas
 from hwh_jax.data.pipeline import DataSpec, build_splits, eval_batches, train_dataset
 from hwh_jax.models.config import ModelConfig
 from hwh_jax.models.lm import HybridLM
@@ -212,11 +213,13 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
 
     # --- steps
     batch_sh = shd.batch_sharding(mesh)
-    train_step = jax.jit(make_train_step(graphdef, tx, schedule, grad_accum=c.grad_accum,
-                                         z_loss=c.z_loss, document_mask=c.document_mask),
+    per_shard = kernels_pallas.kernel_mesh(mesh)  # Pallas kernels traced per device shard
+    train_step = jax.jit(per_shard(make_train_step(graphdef, tx, schedule, grad_accum=c.grad_accum,
+                                                   z_loss=c.z_loss,
+                                                   document_mask=c.document_mask)),
                          in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None),
                          donate_argnums=(0,))
-    eval_step = jax.jit(make_eval_step(graphdef, document_mask=c.document_mask),
+    eval_step = jax.jit(per_shard(make_eval_step(graphdef, document_mask=c.document_mask)),
                         in_shardings=(param_sh, batch_sh))
 
     def evaluate(params):

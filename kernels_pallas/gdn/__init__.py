@@ -10,7 +10,7 @@ Implementations:
 """
 from __future__ import annotations
 
-from kernels_pallas import dispatch
+from kernels_pallas import dispatch, sharding
 from kernels_pallas.gdn.chunk_reference import gated_delta_rule_chunk_reference
 from kernels_pallas.gdn.naive import gated_delta_rule_recurrent, gated_delta_rule_step
 from kernels_pallas.gdn.pallas import gated_delta_rule_pallas
@@ -64,9 +64,32 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
     if impl == "recurrent":
         return gated_delta_rule_recurrent(q, k, v, g, beta, **kw)
     if impl == "pallas":
+        km = sharding.current()
+        if km is not None:
+            return _pallas_per_shard(km, q, k, v, g, beta, chunk_size=chunk_size,
+                                     interpret=interpret, **kw)
         return gated_delta_rule_pallas(q, k, v, g, beta, chunk_size=chunk_size,
                                        interpret=interpret, **kw)
     return gated_delta_rule_chunk_reference(q, k, v, g, beta, chunk_size=chunk_size, **kw)
+
+
+def _pallas_per_shard(km, q, k, v, g, beta, *, initial_state, output_final_state, **kw):
+    """The Pallas kernels on each device's rows and heads (``kernels_pallas.sharding``)."""
+    b, h = km.batch_spec(q.shape[0]), km.head_spec(q.shape[2])
+    x4, x3, st = sharding.P(b, None, h, None), sharding.P(b, None, h), sharding.P(b, h, None, None)
+    args, specs = [q, k, v, g, beta], [x4, x4, x4, x3, x3]
+    if initial_state is not None:
+        args.append(initial_state)
+        specs.append(st)
+
+    def local(q, k, v, g, beta, h0=None):
+        o, s = gated_delta_rule_pallas(q, k, v, g, beta, initial_state=h0,
+                                       output_final_state=output_final_state, **kw)
+        return (o, s) if output_final_state else o
+
+    out = sharding.per_shard(local, km, tuple(specs), (x4, st) if output_final_state else x4)(
+        *args)
+    return out if output_final_state else (out, None)
 
 
 __all__ = ["gated_delta_rule", "gated_delta_rule_step", "gated_delta_rule_recurrent",

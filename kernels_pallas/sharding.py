@@ -1,0 +1,68 @@
+"""Running a Pallas kernel per device under a mesh.
+
+GSPMD cannot partition a ``pallas_call``: under a multi-device ``jit`` it would gather the
+operands and run the whole batch on every device. The trainer therefore traces its steps inside
+``kernel_mesh(mesh)``, and the kernel entry points that see a mesh there wrap their kernel in a
+``shard_map``: batch rows over the batch axes (data, fsdp) and heads over the tensor axis, each
+device running the kernel on its own rows and heads (the ops are independent per row and
+head). An axis that does not divide its dimension is left unsharded (that dimension is then
+computed whole on each device of that axis: correct, only redundant).
+
+``kernel_mesh`` is a context manager and a decorator; the context is read at trace time.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import math
+
+import jax
+from jax.sharding import Mesh, PartitionSpec as P
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelMesh:
+    mesh: Mesh
+    batch_axes: tuple[str, ...] = ("data", "fsdp")
+    head_axis: str | None = "tensor"
+
+    def batch_spec(self, batch: int):
+        """Mesh axes for a batch dimension of size ``batch`` (None: not sharded)."""
+        axes = tuple(a for a in self.batch_axes if self.mesh.shape.get(a, 1) > 1)
+        if not axes or batch % math.prod(self.mesh.shape[a] for a in axes):
+            return None
+        return axes[0] if len(axes) == 1 else axes
+
+    def head_spec(self, heads: int):
+        n = self.mesh.shape.get(self.head_axis, 1) if self.head_axis else 1
+        return self.head_axis if n > 1 and heads % n == 0 else None
+
+
+_CURRENT: contextvars.ContextVar[KernelMesh | None] = contextvars.ContextVar(
+    "kernels_pallas_mesh", default=None)
+
+
+@contextlib.contextmanager
+def kernel_mesh(mesh: Mesh | None, batch_axes=("data", "fsdp"), head_axis="tensor"):
+    """Kernels traced inside run per shard of ``mesh`` (None or one device: no change)."""
+    km = None if mesh is None or mesh.size == 1 else KernelMesh(mesh, tuple(batch_axes),
+                                                                head_axis)
+    token = _CURRENT.set(km)
+    try:
+        yield km
+    finally:
+        _CURRENT.reset(token)
+
+
+def current() -> KernelMesh | None:
+    return _CURRENT.get()
+
+
+def per_shard(fn, km: KernelMesh, in_specs, out_specs):
+    """``fn`` under ``shard_map`` over ``km.mesh`` (specs are PartitionSpecs or None leaves)."""
+    return jax.shard_map(fn, mesh=km.mesh, in_specs=in_specs, out_specs=out_specs,
+                         check_vma=False)
+
+
+__all__ = ["KernelMesh", "P", "current", "kernel_mesh", "per_shard"]
