@@ -8,7 +8,8 @@ training length (default 512). Every experiment sees the same tokens: Project Gu
 documents in RULER's NIAH format (1-4 needles, all asked for), at most L long, with book
 haystacks (``hwh_jax/data/retrieval.py``): retrieval does not emerge from 20M tokens of books,
 nor with a quarter of single-needle documents (a RoPE Transformer scored 0 at L). It ends
-with NIAH single 1/2/3 at L, 2L and 4L (essay and noise haystacks, never trained on), MQAR and
+with the retrieval probe (teacher-forced, on synthetic documents from held-out books), NIAH
+single 1/2/3 at L, 2L and 4L (essay and noise haystacks, never trained on), MQAR and
 perplexity by position up to 4L. Override any field on the command line.
 """
 from configs import base
@@ -38,7 +39,7 @@ def get_config(arg: str = "hwh"):
     t.log_every, t.eval_every, t.checkpoint_every = 50, 0, 600   # held-out loss at the end
     e = config.eval
     e.at_end = True
-    e.suites = ("niah", "mqar", "ppl")
+    e.suites = ("retrieval", "niah", "mqar", "ppl")
     e.niah_factors = (1, 2, 4)
     e.niah_depths = 5
     e.ppl_factor = 4

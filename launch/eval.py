@@ -12,7 +12,7 @@ from absl import app, flags
 from launch import setup_logging
 
 flags.DEFINE_list("checkpoint", None, "launch.train workdir(s), comma-separated")
-flags.DEFINE_list("suite", ["niah", "ppl"], "any of niah, mqar, ppl, commonsense")
+flags.DEFINE_list("suite", ["niah", "ppl"], "any of niah, mqar, ppl, retrieval, commonsense")
 flags.DEFINE_string("out", "", "output folder (default <first checkpoint>/eval)")
 flags.DEFINE_integer("step", None, "checkpoint step (default: the newest)")
 flags.DEFINE_list("niah_tasks", ["niah_single_1", "niah_single_2", "niah_single_3"], "")

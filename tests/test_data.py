@@ -203,7 +203,7 @@ def test_retrieval_mix_sequences(gpt2):
     assert mix.num_text == len(text) and mix.num_synthetic == round(len(text) / 3)
     assert len(mix) == len(text) + mix.num_synthetic
     np.testing.assert_array_equal(mix[3]["inputs"], text[3]["inputs"])
-    needle = r"One of the special magic (numbers|uuids) for (\S+) is: (\S+)\. "
+    needle_re = r"One of the special magic (numbers|uuids) for (\S+) is: (\S+)\. "
     counts = set()
     for j in range(mix.num_synthetic):
         x = mix[len(text) + j]
@@ -212,7 +212,7 @@ def test_retrieval_mix_sequences(gpt2):
         np.testing.assert_array_equal(x["inputs"][1:], x["targets"][:-1])
         window = np.concatenate([x["inputs"], x["targets"][-1:]])
         doc = gpt2.decode(window.tolist()).split("<|endoftext|>")[0]
-        found = re.findall(needle, doc)
+        found = re.findall(needle_re, doc)
         kinds = {f[0] for f in found}
         assert len(kinds) == 1 and doc.startswith(f"Some special magic {kinds.pop()} are hidden")
         pairs = {key: value for _, key, value in found}
@@ -227,6 +227,14 @@ def test_retrieval_mix_sequences(gpt2):
         assert last_needle < doc.index("What are all")
         assert all(len(v) == (7 if kind == "numbers" else 36) for v in pairs.values())
     assert counts == {1, 2, 3}          # up to 4 drawn, fewer where 256 tokens cannot hold them
+    for j in range(20):                 # the probe's masks cover exactly the values
+        x, answer, needle = mix.probe(j)
+        assert int(answer.sum()) == int(needle.sum()) > 0
+        doc = gpt2.decode(np.concatenate([x["inputs"], x["targets"][-1:]]).tolist())
+        values = re.findall(needle_re, doc.split("<|endoftext|>")[0])
+        for m in (answer, needle):
+            picked = gpt2.decode(x["targets"][m > 0].tolist())
+            assert sorted(picked.split()) == sorted(v for _, _, v in values), (picked, values)
     again = RetrievalMix(text, gpt2, 0.25)
     np.testing.assert_array_equal(again[len(text) + 5]["inputs"], mix[len(text) + 5]["inputs"])
 

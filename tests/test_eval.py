@@ -162,3 +162,32 @@ def test_report_keeps_runs_cut_before_their_evaluation(tmp_path):
     assert "| short | 4 |" in report([run, short], tmp_path / "rep3")   # fewer steps than smoothing
     with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
         report([tmp_path / "empty"], tmp_path / "rep2")
+
+
+class _FixedScorer:
+    """Stands in for Scorer: every token gets log-prob ``lp``; greedy right or wrong."""
+    batch_size = 8
+
+    def __init__(self, lp, right):
+        self.lp, self.right, self.calls = lp, right, 0
+
+    def token_logprobs(self, tokens):
+        self.calls += 1
+        shape = (tokens.shape[0], tokens.shape[1] - 1)
+        return np.full(shape, self.lp, np.float32), np.full(shape, self.right)
+
+
+def test_retrieval_probe_aggregates_answers_and_needles():
+    from hwh_jax.eval.retrieval_probe import retrieval_probe
+    tok = GPT2BPE(data_dir() / "gpt2_bpe")
+    stream = np.asarray(tok.encode((data_dir() / "tinyshakespeare" / "input.txt").read_text()
+                                   [:40_000]), np.uint32)
+    right = _FixedScorer(-0.5, True)
+    out = retrieval_probe(right, tok, stream, 256, num=10, log=lambda *_: None)
+    assert right.calls == 2 and out["documents"] == 10 and out["answers"] >= 10
+    assert out["exact"] == 1.0 and out["answer_accuracy"] == out["needle_accuracy"] == 1.0
+    assert out["answer_nll"] == pytest.approx(0.5) and out["needle_nll"] == pytest.approx(0.5)
+    assert retrieval_probe(_FixedScorer(-2.0, False), tok, stream, 256, num=3,
+                           log=lambda *_: None)["exact"] == 0.0
+    with pytest.raises(ValueError, match="num must be"):
+        retrieval_probe(right, tok, stream, 256, num=0)

@@ -95,6 +95,12 @@ class RetrievalMix:
 
     def synthetic(self, j: int) -> dict[str, np.ndarray]:
         """The j-th synthetic window (inputs, targets, segment_ids, positions, loss_mask)."""
+        return self.probe(j)[0]
+
+    def probe(self, j: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """The j-th synthetic window, and two target-aligned masks: the value tokens of the
+        answers (predictable only by retrieving the needle) and the same values' tokens in the
+        needles (unpredictable: the chance baseline). ``hwh_jax.eval.retrieval_probe``."""
         rng = np.random.default_rng((self.seed, 0x5EED, j))
         kind = KINDS[int(rng.integers(2))]
         k = int(rng.integers(1, self.max_needles + 1))
@@ -118,17 +124,38 @@ class RetrievalMix:
         start = int(rng.integers(0, len(stream) - self.window))
         haystack = np.asarray(stream[start:start + hay], np.int32)
         cuts = np.sort(rng.integers(0, hay + 1, k))
-        doc = [header]
+        _, needle_texts, answer_texts = self.pieces(kind, keys, values)
+        doc, answer_spans, needle_spans = [header], [], []
+
+        def add(tokens, text=None, value=None, spans=None):
+            at = sum(map(len, doc))
+            if spans is not None:   # the value's tokens (with the space before it)
+                i = text.rindex(value)
+                lo = len(self.tokenizer.encode(text[:i].rstrip()))
+                spans.append((at + lo, at + len(self.tokenizer.encode(text[:i] + value))))
+            doc.append(tokens)
+
         for n, (a, b) in enumerate(zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [hay]]))):
-            doc += [haystack[a:b]] + ([needles[n]] if n < k else [])
-        doc += [answers[n] for n in order] + [[self.eos_id]]
-        doc = np.concatenate([np.asarray(d, np.int32) for d in doc])
+            add(haystack[a:b])
+            if n < k:
+                add(needles[n], needle_texts[n], values[n], needle_spans)
+        for n in order:
+            add(answers[n], answer_texts[n], values[n], answer_spans)
+        doc = np.concatenate([np.asarray(d, np.int32) for d in doc + [[self.eos_id]]])
         start = int(rng.integers(0, len(stream) - self.window))
         w = np.concatenate([doc, np.asarray(stream[start:start + self.window - len(doc)],
                                             np.int32)])
         seg, pos = segments_and_positions(w, self.eos_id, self.window)
-        return {"inputs": w[:-1], "targets": w[1:], "segment_ids": seg[:-1],
-                "positions": pos[:-1], "loss_mask": np.ones(self.seq_len, np.float32)}
+
+        def mask(spans):   # targets[t] = w[t + 1]
+            m = np.zeros(self.seq_len, np.float32)
+            for lo, hi in spans:
+                m[lo - 1:hi - 1] = 1.0
+            return m
+
+        return ({"inputs": w[:-1], "targets": w[1:], "segment_ids": seg[:-1],
+                 "positions": pos[:-1], "loss_mask": np.ones(self.seq_len, np.float32)},
+                mask(answer_spans), mask(needle_spans))
 
     def __repr__(self):
         return (f"RetrievalMix({self.num_text} text + {self.num_synthetic} synthetic retrieval "

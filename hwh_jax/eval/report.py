@@ -40,6 +40,7 @@ def summarize(workdir: str | Path) -> dict:
         "niah": results.get("niah_summary", {}),
         "mqar": {f"{r['seq_len']}x{r['num_kv_pairs']}": r["accuracy"]
                  for r in results.get("mqar", [])},
+        "retrieval": results.get("retrieval"),
         "results": results,
     }
     return out
@@ -64,13 +65,16 @@ def niah_table(exps: list[dict]) -> str:
 
 def run_table(exps: list[dict]) -> str:
     """Params, tokens, held-out loss, MQAR accuracy and throughput per experiment."""
-    lines = ["| model | arch | params | tokens | held-out loss | MQAR acc (mean) | tokens/s "
-             "| MFU | wall |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| model | arch | params | tokens | held-out loss | MQAR acc (mean) | retrieval "
+             "probe: answer / chance acc | tokens/s | MFU | wall |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for e in exps:
         mq = statistics.mean(e["mqar"].values()) if e["mqar"] else None
+        rp = e.get("retrieval")
+        probe = (f"{rp['answer_accuracy']:.3f} / {rp['needle_accuracy']:.3f}" if rp else "-")
         lines.append(
             f"| {e['name']} | {e['arch']} | {e['params'] / 1e6:.1f}M | {e['tokens'] / 1e6:.1f}M | "
-            f"{_fmt(e['heldout_loss'], '.3f')} | {_fmt(mq, '.3f')} | "
+            f"{_fmt(e['heldout_loss'], '.3f')} | {_fmt(mq, '.3f')} | {probe} | "
             f"{_fmt(e['tokens_per_s'], ',.0f')} | {_fmt(e['mfu'], '.1%')} | "
             f"{e['wall_s']:.0f} s |")
     return "\n".join(lines)

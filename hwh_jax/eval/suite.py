@@ -1,4 +1,5 @@
-"""The evaluation suite over one trained run: NIAH, MQAR, perplexity by position, commonsense.
+"""The evaluation suite over one trained run: NIAH, MQAR, perplexity by position, the retrieval
+probe, commonsense.
 
 ``run_suite(run, spec, out_dir)`` evaluates a ``LoadedRun`` (``hwh_jax.training.restore``),
 writes ``results.json`` and its figures under ``out_dir`` and returns the results; ``compare``
@@ -14,10 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from hwh_jax.eval import commonsense, mqar, niah, perplexity, plots
+from hwh_jax.eval.retrieval_probe import retrieval_probe
 from hwh_jax.eval.scoring import Scorer
 from hwh_jax.inference.generate import Generator
 
-SUITES = ("niah", "mqar", "ppl", "commonsense")
+SUITES = ("niah", "mqar", "ppl", "retrieval", "commonsense")
 
 
 @dataclasses.dataclass
@@ -35,6 +37,7 @@ class EvalSpec:
     mqar_vocab: int = 0                 # 0: the model's vocabulary (capped at 8192)
     mqar_settings: tuple = ((64, 4), (128, 8), (256, 16))
     mqar_examples: int = 64
+    retrieval_documents: int = 64       # synthetic NIAH-format documents from held-out text
     commonsense_tasks: tuple = commonsense.TASKS
     commonsense_limit: int = 0          # first N examples per task; 0 = all
 
@@ -90,6 +93,12 @@ def run_suite(run, spec: EvalSpec, out_dir: str | Path, log=print,
     max_len = int(L * max(max(spec.niah_factors), spec.ppl_factor))
     scorer = Scorer(run.model, batch_size=spec.batch_size, max_len=max_len)
     t0 = time.time()
+    if "ppl" in spec.suites or "retrieval" in spec.suites:
+        stream = heldout_stream if heldout_stream is not None and not spec.ppl_text else \
+            _heldout_stream(run, spec)
+    if "retrieval" in spec.suites:   # first: one forward pass per batch, in the log at once
+        results["retrieval"] = retrieval_probe(scorer, tok, stream, L,
+                                               num=spec.retrieval_documents, log=log)
     if "niah" in spec.suites:
         gen = Generator(run.model, eos_id=tok.eos_id, vocab=tok.vocab_size, pad_id=tok.pad_id)
         rows = niah.run_niah(gen, tok, tasks=spec.niah_tasks,
@@ -105,8 +114,6 @@ def run_suite(run, spec: EvalSpec, out_dir: str | Path, log=print,
             plots.niah_heatmap(rows, t, f"{run.name}: {t}", out_dir / f"niah_{t}.png", L)
     if "ppl" in spec.suites:
         bucket = max(L // spec.ppl_buckets_per_train_len, 1)
-        stream = heldout_stream if heldout_stream is not None and not spec.ppl_text else \
-            _heldout_stream(run, spec)
         results["ppl"] = perplexity.ppl_by_position(
             scorer, stream, max_len=spec.ppl_factor * L, bucket=bucket,
             max_windows=spec.ppl_windows, log=log)
