@@ -235,8 +235,10 @@ def test_retrieval_mix_sequences(gpt2):
         for m in (answer, needle):
             picked = gpt2.decode(x["targets"][m > 0].tolist())
             assert sorted(picked.split()) == sorted(v for _, _, v in values), (picked, values)
-    again = RetrievalMix(text, gpt2, 0.25)
+    again = RetrievalMix(text, gpt2, 0.25, answer_weight=5.0)
     np.testing.assert_array_equal(again[len(text) + 5]["inputs"], mix[len(text) + 5]["inputs"])
+    _, answers, _ = mix.probe(5)
+    np.testing.assert_array_equal(again[len(text) + 5]["loss_mask"], 1 + 4 * answers)
 
 
 def test_retrieval_template_is_the_evaluations():
@@ -262,3 +264,16 @@ def test_retrieval_mix_share_in_batches_and_errors(gpt2):
         RetrievalMix(PackedSequences(stream, 64, eos_id=gpt2.eos_id, pad_id=0), gpt2, 0.2)
     with pytest.raises(ValueError, match="retrieval_share"):
         DataSpec(retrieval_share=-0.1).validate()
+    with pytest.raises(ValueError, match="retrieval_answer_weight must be >= 1, got 0.5"):
+        DataSpec(retrieval_answer_weight=0.5).validate()
+
+
+@pytest.mark.parametrize("module", ["hwh_jax.data.retrieval", "hwh_jax.eval.retrieval_probe"])
+def test_imports_alone_without_a_cycle(module):
+    """data.retrieval uses eval.niah's templates and eval.retrieval_probe uses data.retrieval:
+    each must import first, in a fresh interpreter."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -43,6 +43,7 @@ class DataSpec:
     sp_vocab_size: int = 4096             # vocabulary of the trained SentencePiece model
     data_dir: str = ""                    # default: $HWH_DATA_DIR or ../shared/data
     retrieval_share: float = 0.0          # share of synthetic NIAH-format training sequences
+    retrieval_answer_weight: float = 1.0  # loss weight of their answers' value tokens
 
     def validate(self):
         if self.source not in SOURCES:
@@ -53,6 +54,9 @@ class DataSpec:
             raise ValueError(f"data.heldout_fraction must lie in [0, 1), got {self.heldout_fraction}")
         if not 0 <= self.retrieval_share < 1:
             raise ValueError(f"data.retrieval_share must lie in [0, 1), got {self.retrieval_share}")
+        if self.retrieval_answer_weight < 1:
+            raise ValueError(f"data.retrieval_answer_weight must be >= 1, got "
+                             f"{self.retrieval_answer_weight}")
         if self.source in ("text", "arrayrecord"):
             if not self.paths:
                 raise ValueError("data.paths is empty")
@@ -82,7 +86,8 @@ def _documents(spec: DataSpec, heldout: bool):
 
 def _fingerprint(spec: DataSpec, paths) -> str:
     fields = dataclasses.asdict(spec)
-    fields.pop("retrieval_share")  # mixed in after tokenisation: same tokenizer, same tokens
+    for name in ("retrieval_share", "retrieval_answer_weight"):
+        fields.pop(name)  # mixed in after tokenisation: same tokenizer, same tokens
     h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     if spec.source != "tfds":
         for f in _files(spec, paths):
@@ -155,7 +160,8 @@ def build_splits(spec: DataSpec, seq_len: int) -> Splits:
         stream, heldout = stream[:len(stream) - n_held], stream[len(stream) - n_held:]
     train = PackedSequences(stream, seq_len, **kw)
     if spec.retrieval_share:
-        train = RetrievalMix(train, tok, spec.retrieval_share)
+        train = RetrievalMix(train, tok, spec.retrieval_share,
+                             answer_weight=spec.retrieval_answer_weight)
     return Splits(train, PackedSequences(heldout, seq_len, **kw) if len(heldout) > 1 else None,
                   tok)
 

@@ -21,7 +21,8 @@ that a fixed share of training sequences teach the *format* of the RULER NIAH ta
   with training text after an EOS. No synthetic document is longer than L, so NIAH at 2L and
   4L measures extrapolation.
 
-Every token is trained on (the loss mask is 1), as for text. The synthetic sequence of index i
+Every token is trained on (the loss mask is 1, as for text; ``answer_weight`` > 1 weighs the
+answers' value tokens more: with ~8 of them per answer they are ~1-2% of the tokens). The synthetic sequence of index i
 is a pure function of (seed, i): resuming or resharding reproduces it.
 """
 from __future__ import annotations
@@ -41,13 +42,15 @@ class RetrievalMix:
     synthetic retrieval windows: a Grain random-access source whose shuffle mixes them."""
 
     def __init__(self, text: PackedSequences, tokenizer, share: float, *, max_needles: int = 4,
-                 seed: int = 0):
+                 answer_weight: float = 1.0, seed: int = 0):
         if not 0 < share < 1:
             raise ValueError(f"retrieval share must lie in (0, 1), got {share}")
+        if answer_weight < 1:
+            raise ValueError(f"answer_weight must be >= 1, got {answer_weight}")
         if max_needles < 1:
             raise ValueError(f"max_needles must be >= 1, got {max_needles}")
         self.text, self.tokenizer, self.share, self.seed = text, tokenizer, share, seed
-        self.max_needles = max_needles
+        self.max_needles, self.answer_weight = max_needles, answer_weight
         self.seq_len, self.window = text.seq_len, text.window
         self.eos_id, self.pad_id = text.eos_id, text.pad_id
         self.num_text = len(text)
@@ -94,8 +97,12 @@ class RetrievalMix:
         return self.synthetic(i - self.num_text) | {"index": np.int32(i)}
 
     def synthetic(self, j: int) -> dict[str, np.ndarray]:
-        """The j-th synthetic window (inputs, targets, segment_ids, positions, loss_mask)."""
-        return self.probe(j)[0]
+        """The j-th synthetic window (inputs, targets, segment_ids, positions, loss_mask); the
+        answers' value tokens weigh ``answer_weight`` in the loss, every other token 1."""
+        window, answers, _ = self.probe(j)
+        if self.answer_weight != 1:
+            window["loss_mask"] = 1 + (self.answer_weight - 1) * answers
+        return window
 
     def probe(self, j: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """The j-th synthetic window, and two target-aligned masks: the value tokens of the
@@ -159,4 +166,5 @@ class RetrievalMix:
 
     def __repr__(self):
         return (f"RetrievalMix({self.num_text} text + {self.num_synthetic} synthetic retrieval "
-                f"x {self.seq_len}, share {self.share}, up to {self.max_needles} needles)")
+                f"x {self.seq_len}, share {self.share}, up to {self.max_needles} needles, answer "
+                f"weight {self.answer_weight})")
