@@ -225,7 +225,8 @@ def test_every_config_builds_and_its_tiny_form_trains_a_step(arch):
 def test_experiment_configs_match_parameters_and_tokens():
     """configs/experiment.py: the six architectures of the reproduction at `small` have the same
     parameter count within 5% (at the vocabulary a 8192-piece tokenizer gives), train on the
-    same number of tokens at L and 2L, and end with NIAH at L, 2L, 4L, MQAR and perplexity."""
+    same number of tokens at L and 2L, and end with the retrieval probe, NIAH at L, 2L, 4L, MQAR
+    and perplexity."""
     from configs import experiment
     from hwh_jax.models.params import count_params
     from hwh_jax.training.trainer import model_from_config
@@ -235,7 +236,8 @@ def test_experiment_configs_match_parameters_and_tokens():
             config = experiment.get_config(f"{arch},{L}")
             tokens.add(config.train.steps * config.train.batch_size * config.seq_len)
             assert tuple(config.eval.niah_factors) == (1, 2, 4)
-            assert set(config.eval.suites) == {"niah", "mqar", "ppl"}
+            assert set(config.eval.suites) == {"retrieval", "niah", "mqar", "ppl"}
+            assert 0 < config.data.retrieval_share < 1
         params[arch] = count_params(model_from_config(config, 8192))
     assert len(tokens) == 1, tokens
     spread = (max(params.values()) - min(params.values())) / min(params.values())
