@@ -60,7 +60,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     d.sp_model = ""                        # a SentencePiece .model for tokenizer="sentencepiece"
     d.sp_vocab_size = 4096                 # vocabulary of the corpus-trained SentencePiece
     d.data_dir = ""                        # default $HWH_DATA_DIR or ../shared/data
-    d.retrieval_share = 0.0                # share of synthetic NIAH-format sequences (data/retrieval.py)
+    d.retrieval_share = 0.0                # share of synthetic NIAH-format sequences
+    #                                        (hwh_jax/data/retrieval.py)
     d.retrieval_answer_weight = 1.0        # loss weight of their answers' value tokens
 
     t = config.train = ml_collections.ConfigDict()

@@ -22,8 +22,9 @@ that a fixed share of training sequences teach the *format* of the RULER NIAH ta
   4L measures extrapolation.
 
 Every token is trained on (the loss mask is 1, as for text; ``answer_weight`` > 1 weighs the
-answers' value tokens more: with ~8 of them per answer they are ~1-2% of the tokens). The synthetic sequence of index i
-is a pure function of (seed, i): resuming or resharding reproduces it.
+answers' value tokens more: with ~8 of them per answer they are ~1-2% of the tokens). The
+synthetic sequence of index i is a pure function of (seed, i): resuming or resharding
+reproduces it.
 """
 from __future__ import annotations
 

@@ -214,11 +214,10 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
     # --- steps
     batch_sh = shd.batch_sharding(mesh)
     per_shard = kernels_pallas.kernel_mesh(mesh)  # Pallas kernels traced per device shard
-    train_step = jax.jit(per_shard(make_train_step(graphdef, tx, schedule, grad_accum=c.grad_accum,
-                                                   z_loss=c.z_loss,
-                                                   document_mask=c.document_mask)),
-                         in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None),
-                         donate_argnums=(0,))
+    step_fn = make_train_step(graphdef, tx, schedule, grad_accum=c.grad_accum, z_loss=c.z_loss,
+                              document_mask=c.document_mask)
+    train_step = jax.jit(per_shard(step_fn), in_shardings=(state_sh, batch_sh),
+                         out_shardings=(state_sh, None), donate_argnums=(0,))
     eval_step = jax.jit(per_shard(make_eval_step(graphdef, document_mask=c.document_mask)),
                         in_shardings=(param_sh, batch_sh))
 
