@@ -26,10 +26,7 @@ def summarize(workdir: str | Path) -> dict:
                                     f"closing evaluation (config.eval.at_end)")
     summary = json.loads((workdir / "summary.json").read_text())
     results = json.loads((workdir / "eval" / "results.json").read_text())
-    perf = [r for r in read_metrics(workdir / "metrics.jsonl") if r["split"] == "perf"]
-    steady = perf[1:] or perf          # the first window includes compilation
-    tps = [r["tokens_per_s"] for r in steady]
-    mfu = [r["mfu"] for r in steady if "mfu" in r]
+    tps, mfu = _steady(read_metrics(workdir / "metrics.jsonl"))
     out = {
         "name": workdir.name, "arch": summary["arch"], "params": summary["params"],
         "train_len": results["train_len"], "steps": summary["steps"],
@@ -44,6 +41,13 @@ def summarize(workdir: str | Path) -> dict:
         "results": results,
     }
     return out
+
+
+def _steady(rows: list[dict]) -> tuple[list[float], list[float]]:
+    """tokens/s and MFU of the perf rows after the first (whose window includes compilation)."""
+    perf = [r for r in rows if r["split"] == "perf"]
+    steady = perf[1:] or perf
+    return [r["tokens_per_s"] for r in steady], [r["mfu"] for r in steady if "mfu" in r]
 
 
 def _fmt(x, spec=".2f"):
@@ -92,7 +96,7 @@ def training_row(workdir: str | Path, last: int = 50) -> dict:
     if not train:
         raise ValueError(f"{path} has no training steps")
     held = [r["loss"] for r in rows if r["split"] == "heldout"]
-    tps = [r["tokens_per_s"] for r in rows if r["split"] == "perf"][1:]
+    tps, _ = _steady(rows)
     tail = sorted(train)[-last:]
     return {"name": workdir.name, "steps": max(train),
             "train_loss_tail": statistics.mean(train[s] for s in tail), "tail": len(tail),
