@@ -270,8 +270,8 @@ def test_retrieval_mix_share_in_batches_and_errors(gpt2):
 
 @pytest.mark.parametrize("module", ["hwh_jax.data.retrieval", "hwh_jax.eval.retrieval_probe"])
 def test_imports_alone_without_a_cycle(module):
-    """data.retrieval uses eval.niah's templates and eval.retrieval_probe uses data.retrieval:
-    each must import first, in a fresh interpreter."""
+    """eval.retrieval_probe uses data.retrieval (and the eval package imports the probe): each
+    must import first, in a fresh interpreter."""
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,

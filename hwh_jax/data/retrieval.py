@@ -9,9 +9,9 @@ that a fixed share of training sequences teach the *format* of the RULER NIAH ta
     [header] [haystack with k needles] [k x (question + answer prefix + value ".")] EOS [text]
 
 - header, needles, questions and answers use RULER's niah_single templates
-  (``hwh_jax.eval.niah``; with k = 1 the document is a NIAH prompt followed by its answer);
-  the values are random 7-digit numbers or UUIDs (one kind per document, half each), the keys
-  distinct random adjective-noun pairs;
+  (``hwh_jax.data.ruler``, as the evaluation ``hwh_jax.eval.niah`` does; with k = 1 the document
+  is a NIAH prompt followed by its answer); the values are random 7-digit numbers or UUIDs (one
+  kind per document, half each), the keys distinct random adjective-noun pairs;
 - k is uniform in 1..``max_needles``, lowered until the template fills at most 3/4 of the
   window; every needle is asked for, in a random order (k answers per document: more signal
   per sequence, and a model must match the key, not copy the one number it saw);
@@ -33,7 +33,7 @@ import uuid
 import numpy as np
 
 from hwh_jax.data.packing import PackedSequences, segments_and_positions
-from hwh_jax.eval import niah
+from hwh_jax.data.ruler import ANSWER_PREFIX, NEEDLE, TEMPLATE, WORDS
 
 KINDS = ("numbers", "uuids")
 
@@ -56,7 +56,7 @@ class RetrievalMix:
         self.eos_id, self.pad_id = text.eos_id, text.pad_id
         self.num_text = len(text)
         self.num_synthetic = max(1, round(self.num_text * share / (1 - share)))
-        longest = max(niah.WORDS, key=len)
+        longest = max(WORDS, key=len)
         need = 1 + max(sum(map(len, self._encode(kind, [longest], [value])))
                        for kind, value in (("numbers", "9" * 7), ("uuids", str(uuid.UUID(int=0)))))
         if need >= self.window:
@@ -68,11 +68,11 @@ class RetrievalMix:
     @staticmethod
     def pieces(kind: str, keys: list[str], values: list[str]) -> tuple[str, list[str], list[str]]:
         """Header, needles and question-answer texts of one document (k = len(keys))."""
-        header, rest = niah.TEMPLATE.split("{context}")
-        needles = [" " + niah.NEEDLE.format(type_needle_v=kind, key=k, value=v) + " "
+        header, rest = TEMPLATE.split("{context}")
+        needles = [" " + NEEDLE.format(type_needle_v=kind, key=k, value=v) + " "
                    for k, v in zip(keys, values)]
         answers = [rest.format(type_needle_v=kind, query=k)
-                   + niah.ANSWER_PREFIX.format(type_needle_v1=kind[:-1], query=k) + f" {v}."
+                   + ANSWER_PREFIX.format(type_needle_v1=kind[:-1], query=k) + f" {v}."
                    for k, v in zip(keys, values)]
         return header.format(type_needle_v=kind), needles, answers
 
@@ -112,7 +112,7 @@ class RetrievalMix:
         rng = np.random.default_rng((self.seed, 0x5EED, j))
         kind = KINDS[int(rng.integers(2))]
         k = int(rng.integers(1, self.max_needles + 1))
-        keys = [niah.WORDS[int(w)] for w in rng.choice(len(niah.WORDS), k, replace=False)]
+        keys = [WORDS[int(w)] for w in rng.choice(len(WORDS), k, replace=False)]
         values = [str(int(rng.integers(10 ** 6, 10 ** 7))) if kind == "numbers"
                   else str(uuid.UUID(int=int.from_bytes(rng.bytes(16), "little"), version=4))
                   for _ in range(k)]

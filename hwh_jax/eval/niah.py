@@ -1,6 +1,7 @@
 """RULER-style needle-in-a-haystack: niah_single_1/2/3 (Hsieh et al., 2024).
 
-Templates are RULER's (``scripts/data/synthetic/constants.py`` and ``niah.py``):
+Templates are RULER's (``scripts/data/synthetic/constants.py`` and ``niah.py``; kept in
+``hwh_jax.data.ruler``, which the synthetic retrieval training documents share):
 
     Some special magic {numbers} are hidden within the following text. Make sure to memorize
     it. I will quiz you about the {numbers} afterwards.\n{context}\nWhat are all the special
@@ -22,9 +23,9 @@ essays (depth = share of sentences before the needle); in the noise haystack, be
 Score = 100 x share of expected values found in the greedy answer (RULER's string_match_all).
 
 Differences from RULER, by necessity (no network, no extra packages): keys are adjective-noun
-pairs from the short lists below rather than wonderwords' full lists; sentences are split by a
-regular expression rather than NLTK's punkt; the noise haystack puts the needle at the requested
-depth (RULER picks a random slot), so that depth can be swept for it too.
+pairs from short lists (``hwh_jax.data.ruler``) rather than wonderwords' full lists; sentences
+are split by a regular expression rather than NLTK's punkt; the noise haystack puts the needle
+at the requested depth (RULER picks a random slot), so that depth can be swept for it too.
 """
 from __future__ import annotations
 
@@ -36,14 +37,7 @@ import uuid
 from pathlib import Path
 
 from hwh_jax.data.paths import data_dir
-
-TEMPLATE = ("Some special magic {type_needle_v} are hidden within the following text. Make sure "
-            "to memorize it. I will quiz you about the {type_needle_v} afterwards.\n{context}\n"
-            "What are all the special magic {type_needle_v} for {query} mentioned in the "
-            "provided text?")
-ANSWER_PREFIX = " The special magic {type_needle_v1} for {query} mentioned in the provided text is"
-NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
-NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+from hwh_jax.data.ruler import ANSWER_PREFIX, NEEDLE, NOISE, TEMPLATE, WORDS  # noqa: F401
 
 TASKS = {  # name -> (haystack, value type)
     "niah_single_1": ("noise", "numbers"),
@@ -51,23 +45,6 @@ TASKS = {  # name -> (haystack, value type)
     "niah_single_3": ("essay", "uuids"),
 }
 RULER_DEPTHS = [round(i * 100 / 39) for i in range(40)]  # 40 evenly spaced, as RULER
-
-_ADJECTIVES = """able ancient angry bitter bold brave bright broad calm careful cheap clever cold
-cool curious damp dark deep eager early empty fair famous fancy fierce flat fresh gentle giant
-glad golden grand green happy heavy hollow honest huge humble icy jolly kind large lazy little
-lively loud lucky mellow mighty modern narrow noisy odd old pale plain polite proud quick quiet
-rapid rare rich rough round royal rusty sad shiny short silent silly sleepy slow small smooth
-soft solid sour spicy steady steep sticky strange strict strong sudden sweet swift tall tame
-tender thin tidy tiny tough vast warm wet wide wild wise witty young""".split()
-_NOUNS = """anchor apple arrow badge basket beach bell berry blade blanket boat bottle bridge
-brush bucket button cabin camera candle canyon carpet castle cave chair cloud coast comet
-compass cottage crayon crown desk diamond dragon drum eagle engine falcon feather fence field
-flag forest fountain garden gate glacier guitar hammer harbor helmet hill island jacket jewel
-kettle kite ladder lake lantern lemon letter lion magnet marble meadow mirror moon mountain
-needle ocean orchard owl palace parrot pencil piano pillow planet pocket pond puzzle quilt
-rabbit river robot rocket saddle sailor scarf shell shield ship statue storm stream tiger
-tower train tunnel umbrella valley violin wagon whale window wizard""".split()
-WORDS = sorted({f"{a}-{n}" for a in _ADJECTIVES for n in _NOUNS})
 
 
 @dataclasses.dataclass

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from hwh_jax.data.packing import PackedSequences
+from hwh_jax.data.retrieval import RetrievalMix
 
 
 def _runs(mask: np.ndarray):
@@ -24,9 +25,6 @@ def _runs(mask: np.ndarray):
 
 def retrieval_probe(scorer, tokenizer, stream: np.ndarray, seq_len: int, *, num: int = 64,
                     log=print) -> dict:
-    # here, not at the top: hwh_jax.data.retrieval imports hwh_jax.eval.niah (its templates),
-    # whose package imports this module
-    from hwh_jax.data.retrieval import RetrievalMix
     if num < 1:
         raise ValueError(f"retrieval probe: num must be >= 1, got {num}")
     text = PackedSequences(np.asarray(stream), seq_len, eos_id=tokenizer.eos_id,
