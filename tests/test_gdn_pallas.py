@@ -123,3 +123,26 @@ def test_pallas_per_shard_under_a_mesh(heads):
     assert f"f32[1,48,{local_heads},16]" in jaxpr   # B 4 -> 1 per device; T padded to 48
     for name in TOL:
         assert rel(out[name], ref[name]) < 1e-6, (name, rel(out[name], ref[name]))
+
+
+def test_identical_layers_share_one_lowering_of_each_kernel():
+    """The kernel functions are nested jits: a program with 8 GDN layers of one shape lowers
+    (on a GPU: Triton-compiles) as many kernel callees as one with 4, not twice as many."""
+    import re
+    q, k, v, g, beta, _, _ = make_inputs(2, 32, 2, 16, 16)
+
+    def kernels(n):
+        def f(q):
+            x = q
+            for _ in range(n):
+                o, _ = gated_delta_rule(x, k, v, g, beta, impl="pallas", interpret=True,
+                                        chunk_size=16)
+                x = x + o
+            return x.sum()
+        text = jax.jit(jax.grad(f)).lower(q).as_text()
+        return re.findall(r"func\.func (?:private )?@((?:wy|scan|state)_\w+)", text)
+
+    four, eight = kernels(4), kernels(8)
+    assert {n.rstrip("_0123456789") for n in four} == {
+        "wy_forward", "wy_backward", "scan_forward", "scan_backward", "state_grads"}
+    assert len(eight) == len(four) < 4 * 5

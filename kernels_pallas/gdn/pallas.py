@@ -20,10 +20,19 @@ import jax.numpy as jnp
 
 from kernels_pallas.gdn._common import KernelConfig
 from kernels_pallas.gdn.chunk_reference import _pad_time, chunk_local_cumsum
-from kernels_pallas.gdn.scan_kernels import scan_backward, scan_forward, state_grads
-from kernels_pallas.gdn.wy_kernels import wy_backward, wy_forward
+from kernels_pallas.gdn import scan_kernels, wy_kernels
 
 f32 = jnp.float32
+
+# Each kernel function as a nested jit (config static): JAX lowers a jitted callee once per
+# distinct (config, shapes) within a program, and lowering a pallas_call is where Triton compiles
+# it, so the GDN layers of a model that share a shape share one compilation of each kernel.
+_jit = lambda fn, *names: jax.jit(fn, static_argnums=0, static_argnames=names)  # noqa: E731
+wy_forward = _jit(wy_kernels.wy_forward, "sub")
+wy_backward = _jit(wy_kernels.wy_backward)
+scan_forward = _jit(scan_kernels.scan_forward, "store")
+scan_backward = _jit(scan_kernels.scan_backward)
+state_grads = _jit(scan_kernels.state_grads)
 
 
 def _reverse_chunk_cumsum(x, C):
