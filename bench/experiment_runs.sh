@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The experiments of docs/results.md on one GPU (configs/experiment.py).
-# Usage: bash bench/experiment_runs.sh OUT_DIR L ARCH [ARCH ...]
+# Usage: bash bench/experiment_runs.sh OUT_DIR L RUN [RUN ...]
+# RUN is an ARCH of configs/experiment.py, or NAME:ARCH:OVERRIDES (a variant named NAME, with
+# config overrides separated by spaces, e.g. "aw50:transformer:--config.data.retrieval_answer_weight=50").
 # Each run trains into ${WORK:-/tmp/exp}/ARCH (checkpoints stay there) under a time limit of
 # ${RUN_LIMIT:-290} s; OUT_DIR/ARCH gets its log, summary.json, metrics.jsonl, loss.png and eval/
 # (all that `python -m launch.experiment --report=...` reads). Then the report over OUT_DIR's runs.
@@ -14,28 +16,31 @@ WORK=${WORK:-/tmp/exp}
 mkdir -p "$OUT" "$WORK"
 
 run_one() {
-  local arch=$1
-  echo "=== $arch at L=$L ($(date -u +%T))"
+  local name=${1%%:*} spec=$1 arch over=""
+  arch=$name
+  if [[ $spec == *:* ]]; then IFS=: read -r name arch over <<< "$spec"; fi
+  echo "=== $name ($arch $over) at L=$L ($(date -u +%T))"
   timeout "${RUN_LIMIT:-290}" python -m launch.experiment --config="configs/experiment.py:$arch,$L" \
-    --out="$WORK/$arch" ${EXTRA:-} 2>&1 | grep -v "^I[0-9]" > "$OUT/$arch.log"
-  echo "=== $arch exit ${PIPESTATUS[0]} ($(date -u +%T)): $(tail -n 1 "$OUT/$arch.log")"
-  mkdir -p "$OUT/$arch"
-  [ -d "$WORK/$arch" ] && (cd "$WORK/$arch" && cp -r summary.json metrics.jsonl loss.png \
-    experiment.json eval "$OUT/$arch/" 2>/dev/null)
+    --out="$WORK/$name" $over ${EXTRA:-} 2>&1 | grep -v "^I[0-9]" > "$OUT/$name.log"
+  echo "=== $name exit ${PIPESTATUS[0]} ($(date -u +%T)): $(tail -n 1 "$OUT/$name.log")"
+  mkdir -p "$OUT/$name"
+  [ -d "$WORK/$name" ] && (cd "$WORK/$name" && cp -r summary.json metrics.jsonl loss.png \
+    experiment.json eval "$OUT/$name/" 2>/dev/null)
 }
 
 if [ "${PARALLEL:-0}" = 1 ]; then
+  first=$1; [[ $first == *:* ]] && { first=${first#*:}; first=${first%%:*}; }
   python -c "
 from configs.experiment import get_config
 from hwh_jax.data.pipeline import build_splits
 from hwh_jax.training.trainer import run_specs
-c = get_config('$1,$L'); print(build_splits(run_specs(c)[0], c.seq_len).train)"
-  for arch in "$@"; do run_one "$arch" & done
+c = get_config('$first,$L'); print(build_splits(run_specs(c)[0], c.seq_len).train)"
+  for run in "$@"; do run_one "$run" & done
   wait
 else
-  for arch in "$@"; do run_one "$arch"; done
+  for run in "$@"; do run_one "$run"; done
 fi
-runs=$(for a in "$@"; do [ -f "$OUT/$a/experiment.json" ] && printf '%s,' "$OUT/$a"; done)
+runs=$(for r in "$@"; do a=${r%%:*}; [ -f "$OUT/$a/experiment.json" ] && printf '%s,' "$OUT/$a"; done)
 if [ -n "$runs" ]; then
   python -m launch.experiment --report="${runs%,}" --out="$OUT/report" 2>&1 | grep -v "^I[0-9]"
 fi

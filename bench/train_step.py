@@ -36,8 +36,8 @@ from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
 from hwh_jax.training.steps import make_train_step
 
 
-def time_step(arch, size, T, B, steps, dtype):
-    cfg = model_config(arch, size, dtype=dtype)
+def time_step(arch, size, T, B, steps, dtype, vocab_size=0):
+    cfg = model_config(arch, size, dtype=dtype, **({"vocab_size": vocab_size} if vocab_size else {}))
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     tx, schedule = make_optimizer(OptimizerSpec(lr=1e-4, warmup_steps=1, total_steps=100))
     state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
@@ -70,7 +70,8 @@ def time_step(arch, size, T, B, steps, dtype):
     ma = step.memory_analysis()  # this step's own buffers, from the compiled program
     step_bytes = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
                   - ma.alias_size_in_bytes) if ma is not None else None
-    return {"arch": arch, "size": size, "T": T, "B": B, "params": count_params(cfg),
+    return {"arch": arch, "size": size, "T": T, "B": B, "vocab_size": cfg.vocab_size,
+            "params": count_params(cfg),
             "step_ms": ms, "tokens_per_s": tps, "flops_per_token": fpt,
             "mfu": fpt * tps / peak if peak else None, "compile_s": compile_s,
             "loss": float(m["loss"]),
@@ -87,6 +88,8 @@ def main():
     ap.add_argument("--tokens_per_step", type=int, default=131072)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--vocab_size", type=int, default=0,
+                    help="0: the size's default (GPT-2's 50,257); configs/experiment.py: 4096")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     print_device()
@@ -97,7 +100,7 @@ def main():
                 B = max(args.tokens_per_step // T, 1)
                 while True:
                     try:
-                        row = time_step(arch, size, T, B, args.steps, args.dtype)
+                        row = time_step(arch, size, T, B, args.steps, args.dtype, args.vocab_size)
                         break
                     except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                         if not is_oom(e):

@@ -63,6 +63,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     d.retrieval_share = 0.0                # share of synthetic NIAH-format sequences
     #                                        (hwh_jax/data/retrieval.py)
     d.retrieval_answer_weight = 1.0        # loss weight of their answers' value tokens
+    d.retrieval_max_needles = 4            # needles per synthetic document: 1..this, all asked
 
     t = config.train = ml_collections.ConfigDict()
     t.steps = 250 if size == "tiny" else 20000

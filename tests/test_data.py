@@ -266,6 +266,8 @@ def test_retrieval_mix_share_in_batches_and_errors(gpt2):
         DataSpec(retrieval_share=-0.1).validate()
     with pytest.raises(ValueError, match="retrieval_answer_weight must be >= 1, got 0.5"):
         DataSpec(retrieval_answer_weight=0.5).validate()
+    with pytest.raises(ValueError, match="retrieval_max_needles must be >= 1, got 0"):
+        DataSpec(retrieval_max_needles=0).validate()
 
 
 @pytest.mark.parametrize("module", ["hwh_jax.data.retrieval", "hwh_jax.eval.retrieval_probe"])

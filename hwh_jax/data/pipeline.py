@@ -44,6 +44,7 @@ class DataSpec:
     data_dir: str = ""                    # default: $HWH_DATA_DIR or ../shared/data
     retrieval_share: float = 0.0          # share of synthetic NIAH-format training sequences
     retrieval_answer_weight: float = 1.0  # loss weight of their answers' value tokens
+    retrieval_max_needles: int = 4        # needles per synthetic document: 1..this (all asked)
 
     def validate(self):
         if self.source not in SOURCES:
@@ -57,6 +58,9 @@ class DataSpec:
         if self.retrieval_answer_weight < 1:
             raise ValueError(f"data.retrieval_answer_weight must be >= 1, got "
                              f"{self.retrieval_answer_weight}")
+        if self.retrieval_max_needles < 1:
+            raise ValueError(f"data.retrieval_max_needles must be >= 1, got "
+                             f"{self.retrieval_max_needles}")
         if self.source in ("text", "arrayrecord"):
             if not self.paths:
                 raise ValueError("data.paths is empty")
@@ -86,7 +90,7 @@ def _documents(spec: DataSpec, heldout: bool):
 
 def _fingerprint(spec: DataSpec, paths) -> str:
     fields = dataclasses.asdict(spec)
-    for name in ("retrieval_share", "retrieval_answer_weight"):
+    for name in ("retrieval_share", "retrieval_answer_weight", "retrieval_max_needles"):
         fields.pop(name)  # mixed in after tokenisation: same tokenizer, same tokens
     h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     if spec.source != "tfds":
@@ -161,7 +165,8 @@ def build_splits(spec: DataSpec, seq_len: int) -> Splits:
     train = PackedSequences(stream, seq_len, **kw)
     if spec.retrieval_share:
         train = RetrievalMix(train, tok, spec.retrieval_share,
-                             answer_weight=spec.retrieval_answer_weight)
+                             answer_weight=spec.retrieval_answer_weight,
+                             max_needles=spec.retrieval_max_needles)
     return Splits(train, PackedSequences(heldout, seq_len, **kw) if len(heldout) > 1 else None,
                   tok)
 
