@@ -6,8 +6,8 @@
 # Each run trains into ${WORK:-/tmp/exp}/ARCH (checkpoints stay there) under a time limit of
 # ${RUN_LIMIT:-290} s; OUT_DIR/ARCH gets its log, summary.json, metrics.jsonl, loss.png and eval/
 # (all that `python -m launch.experiment --report=...` reads). Then the report over OUT_DIR's runs.
-# PARALLEL=1 runs them all at once (the tokenizer and token cache are built first); their
-# tokens/s then measure a shared GPU, not one run.
+# PARALLEL=1 runs them all at once (the tokenizer and token cache are built first; no memory
+# preallocation); their tokens/s then measure a shared GPU, not one run.
 # EXTRA adds config overrides to every run (a CPU smoke test: EXTRA="--config.model.size=tiny
 # --config.model.dtype=float32 --config.train.steps=3").
 set -uo pipefail
@@ -29,6 +29,7 @@ run_one() {
 }
 
 if [ "${PARALLEL:-0}" = 1 ]; then
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false   # else the first run takes 75% of the GPU's memory
   first=$1; [[ $first == *:* ]] && { first=${first#*:}; first=${first%%:*}; }
   python -c "
 from configs.experiment import get_config
