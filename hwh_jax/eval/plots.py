@@ -38,21 +38,39 @@ def niah_heatmap(rows, task: str, title: str, path: Path, train_len: int | None 
 
 
 def extrapolation_chart(per_model: dict, path: Path, train_len: int | None = None):
-    """Mean NIAH score vs length, one line per (model, task)."""
+    """NIAH score vs length: one panel per task and one of their mean, one line (one colour) per
+    model; a model missing a cell has a gap there."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, rows in per_model.items():
-        for task in sorted({r["task"] for r in rows}):
-            lengths = sorted({r["length"] for r in rows if r["task"] == task})
-            means = [np.mean([r["score"] for r in rows if r["task"] == task and
-                              r["length"] == L]) for L in lengths]
-            ax.plot(lengths, means, marker="o", label=f"{name} {task}")
-    if train_len:
-        ax.axvline(train_len, color="grey", ls="--", lw=1, label="training length")
-    ax.set_xscale("log", base=2)
-    ax.set_ylim(-5, 105)
-    finish_line_chart(fig, ax, path, xlabel="context length (tokens)", ylabel="NIAH score",
-                      legend_size=7)
+    tasks = sorted({r["task"] for rows in per_model.values() for r in rows})
+    lengths = sorted({r["length"] for rows in per_model.values() for r in rows})
+    fig, axes = plt.subplots(1, len(tasks) + 1, figsize=(3.2 * (len(tasks) + 1), 3.4),
+                             sharey=True, squeeze=False)
+    axes = axes[0]
+
+    def cell(rows, task, L):
+        s = [r["score"] for r in rows if r["length"] == L and (task is None or r["task"] == task)]
+        return np.mean(s) if s else np.nan
+
+    for i, (name, rows) in enumerate(per_model.items()):
+        colour = f"C{i % 10}"
+        for ax, task in zip(axes, tasks + [None]):
+            ax.plot(lengths, [cell(rows, task, L) for L in lengths], marker="o", color=colour,
+                    label=name)
+    for ax, task in zip(axes, tasks + ["mean of the tasks"]):
+        if train_len:
+            ax.axvline(train_len, color="grey", ls="--", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(L) for L in lengths])
+        ax.set_ylim(-5, 105)
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("context length (tokens)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("NIAH score (dashed: training length)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def ppl_chart(per_model: dict, path: Path, train_len: int | None = None):
