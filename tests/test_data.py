@@ -13,6 +13,7 @@ from hwh_jax.data.packing import PackedSequences, concat_documents
 from hwh_jax.data.paths import data_dir
 from hwh_jax.data.pipeline import DataSpec, build_splits, train_dataset
 from hwh_jax.data.retrieval import RetrievalMix
+from hwh_jax.data.ruler import WORDS
 from hwh_jax.data.tokenizers import GPT2BPE, SentencePieceTokenizer, train_sentencepiece
 
 SHAKESPEARE = data_dir() / "tinyshakespeare" / "input.txt"
@@ -279,3 +280,25 @@ def test_imports_alone_without_a_cycle(module):
     out = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("which", ["gpt2", "sentencepiece"])
+def test_retrieval_pieces_encode_as_the_whole_texts(which, gpt2, sp_model):
+    """RetrievalMix encodes each needle / answer as (template before the value, cached) + (value
+    chunk): for both tokenizers that equals encoding the whole text, and the value span holds
+    exactly the value's tokens."""
+    tok = gpt2 if which == "gpt2" else SentencePieceTokenizer(sp_model, use_seqio=False)
+    stream = np.asarray(tok.encode(SHAKESPEARE.read_text()[:20_000]), np.uint32)
+    mix = RetrievalMix(PackedSequences(stream, 512, eos_id=tok.eos_id, pad_id=0), tok, 0.5)
+    rng = np.random.default_rng(0)
+    for kind, value in [("numbers", "1234567"), ("numbers", "9000001"),
+                        ("uuids", "3f2a9c1e-0b4d-4e8f-9a7b-1c2d3e4f5a6b"),
+                        ("uuids", "a1b2c3d4-0000-4fff-8abc-ffffffffffe0")]:
+        keys = [WORDS[int(i)] for i in rng.choice(len(WORDS), 3, replace=False)]
+        values = [value] * 3
+        header, needles, answers, n_spans, a_spans = mix._encode(kind, keys, values)
+        h, n_texts, a_texts = RetrievalMix.pieces(kind, keys, values)
+        assert header.tolist() == tok.encode(h)
+        for got, text, (lo, hi) in zip(needles + answers, n_texts + a_texts, n_spans + a_spans):
+            assert got.tolist() == tok.encode(text), text
+            assert tok.decode(got[lo:hi].tolist()).strip() == value

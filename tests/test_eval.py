@@ -191,3 +191,47 @@ def test_retrieval_probe_aggregates_answers_and_needles():
                            log=lambda *_: None)["exact"] == 0.0
     with pytest.raises(ValueError, match="num must be"):
         retrieval_probe(right, tok, stream, 256, num=0)
+
+
+def test_an_evaluation_cut_during_niah_keeps_what_it_measured(gpt2, tmp_path):
+    """results.json is rewritten after every suite and NIAH length: an evaluation killed during
+    2L (a device call's time limit) leaves L's scores, marked unfinished, and the report shows
+    them with "-" for the rest and the run as partial."""
+    from types import SimpleNamespace
+
+    from hwh_jax.eval.report import report
+    from hwh_jax.eval.suite import EvalSpec, run_suite
+    cfg = model_config("transformer", "tiny", dtype="float32", vocab_size=gpt2.vocab_size)
+    run = SimpleNamespace(name="cut@x", step=3, workdir=tmp_path, tokenizer=gpt2, model_cfg=cfg,
+                          config=SimpleNamespace(seq_len=256),
+                          model=HybridLM(cfg, rngs=nnx.Rngs(0)))
+    spec = EvalSpec(suites=("niah",), niah_factors=(1, 2), niah_depths=1, batch_size=4)
+
+    class TimeLimit(Exception):
+        pass
+
+    def log(line):
+        if "@ 512" in line:
+            raise TimeLimit(line)
+
+    with pytest.raises(TimeLimit):
+        run_suite(run, spec, tmp_path / "eval", log=log)
+    res = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert res["finished"] is False
+    assert set(res["niah_summary"]) == {f"{t}@256" for t in niah.TASKS}
+    assert {r["length"] for r in res["niah"]} == {256}
+    res["niah_summary"] |= {f"{t}@512": 0.0 for t in niah.TASKS}   # a finished run's keys
+    done = tmp_path / "done"
+    (done / "eval").mkdir(parents=True)
+    (done / "eval" / "results.json").write_text(json.dumps(res | {"finished": True}))
+    summary = {"arch": "transformer", "params": 1, "steps": 3, "tokens": 3, "wall_s": 1.0,
+               "devices": "1 x cpu", "final_heldout_loss": 5.0}
+    metrics = "".join(json.dumps({"step": s, "split": "train", "loss": 6.0}) + "\n"
+                      for s in (1, 2, 3))
+    for d in (tmp_path, done):
+        (d / "summary.json").write_text(json.dumps(summary))
+        (d / "metrics.jsonl").write_text(metrics)
+    text = report([tmp_path, done], tmp_path / "rep")
+    row = next(line for line in text.splitlines() if line.startswith(f"| {tmp_path.name} | "))
+    assert row.count(" - ") == 3      # 512 of the three tasks: not measured
+    assert "partial (cut during it)" in text and "| 3 | 6.0000 (last 3) | - | - | yes |" in text

@@ -56,8 +56,9 @@ class RetrievalMix:
         self.eos_id, self.pad_id = text.eos_id, text.pad_id
         self.num_text = len(text)
         self.num_synthetic = max(1, round(self.num_text * share / (1 - share)))
+        self._cache: dict[str, np.ndarray] = {}
         longest = max(WORDS, key=len)
-        need = 1 + max(sum(map(len, self._encode(kind, [longest], [value])))
+        need = 1 + max(self._length(self._encode(kind, [longest], [value]))
                        for kind, value in (("numbers", "9" * 7), ("uuids", str(uuid.UUID(int=0)))))
         if need >= self.window:
             raise ValueError(f"seq_len {self.seq_len} is too short for synthetic retrieval "
@@ -76,10 +77,36 @@ class RetrievalMix:
                    for k, v in zip(keys, values)]
         return header.format(type_needle_v=kind), needles, answers
 
+    def _cached(self, text: str) -> np.ndarray:
+        """Tokens of a template fragment (header, or the text around a key), encoded once."""
+        tokens = self._cache.get(text)
+        if tokens is None:
+            tokens = self._cache[text] = np.asarray(self.tokenizer.encode(text), np.int32)
+        return tokens
+
     def _encode(self, kind, keys, values):
+        """Tokens of the header, needles and answers, and the value spans (start, stop) in each
+        needle and answer. Each text is cut just before the space that opens its value; the
+        template before the cut is encoded once per (kind, key), the value chunk once per
+        needle. Both tokenizers here never merge across that space (tested: the pieces equal
+        the whole texts' encodings)."""
         header, needles, answers = self.pieces(kind, keys, values)
-        enc = self.tokenizer.encode
-        return [enc(header)] + [enc(n) for n in needles] + [enc(a) for a in answers]
+        n_parts, a_parts, n_spans, a_spans = [], [], [], []
+        for needle, answer, value in zip(needles, answers, values):
+            n_value = len(self.tokenizer.encode(" " + value))
+            for text, parts, spans in ((needle, n_parts, n_spans), (answer, a_parts, a_spans)):
+                cut = text.rindex(" " + value)
+                head = self._cached(text[:cut])
+                parts.append(np.concatenate([head, np.asarray(self.tokenizer.encode(text[cut:]),
+                                                              np.int32)]))
+                spans.append((len(head), len(head) + n_value))
+        return self._cached(header), n_parts, a_parts, n_spans, a_spans
+
+    @staticmethod
+    def _length(parts) -> int:
+        """Tokens of header + needles + answers + EOS."""
+        header, needles, answers = parts[:3]
+        return len(header) + sum(map(len, needles)) + sum(map(len, answers)) + 1
 
     @property
     def stream(self) -> np.ndarray:
@@ -117,13 +144,11 @@ class RetrievalMix:
                   else str(uuid.UUID(int=int.from_bytes(rng.bytes(16), "little"), version=4))
                   for _ in range(k)]
         order = rng.permutation(k)
-        while True:   # fewer needles until the template fills at most 3/4 of the window
-            parts = self._encode(kind, keys, values)
-            header, needles, answers = parts[0], parts[1:k + 1], parts[k + 1:]
-            fixed = sum(map(len, parts)) + 1                        # + EOS
-            if k == 1 or 4 * fixed <= 3 * self.window:
-                break
-            k, keys, values, order = k - 1, keys[:-1], values[:-1], order[order != k - 1]
+        header, needles, answers, n_spans, a_spans = self._encode(kind, keys, values)
+        while k > 1 and 4 * self._length((header, needles[:k], answers[:k])) > 3 * self.window:
+            k, order = k - 1, order[order != k - 1]   # fewer needles until 3/4 of the window
+        needles, answers = needles[:k], answers[:k]
+        fixed = self._length((header, needles, answers))
         if fixed > self.window:   # never cut a document silently
             raise ValueError(f"synthetic retrieval sequence {j}: template of {fixed} tokens "
                              f"exceeds the window of {self.window}")
@@ -132,23 +157,20 @@ class RetrievalMix:
         start = int(rng.integers(0, len(stream) - self.window))
         haystack = np.asarray(stream[start:start + hay], np.int32)
         cuts = np.sort(rng.integers(0, hay + 1, k))
-        _, needle_texts, answer_texts = self.pieces(kind, keys, values)
         doc, answer_spans, needle_spans = [header], [], []
 
-        def add(tokens, text=None, value=None, spans=None):
+        def add(tokens, span=None, spans=None):
             at = sum(map(len, doc))
-            if spans is not None:   # the value's tokens (with the space before it)
-                i = text.rindex(value)
-                lo = len(self.tokenizer.encode(text[:i].rstrip()))
-                spans.append((at + lo, at + len(self.tokenizer.encode(text[:i] + value))))
+            if span is not None:   # the value's tokens (with the space before it)
+                spans.append((at + span[0], at + span[1]))
             doc.append(tokens)
 
         for n, (a, b) in enumerate(zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [hay]]))):
             add(haystack[a:b])
             if n < k:
-                add(needles[n], needle_texts[n], values[n], needle_spans)
+                add(needles[n], n_spans[n], needle_spans)
         for n in order:
-            add(answers[n], answer_texts[n], values[n], answer_spans)
+            add(answers[n], a_spans[n], answer_spans)
         doc = np.concatenate([np.asarray(d, np.int32) for d in doc + [[self.eos_id]]])
         start = int(rng.integers(0, len(stream) - self.window))
         w = np.concatenate([doc, np.asarray(stream[start:start + self.window - len(doc)],

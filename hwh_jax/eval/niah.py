@@ -140,13 +140,15 @@ def string_match_all(prediction: str, expected: list[str]) -> float:
 
 
 def run_niah(generator, tokenizer, *, tasks, lengths, depths, samples: int = 1,
-             max_new_tokens: int | None = None, batch_size: int = 8, log=print):
+             max_new_tokens: int | None = None, batch_size: int = 8, log=print,
+             on_length=None):
     """Generate, answer greedily and score every (task, length, depth, sample).
 
     All tasks of one length share one batch shape (short batches are filled with copies), and
     one answer budget: ``max_new_tokens`` or 48 when a UUID task is in the set, else 16; so
-    each length compiles one prefill and one decode. Returns rows {task, length, depth, sample,
-    score, prediction, expected, prompt_tokens}."""
+    each length compiles one prefill and one decode. ``on_length(rows so far)`` is called after
+    each length. Returns rows {task, length, depth, sample, score, prediction, expected,
+    prompt_tokens}."""
     new = max_new_tokens or (48 if any(TASKS[t][1] == "uuids" for t in tasks) else 16)
     rows = []
     for length in lengths:
@@ -168,4 +170,6 @@ def run_niah(generator, tokenizer, *, tasks, lengths, depths, samples: int = 1,
             scores = [r["score"] for r in rows if r["task"] == t and r["length"] == length]
             log(f"niah {t} @ {length}: {sum(scores) / len(scores):.1f} over {len(scores)} "
                 f"samples")
+        if on_length is not None:
+            on_length(list(rows))
     return rows

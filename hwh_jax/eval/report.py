@@ -38,6 +38,7 @@ def summarize(workdir: str | Path) -> dict:
         "mqar": {f"{r['seq_len']}x{r['num_kv_pairs']}": r["accuracy"]
                  for r in results.get("mqar", [])},
         "retrieval": results.get("retrieval"),
+        "eval_finished": results.get("finished", True),   # False: cut during the evaluation
         "results": results,
     }
     return out
@@ -104,6 +105,12 @@ def training_row(workdir: str | Path, last: int = 50) -> dict:
             "tokens_per_s": statistics.median(tps) if tps else None, "train": train}
 
 
+def _eval_state(exp: dict | None) -> str:
+    if exp is None:
+        return "no (cut short)"
+    return "yes" if exp["eval_finished"] else "partial (cut during it)"
+
+
 def loss_figure(rows: list[dict], path: Path, smooth: int = 25):
     """Training loss (running mean over ``smooth`` steps) of several runs against step."""
     import numpy as np
@@ -123,13 +130,15 @@ def report(workdirs: list[str | Path], out_dir: str | Path) -> str:
     """Write report.md (tables), experiments.json and the cross-model figures into out_dir.
 
     Runs without their closing evaluation (cut short) are not dropped: they get their own table
-    (steps reached, training and held-out loss) and appear in the loss figure."""
+    (steps reached, training and held-out loss) and appear in the loss figure; a run cut during
+    its evaluation shows the cells it measured ("-" for the others) and is marked "partial"."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     finished = [w for w in workdirs if (Path(w) / "eval" / "results.json").exists()
                 and (Path(w) / "summary.json").exists()]
     cut = [w for w in workdirs if w not in finished]
     exps = [summarize(w) for w in finished]
+    by_dir = dict(zip(finished, exps))
     rows = [training_row(w) for w in workdirs]
     lens = {e["train_len"] for e in exps}
     if len(lens) > 1:
@@ -147,7 +156,7 @@ def report(workdirs: list[str | Path], out_dir: str | Path) -> str:
         "|---|---:|---:|---:|---:|---|\n" + "".join(
             f"| {r['name']} | {r['steps']} | {r['train_loss_tail']:.4f} (last {r['tail']}) | "
             f"{_fmt(r['heldout_loss'], '.4f')} | {_fmt(r['tokens_per_s'], ',.0f')} | "
-            f"{'no (cut short)' if w in cut else 'yes'} |\n" for w, r in zip(workdirs, rows))
+            f"{_eval_state(by_dir.get(w))} |\n" for w, r in zip(workdirs, rows))
     (out_dir / "report.md").write_text(text)
     (out_dir / "experiments.json").write_text(json.dumps(
         [{k: v for k, v in e.items() if k != "results"} for e in exps]

@@ -93,23 +93,37 @@ def run_suite(run, spec: EvalSpec, out_dir: str | Path, log=print,
     max_len = int(L * max(max(spec.niah_factors), spec.ppl_factor))
     scorer = Scorer(run.model, batch_size=spec.batch_size, max_len=max_len)
     t0 = time.time()
+
+    def save(finished: bool):
+        """results.json after every suite (and NIAH length), so that a run cut by a time limit
+        keeps what it measured; ``finished`` says whether every suite ran."""
+        results["finished"] = finished
+        results["wall_s"] = time.time() - t0
+        (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+
+    def niah_summary(rows):
+        return {f"{t}@{n}": float(np.mean([r["score"] for r in rows if r["task"] == t
+                                           and r["length"] == n]))
+                for t in spec.niah_tasks for n in sorted({r["length"] for r in rows})}
+
+    def niah_partial(rows):
+        results["niah"], results["niah_summary"] = rows, niah_summary(rows)
+        save(False)
+
     if "ppl" in spec.suites or "retrieval" in spec.suites:
         stream = heldout_stream if heldout_stream is not None and not spec.ppl_text else \
             _heldout_stream(run, spec)
     if "retrieval" in spec.suites:   # first: one forward pass per batch, in the log at once
         results["retrieval"] = retrieval_probe(scorer, tok, stream, L,
                                                num=spec.retrieval_documents, log=log)
+        save(False)
     if "niah" in spec.suites:
         gen = Generator(run.model, eos_id=tok.eos_id, vocab=tok.vocab_size, pad_id=tok.pad_id)
         rows = niah.run_niah(gen, tok, tasks=spec.niah_tasks,
                              lengths=[int(f * L) for f in spec.niah_factors],
                              depths=depth_grid(spec.niah_depths), samples=spec.niah_samples,
-                             batch_size=spec.batch_size, log=log)
-        results["niah"] = rows
-        results["niah_summary"] = {
-            f"{t}@{n}": float(np.mean([r["score"] for r in rows if r["task"] == t
-                                       and r["length"] == n]))
-            for t in spec.niah_tasks for n in sorted({r["length"] for r in rows})}
+                             batch_size=spec.batch_size, log=log, on_length=niah_partial)
+        results["niah"], results["niah_summary"] = rows, niah_summary(rows)
         for t in spec.niah_tasks:
             plots.niah_heatmap(rows, t, f"{run.name}: {t}", out_dir / f"niah_{t}.png", L)
     if "ppl" in spec.suites:
@@ -118,17 +132,18 @@ def run_suite(run, spec: EvalSpec, out_dir: str | Path, log=print,
             scorer, stream, max_len=spec.ppl_factor * L, bucket=bucket,
             max_windows=spec.ppl_windows, log=log)
         plots.ppl_chart({run.name: results["ppl"]}, out_dir / "ppl_by_position.png", L)
+        save(False)
     if "mqar" in spec.suites:
         vocab = spec.mqar_vocab or min(tok.vocab_size, 8192)
         results["mqar"] = mqar.evaluate_mqar(scorer, vocab_size=vocab,
                                              settings=spec.mqar_settings,
                                              num_examples=spec.mqar_examples, log=log)
+        save(False)
     if "commonsense" in spec.suites:
         results["commonsense"] = {
             t: commonsense.evaluate_task(scorer, tok, t, limit=spec.commonsense_limit or None,
                                          log=log) for t in spec.commonsense_tasks}
-    results["wall_s"] = time.time() - t0
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    save(True)
     return results
 
 

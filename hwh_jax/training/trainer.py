@@ -307,10 +307,6 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
         final = heldout[step] = evaluate(state["params"])
         if final is not None:
             writer.write(step, "heldout", {"loss": final, "perplexity": math.exp(min(final, 50))})
-    evaluation = None
-    if step >= c.steps and config.get("eval") is not None and config.eval.at_end \
-            and jax.process_index() == 0:
-        evaluation = _final_suite(config, cfg, graphdef, state["params"], splits, workdir, step)
     summary = {
         "arch": cfg.arch, "params": p["total"], "steps": step, "tokens": step * tokens_per_step,
         "final_heldout_loss": final, "unigram_entropy": entropy,
@@ -318,6 +314,13 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
         "wall_s": time.time() - t0, "devices": f"{jax.device_count()} x {kind}",
         "mesh": dict(mesh.shape), "flops_per_token": fpt,
     }
+    evaluation = None
+    if step >= c.steps and config.get("eval") is not None and config.eval.at_end \
+            and jax.process_index() == 0:
+        # the training's summary first: a run cut during its evaluation keeps it
+        (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+        evaluation = _final_suite(config, cfg, graphdef, state["params"], splits, workdir, step)
+        summary["wall_s"] = time.time() - t0
     if evaluation is not None:
         summary["eval"] = {k: evaluation[k] for k in ("niah_summary", "wall_s") if k in evaluation}
     if jax.process_index() == 0:
