@@ -64,6 +64,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     #                                        (hwh_jax/data/retrieval.py)
     d.retrieval_answer_weight = 1.0        # loss weight of their answers' value tokens
     d.retrieval_max_needles = 4            # needles per synthetic document: 1..this, all asked
+    d.workers = 0                          # grain worker processes building the batches
 
     t = config.train = ml_collections.ConfigDict()
     t.steps = 250 if size == "tiny" else 20000

@@ -45,6 +45,7 @@ class DataSpec:
     retrieval_share: float = 0.0          # share of synthetic NIAH-format training sequences
     retrieval_answer_weight: float = 1.0  # loss weight of their answers' value tokens
     retrieval_max_needles: int = 4        # needles per synthetic document: 1..this (all asked)
+    workers: int = 0                      # grain worker processes building training batches
 
     def validate(self):
         if self.source not in SOURCES:
@@ -58,6 +59,8 @@ class DataSpec:
         if self.retrieval_answer_weight < 1:
             raise ValueError(f"data.retrieval_answer_weight must be >= 1, got "
                              f"{self.retrieval_answer_weight}")
+        if self.workers < 0:
+            raise ValueError(f"data.workers must be >= 0, got {self.workers}")
         if self.retrieval_max_needles < 1:
             raise ValueError(f"data.retrieval_max_needles must be >= 1, got "
                              f"{self.retrieval_max_needles}")
@@ -90,8 +93,8 @@ def _documents(spec: DataSpec, heldout: bool):
 
 def _fingerprint(spec: DataSpec, paths) -> str:
     fields = dataclasses.asdict(spec)
-    for name in ("retrieval_share", "retrieval_answer_weight", "retrieval_max_needles"):
-        fields.pop(name)  # mixed in after tokenisation: same tokenizer, same tokens
+    for name in ("retrieval_share", "retrieval_answer_weight", "retrieval_max_needles", "workers"):
+        fields.pop(name)  # mixed in / batched after tokenisation: same tokenizer, same tokens
     h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     if spec.source != "tfds":
         for f in _files(spec, paths):
@@ -176,13 +179,20 @@ def _stack(batch_list):
 
 
 def train_dataset(seqs: PackedSequences, *, global_batch: int, seed: int,
-                  process_index: int = 0, process_count: int = 1) -> grain.IterDataset:
-    """Infinite, shuffled (per epoch, by seed), per-process slice of global batches."""
+                  process_index: int = 0, process_count: int = 1,
+                  workers: int = 0) -> grain.IterDataset:
+    """Infinite, shuffled (per epoch, by seed), per-process slice of global batches. With
+    ``workers`` > 0 the batches are built in that many grain worker processes (same batches,
+    same order; the iterator's checkpointed state then records the workers, so a run resumes
+    with the worker count it saved with)."""
     if global_batch % process_count:
         raise ValueError(f"global batch {global_batch} not divisible by {process_count} processes")
     ds = grain.MapDataset.source(seqs).shuffle(seed=seed).repeat(None)
     ds = ds[process_index::process_count].batch(global_batch // process_count, batch_fn=_stack)
-    return ds.to_iter_dataset()
+    ds = ds.to_iter_dataset()
+    if workers:
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    return ds
 
 
 def eval_batches(seqs: PackedSequences, *, batch: int, max_batches: int | None = None):

@@ -77,6 +77,9 @@ class RetrievalMix:
                    for k, v in zip(keys, values)]
         return header.format(type_needle_v=kind), needles, answers
 
+    def __getstate__(self):   # to grain's worker processes: without the fragment cache
+        return {k: v for k, v in self.__dict__.items() if k != "_cache"} | {"_cache": {}}
+
     def _cached(self, text: str) -> np.ndarray:
         """Tokens of a template fragment (header, or the text around a key), encoded once."""
         tokens = self._cache.get(text)

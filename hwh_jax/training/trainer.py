@@ -174,7 +174,8 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
              splits.tokenizer.vocab_size, entropy, time.time() - t0)
     train_iter = iter(train_dataset(splits.train, global_batch=c.batch_size, seed=config.seed,
                                     process_index=jax.process_index(),
-                                    process_count=jax.process_count()))
+                                    process_count=jax.process_count(),
+                                    workers=data_spec.workers))
 
     # --- model and optimizer, from shapes into sharded arrays
     tx, schedule = make_optimizer(opt_spec)
