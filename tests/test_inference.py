@@ -131,3 +131,22 @@ def test_cache_memory_by_architecture():
     global_heads = sum(l.num_fa for l in w_cfg.layers if l.window is None)
     assert 0 < global_heads < sum(w_cfg.fa_heads)
     assert grow == 2 * global_heads * s.head_dim * ctx * 2   # windowed layers do not grow
+
+
+@pytest.mark.parametrize("arch", ["hwh", "transformer"])
+def test_fixed_cache_and_chunked_prefill_generate_the_same_with_one_compilation(arch):
+    """cache_len fixed and prompts padded to / prefilled in chunks of 8 (what NIAH uses across
+    its lengths): the same greedy tokens as the default generator, and prompts of 3 to 21
+    tokens share one compiled prefill and decode."""
+    model = tiny(arch)
+    plain = Generator(model, vocab=VOCAB, length_multiple=16)
+    fixed = Generator(model, vocab=VOCAB, prefill_chunk=8, length_multiple=8, cache_len=30)
+    batches = [[tokens(1, 3, seed=5)[0].tolist(), tokens(1, 6, seed=6)[0].tolist()],
+               [tokens(1, 11, seed=7)[0].tolist(), tokens(1, 21, seed=8)[0].tolist()]]
+    for prompts in batches:
+        assert fixed.generate(prompts, 6)[0] == plain.generate(prompts, 6)[0]
+    assert fixed._prefill._cache_size() == 1 and fixed._decode._cache_size() == 1
+    assert plain._prefill._cache_size() == 2
+    with pytest.raises(ValueError, match="padded prompt 24 \\+ 7 new tokens exceed the fixed "
+                                         "cache_len 30"):
+        fixed.generate(batches[1], 7)

@@ -139,6 +139,11 @@ def string_match_all(prediction: str, expected: list[str]) -> float:
     return 100.0 * sum(e.lower() in pred for e in expected) / len(expected)
 
 
+def answer_budget(tasks) -> int:
+    """Tokens generated per NIAH prompt: 48 when a UUID task is in the set, else 16."""
+    return 48 if any(TASKS[t][1] == "uuids" for t in tasks) else 16
+
+
 def run_niah(generator, tokenizer, *, tasks, lengths, depths, samples: int = 1,
              max_new_tokens: int | None = None, batch_size: int = 8, log=print,
              on_length=None):
@@ -149,7 +154,7 @@ def run_niah(generator, tokenizer, *, tasks, lengths, depths, samples: int = 1,
     each length compiles one prefill and one decode. ``on_length(rows so far)`` is called after
     each length. Returns rows {task, length, depth, sample, score, prediction, expected,
     prompt_tokens}."""
-    new = max_new_tokens or (48 if any(TASKS[t][1] == "uuids" for t in tasks) else 16)
+    new = max_new_tokens or answer_budget(tasks)
     rows = []
     for length in lengths:
         batch = [make_sample(t, length, d, tokenizer, max_new_tokens=new, seed=s)

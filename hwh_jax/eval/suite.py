@@ -118,9 +118,13 @@ def run_suite(run, spec: EvalSpec, out_dir: str | Path, log=print,
                                                num=spec.retrieval_documents, log=log)
         save(False)
     if "niah" in spec.suites:
-        gen = Generator(run.model, eos_id=tok.eos_id, vocab=tok.vocab_size, pad_id=tok.pad_id)
-        rows = niah.run_niah(gen, tok, tasks=spec.niah_tasks,
-                             lengths=[int(f * L) for f in spec.niah_factors],
+        lengths = [int(f * L) for f in spec.niah_factors]
+        # prompts padded to multiples of L, prefilled in chunks of L, one cache size for all
+        # lengths: one compiled init, prefill and decode for the whole sweep
+        gen = Generator(run.model, eos_id=tok.eos_id, vocab=tok.vocab_size, pad_id=tok.pad_id,
+                        prefill_chunk=L, length_multiple=L,
+                        cache_len=-(-max(lengths) // L) * L + niah.answer_budget(spec.niah_tasks))
+        rows = niah.run_niah(gen, tok, tasks=spec.niah_tasks, lengths=lengths,
                              depths=depth_grid(spec.niah_depths), samples=spec.niah_samples,
                              batch_size=spec.batch_size, log=log, on_length=niah_partial)
         results["niah"], results["niah_summary"] = rows, niah_summary(rows)

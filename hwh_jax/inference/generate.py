@@ -24,10 +24,19 @@ class Generator:
     """Compiled prefill and decode for one model; call :meth:`generate` with token lists."""
 
     def __init__(self, model, *, eos_id: int | None = None, vocab: int | None = None,
-                 pad_id: int = 0, prefill_chunk: int = 0, length_multiple: int = 64):
+                 pad_id: int = 0, prefill_chunk: int = 0, length_multiple: int = 64,
+                 cache_len: int = 0):
+        """``cache_len`` > 0 fixes the cache capacity (else padded prompt + new tokens): with
+        ``prefill_chunk`` = ``length_multiple`` every prompt length then runs the same compiled
+        init, prefill and decode (NIAH at several lengths compiles each once)."""
+        if cache_len < 0 or prefill_chunk < 0 or length_multiple < 1:
+            raise ValueError(f"Generator: cache_len {cache_len} and prefill_chunk "
+                             f"{prefill_chunk} must be >= 0, length_multiple {length_multiple} "
+                             f">= 1")
         self.graphdef, self.state = nnx.split(model)
         self.eos_id, self.vocab, self.pad_id = eos_id, vocab, pad_id
         self.prefill_chunk, self.length_multiple = prefill_chunk, length_multiple
+        self.cache_len = cache_len
         self._prefill = jax.jit(self._prefill_fn)
         self._decode = jax.jit(self._decode_fn, static_argnames=("steps", "temperature", "top_p"))
         self._init = jax.jit(self._init_fn, static_argnames=("batch", "max_len"))
@@ -82,8 +91,12 @@ class Generator:
         for b, p in enumerate(prompts):
             tokens[b, P - len(p):] = p
         start = jnp.asarray([P - len(p) for p in prompts], jnp.int32)
+        if self.cache_len and P + max_new_tokens > self.cache_len:
+            raise ValueError(f"generate: padded prompt {P} + {max_new_tokens} new tokens exceed "
+                             f"the fixed cache_len {self.cache_len}")
         t0 = time.perf_counter()
-        cache = self._init(self.state, start, batch=B, max_len=P + max_new_tokens)
+        cache = self._init(self.state, start, batch=B,
+                           max_len=self.cache_len or P + max_new_tokens)
         chunk = self.prefill_chunk if self.prefill_chunk and P > self.prefill_chunk else P
         for s in range(0, P, chunk):
             logits, cache = self._prefill(self.state, jnp.asarray(tokens[:, s:s + chunk]), cache)
