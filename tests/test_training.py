@@ -110,6 +110,22 @@ def test_grad_accumulation_matches_one_big_batch(corpus, tmp_path):
         assert abs(one.losses[s] - acc.losses[s]) < 1e-5 * abs(one.losses[s])
 
 
+def test_summary_is_written_before_the_closing_evaluation(corpus, tmp_path, monkeypatch):
+    """A run killed during its closing evaluation (a time limit) still leaves summary.json."""
+    from hwh_jax.training import trainer
+
+    def killed(*args, **kw):
+        raise TimeoutError("the call's time limit")
+
+    monkeypatch.setattr(trainer, "_final_suite", killed)
+    config = small_config(corpus, steps=2)
+    config.eval.at_end = True
+    with pytest.raises(TimeoutError):
+        train_and_evaluate(config, tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["final_heldout_loss"] > 0 and "eval" not in summary
+
+
 def test_nan_stops_with_step_and_keeps_last_good_checkpoint(corpus, tmp_path):
     config = small_config(corpus, steps=30, lr=1e12, clip_norm=0.0, warmup_steps=0,
                           checkpoint_every=1, weight_decay=0.0)
