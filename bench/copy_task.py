@@ -12,9 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 
-import jax
-
 import hwh_jax  # noqa: F401  (flax settings)
+from _bench import emit, print_device
 from hwh_jax.eval.copy_task import train_copy
 
 
@@ -28,15 +27,15 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__}))
+    print_device()
+    rows = []
     for arch in args.archs:
-        rows = train_copy(arch, args.size, steps=args.steps, length=args.length,
-                          batch=args.batch, lr=args.lr)
-        for step, loss, sec in rows:
+        for step, loss, sec in train_copy(arch, args.size, steps=args.steps, length=args.length,
+                                          batch=args.batch, lr=args.lr):
             row = {"arch": arch, "size": args.size, "step": step, "copy_loss": loss,
                    "seconds": sec}
-            print(json.dumps(row), flush=True)
-            if args.out:
+            emit(rows, row)
+            if args.out:    # appended: runs of several archs in parallel share one file
                 with open(args.out, "a") as f:
                     f.write(json.dumps(row) + "\n")
 

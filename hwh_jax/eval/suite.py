@@ -127,7 +127,6 @@ def run_suite(run, spec: EvalSpec, out_dir: str | Path, log=print,
         rows = niah.run_niah(gen, tok, tasks=spec.niah_tasks, lengths=lengths,
                              depths=depth_grid(spec.niah_depths), samples=spec.niah_samples,
                              batch_size=spec.batch_size, log=log, on_length=niah_partial)
-        results["niah"], results["niah_summary"] = rows, niah_summary(rows)
         for t in spec.niah_tasks:
             plots.niah_heatmap(rows, t, f"{run.name}: {t}", out_dir / f"niah_{t}.png", L)
     if "ppl" in spec.suites:
