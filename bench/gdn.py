@@ -13,6 +13,9 @@ form). With --breakdown, each kernel of the Pallas path timed alone (WY inverse 
 given the inverse, scan forward with and without the chunk-state store, scan backward,
 state-path gradients, WY backward).
 --tune times each Pallas kernel over its launch settings and uses the best for the rows.
+An --impls entry "pallas:KEY=VALUE,..." is the Pallas path with those options of
+``gated_delta_rule_pallas`` (e.g. "pallas:fp32_dots=ieee,chunk_warps=8"), to compare variants
+in one run.
 fla is timed by bench/fla_gdn_anchor.py in the same command (see
 docs/benchmarks.md). Results go to stdout as a table and to --out as JSON lines.
 """
@@ -68,6 +71,18 @@ def inputs(B, T, H, K, V, dtype, seed=0):
     do = jax.random.normal(ks[5], (B, T, H, V))
     cast = lambda x: x.astype(dtype)  # noqa: E731
     return cast(q), cast(k), cast(v), g.astype(jnp.float32), cast(beta), cast(do)
+
+
+def parse_impl(spec):
+    """"pallas:fp32_dots=ieee,chunk_warps=8" -> ("pallas", {"fp32_dots": "ieee", "chunk_warps": 8})."""
+    name, _, rest = spec.partition(":")
+    opts = {}
+    for item in filter(None, rest.split(",")):
+        key, _, val = item.partition("=")
+        opts[key] = int(val) if val.lstrip("-").isdigit() else val
+    if opts and name != "pallas":
+        raise ValueError(f"--impls {spec!r}: options are for the pallas path only")
+    return name, opts
 
 
 def fns(impl, **opts):
@@ -192,20 +207,22 @@ def main():
         flops_fwd = B * T * H * (4 * 64 * (K + V) + 6 * K * V)
         bytes_fwd = 2 * B * T * H * (2 * K + 2 * V) + 4 * B * T * H * 2
         opts = {}
-        if args.tune and "pallas" in args.impls:
+        if args.tune and any(parse_impl(i)[0] == "pallas" for i in args.impls):
             tuned, opts = tune(shape, x)
             rows += [dict(r, impl="tune") for r in tuned]
-        for impl in args.impls:
-            f, fb = fns(impl, **(opts if impl == "pallas" else {}))
-            row = {"impl": impl, "shape": list(shape), "opts": opts if impl == "pallas" else {},
+        for spec in args.impls:
+            impl, variant = parse_impl(spec)
+            po = {**opts, **variant} if impl == "pallas" else {}
+            f, fb = fns(impl, **po)
+            row = {"impl": spec, "shape": list(shape), "opts": po,
                    "fwd_ms": median_ms(f, *x[:5]), "fwd_bwd_ms": median_ms(fb, *x)}
             row["fwd_tflops"] = flops_fwd / row["fwd_ms"] / 1e9
             row["fwd_bwd_tflops"] = 3 * flops_fwd / row["fwd_bwd_ms"] / 1e9
             row["fwd_tbps"] = bytes_fwd / row["fwd_ms"] / 1e9
             if args.check:
-                row["rel_err_bf16_vs_fp32"] = check(impl, shape, row["opts"])
+                row["rel_err_bf16_vs_fp32"] = check(impl, shape, po)
             if args.breakdown and impl == "pallas":
-                row["breakdown"] = breakdown(shape, x, default_cfg(shape, **opts))
+                row["breakdown"] = breakdown(shape, x, default_cfg(shape, **po))
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.out:
@@ -215,11 +232,11 @@ def main():
                 f.write(json.dumps(r) + "\n")
     print(f"\nceilings: bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s, copy "
           f"{ceil['copy_tbps']:.2f} TB/s")
-    print(f"{'impl':16s} {'shape':22s} {'fwd ms':>8s} {'f+b ms':>8s} {'fwd TF/s':>9s} {'TB/s':>6s}")
+    print(f"{'impl':32s} {'shape':22s} {'fwd ms':>8s} {'f+b ms':>8s} {'fwd TF/s':>9s} {'TB/s':>6s}")
     for r in rows:
         if "fwd_tflops" not in r:
             continue
-        print(f"{r['impl']:16s} {str(tuple(r['shape'])):22s} {r['fwd_ms']:8.2f} "
+        print(f"{r['impl']:32s} {str(tuple(r['shape'])):22s} {r['fwd_ms']:8.2f} "
               f"{r['fwd_bwd_ms']:8.2f} {r['fwd_tflops']:9.1f} {r['fwd_tbps']:6.2f}")
 
 

@@ -60,6 +60,8 @@ def test_resume_is_bitwise_identical(corpus, tmp_path):
     assert summary["steps"] == 6 and (tmp_path / "a" / "loss.png").exists()
     rows = [json.loads(l) for l in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert {r["split"] for r in rows} >= {"train", "heldout", "perf"}
+    perf = [r for r in rows if r["split"] == "perf"]
+    assert perf and all(0 < r["data_wait_share"] < 1 for r in perf)  # time in next(batches)
     assert list((tmp_path / "a" / "tensorboard").glob("events.out.tfevents.*"))
 
 

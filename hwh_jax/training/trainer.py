@@ -239,6 +239,7 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
     stop_at = c.stop_at_step or c.steps
     tokens_per_step = c.batch_size * config.seq_len
     t_last, step_last = time.time(), start
+    data_wait = 0.0  # seconds spent in next(train_iter) since the last log line
     stopped_early = False
 
     def save(step):
@@ -249,7 +250,7 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
         ckpt.save(step, state, train_iter.get_state(), {**meta, "step": step})
 
     def flush(step):
-        nonlocal t_last, step_last
+        nonlocal t_last, step_last, data_wait
         for s, m, ids in pending:
             m = jax.device_get(m)
             losses[s] = float(m["loss"])
@@ -265,16 +266,20 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
             tps = tokens_per_step * (step - step_last) / max(dt, 1e-9)
             mfu = fpt * tps / peak_total if peak_total else None
             eta = (stop_at - step) * dt / max(step - step_last, 1)
-            print(progress_line(step, c.steps, jax.device_get(pending[-1][1]), tps, mfu, eta),
-                  flush=True)
-            writer.write(step, "perf", {"tokens_per_s": tps, **({"mfu": mfu} if mfu else {})})
-            t_last, step_last = time.time(), step
+            share = data_wait / max(dt, 1e-9)
+            print(progress_line(step, c.steps, jax.device_get(pending[-1][1]), tps, mfu, eta,
+                                share), flush=True)
+            writer.write(step, "perf", {"tokens_per_s": tps, "data_wait_share": share,
+                                        **({"mfu": mfu} if mfu else {})})
+            t_last, step_last, data_wait = time.time(), step, 0.0
         pending.clear()
 
     with _Stop() as stop:
         step = start
         while step < stop_at:
+            t_data = time.time()
             batch = next(train_iter)
+            data_wait += time.time() - t_data
             ids = batch["index"].tolist()
             state, m = train_step(state, _put(batch, batch_sh))
             step += 1

@@ -23,11 +23,20 @@ class KernelConfig:
     num_stages: int = 2
     chunk_warps: int = 4        # the one-chunk-per-program kernels (WY fwd / bwd, state grads)
     chunk_block: int = 64       # their column block over K and V
+    fp32_dots: str = "tf32"     # the WY backward's fp32 x fp32 [C, C] products: "tf32" | "ieee"
 
 
-def dot(a, b, trans_a=False):
-    """a @ b (or a^T @ b) with fp32 accumulation; fp32 operands at full precision."""
-    prec = jax.lax.Precision.HIGHEST if a.dtype == f32 else None
+def _precision(dtype, fp32_dots):
+    """fp32 operands: "ieee" -> HIGHEST (Triton's IEEE dot, no tensor cores), "tf32" -> DEFAULT
+    (Triton: TF32 tensor cores; CPU and the interpreter: full fp32)."""
+    if dtype != f32:
+        return None
+    return jax.lax.Precision.HIGHEST if fp32_dots == "ieee" else jax.lax.Precision.DEFAULT
+
+
+def dot(a, b, trans_a=False, fp32_dots="ieee"):
+    """a @ b (or a^T @ b) with fp32 accumulation; fp32 operands at ``fp32_dots`` precision."""
+    prec = _precision(a.dtype, fp32_dots)
     dims = (((0,), (0,)), ((), ())) if trans_a else (((1,), (0,)), ((), ()))
     return jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=f32)
 
@@ -38,9 +47,9 @@ def col_blocks(n, size):
     return [pl.ds(j * size, size) for j in range(n // size)]
 
 
-def dot_nt(a, b):
+def dot_nt(a, b, fp32_dots="ieee"):
     """a @ b^T, fp32 accumulation."""
-    prec = jax.lax.Precision.HIGHEST if a.dtype == f32 else None
+    prec = _precision(a.dtype, fp32_dots)
     return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=prec,
                                preferred_element_type=f32)
 

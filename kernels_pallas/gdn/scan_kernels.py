@@ -22,8 +22,9 @@ Two launch layouts run the same per-chunk bodies:
   "tpu"    (Mosaic, and ``pltpu.InterpretParams``): grid (B, H, V/BV, N), the chunk axis
            "arbitrary", the state in a VMEM scratch; arrays in [B, H, T, X] so that blocks are
            (C, K) tiles and BV is V or a multiple of 128.
-Matmul operands are in the inputs' dtype (bf16 in training) with fp32 accumulation; the state,
-v and all gradients of the state are fp32.
+Matmul operands are in the inputs' dtype (bf16 in training) with fp32 accumulation; the state
+and its gradient are carried in fp32 and stored for the backward (S_n, dS_{n+1}, v, dv) in the
+inputs' dtype.
 """
 from __future__ import annotations
 
@@ -75,12 +76,12 @@ def _fwd_kernel_loop(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
     def body(n, S):
         t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
         if store_refs:
-            store_refs[0][n, :, :] = S
+            store_refs[0][n, :, :] = S.astype(store_refs[0].dtype)
         o, v, S = _fwd_chunk(S, q_ref[t, :], k_ref[t, :], w_ref[t, :], u_ref[t, :],
                              qk_ref[t, :], g_ref[t, :])
         o_ref[t, :] = o.astype(o_ref.dtype)
         if store_refs:
-            store_refs[1][t, :] = v
+            store_refs[1][t, :] = v.astype(store_refs[1].dtype)
         return S
 
     sN_ref[...] = jax.lax.fori_loop(0, n_chunks, body, s0_ref[...].astype(f32))
@@ -91,10 +92,10 @@ def _bwd_kernel_loop(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
     def body(i, dS):
         n = n_chunks - 1 - i
         t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
-        dh_ref[n, :, :] = dS
+        dh_ref[n, :, :] = dS.astype(dh_ref.dtype)
         dv, dS = _bwd_chunk(dS, q_ref[t, :], k_ref[t, :], w_ref[t, :], qk_ref[t, :],
                             g_ref[t, :], do_ref[t, :])
-        dv_ref[t, :] = dv
+        dv_ref[t, :] = dv.astype(dv_ref.dtype)
         return dS
 
     ds0_ref[...] = jax.lax.fori_loop(0, n_chunks, body, dsN_ref[...].astype(f32))
@@ -113,12 +114,12 @@ def _fwd_kernel_grid(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
 
     S = S_scr[...]
     if store:
-        store_refs[0][...] = S
+        store_refs[0][...] = S.astype(store_refs[0].dtype)
     o, v, S = _fwd_chunk(S, q_ref[...], k_ref[...], w_ref[...], u_ref[...], qk_ref[...],
                          g_ref[...])
     o_ref[...] = o.astype(o_ref.dtype)
     if store:
-        store_refs[1][...] = v
+        store_refs[1][...] = v.astype(store_refs[1].dtype)
     S_scr[...] = S
 
     @pl.when(n == n_chunks - 1)
@@ -135,10 +136,10 @@ def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
         dS_scr[...] = dsN_ref[...].astype(f32)
 
     dS = dS_scr[...]
-    dh_ref[...] = dS
+    dh_ref[...] = dS.astype(dh_ref.dtype)
     dv, dS = _bwd_chunk(dS, q_ref[...], k_ref[...], w_ref[...], qk_ref[...], g_ref[...],
                         do_ref[...])
-    dv_ref[...] = dv
+    dv_ref[...] = dv.astype(dv_ref.dtype)
     dS_scr[...] = dS
 
     @pl.when(i == n_chunks - 1)
@@ -174,7 +175,7 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
             dqd += dot_nt(do, hc)
             dw -= dot_nt(dv_ref[:, cv].astype(cd), hc)
             dkd += dot_nt(v, dh.astype(cd))
-            hdh += jnp.sum(jnp.sum(h * dh, axis=1, keepdims=True), axis=0, keepdims=True)
+            hdh += jnp.sum(jnp.sum(h.astype(f32) * dh.astype(f32), axis=1, keepdims=True), axis=0, keepdims=True)
             if i == 0:
                 dqk += dot_nt(do, v)
         dq = dqd * jnp.exp(G)
@@ -198,7 +199,8 @@ def _to_bhtx(x):
 def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
     """Forward kernel. [B, T, H, X] inputs (T a multiple of the chunk), G [B, T, H] fp32,
     S0 [B, H, K, V] fp32. Returns o [B, T, H, V] (u's dtype), S_N, and with ``store`` also
-    S_n for every chunk [B, N, H, K, V] and v [B, T, H, V] (fp32)."""
+    S_n for every chunk [B, N, H, K, V] and v [B, T, H, V], stored in q's dtype (what the
+    backward's matmuls take; bf16 halves the traffic of the largest arrays, as fla does)."""
     B, T, H, K = q.shape
     V = u.shape[-1]
     C, BV = cfg.chunk, cfg.block_v
@@ -208,8 +210,8 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
                  jax.ShapeDtypeStruct((B, H, K, V), f32)]
     if cfg.layout == "triton":
         if store:
-            out_shape += [jax.ShapeDtypeStruct((B, N, H, K, V), f32),
-                          jax.ShapeDtypeStruct((B, T, H, V), f32)]
+            out_shape += [jax.ShapeDtypeStruct((B, N, H, K, V), q.dtype),
+                          jax.ShapeDtypeStruct((B, T, H, V), q.dtype)]
         seq = lambda X: pl.BlockSpec((sq, T, sq, X), lambda b, h, j: (b, 0, h, 0))  # noqa: E731
         seq_v = pl.BlockSpec((sq, T, sq, BV), lambda b, h, j: (b, 0, h, j))
         state = pl.BlockSpec((sq, sq, K, BV), lambda b, h, j: (b, h, 0, j))
@@ -228,8 +230,8 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
     # "tpu": [B, H, T, X], one chunk per grid step along the last ("arbitrary") axis.
     from jax.experimental.pallas import tpu as pltpu
     if store:
-        out_shape += [jax.ShapeDtypeStruct((B, H, N, K, V), f32),
-                      jax.ShapeDtypeStruct((B, H, T, V), f32)]
+        out_shape += [jax.ShapeDtypeStruct((B, H, N, K, V), q.dtype),
+                      jax.ShapeDtypeStruct((B, H, T, V), q.dtype)]
     out_shape[0] = jax.ShapeDtypeStruct((B, H, T, V), u.dtype)
     blk = lambda X: pl.BlockSpec((sq, sq, C, X), lambda b, h, j, n: (b, h, n, 0))  # noqa: E731
     blk_v = pl.BlockSpec((sq, sq, C, BV), lambda b, h, j, n: (b, h, n, j))
@@ -252,16 +254,16 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
 
 
 def scan_backward(cfg, q, k, w, qk, G, do, dSN):
-    """Backward kernel: dv [B, T, H, V], dS_{n+1} for every chunk [B, N, H, K, V] and dS_0,
-    all fp32, given the cotangents do [B, T, H, V] and dS_N [B, H, K, V]."""
+    """Backward kernel: dv [B, T, H, V] and dS_{n+1} for every chunk [B, N, H, K, V] (stored in
+    q's dtype) and dS_0 (fp32), given the cotangents do [B, T, H, V] and dS_N [B, H, K, V]."""
     B, T, H, K = q.shape
     V = do.shape[-1]
     C, BV = cfg.chunk, cfg.block_v
     N, NV = T // C, V // BV
     sq = pl.squeezed
     if cfg.layout == "triton":
-        out_shape = [jax.ShapeDtypeStruct((B, T, H, V), f32),
-                     jax.ShapeDtypeStruct((B, N, H, K, V), f32),
+        out_shape = [jax.ShapeDtypeStruct((B, T, H, V), q.dtype),
+                     jax.ShapeDtypeStruct((B, N, H, K, V), q.dtype),
                      jax.ShapeDtypeStruct((B, H, K, V), f32)]
         seq = lambda X: pl.BlockSpec((sq, T, sq, X), lambda b, h, j: (b, 0, h, 0))  # noqa: E731
         seq_v = pl.BlockSpec((sq, T, sq, BV), lambda b, h, j: (b, 0, h, j))
@@ -278,8 +280,8 @@ def scan_backward(cfg, q, k, w, qk, G, do, dSN):
         return dv, dh, dS0
 
     from jax.experimental.pallas import tpu as pltpu
-    out_shape = [jax.ShapeDtypeStruct((B, H, T, V), f32),
-                 jax.ShapeDtypeStruct((B, H, N, K, V), f32),
+    out_shape = [jax.ShapeDtypeStruct((B, H, T, V), q.dtype),
+                 jax.ShapeDtypeStruct((B, H, N, K, V), q.dtype),
                  jax.ShapeDtypeStruct((B, H, K, V), f32)]
     last = N - 1
     blk = lambda X: pl.BlockSpec((sq, sq, C, X),  # noqa: E731

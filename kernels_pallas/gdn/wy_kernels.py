@@ -108,42 +108,54 @@ def _apply_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, w_ref, u_ref, qk_ref
         u_ref[:, c] = dot(Xc, (beta * v_ref[:, c].astype(f32)).astype(cd)).astype(u_ref.dtype)
 
 
+def _colsum(M):
+    """Column sums of a square tile as a [C, 1] column, without transposing the tile."""
+    rows = jax.lax.broadcasted_iota(jnp.int32, M.shape, 0)
+    cols = jax.lax.broadcasted_iota(jnp.int32, M.shape, 1)
+    return jnp.sum(jnp.where(rows == cols, jnp.sum(M, axis=0, keepdims=True), 0.0), axis=1,
+                   keepdims=True)
+
+
 def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk_ref,
                    dq_in_ref, dk_in_ref, dg_in_ref, dq_ref, dk_ref, dv_ref, db_ref, dg_ref,
-                   *, blk):
+                   *, blk, fp32_dots):
+    """Ordered so that few [C, C] fp32 tiles are live at once (register pressure is what
+    bounds this kernel): dX dies into E, k k^T into E o kk, q k^T into F o QK."""
     C, K = k_ref.shape
     V = v_ref.shape[-1]
     cd = k_ref.dtype
     G, beta = g_ref[...], b_ref[...].astype(f32)
     eG = jnp.exp(G)
-    # [C, C] products over all columns: k k^T, q k^T, dX = dw kb^T + du vb^T.
-    kk = jnp.zeros((C, C), f32)
-    qk = jnp.zeros((C, C), f32)
-    dX = jnp.zeros((C, C), f32)
+    dX = jnp.zeros((C, C), f32)                               # dw kb^T + du vb^T
     for c in col_blocks(K, blk):
-        k = k_ref[:, c]
-        kk += dot_nt(k, k)
-        qk += dot_nt(q_ref[:, c], k)
-        dX += dot_nt(dw_ref[:, c], (beta * eG * k.astype(f32)).astype(cd))
+        dX += dot_nt(dw_ref[:, c], (beta * eG * k_ref[:, c].astype(f32)).astype(cd))
     for c in col_blocks(V, blk):
         dX += dot_nt(du_ref[:, c], (beta * v_ref[:, c].astype(f32)).astype(cd))
     X = x_ref[...]
+    XtdX = dot(X, dX, trans_a=True, fp32_dots=fp32_dots)
+    E = -dot_nt(XtdX, X, fp32_dots=fp32_dots) * _decay(G, G, "strict")   # dA o D, dA strict
     Xc = X.astype(cd)
+    kk = jnp.zeros((C, C), f32)
+    for c in col_blocks(K, blk):
+        k = k_ref[:, c]
+        kk += dot_nt(k, k)
+    Ekk = E * kk
+    db = jnp.sum(Ekk, axis=1, keepdims=True)
+    PM = beta * Ekk                                           # dA o A
+    qk = jnp.zeros((C, C), f32)
+    for c in col_blocks(K, blk):
+        qk += dot_nt(q_ref[:, c], k_ref[:, c])
     F = dqk_ref[...].astype(f32) * _decay(G, G, "causal")     # through QK = (q k^T) o Dc
-    dA = -dot_nt(dot(X, dX, trans_a=True), X)               # -(X^T dX) X^T
-    E = dA * _decay(G, G, "strict")                            # zero on and above the diagonal
-    PM = F * qk + beta * E * kk                                # dQK o QK + dA o A
-    dG = (dg_in_ref[...] + jnp.sum(PM, axis=1, keepdims=True)
-          - jnp.sum(PM.T, axis=1, keepdims=True))
-    db = jnp.sum(E * kk, axis=1, keepdims=True)
-    Fc, bE = F.astype(cd), (beta * E).astype(cd)
+    PM += F * qk                                              # + dQK o QK
+    dG = dg_in_ref[...] + jnp.sum(PM, axis=1, keepdims=True) - _colsum(PM)
+    bE = beta * E
+    Fc, Es = F.astype(cd), (bE + bE.T).astype(cd)             # (diag(beta) E) k + its transpose
     for c in col_blocks(K, blk):
         k, q, dw = k_ref[:, c], q_ref[:, c], dw_ref[:, c]
         kf = k.astype(f32)
         dq_ref[:, c] = dq_in_ref[:, c] + dot(Fc, k)
         dkb = dot(Xc, dw, trans_a=True)
-        dk_ref[:, c] = (dk_in_ref[:, c] + dot(Fc, q, trans_a=True) + beta * eG * dkb
-                        + dot(bE, k) + dot(bE, k, trans_a=True))
+        dk_ref[:, c] = dk_in_ref[:, c] + dot(Fc, q, trans_a=True) + beta * eG * dkb + dot(Es, k)
         db += jnp.sum(dkb * eG * kf, axis=1, keepdims=True)
         dG += jnp.sum(dkb * beta * eG * kf, axis=1, keepdims=True)
     for c in col_blocks(V, blk):
@@ -178,8 +190,10 @@ def wy_backward(cfg, q, k, v, beta, G, X, dw, du, dqk, dq, dk, dG):
     (dq, dk, dv) fp32 [B,T,H,X], (dbeta, dG) fp32 [B, T, H]."""
     B, T, H, K = k.shape
     V, C = v.shape[-1], cfg.chunk
+    # TF32 is a GPU (Triton) notion: elsewhere the fp32 products stay at full precision.
+    fp32_dots = cfg.fp32_dots if cfg.layout == "triton" else "ieee"
     dq, dk, dv, db, dG = chunk_call(
-        cfg, functools.partial(_wy_bwd_kernel, blk=cfg.chunk_block),
+        cfg, functools.partial(_wy_bwd_kernel, blk=cfg.chunk_block, fp32_dots=fp32_dots),
         [(q, K), (k, K), (v, V), (beta[..., None], 1), (G[..., None], 1), (X, C), (dw, K),
          (du, V), (dqk, C), (dq, K), (dk, K), (dG[..., None], 1)],
         [(K, f32), (K, f32), (V, f32), (1, f32), (1, f32)], (B, T, H), name="gdn_wy_bwd")
