@@ -199,7 +199,18 @@ def main():
     ceil = ceilings()
     print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__, **ceil}),
           flush=True)
+    out = open(args.out, "w") if args.out else None  # rows written as they come: a cut run keeps them
+
+    def emit(row):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if out:
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+
     rows = []
+    if out:
+        out.write(json.dumps({"ceilings": ceil}) + "\n")
     for spec in args.shapes:
         shape = tuple(int(s) for s in spec.split(","))
         B, T, H, K, V = shape
@@ -209,31 +220,33 @@ def main():
         opts = {}
         if args.tune and any(parse_impl(i)[0] == "pallas" for i in args.impls):
             tuned, opts = tune(shape, x)
-            rows += [dict(r, impl="tune") for r in tuned]
-        for spec in args.impls:
-            impl, variant = parse_impl(spec)
+            for r in tuned:
+                emit(dict(r, impl="tune"))
+        for name in args.impls:
+            impl, variant = parse_impl(name)
             po = {**opts, **variant} if impl == "pallas" else {}
-            f, fb = fns(impl, **po)
-            row = {"impl": spec, "shape": list(shape), "opts": po,
-                   "fwd_ms": median_ms(f, *x[:5]), "fwd_bwd_ms": median_ms(fb, *x)}
-            row["fwd_tflops"] = flops_fwd / row["fwd_ms"] / 1e9
-            row["fwd_bwd_tflops"] = 3 * flops_fwd / row["fwd_bwd_ms"] / 1e9
-            row["fwd_tbps"] = bytes_fwd / row["fwd_ms"] / 1e9
-            if args.check:
-                row["rel_err_bf16_vs_fp32"] = check(impl, shape, po)
-            if args.breakdown and impl == "pallas":
-                row["breakdown"] = breakdown(shape, x, default_cfg(shape, **po))
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(json.dumps({"ceilings": ceil}) + "\n")
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+            row = {"impl": name, "shape": list(shape), "opts": po}
+            try:
+                f, fb = fns(impl, **po)
+                row.update(fwd_ms=median_ms(f, *x[:5]), fwd_bwd_ms=median_ms(fb, *x))
+                row["fwd_tflops"] = flops_fwd / row["fwd_ms"] / 1e9
+                row["fwd_bwd_tflops"] = 3 * flops_fwd / row["fwd_bwd_ms"] / 1e9
+                row["fwd_tbps"] = bytes_fwd / row["fwd_ms"] / 1e9
+                if args.check:
+                    row["rel_err_bf16_vs_fp32"] = check(impl, shape, po)
+                if args.breakdown and impl == "pallas":
+                    row["breakdown"] = breakdown(shape, x, default_cfg(shape, **po))
+            except Exception as e:  # noqa: BLE001  (a compile failure of one variant: record it, go on)
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            emit(row)
+    if out:
+        out.close()
     print(f"\nceilings: bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s, copy "
           f"{ceil['copy_tbps']:.2f} TB/s")
     print(f"{'impl':32s} {'shape':22s} {'fwd ms':>8s} {'f+b ms':>8s} {'fwd TF/s':>9s} {'TB/s':>6s}")
     for r in rows:
+        if "error" in r:
+            print(f"{r['impl']:32s} {str(tuple(r['shape'])):22s} failed: {r['error'][:120]}")
         if "fwd_tflops" not in r:
             continue
         print(f"{r['impl']:32s} {str(tuple(r['shape'])):22s} {r['fwd_ms']:8.2f} "

@@ -24,7 +24,7 @@ Two launch layouts run the same per-chunk bodies:
            (C, K) tiles and BV is V or a multiple of 128.
 Matmul operands are in the inputs' dtype (bf16 in training) with fp32 accumulation; the state
 and its gradient are carried in fp32 and stored for the backward (S_n, dS_{n+1}, v, dv) in the
-inputs' dtype.
+inputs' dtype (fp32 for Triton at K > 128: ``store_dtype``).
 """
 from __future__ import annotations
 
@@ -196,12 +196,22 @@ def _to_bhtx(x):
     return jnp.swapaxes(x, 1, 2)
 
 
+def store_dtype(cfg, dtype, K):
+    """dtype in which S_n, dS_{n+1}, v and dv are stored for the backward: the inputs' (bf16
+    halves the traffic of the [B, N, H, K, V] states, as fla), but fp32 for Triton at K > 128.
+    On the H200 the bf16 stores failed to compile at K = 256, BV = 64 ("Shared memory size limit
+    exceeded: requested 262656, available: 232448") where the fp32 stores of the same kernels
+    compile and run: the scan loops double-buffer [C, K] tiles of q, k and w (2 x 3 x 32 KiB at
+    K = 256), and the excess is one [K, BV] bf16 tile (32 KiB), the store's layout conversion."""
+    return f32 if cfg.layout == "triton" and K > 128 else dtype
+
+
 def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
     """Forward kernel. [B, T, H, X] inputs (T a multiple of the chunk), G [B, T, H] fp32,
     S0 [B, H, K, V] fp32. Returns o [B, T, H, V] (u's dtype), S_N, and with ``store`` also
-    S_n for every chunk [B, N, H, K, V] and v [B, T, H, V], stored in q's dtype (what the
-    backward's matmuls take; bf16 halves the traffic of the largest arrays, as fla does)."""
+    S_n for every chunk [B, N, H, K, V] and v [B, T, H, V], in ``store_dtype``."""
     B, T, H, K = q.shape
+    sd = store_dtype(cfg, q.dtype, K)
     V = u.shape[-1]
     C, BV = cfg.chunk, cfg.block_v
     N, NV = T // C, V // BV
@@ -210,8 +220,8 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
                  jax.ShapeDtypeStruct((B, H, K, V), f32)]
     if cfg.layout == "triton":
         if store:
-            out_shape += [jax.ShapeDtypeStruct((B, N, H, K, V), q.dtype),
-                          jax.ShapeDtypeStruct((B, T, H, V), q.dtype)]
+            out_shape += [jax.ShapeDtypeStruct((B, N, H, K, V), sd),
+                          jax.ShapeDtypeStruct((B, T, H, V), sd)]
         seq = lambda X: pl.BlockSpec((sq, T, sq, X), lambda b, h, j: (b, 0, h, 0))  # noqa: E731
         seq_v = pl.BlockSpec((sq, T, sq, BV), lambda b, h, j: (b, 0, h, j))
         state = pl.BlockSpec((sq, sq, K, BV), lambda b, h, j: (b, h, 0, j))
@@ -230,8 +240,8 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
     # "tpu": [B, H, T, X], one chunk per grid step along the last ("arbitrary") axis.
     from jax.experimental.pallas import tpu as pltpu
     if store:
-        out_shape += [jax.ShapeDtypeStruct((B, H, N, K, V), q.dtype),
-                      jax.ShapeDtypeStruct((B, H, T, V), q.dtype)]
+        out_shape += [jax.ShapeDtypeStruct((B, H, N, K, V), sd),
+                      jax.ShapeDtypeStruct((B, H, T, V), sd)]
     out_shape[0] = jax.ShapeDtypeStruct((B, H, T, V), u.dtype)
     blk = lambda X: pl.BlockSpec((sq, sq, C, X), lambda b, h, j, n: (b, h, n, 0))  # noqa: E731
     blk_v = pl.BlockSpec((sq, sq, C, BV), lambda b, h, j, n: (b, h, n, j))
@@ -254,16 +264,17 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
 
 
 def scan_backward(cfg, q, k, w, qk, G, do, dSN):
-    """Backward kernel: dv [B, T, H, V] and dS_{n+1} for every chunk [B, N, H, K, V] (stored in
-    q's dtype) and dS_0 (fp32), given the cotangents do [B, T, H, V] and dS_N [B, H, K, V]."""
+    """Backward kernel: dv [B, T, H, V] and dS_{n+1} for every chunk [B, N, H, K, V] (in
+    ``store_dtype``) and dS_0 (fp32), given the cotangents do [B, T, H, V] and dS_N [B, H, K, V]."""
     B, T, H, K = q.shape
+    sd = store_dtype(cfg, q.dtype, K)
     V = do.shape[-1]
     C, BV = cfg.chunk, cfg.block_v
     N, NV = T // C, V // BV
     sq = pl.squeezed
     if cfg.layout == "triton":
-        out_shape = [jax.ShapeDtypeStruct((B, T, H, V), q.dtype),
-                     jax.ShapeDtypeStruct((B, N, H, K, V), q.dtype),
+        out_shape = [jax.ShapeDtypeStruct((B, T, H, V), sd),
+                     jax.ShapeDtypeStruct((B, N, H, K, V), sd),
                      jax.ShapeDtypeStruct((B, H, K, V), f32)]
         seq = lambda X: pl.BlockSpec((sq, T, sq, X), lambda b, h, j: (b, 0, h, 0))  # noqa: E731
         seq_v = pl.BlockSpec((sq, T, sq, BV), lambda b, h, j: (b, 0, h, j))
@@ -280,8 +291,8 @@ def scan_backward(cfg, q, k, w, qk, G, do, dSN):
         return dv, dh, dS0
 
     from jax.experimental.pallas import tpu as pltpu
-    out_shape = [jax.ShapeDtypeStruct((B, H, T, V), q.dtype),
-                 jax.ShapeDtypeStruct((B, H, N, K, V), q.dtype),
+    out_shape = [jax.ShapeDtypeStruct((B, H, T, V), sd),
+                 jax.ShapeDtypeStruct((B, H, N, K, V), sd),
                  jax.ShapeDtypeStruct((B, H, K, V), f32)]
     last = N - 1
     blk = lambda X: pl.BlockSpec((sq, sq, C, X),  # noqa: E731
