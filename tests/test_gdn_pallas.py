@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels_pallas.gdn import gated_delta_rule
+from kernels_pallas.gdn import gated_delta_rule, gated_delta_rule_pallas
 from tests.test_gdn_reference import make_inputs
 
 MODES = {"generic": True, "tpu": pltpu.InterpretParams()}
@@ -86,6 +86,42 @@ def test_bf16_inputs_close_to_fp32_spec():
     ref = run("recurrent", "generic", q, k, v, g, beta, h0, do, C)
     for name in TOL:
         assert rel(out[name].astype(jnp.float32), ref[name]) < 2e-2, name
+
+
+def test_backward_stores_follow_the_inputs_dtype_except_triton_wide_keys():
+    """S_n, dS_{n+1}, v, dv are stored in the inputs' dtype (bf16 in training), fp32 under
+    Triton at K > 128 (the bf16 stores exceeded the H200's shared memory there)."""
+    from kernels_pallas.gdn import scan_kernels
+    from kernels_pallas.gdn._common import KernelConfig
+    bf16, f32 = jnp.bfloat16, jnp.float32
+    cfg = lambda layout: KernelConfig(chunk=64, layout=layout, block_v=64)  # noqa: E731
+    assert scan_kernels.store_dtype(cfg("triton"), bf16, 128) == bf16
+    assert scan_kernels.store_dtype(cfg("triton"), bf16, 256) == f32
+    assert scan_kernels.store_dtype(cfg("tpu"), bf16, 256) == bf16
+    assert scan_kernels.store_dtype(cfg("triton"), f32, 64) == f32
+    B, T, H, K, V, C = 1, 32, 1, 16, 16, 16
+    q, k, v, g, beta, h0, do = make_inputs(B, T, H, K, V)
+    qk = jnp.zeros((B, T, H, C), bf16)
+    res = scan_kernels.scan_forward(KernelConfig(chunk=C, layout="triton", block_v=V,
+                                                 interpret=True),
+                                    q.astype(bf16), k.astype(bf16), k.astype(bf16),
+                                    v.astype(bf16), qk, jnp.cumsum(g, 1), h0, store=True)
+    assert [x.dtype for x in res] == [bf16, f32, bf16, bf16]   # o, S_N, S_n, v
+
+
+def test_fp32_dots_option_is_checked_and_both_settings_agree():
+    """``fp32_dots`` names the WY backward's fp32 product precision; a bad value is refused,
+    and on the CPU (full fp32 either way) both settings give the same gradients."""
+    q, k, v, g, beta, h0, do = make_inputs(1, 32, 2, 16, 16, seed=9)
+    with pytest.raises(ValueError, match="fp32_dots must be"):
+        gated_delta_rule_pallas(q, k, v, g, beta, interpret=True, fp32_dots="bf16")
+    grads = []
+    for mode in ("tf32", "ieee"):
+        f = lambda *a: jnp.sum(gated_delta_rule_pallas(  # noqa: E731
+            *a, chunk_size=16, interpret=True, fp32_dots=mode)[0] * do)
+        grads.append(jax.grad(f, argnums=(0, 1, 2, 3, 4))(q, k, v, g, beta))
+    for a, b in zip(*grads):
+        assert rel(a, b) < 1e-6
 
 
 def test_pallas_without_a_lowering_names_interpret(monkeypatch):
