@@ -5,14 +5,20 @@ r"""Prefill time, per-token decode latency and decode-cache memory, per architec
 
 For every (arch, context, batch): a random prompt of ``context - decode_steps`` tokens is
 prefilled in chunks of --prefill_chunk (``HybridLM.extend``, jitted once per chunk shape), then
---decode_steps single tokens are decoded greedily; the medians of per-step wall times (after
-``block_until_ready``) give the decode latency. The cache is allocated for the full context, so
-the latency is that of a step at the end of a ``context``-long sequence; its size comes from
-the cache's own arrays (``hwh_jax.inference.cache.cache_bytes``). OOMs are caught and reported.
+--decode_steps single tokens are decoded greedily, twice: ``decode_ms`` is the wall time of one
+jitted ``fori_loop`` over the steps divided by their number (the decode loop runs on the
+device, as ``hwh_jax.inference.Generator`` runs it), ``decode_call_ms`` the median of one jitted
+call per token from Python (adds the host's dispatch of the parameter and cache pytrees: 500
+parameter arrays for HwH-380m, 218 for the Transformer). The cache is allocated for the full
+context, so the latency is that of a step at the end of a ``context``-long sequence; its size
+comes from the cache's own arrays (``hwh_jax.inference.cache.cache_bytes``). OOMs are caught
+and reported. ``--profile DIR`` also traces one decode loop and prints where its device time
+goes (``hwh_jax.training.profile``).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -26,15 +32,26 @@ from _bench import emit, is_oom, print_device, write_jsonl
 import kernels_pallas
 from hwh_jax.inference.cache import cache_bytes
 from hwh_jax.models import HybridLM, model_config
+from hwh_jax.training import profile
 
 
-def measure(model, cfg, context, batch, prefill_chunk, decode_steps):
+def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir=""):
     graphdef, state = nnx.split(model)
 
     @jax.jit
     def extend(state, tokens, cache):
         logits, cache = nnx.merge(graphdef, state).extend(tokens, cache)
         return jnp.argmax(logits[:, -1], -1).astype(jnp.int32), cache
+
+    @functools.partial(jax.jit, static_argnums=3)
+    def decode_loop(state, nxt, cache, steps):
+        model = nnx.merge(graphdef, state)
+
+        def body(i, carry):
+            nxt, cache = carry
+            logits, cache = model.extend(nxt[:, None], cache)
+            return jnp.argmax(logits[:, -1], -1).astype(jnp.int32), cache
+        return jax.lax.fori_loop(0, steps, body, (nxt, cache))
 
     init = jax.jit(lambda state: nnx.merge(graphdef, state).init_cache(batch, context))
     prompt_len = context - decode_steps
@@ -52,6 +69,7 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps):
         nxt, cache = extend(state, tok[:, s:s + prefill_chunk], cache)
     jax.block_until_ready(nxt)
     prefill_s = time.perf_counter() - t0
+    after_prefill = (nxt, cache)
     times = []
     for i in range(decode_steps):
         t = time.perf_counter()
@@ -59,9 +77,20 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps):
         jax.block_until_ready(nxt)
         if i:                                         # step 0 compiles the one-token shape
             times.append(time.perf_counter() - t)
-    return {"prefill_s": prefill_s, "prefill_tokens_per_s": batch * prompt_len / prefill_s,
-            "prefill_compile_s": first_prefill_s - prefill_s,
-            "decode_ms": 1e3 * statistics.median(times)}
+    # The same steps as one device loop (compiled first, then timed from the same cache state).
+    jax.block_until_ready(decode_loop(state, *after_prefill, decode_steps))
+    t = time.perf_counter()
+    jax.block_until_ready(decode_loop(state, *after_prefill, decode_steps))
+    loop_ms = 1e3 * (time.perf_counter() - t) / decode_steps
+    row = {"prefill_s": prefill_s, "prefill_tokens_per_s": batch * prompt_len / prefill_s,
+           "prefill_compile_s": first_prefill_s - prefill_s,
+           "decode_ms": loop_ms, "decode_call_ms": 1e3 * statistics.median(times)}
+    if profile_dir:
+        with profile.capture(profile_dir):
+            jax.block_until_ready(decode_loop(state, *after_prefill, decode_steps))
+        row["profile"] = profile.summarize(profile_dir, steps=decode_steps)
+        print(profile.format_summary(row["profile"], loop_ms), flush=True)
+    return row
 
 
 def main():
@@ -73,6 +102,8 @@ def main():
     ap.add_argument("--prefill_chunk", type=int, default=2048)
     ap.add_argument("--decode_steps", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--profile", default="",
+                    help="directory: trace one decode loop per row and print its device time")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     print_device()
@@ -85,8 +116,10 @@ def main():
                 row = {"arch": arch, "size": args.size, "context": T, "batch": B,
                        "cache_gib": cache_bytes(cfg, B, T)["total"] / 2 ** 30}
                 try:
+                    prof = (f"{args.profile}/{arch}_{args.size}_{T}_b{B}"
+                            if args.profile else "")
                     row.update(measure(model, cfg, T, B, min(args.prefill_chunk, T),
-                                       args.decode_steps))
+                                       args.decode_steps, prof))
                 except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                     if not is_oom(e):
                         raise
@@ -95,13 +128,13 @@ def main():
                 emit(rows, row)
     write_jsonl(args.out, rows)
     print(f"\n{'arch':12s} {'ctx':>6s} {'B':>3s} {'cache GiB':>9s} {'prefill s':>9s} "
-          f"{'decode ms/token':>15s}")
+          f"{'decode ms/token':>15s} {'per call':>9s}")
     for r in rows:
         if r.get("oom"):
             print(f"{r['arch']:12s} {r['context']:6d} {r['batch']:3d} {r['cache_gib']:9.2f}  OOM")
             continue
         print(f"{r['arch']:12s} {r['context']:6d} {r['batch']:3d} {r['cache_gib']:9.2f} "
-              f"{r['prefill_s']:9.2f} {r['decode_ms']:15.2f}")
+              f"{r['prefill_s']:9.2f} {r['decode_ms']:15.2f} {r['decode_call_ms']:9.2f}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ params + attention + GDN chunk FLOPs) x tokens/s / the device's dense bf16 peak.
 compiled step's own buffers (arguments + outputs + temporaries - donated aliases, from
 ``memory_analysis()``); the device's peak counter is process-wide (the largest step so far), so
 it is only recorded as ``process_peak_mem_gib``. The kernels the dispatchers chose are printed
-with each row.
+with each row. ``--profile DIR`` traces 3 more steps per row and prints where their device time
+goes: by category (GDN kernels, attention, matmuls, copies, fusions) and the top kernels, and how
+much of the step the device was busy (``hwh_jax.training.profile``).
 """
 from __future__ import annotations
 
@@ -32,11 +34,12 @@ import kernels_pallas
 from hwh_jax.models import HybridLM, model_config
 from hwh_jax.models.params import count_params
 from hwh_jax.training.flops import flops_per_token, peak_flops
+from hwh_jax.training import profile
 from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
 from hwh_jax.training.steps import make_train_step
 
 
-def time_step(arch, size, T, B, steps, dtype, vocab_size=0):
+def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir=""):
     cfg = model_config(arch, size, dtype=dtype, **({"vocab_size": vocab_size} if vocab_size else {}))
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     tx, schedule = make_optimizer(OptimizerSpec(lr=1e-4, warmup_steps=1, total_steps=100))
@@ -62,6 +65,14 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0):
         jax.block_until_ready(m["loss"])
         times.append(time.perf_counter() - t)
     ms = 1e3 * statistics.median(times)
+    prof = None
+    if profile_dir:
+        with profile.capture(profile_dir):
+            for _ in range(3):
+                state, m = step(state, batch)
+            jax.block_until_ready(m["loss"])
+        prof = profile.summarize(profile_dir, steps=3)
+        print(profile.format_summary(prof, ms), flush=True)
     tps = B * T / ms * 1e3
     kind = jax.devices()[0].device_kind
     peak = peak_flops(kind)
@@ -77,7 +88,7 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0):
             "loss": float(m["loss"]),
             "step_mem_gib": step_bytes / 2 ** 30 if step_bytes else None,
             "process_peak_mem_gib": mem / 2 ** 30 if mem else None,
-            "kernels": kernels_pallas.chosen()}
+            "kernels": kernels_pallas.chosen(), **({"profile": prof} if prof else {})}
 
 
 def main():
@@ -90,6 +101,8 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--vocab_size", type=int, default=0,
                     help="0: the size's default (GPT-2's 50,257); configs/experiment.py: 4096")
+    ap.add_argument("--profile", default="",
+                    help="directory: trace 3 steps per row and print their device time by kernel")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     print_device()
@@ -100,7 +113,9 @@ def main():
                 B = max(args.tokens_per_step // T, 1)
                 while True:
                     try:
-                        row = time_step(arch, size, T, B, args.steps, args.dtype, args.vocab_size)
+                        prof = f"{args.profile}/{arch}_{size}_{T}" if args.profile else ""
+                        row = time_step(arch, size, T, B, args.steps, args.dtype,
+                                        args.vocab_size, prof)
                         break
                     except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                         if not is_oom(e):

@@ -1,0 +1,52 @@
+"""hwh_jax.training.profile: device time by kernel from a Perfetto trace."""
+import gzip
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from hwh_jax.training import profile
+
+
+def _write_trace(root, events):
+    d = root / "plugins" / "profile" / "run1"
+    d.mkdir(parents=True)
+    meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/host:CPU"}}]
+    with gzip.open(d / "perfetto_trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": meta + events}, f)
+
+
+def test_summarize_sums_device_kernels_by_name_and_category(tmp_path):
+    ev = lambda pid, name, ts, dur: {"ph": "X", "pid": pid, "tid": 7, "name": name,  # noqa
+                                     "ts": ts, "dur": dur}
+    _write_trace(tmp_path, [
+        ev(1, "gdn_wy_bwd", 0, 400), ev(1, "gdn_wy_bwd", 1000, 400),          # 2 steps
+        ev(1, "nvjet_tst_128x256_gemm", 300, 200),                           # overlaps 100
+        ev(1, "cudnn_generated_fort_native_sdpa", 2000, 600),
+        ev(1, "loop_add_fusion", 3000, 100),
+        ev(2, "PjitFunction(step)", 0, 99999),                               # host: ignored
+    ])
+    s = profile.summarize(tmp_path, steps=2)
+    assert s["kernel_ms"] == pytest.approx((800 + 200 + 600 + 100) / 1e3 / 2)
+    assert s["busy_ms"] == pytest.approx((500 + 400 + 600 + 100) / 1e3 / 2)   # union
+    assert s["by_category_ms"] == pytest.approx(
+        {"gdn": 0.4, "attention": 0.3, "matmul": 0.1, "fusion/other": 0.05})
+    assert s["top_kernels_ms"][0] == {"name": "gdn_wy_bwd", "category": "gdn", "ms": 0.4}
+    text = profile.format_summary(s, step_ms=1.0)
+    assert "80% busy" in text and "gdn_wy_bwd" in text
+
+
+def test_capture_writes_a_trace_that_summarize_reads(tmp_path):
+    f = jax.jit(lambda x: jnp.tanh(x @ x).sum())
+    x = jnp.ones((64, 64))
+    f(x).block_until_ready()
+    with profile.capture(tmp_path / "p"):
+        f(x).block_until_ready()
+    s = profile.summarize(tmp_path / "p", steps=1)   # CPU: no device events
+    assert s["steps"] == 1 and s["kernel_ms"] >= 0
+    with pytest.raises(FileNotFoundError, match="capture"):
+        profile.summarize(tmp_path / "none", steps=1)
+    with pytest.raises(ValueError, match="steps"):
+        profile.summarize(tmp_path / "p", steps=0)
