@@ -175,7 +175,8 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
             dqd += dot_nt(do, hc)
             dw -= dot_nt(dv_ref[:, cv].astype(cd), hc)
             dkd += dot_nt(v, dh.astype(cd))
-            hdh += jnp.sum(jnp.sum(h.astype(f32) * dh.astype(f32), axis=1, keepdims=True), axis=0, keepdims=True)
+            hdh += jnp.sum(jnp.sum(h.astype(f32) * dh.astype(f32), axis=1, keepdims=True),
+                           axis=0, keepdims=True)
             if i == 0:
                 dqk += dot_nt(do, v)
         dq = dqd * jnp.exp(G)
