@@ -74,7 +74,8 @@ def inputs(B, T, H, K, V, dtype, seed=0):
 
 
 def parse_impl(spec):
-    """"pallas:fp32_dots=ieee,chunk_warps=8" -> ("pallas", {"fp32_dots": "ieee", "chunk_warps": 8})."""
+    """"pallas:fp32_dots=ieee,chunk_warps=8" -> ("pallas", {"fp32_dots": "ieee",
+    "chunk_warps": 8})."""
     name, _, rest = spec.partition(":")
     opts = {}
     for item in filter(None, rest.split(",")):
@@ -199,7 +200,7 @@ def main():
     ceil = ceilings()
     print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__, **ceil}),
           flush=True)
-    out = open(args.out, "w") if args.out else None  # rows written as they come: a cut run keeps them
+    out = open(args.out, "w") if args.out else None  # rows written as they come: kept if cut
 
     def emit(row):
         rows.append(row)
@@ -236,7 +237,7 @@ def main():
                     row["rel_err_bf16_vs_fp32"] = check(impl, shape, po)
                 if args.breakdown and impl == "pallas":
                     row["breakdown"] = breakdown(shape, x, default_cfg(shape, **po))
-            except Exception as e:  # noqa: BLE001  (a compile failure of one variant: record it, go on)
+            except Exception as e:  # noqa: BLE001  (one variant failing to compile: record it)
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             emit(row)
     if out:

@@ -86,7 +86,8 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20) -> dict:
     return {"steps": steps,
             "kernel_ms": sum(kernels.values()) / steps,
             "busy_ms": _union_ms(intervals) / steps,
-            "by_category_ms": {c: ms / steps for c, ms in sorted(cats.items(), key=lambda kv: -kv[1])},
+            "by_category_ms": {c: ms / steps
+                               for c, ms in sorted(cats.items(), key=lambda kv: -kv[1])},
             "top_kernels_ms": [{"name": n, "category": category(n), "ms": ms / steps}
                                for n, ms in ranked[:top]]}
 
