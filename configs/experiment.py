@@ -35,6 +35,8 @@ def get_config(arg: str = "hwh"):
     d.retrieval_share = 0.5    # synthetic NIAH-format sequences (hwh_jax/data/retrieval.py)
     d.retrieval_answer_weight = 50.0   # run 3 of docs/results.md; 1 (runs 1, 2): nothing learned
     d.retrieval_max_needles = 8
+    d.workers = 4              # batches in 4 processes: the loop was host-bound without (115-173k
+    #                            vs 442-502k tokens/s for hwh_uniform on an H200, docs/results.md)
     config.model.vocab_size = 0
     t = config.train
     t.steps, t.batch_size = 600, 64 * 512 // L
