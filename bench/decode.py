@@ -5,9 +5,9 @@ r"""Prefill time, per-token decode latency and decode-cache memory, per architec
 
 For every (arch, context, batch): a random prompt of ``context - decode_steps`` tokens is
 prefilled in chunks of --prefill_chunk (``HybridLM.extend``, jitted once per chunk shape), then
---decode_steps single tokens are decoded greedily, twice: ``decode_ms`` is the wall time of one
-jitted ``fori_loop`` over the steps divided by their number (the decode loop runs on the
-device, as ``hwh_jax.inference.Generator`` runs it), ``decode_call_ms`` the median of one jitted
+--decode_steps single tokens are decoded greedily, twice: ``decode_ms`` is the wall time of
+``hwh_jax.inference.Generator``'s compiled decode loop (one ``fori_loop`` on the device,
+greedy) over the steps divided by their number, ``decode_call_ms`` the median of one jitted
 call per token from Python (adds the host's dispatch of the parameter and cache pytrees: 500
 parameter arrays for HwH-380m, 218 for the Transformer). The cache is allocated for the full
 context, so the latency is that of a step at the end of a ``context``-long sequence; its size
@@ -18,7 +18,6 @@ goes (``hwh_jax.training.profile``).
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import time
 
@@ -30,28 +29,25 @@ from flax import nnx
 import hwh_jax  # noqa: F401  (flax settings)
 from _bench import emit, is_oom, print_device, write_jsonl
 import kernels_pallas
+from hwh_jax.inference import Generator
 from hwh_jax.inference.cache import cache_bytes
 from hwh_jax.models import HybridLM, model_config
 from hwh_jax.training import profile
 
 
 def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir=""):
-    graphdef, state = nnx.split(model)
+    gen = Generator(model)   # its compiled decode loop: what generate() runs after the prefill
+    graphdef, state = gen.graphdef, gen.state
 
     @jax.jit
     def extend(state, tokens, cache):
         logits, cache = nnx.merge(graphdef, state).extend(tokens, cache)
-        return jnp.argmax(logits[:, -1], -1).astype(jnp.int32), cache
+        last = logits[:, -1]
+        return jnp.argmax(last, -1).astype(jnp.int32), last, cache
 
-    @functools.partial(jax.jit, static_argnums=3)
-    def decode_loop(state, nxt, cache, steps):
-        model = nnx.merge(graphdef, state)
-
-        def body(i, carry):
-            nxt, cache = carry
-            logits, cache = model.extend(nxt[:, None], cache)
-            return jnp.argmax(logits[:, -1], -1).astype(jnp.int32), cache
-        return jax.lax.fori_loop(0, steps, body, (nxt, cache))
+    def decode_loop(logits, cache):
+        return gen._decode(gen.state, logits, cache, jax.random.key(0), steps=decode_steps,
+                           temperature=0.0, top_p=1.0)
 
     init = jax.jit(lambda state: nnx.merge(graphdef, state).init_cache(batch, context))
     prompt_len = context - decode_steps
@@ -60,34 +56,34 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     nxt = None
     t0 = time.perf_counter()
     for s in range(0, prompt_len, prefill_chunk):
-        nxt, cache = extend(state, tok[:, s:s + prefill_chunk], cache)
+        nxt, last, cache = extend(state, tok[:, s:s + prefill_chunk], cache)
     jax.block_until_ready(nxt)
     first_prefill_s = time.perf_counter() - t0        # includes compiling each chunk shape
     cache = init(state)
     t0 = time.perf_counter()
     for s in range(0, prompt_len, prefill_chunk):
-        nxt, cache = extend(state, tok[:, s:s + prefill_chunk], cache)
+        nxt, last, cache = extend(state, tok[:, s:s + prefill_chunk], cache)
     jax.block_until_ready(nxt)
     prefill_s = time.perf_counter() - t0
-    after_prefill = (nxt, cache)
+    after_prefill = (last, cache)
     times = []
     for i in range(decode_steps):
         t = time.perf_counter()
-        nxt, cache = extend(state, nxt[:, None], cache)
+        nxt, _, cache = extend(state, nxt[:, None], cache)
         jax.block_until_ready(nxt)
         if i:                                         # step 0 compiles the one-token shape
             times.append(time.perf_counter() - t)
     # The same steps as one device loop (compiled first, then timed from the same cache state).
-    jax.block_until_ready(decode_loop(state, *after_prefill, decode_steps))
+    jax.block_until_ready(decode_loop(*after_prefill))
     t = time.perf_counter()
-    jax.block_until_ready(decode_loop(state, *after_prefill, decode_steps))
+    jax.block_until_ready(decode_loop(*after_prefill))
     loop_ms = 1e3 * (time.perf_counter() - t) / decode_steps
     row = {"prefill_s": prefill_s, "prefill_tokens_per_s": batch * prompt_len / prefill_s,
            "prefill_compile_s": first_prefill_s - prefill_s,
            "decode_ms": loop_ms, "decode_call_ms": 1e3 * statistics.median(times)}
     if profile_dir:
         with profile.capture(profile_dir):
-            jax.block_until_ready(decode_loop(state, *after_prefill, decode_steps))
+            jax.block_until_ready(decode_loop(*after_prefill))
         row["profile"] = profile.summarize(profile_dir, steps=decode_steps)
         print(profile.format_summary(row["profile"], loop_ms), flush=True)
     return row

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import _bench
 from kernels_pallas.gdn import gated_delta_rule, gated_delta_rule_pallas
 from kernels_pallas.gdn import pallas as gdn_pallas
 from kernels_pallas.gdn import scan_kernels, wy_kernels
@@ -203,8 +204,7 @@ def main():
     out = open(args.out, "w") if args.out else None  # rows written as they come: kept if cut
 
     def emit(row):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        _bench.emit(rows, row)
         if out:
             out.write(json.dumps(row) + "\n")
             out.flush()

@@ -81,7 +81,8 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20) -> dict:
         intervals.append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
     cats: dict[str, float] = {}
     for name, ms in kernels.items():
-        cats[category(name)] = cats.get(category(name), 0.0) + ms
+        c = category(name)
+        cats[c] = cats.get(c, 0.0) + ms
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1])
     return {"steps": steps,
             "kernel_ms": sum(kernels.values()) / steps,
