@@ -84,7 +84,9 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     if profile_dir:
         with profile.capture(profile_dir):
             jax.block_until_ready(decode_loop(*after_prefill))
-        row["profile"] = profile.summarize(profile_dir, steps=decode_steps)
+        text = gen._decode.lower(gen.state, *after_prefill, jax.random.key(0), steps=decode_steps,
+                                 temperature=0.0, top_p=1.0).compile().as_text()
+        row["profile"] = profile.summarize(profile_dir, steps=decode_steps, hlo_text=text)
         print(profile.format_summary(row["profile"], loop_ms), flush=True)
     return row
 

@@ -34,8 +34,31 @@ def test_summarize_sums_device_kernels_by_name_and_category(tmp_path):
     assert s["by_category_ms"] == pytest.approx(
         {"gdn": 0.4, "attention": 0.3, "matmul": 0.1, "fusion/other": 0.05})
     assert s["top_kernels_ms"][0] == {"name": "gdn_wy_bwd", "category": "gdn", "ms": 0.4}
+    assert s["kernels_per_step"] == 2.5
+    # idle: 500 us after the matmul (ends 500, next 1000), 600 after the second gdn_wy_bwd,
+    # 400 after the attention kernel; the host event is not a kernel.
+    assert s["idle_between_kernels_ms"] == pytest.approx(1.5 / 2)
+    assert [g["name"] for g in s["gaps_after"]] == [
+        "gdn_wy_bwd", "nvjet_tst_128x256_gemm", "cudnn_generated_fort_native_sdpa"]
+    assert s["gaps_after"][0]["ms"] == pytest.approx(0.3) and s["gaps_after"][0]["count"] == 0.5
     text = profile.format_summary(s, step_ms=1.0)
-    assert "80% busy" in text and "gdn_wy_bwd" in text
+    assert "80% busy" in text and "gdn_wy_bwd" in text and "idle between them 0.75" in text
+
+
+def test_kernels_name_their_source_from_the_hlo_metadata(tmp_path):
+    def my_layer(x):
+        return jnp.tanh(x * 3.0).sum(-1)
+    text = jax.jit(my_layer).lower(jnp.ones((8, 8))).compile().as_text()
+    src = profile.hlo_sources(text)
+    assert any("tanh" in v and "my_layer" in v for v in src.values()), src
+    name = next(k for k, v in src.items() if "tanh" in v)
+    ev = {"ph": "X", "pid": 1, "tid": 7, "name": name, "ts": 0, "dur": 10}
+    _write_trace(tmp_path, [ev])
+    s = profile.summarize(tmp_path, steps=1, hlo_text=text)
+    assert "tanh" in s["top_kernels_ms"][0]["source"]
+    [(where, ms)] = s["by_source_ms"].items()
+    assert "my_layer" in where and ms == pytest.approx(0.01)
+    assert "<- " in profile.format_summary(s)
 
 
 def test_capture_writes_a_trace_that_summarize_reads(tmp_path):

@@ -8,8 +8,12 @@ The trace's device events (processes named ``/device:...``, one thread per strea
 per kernel name and grouped into categories by name (``CATEGORIES``: the GDN Pallas kernels by
 their ``gdn_`` names, attention, matmuls, copies, the rest as fusions). ``busy_ms`` is the union
 of the kernels' intervals per step: beside the step's wall time it tells how much of the step
-the device was idle (launch gaps, host work). On the CPU backend there are no device events:
-the summary is empty.
+the device was idle (launch gaps, host work); ``gaps_after`` charges each idle gap between
+kernels to the kernel that ran just before it (a device idling after one kind of kernel points
+at what makes the host fall behind). Given the compiled program's HLO text (``hlo_text``), each
+listed kernel also names the JAX operation and source line it came from, and ``by_source_ms``
+sums the device time by source line. On the CPU backend
+there are no device events: the summary is empty.
 """
 from __future__ import annotations
 
@@ -54,18 +58,85 @@ def _trace_file(out_dir: Path) -> Path:
     return found[-1]
 
 
-def _union_ms(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
+def _union_and_gaps(intervals: list[tuple[float, float, str]]):
+    """Busy time (us) of the union of [start, end) intervals, and the idle gaps between them,
+    each as (us, name of the interval that ended last before it)."""
+    total, end, last, gaps = 0.0, float("-inf"), "", []
+    for s, e, name in sorted(intervals):
+        if s > end > float("-inf"):
+            gaps.append((s - end, last))
         if e > end:
             total += e - max(s, end)
-            end = e
-    return total / 1e3
+            end, last = e, name
+    return total, gaps
 
 
-def summarize(out_dir: str | Path, steps: int, top: int = 20) -> dict:
-    """Device time per step (ms): total kernel time, busy (union of intervals), by category and
-    the ``top`` kernels, from the latest trace under ``out_dir``."""
+_INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .*?(?:calls=%([\w.\-]+))?.*$")
+_META = re.compile(r'op_name="([^"]*)"(?:.*?source_file="([^"]*)")?(?:.*?source_line=(\d+))?'
+                   r'(?:.*?stack_frame_id=(\d+))?')
+
+
+def _stack_frames(hlo_text: str) -> dict[str, str]:
+    """stack_frame_id -> "function file:line" from the module's FileNames / FunctionNames /
+    FileLocations / StackFrames tables (newer XLA writes locations there, not per op)."""
+    tables: dict[str, dict[str, str]] = {}
+    section = None
+    for line in hlo_text.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            section = tables.setdefault(line, {})
+        elif section is not None and re.match(r"^\d+ ", line):
+            key, rest = line.split(" ", 1)
+            section[key] = rest.strip().strip('"')
+        elif line.strip():
+            section = None
+    files, funcs = tables.get("FileNames", {}), tables.get("FunctionNames", {})
+    locs = {}
+    for key, rest in tables.get("FileLocations", {}).items():
+        f = dict(re.findall(r"(\w+)=(\d+)", rest))
+        locs[key] = (f"{funcs.get(f.get('function_name_id'), '?')} "
+                     f"{files.get(f.get('file_name_id'), '?').rsplit('/', 1)[-1]}:"
+                     f"{f.get('line', '?')}")
+    return {key: locs.get(dict(re.findall(r"(\w+)=(\d+)", rest)).get("file_location_id"), "?")
+            for key, rest in tables.get("StackFrames", {}).items()}
+
+
+def hlo_sources(hlo_text: str) -> dict[str, str]:
+    """Instruction name (dots as underscores, as kernels are named) -> "op_name @ where" from
+    the HLO metadata; a fusion without metadata takes its fused computation's first."""
+    frames = _stack_frames(hlo_text)
+    meta, calls, first_in = {}, {}, {}
+    comp = None
+    for line in hlo_text.splitlines():
+        head = re.match(r"^(?:ENTRY )?%([\w.\-]+) .*\{\s*$", line)
+        if head:
+            comp = head.group(1)
+            continue
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        name = m.group(1).replace(".", "_")
+        if m.group(2):
+            calls[name] = m.group(2)
+        md = _META.search(line)
+        if md:
+            src = md.group(1)
+            if md.group(2):
+                src += f" @ {md.group(2).rsplit('/', 1)[-1]}:{md.group(3) or '?'}"
+            elif md.group(4) in frames:
+                src += f" @ {frames[md.group(4)]}"
+            meta[name] = src
+            if comp is not None:
+                first_in.setdefault(comp, src)
+    for name, callee in calls.items():
+        if name not in meta and callee in first_in:
+            meta[name] = first_in[callee]
+    return meta
+
+
+def summarize(out_dir: str | Path, steps: int, top: int = 20, hlo_text: str | None = None) -> dict:
+    """Device time per step (ms): total kernel time, busy (union of intervals), by category, the
+    ``top`` kernels and the kernels followed by the most idle time, from the latest trace under
+    ``out_dir``; with ``hlo_text`` (``compiled.as_text()``) each kernel names its source."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     data = json.loads(gzip.open(_trace_file(Path(out_dir))).read())
@@ -73,24 +144,56 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20) -> dict:
     device_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") ==
                    "process_name" and str(e.get("args", {}).get("name", "")).startswith("/device:")}
     kernels: dict[str, float] = {}
+    ops: dict[str, str] = {}    # kernel name -> the HLO instruction the trace says it ran
     intervals = []
     for e in events:
         if e.get("ph") != "X" or e.get("pid") not in device_pids or "dur" not in e:
             continue
         kernels[e["name"]] = kernels.get(e["name"], 0.0) + e["dur"] / 1e3
-        intervals.append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+        intervals.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]))
+        hlo_op = (e.get("args") or {}).get("hlo_op")
+        if hlo_op:
+            ops.setdefault(e["name"], str(hlo_op))
     cats: dict[str, float] = {}
     for name, ms in kernels.items():
         c = category(name)
         cats[c] = cats.get(c, 0.0) + ms
+    busy, gaps = _union_and_gaps(intervals)
+    after: dict[str, list[float]] = {}
+    for us, name in gaps:
+        a = after.setdefault(name, [0.0, 0])
+        a[0] += us
+        a[1] += 1
+    sources = hlo_sources(hlo_text) if hlo_text else {}
+
+    def source(name):    # the kernel is named after its fusion, else the trace's hlo_op
+        return sources.get(name) or sources.get(ops.get(name, "").replace(".", "_"))
+
+    def row(name, **kw):
+        r = {"name": name, "category": category(name), **kw}
+        src = source(name)
+        return {**r, "source": src} if src else r
+
+    where: dict[str, float] = {}   # device time by source location (file:line), if known
+    if sources:
+        for name, ms in kernels.items():
+            src = source(name)
+            key = src.split(" @ ", 1)[1] if src and " @ " in src else f"({category(name)})"
+            where[key] = where.get(key, 0.0) + ms
+
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1])
     return {"steps": steps,
             "kernel_ms": sum(kernels.values()) / steps,
-            "busy_ms": _union_ms(intervals) / steps,
+            "busy_ms": busy / 1e3 / steps,
+            "kernels_per_step": len(intervals) / steps,
+            "idle_between_kernels_ms": sum(us for us, _ in gaps) / 1e3 / steps,
             "by_category_ms": {c: ms / steps
                                for c, ms in sorted(cats.items(), key=lambda kv: -kv[1])},
-            "top_kernels_ms": [{"name": n, "category": category(n), "ms": ms / steps}
-                               for n, ms in ranked[:top]]}
+            "top_kernels_ms": [row(n, ms=ms / steps) for n, ms in ranked[:top]],
+            "gaps_after": [row(n, ms=us / 1e3 / steps, count=c / steps) for n, (us, c) in
+                           sorted(after.items(), key=lambda kv: -kv[1][0])[:top // 2]],
+            "by_source_ms": {k: ms / steps for k, ms in
+                             sorted(where.items(), key=lambda kv: -kv[1])[:top]}}
 
 
 def format_summary(s: dict, step_ms: float | None = None) -> str:
@@ -100,7 +203,16 @@ def format_summary(s: dict, step_ms: float | None = None) -> str:
     head = f"device per step: kernels {s['kernel_ms']:.2f} ms, busy {s['busy_ms']:.2f} ms"
     if step_ms:
         head += f" of a {step_ms:.2f} ms step ({s['busy_ms'] / step_ms:.0%} busy)"
-    lines = [head, "  " + ", ".join(f"{c} {ms:.2f}" for c, ms in s["by_category_ms"].items())]
-    lines += [f"  {k['ms']:8.3f} ms  {k['category']:12s} {k['name'][:90]}"
+    lines = [head, "  " + ", ".join(f"{c} {ms:.2f}" for c, ms in s["by_category_ms"].items()),
+             f"  {s['kernels_per_step']:.0f} kernels per step; idle between them "
+             f"{s['idle_between_kernels_ms']:.2f} ms"]
+    src = lambda k: f"  <- {k['source'][:120]}" if "source" in k else ""  # noqa: E731
+    lines += [f"  {k['ms']:8.3f} ms  {k['category']:12s} {k['name'][:70]}{src(k)}"
               for k in s["top_kernels_ms"]]
+    if s.get("by_source_ms"):
+        lines += ["  by source line (kernels without one: by category):"]
+        lines += [f"  {ms:8.3f} ms  {k[:110]}" for k, ms in s["by_source_ms"].items()]
+    lines += ["  idle after (ms, gaps per step):"]
+    lines += [f"  {k['ms']:8.3f} ms {k['count']:6.0f}  {k['name'][:70]}{src(k)}"
+              for k in s["gaps_after"]]
     return "\n".join(lines)
