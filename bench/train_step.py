@@ -5,20 +5,26 @@ r"""Tokens/s and MFU of the project's jitted training step (forward, backward, A
 
 For every (arch, size, context): the step of ``hwh_jax.training.steps.make_train_step`` (the one
 ``launch.train`` runs, bf16 compute, fp32 params and AdamW state) on random tokens; the batch is
-tokens_per_step / context, halved until it fits in memory (``--tokens_per_step`` is the
-starting point, OOMs are caught and reported). Median of --steps timed steps after 2 warm-ups,
-``block_until_ready`` on each. MFU = flops_per_token (``hwh_jax/training/flops.py``: 6 x matmul
-params + attention + GDN chunk FLOPs) x tokens/s / the device's dense bf16 peak. Memory: the
-compiled step's own buffers (arguments + outputs + temporaries - donated aliases, from
-``memory_analysis()``); the device's peak counter is process-wide (the largest step so far), so
-it is only recorded as ``process_peak_mem_gib``. The kernels the dispatchers chose are printed
-with each row. ``--profile DIR`` traces 3 more steps per row and prints where their device time
-goes: by category (GDN kernels, attention, matmuls, copies, fusions) and the top kernels, and how
-much of the step the device was busy (``hwh_jax.training.profile``).
+tokens_per_step / context, halved until it fits in memory (``--tokens_per_step`` is the starting
+point, OOMs are caught and reported). After 2 warm-ups: ``step_latency_ms``, the median of --steps
+steps each waited for (``block_until_ready``), and ``step_ms``, the median over 3 runs of --steps
+steps dispatched back to back and waited for once, divided by --steps: the rate ``launch.train``
+sees (it waits only at its log lines), which tokens/s and MFU use. The two differ by the host's
+work per step (dispatch, launching the step's kernels), which overlaps the device's only when steps
+are queued. MFU = flops_per_token (``hwh_jax/training/flops.py``: 6 x matmul params + attention +
+GDN chunk FLOPs) x tokens/s / the device's dense bf16 peak. Memory: the compiled step's own buffers
+(arguments + outputs + temporaries - donated aliases, from ``memory_analysis()``); the device's
+peak counter is process-wide (the largest step so far), so it is only recorded as
+``process_peak_mem_gib``. The kernels the dispatchers chose are printed with each row. ``--profile
+DIR`` traces 3 more steps per row and prints where their device time goes: by category (GDN
+kernels, attention, matmuls, copies, fusions), the top kernels with the operation and source line
+each came from, how much of the step the device was busy and which kernels the idle gaps follow
+(``hwh_jax.training.profile``).
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import statistics
 import time
@@ -39,8 +45,9 @@ from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
 from hwh_jax.training.steps import make_train_step
 
 
-def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir=""):
-    cfg = model_config(arch, size, dtype=dtype, **({"vocab_size": vocab_size} if vocab_size else {}))
+def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", overrides=None):
+    overrides = {**(overrides or {}), **({"vocab_size": vocab_size} if vocab_size else {})}
+    cfg = model_config(arch, size, dtype=dtype, **overrides)
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     tx, schedule = make_optimizer(OptimizerSpec(lr=1e-4, warmup_steps=1, total_steps=100))
     state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
@@ -59,19 +66,27 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir=""):
     state, m = step(state, batch)
     jax.block_until_ready(m["loss"])
     times = []
-    for _ in range(steps):
+    for _ in range(steps):           # one at a time: the latency of a step, host included
         t = time.perf_counter()
         state, m = step(state, batch)
         jax.block_until_ready(m["loss"])
         times.append(time.perf_counter() - t)
-    ms = 1e3 * statistics.median(times)
+    latency_ms = 1e3 * statistics.median(times)
+    runs = []
+    for _ in range(3):               # back to back, as launch.train dispatches them
+        t = time.perf_counter()
+        for _ in range(steps):
+            state, m = step(state, batch)
+        jax.block_until_ready(m["loss"])
+        runs.append((time.perf_counter() - t) / steps)
+    ms = 1e3 * statistics.median(runs)
     prof = None
     if profile_dir:
         with profile.capture(profile_dir):
             for _ in range(3):
                 state, m = step(state, batch)
             jax.block_until_ready(m["loss"])
-        prof = profile.summarize(profile_dir, steps=3)
+        prof = profile.summarize(profile_dir, steps=3, hlo_text=step.as_text())
         print(profile.format_summary(prof, ms), flush=True)
     tps = B * T / ms * 1e3
     kind = jax.devices()[0].device_kind
@@ -82,8 +97,10 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir=""):
     step_bytes = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
                   - ma.alias_size_in_bytes) if ma is not None else None
     return {"arch": arch, "size": size, "T": T, "B": B, "vocab_size": cfg.vocab_size,
+            **({"overrides": overrides} if overrides else {}),
             "params": count_params(cfg),
-            "step_ms": ms, "tokens_per_s": tps, "flops_per_token": fpt,
+            "step_ms": ms, "step_latency_ms": latency_ms, "tokens_per_s": tps,
+            "flops_per_token": fpt,
             "mfu": fpt * tps / peak if peak else None, "compile_s": compile_s,
             "loss": float(m["loss"]),
             "step_mem_gib": step_bytes / 2 ** 30 if step_bytes else None,
@@ -103,8 +120,19 @@ def main():
                     help="0: the size's default (GPT-2's 50,257); configs/experiment.py: 4096")
     ap.add_argument("--profile", default="",
                     help="directory: trace 3 steps per row and print their device time by kernel")
+    ap.add_argument("--override", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="ModelConfig fields, e.g. gdn_impl=chunk_reference (Python literals)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    overrides = {}
+    for item in args.override:
+        key, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"--override wants FIELD=VALUE, got {item!r}")
+        try:
+            overrides[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            overrides[key] = value
     print_device()
     rows = []
     for size in args.sizes:
@@ -115,7 +143,7 @@ def main():
                     try:
                         prof = f"{args.profile}/{arch}_{size}_{T}" if args.profile else ""
                         row = time_step(arch, size, T, B, args.steps, args.dtype,
-                                        args.vocab_size, prof)
+                                        args.vocab_size, prof, overrides)
                         break
                     except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                         if not is_oom(e):
@@ -128,8 +156,8 @@ def main():
                         B //= 2
                 emit(rows, row)
     write_jsonl(args.out, rows)
-    print(f"\n{'size':6s} {'T':>6s} {'arch':12s} {'B':>4s} {'step ms':>9s} {'tok/s':>10s} "
-          f"{'MFU':>6s} {'mem GiB':>8s}")
+    print(f"\n{'size':6s} {'T':>6s} {'arch':12s} {'B':>4s} {'step ms':>9s} {'waited':>8s} "
+          f"{'tok/s':>10s} {'MFU':>6s} {'mem GiB':>8s}")
     for r in rows:
         if r.get("oom"):
             print(f"{r['size']:6s} {r['T']:6d} {r['arch']:12s}  OOM at batch 1")
@@ -137,7 +165,7 @@ def main():
         mfu = f"{r['mfu']:.1%}" if r["mfu"] else "n/a"
         mem = f"{r['step_mem_gib']:.1f}" if r["step_mem_gib"] else "n/a"
         print(f"{r['size']:6s} {r['T']:6d} {r['arch']:12s} {r['B']:4d} {r['step_ms']:9.1f} "
-              f"{r['tokens_per_s']:10,.0f} {mfu:>6s} {mem:>8s}")
+              f"{r['step_latency_ms']:8.1f} {r['tokens_per_s']:10,.0f} {mfu:>6s} {mem:>8s}")
 
 
 if __name__ == "__main__":
