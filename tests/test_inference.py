@@ -84,6 +84,20 @@ def test_batched_greedy_generation_equals_one_by_one_and_brute_force():
         assert seq[len(p):] == out
 
 
+def test_generator_keeps_matrices_in_the_compute_dtype_with_the_same_logits():
+    cfg = model_config("hwh", "tiny", dtype="bfloat16", gdn_chunk_size=8, vocab_size=VOCAB)
+    model = HybridLM(cfg, rngs=nnx.Rngs(0))
+    gen = Generator(model, vocab=VOCAB)
+    leaves = jax.tree.leaves(gen.state)
+    assert {a.dtype for a in leaves if a.ndim >= 2} == {jnp.dtype(jnp.bfloat16)}
+    assert {a.dtype for a in leaves if a.ndim == 1} == {jnp.dtype(jnp.float32)}   # norms, A_log
+    assert {a.dtype for a in jax.tree.leaves(nnx.state(model))} == {jnp.dtype(jnp.float32)}
+    x = tokens(2, 13)
+    want, _ = _extend(model, x, model.init_cache(2, 16))
+    got, _ = gen._prefill(gen.state, x, model.init_cache(2, 16))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want[:, -1]))
+
+
 def test_eos_stops_a_row_and_is_not_returned():
     model = tiny("gdn")
     gen = Generator(model, vocab=VOCAB)

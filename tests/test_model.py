@@ -10,6 +10,8 @@ import pytest
 from flax import nnx
 
 from hwh_jax.models import ARCHS, HybridLM, count_params, count_params_whole, model_config
+from hwh_jax.layers.mixer import HeadwiseMixer  # noqa: I001  (after models: import cycle)
+from hwh_jax.models.config import LayerSpec
 from hwh_jax.models.variants import model_config_from_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +55,24 @@ def test_packed_documents_match_separate_runs(arch):
     packed = fwd(model, x, pos, seg)
     alone = fwd(model, x[:, n1:], jnp.arange(45 - n1)[None], jnp.zeros((1, 45 - n1), jnp.int32))
     np.testing.assert_allclose(packed[:, n1:], alone, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("spec", [LayerSpec(2, 6), LayerSpec(4, 0), LayerSpec(0, 8)],
+                         ids=["both", "fa", "gdn"])
+def test_fused_projections_equal_one_matmul_per_projection(spec):
+    """extend's single matmul over the concatenated input weights gives each projection."""
+    cfg = model_config("hwh", "tiny", dtype="float32", q_per_kv=2)
+    mixer = HeadwiseMixer(cfg, spec, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (2, 5, cfg.d_model))
+    fused, split = mixer.project(x, fused=True), mixer.project(x)
+    for a, b in zip(fused, split):
+        assert (a is None) == (b is None)
+        for ya, yb in zip(a or [], b or []):
+            assert ya.shape == yb.shape
+            np.testing.assert_allclose(ya, yb, atol=1e-5, rtol=1e-5)
+    n = {"both": 9, "fa": 3, "gdn": 6}[("both" if spec.num_fa and spec.num_la else
+                                        "fa" if spec.num_fa else "gdn")]
+    assert len((fused[0] or []) + (fused[1] or [])) == n
 
 
 TINY_CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*_tiny.py")))

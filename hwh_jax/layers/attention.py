@@ -45,9 +45,13 @@ class FullAttentionHeads(nnx.Module):
 
     def qk(self, x, positions):
         """Projected (normed, rotated) q [B,T,H,D] and k [B,T,G,D]: what the analysis captures."""
-        B, T, _ = x.shape
-        q = self.q_proj(x).reshape(B, T, self.num_heads, self.head_dim)
-        k = self.k_proj(x).reshape(B, T, self.num_kv, self.head_dim)
+        return self._qk_heads(self.q_proj(x), self.k_proj(x))
+
+    def _qk_heads(self, q, k):
+        """Projections [B, T, n*D] -> q [B,T,H,D], k [B,T,G,D], normed if qk_norm."""
+        B, T, _ = q.shape
+        q = q.reshape(B, T, self.num_heads, self.head_dim)
+        k = k.reshape(B, T, self.num_kv, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k
@@ -56,10 +60,18 @@ class FullAttentionHeads(nnx.Module):
         """RoPE angular frequencies w_r [D/2] (with the configured scaling)."""
         return scaled_frequencies(self.head_dim, self.rope_theta, self.rope_scaling)
 
+    def projections(self):
+        """The input projections, in the order ``attend`` takes their outputs."""
+        return (self.q_proj, self.k_proj, self.v_proj)
+
     def __call__(self, x, positions, segment_ids=None):
-        B, T, _ = x.shape
-        q, k = self.qk(x, positions)
-        v = self.v_proj(x).reshape(B, T, self.num_kv, self.head_dim)
+        return self.attend(*(p(x) for p in self.projections()), positions, segment_ids)
+
+    def attend(self, q, k, v, positions, segment_ids=None):
+        """The heads' outputs [B, T, n*D] from their projections q, k, v [B, T, n*D]."""
+        B, T, _ = q.shape
+        q, k = self._qk_heads(q, k)
+        v = v.reshape(B, T, self.num_kv, self.head_dim)
         if self.rope:
             kw = dict(pairing=self.rope_pairing, frequencies=self.frequencies())
             q, k = apply_rope(q, positions, **kw), apply_rope(k, positions, **kw)
@@ -76,14 +88,14 @@ class FullAttentionHeads(nnx.Module):
             cache["time"] = jnp.full((size,), -1, jnp.int32)
         return cache
 
-    def extend(self, x, t0, start, cache):
-        """x [B, Tn, d] at times t0 .. t0+Tn-1 (t0 traced is fine); start [B] int32.
-        Returns (heads' outputs [B, Tn, n*D], updated cache)."""
-        B, Tn, _ = x.shape
+    def extend(self, proj, t0, start, cache):
+        """proj: the projections q, k, v [B, Tn, n*D] of the input at times t0 .. t0+Tn-1 (t0
+        traced is fine); start [B] int32. Returns (heads' outputs [B, Tn, n*D], updated cache)."""
+        B, Tn, _ = proj[0].shape
         times = t0 + jnp.arange(Tn, dtype=jnp.int32)
         positions = jnp.maximum(times[None] - start[:, None], 0)
-        q, k = self.qk(x, positions)
-        v = self.v_proj(x).reshape(B, Tn, self.num_kv, self.head_dim)
+        q, k = self._qk_heads(proj[0], proj[1])
+        v = proj[2].reshape(B, Tn, self.num_kv, self.head_dim)
         if self.rope:
             kw = dict(pairing=self.rope_pairing, frequencies=self.frequencies())
             q, k = apply_rope(q, positions, **kw), apply_rope(k, positions, **kw)

@@ -62,7 +62,12 @@ class ShortConv(nnx.Module):
         return jax.nn.silu(causal_conv1d(x, self.kernel[...], segment_ids))
 
     def extend(self, x, state):
-        """x [B, Tn, C] after the W-1 inputs in ``state`` -> (outputs [B, Tn, C], new state)."""
+        """x [B, Tn, C] after the W-1 inputs in ``state`` -> (outputs [B, Tn, C], new state).
+
+        The barrier keeps XLA from fusing the projection that made ``x`` into this window's
+        concatenation: at one token it did, as a reduction one thread per column, and the
+        decode step of HwH-380m took 4.18 ms instead of 3.32 (H200, docs/benchmarks.md)."""
+        x = jax.lax.optimization_barrier(x)
         xp = jnp.concatenate([state.astype(x.dtype), x], axis=1)
         y = causal_conv1d(xp, self.kernel[...])[:, state.shape[1]:]
         return jax.nn.silu(y), xp[:, xp.shape[1] - state.shape[1]:]
@@ -107,10 +112,15 @@ class GatedDeltaNetHeads(nnx.Module):
         self.dt_bias = nnx.Param(dt_init(rngs.params(), (num_heads,), param_dtype))
         self.o_norm = GatedRMSNorm(value_dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype)
 
-    def gates(self, x, segment_ids=None):
-        """beta [B,T,n] and log decay g [B,T,n], fp32."""
-        beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
-        a = self.a_proj(x).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+    def projections(self):
+        """The input projections, in the order ``mix`` takes their outputs."""
+        return (self.q_proj, self.k_proj, self.v_proj, self.g_proj, self.a_proj, self.b_proj)
+
+    def gates(self, a, b, segment_ids=None):
+        """beta [B,T,n] and log decay g [B,T,n], fp32, from the projections a = x W_a and
+        b = x W_b."""
+        beta = jax.nn.sigmoid(b.astype(jnp.float32))
+        a = a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
         g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
         if segment_ids is not None:
             start = jnp.concatenate([jnp.zeros_like(segment_ids[:, :1], bool),
@@ -119,17 +129,20 @@ class GatedDeltaNetHeads(nnx.Module):
         return beta, g
 
     def __call__(self, x, segment_ids=None):
-        B, T, _ = x.shape
+        return self.mix(*(p(x) for p in self.projections()), segment_ids)
+
+    def mix(self, q, k, v, gate, a, b, segment_ids=None):
+        """The heads' outputs [B, T, n*V] from the input's projections (``projections()``)."""
+        B, T, _ = q.shape
         n, K, V = self.num_heads, self.key_dim, self.value_dim
-        q = self.q_conv(self.q_proj(x), segment_ids).reshape(B, T, n, K)
-        k = self.k_conv(self.k_proj(x), segment_ids).reshape(B, T, n, K)
-        v = self.v_conv(self.v_proj(x), segment_ids).reshape(B, T, n, V)
+        q = self.q_conv(q, segment_ids).reshape(B, T, n, K)
+        k = self.k_conv(k, segment_ids).reshape(B, T, n, K)
+        v = self.v_conv(v, segment_ids).reshape(B, T, n, V)
         q, k = l2_normalize(q), l2_normalize(k)
-        beta, g = self.gates(x, segment_ids)
+        beta, g = self.gates(a, b, segment_ids)
         o, _ = kernels_pallas.gated_delta_rule(q, k, v, g, beta, impl=self.impl,
                                                chunk_size=self.chunk_size)
-        gate = self.g_proj(x).reshape(B, T, n, V)
-        return self.o_norm(o, gate).reshape(B, T, n * V)
+        return self.o_norm(o, gate.reshape(B, T, n, V)).reshape(B, T, n * V)
 
     # ------------------------------------------------------------ inference
     def init_cache(self, batch: int, dtype):
@@ -140,18 +153,20 @@ class GatedDeltaNetHeads(nnx.Module):
                 "conv_k": jnp.zeros((batch, W - 1, n * K), dtype),
                 "conv_v": jnp.zeros((batch, W - 1, n * V), dtype)}
 
-    def extend(self, x, valid, cache):
-        """x [B, Tn, d], valid [B, Tn] bool -> (heads' outputs [B, Tn, n*V], updated cache)."""
-        B, Tn, _ = x.shape
+    def extend(self, proj, valid, cache):
+        """proj: the input's projections (in the order of ``projections()``) [B, Tn, width],
+        valid [B, Tn] bool -> (heads' outputs [B, Tn, n*V], updated cache)."""
+        q, k, v, gate, a, b = proj
+        B, Tn, _ = q.shape
         n, K, V = self.num_heads, self.key_dim, self.value_dim
-        keep = valid[..., None].astype(x.dtype)
-        q, conv_q = self.q_conv.extend(self.q_proj(x) * keep, cache["conv_q"])
-        k, conv_k = self.k_conv.extend(self.k_proj(x) * keep, cache["conv_k"])
-        v, conv_v = self.v_conv.extend(self.v_proj(x) * keep, cache["conv_v"])
+        keep = valid[..., None].astype(q.dtype)
+        q, conv_q = self.q_conv.extend(q * keep, cache["conv_q"])
+        k, conv_k = self.k_conv.extend(k * keep, cache["conv_k"])
+        v, conv_v = self.v_conv.extend(v * keep, cache["conv_v"])
         q = l2_normalize(q.reshape(B, Tn, n, K))
         k = l2_normalize(k.reshape(B, Tn, n, K))
         v = v.reshape(B, Tn, n, V)
-        beta, g = self.gates(x)
+        beta, g = self.gates(a, b)
         beta, g = jnp.where(valid[..., None], beta, 0.0), jnp.where(valid[..., None], g, 0.0)
         if Tn == 1:
             o, state = kernels_pallas.gated_delta_rule_step(
@@ -161,6 +176,5 @@ class GatedDeltaNetHeads(nnx.Module):
             o, state = kernels_pallas.gated_delta_rule(
                 q, k, v, g, beta, initial_state=cache["state"], output_final_state=True,
                 impl=self.impl, chunk_size=self.chunk_size)
-        gate = self.g_proj(x).reshape(B, Tn, n, V)
-        out = self.o_norm(o, gate).reshape(B, Tn, n * V)
+        out = self.o_norm(o, gate.reshape(B, Tn, n, V)).reshape(B, Tn, n * V)
         return out, {"state": state, "conv_q": conv_q, "conv_k": conv_k, "conv_v": conv_v}

@@ -6,12 +6,22 @@ Both branches read the same normalised input; their head outputs are concatenate
 output projection [n_fa*D + n_la*V, d] mixes them. A layer with no FA heads (or no GDN heads)
 has no such branch at all: no weights, no compute. A pure Transformer layer is n_la = 0, a pure
 GDN layer n_fa = 0, a layer-wise hybrid alternates the two, HwH mixes them inside the layer.
+
+Inference (``extend``) computes the input projections of both branches (FA: q, k, v; GDN: q, k,
+v, gate, a, b) as one matmul over their weights concatenated at each call; the parameters stay
+separate, so checkpoints and imports do not change. Decoding one token is a string of small
+kernels, and one where there were up to nine took HwH-380m's decode step at 32K from 3.18 to
+2.73 ms on the H200. Training keeps one matmul per projection: fused there, the step's device
+time rose from 231 to 241 ms (HwH-380m, 2K; the concatenated widths got slower GEMM kernels and
+the output gradients have to be concatenated again). Both in docs/benchmarks.md.
 """
 from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from hwh_jax.layers.attention import FullAttentionHeads
@@ -34,16 +44,32 @@ class HeadwiseMixer(nnx.Module):
                 cfg.d_model, spec.num_la, cfg.la_key_dim, cfg.la_value_dim,
                 conv_size=cfg.conv_size, norm_eps=cfg.norm_eps, impl=cfg.gdn_impl,
                 chunk_size=cfg.gdn_chunk_size, **kw))
+        self.dtype = cfg.compute_dtype
         width = spec.num_fa * cfg.head_dim + spec.num_la * cfg.la_value_dim
         self.o_proj = dense(width, cfg.d_model, ("heads", "embed"),
                             std=INIT_STD / math.sqrt(2 * cfg.num_layers), **kw)
 
+    def project(self, x, fused: bool = False):
+        """(FA projections or None, GDN projections or None) of x [B, T, d], each a list of
+        [B, T, width] in the order of the branch's ``projections()``; ``fused``: one matmul."""
+        fa = list(self.fa.projections()) if self.fa is not None else []
+        la = list(self.la.projections()) if self.la is not None else []
+        if fused:
+            x = x.astype(self.dtype)
+            w = jnp.concatenate([p.kernel[...].astype(self.dtype) for p in fa + la], axis=1)
+            y = jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
+            ys = jnp.split(y, np.cumsum([p.kernel.shape[1] for p in fa + la])[:-1], axis=-1)
+        else:
+            ys = [p(x) for p in fa + la]
+        return (ys[:len(fa)] or None), (ys[len(fa):] or None)
+
     def __call__(self, x, positions, segment_ids=None):  # [B,T,d] -> [B,T,d]
+        fa, la = self.project(x)
         outs = []
-        if self.fa is not None:
-            outs.append(self.fa(x, positions, segment_ids))
-        if self.la is not None:
-            outs.append(self.la(x, segment_ids))
+        if fa is not None:
+            outs.append(self.fa.attend(*fa, positions, segment_ids))
+        if la is not None:
+            outs.append(self.la.mix(*la, segment_ids))
         y = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
         return self.o_proj(y)
 
@@ -53,12 +79,13 @@ class HeadwiseMixer(nnx.Module):
                 "la": None if self.la is None else self.la.init_cache(batch, dtype)}
 
     def extend(self, x, t0, start, valid, cache):
+        fa, la = self.project(x, fused=True)
         outs, new = [], {"fa": None, "la": None}
-        if self.fa is not None:
-            o, new["fa"] = self.fa.extend(x, t0, start, cache["fa"])
+        if fa is not None:
+            o, new["fa"] = self.fa.extend(fa, t0, start, cache["fa"])
             outs.append(o)
-        if self.la is not None:
-            o, new["la"] = self.la.extend(x, valid, cache["la"])
+        if la is not None:
+            o, new["la"] = self.la.extend(la, valid, cache["la"])
             outs.append(o)
         y = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
         return self.o_proj(y), new
