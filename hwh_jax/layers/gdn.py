@@ -113,8 +113,10 @@ class GatedDeltaNetHeads(nnx.Module):
         self.o_norm = GatedRMSNorm(value_dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype)
 
     def projections(self):
-        """The input projections, in the order ``mix`` takes their outputs."""
-        return (self.q_proj, self.k_proj, self.v_proj, self.g_proj, self.a_proj, self.b_proj)
+        """The input projections, in the order ``mix`` takes their outputs: the order in which
+        the layer has always used them, so that the backward sums their input gradients in the
+        same order and training stays bitwise what it was."""
+        return (self.q_proj, self.k_proj, self.v_proj, self.b_proj, self.a_proj, self.g_proj)
 
     def gates(self, a, b, segment_ids=None):
         """beta [B,T,n] and log decay g [B,T,n], fp32, from the projections a = x W_a and
@@ -131,7 +133,7 @@ class GatedDeltaNetHeads(nnx.Module):
     def __call__(self, x, segment_ids=None):
         return self.mix(*(p(x) for p in self.projections()), segment_ids)
 
-    def mix(self, q, k, v, gate, a, b, segment_ids=None):
+    def mix(self, q, k, v, b, a, gate, segment_ids=None):
         """The heads' outputs [B, T, n*V] from the input's projections (``projections()``)."""
         B, T, _ = q.shape
         n, K, V = self.num_heads, self.key_dim, self.value_dim
@@ -156,7 +158,7 @@ class GatedDeltaNetHeads(nnx.Module):
     def extend(self, proj, valid, cache):
         """proj: the input's projections (in the order of ``projections()``) [B, Tn, width],
         valid [B, Tn] bool -> (heads' outputs [B, Tn, n*V], updated cache)."""
-        q, k, v, gate, a, b = proj
+        q, k, v, b, a, gate = proj
         B, Tn, _ = q.shape
         n, K, V = self.num_heads, self.key_dim, self.value_dim
         keep = valid[..., None].astype(q.dtype)
