@@ -8,7 +8,7 @@ has no such branch at all: no weights, no compute. A pure Transformer layer is n
 GDN layer n_fa = 0, a layer-wise hybrid alternates the two, HwH mixes them inside the layer.
 
 Inference (``extend``) computes the input projections of both branches (FA: q, k, v; GDN: q, k,
-v, beta, decay, gate) as one matmul over their weights concatenated at each call; the parameters stay
+v, b, a, gate) as one matmul over their weights concatenated at each call; the parameters stay
 separate, so checkpoints and imports do not change. Decoding one token is a string of small
 kernels, and one where there were up to nine took HwH-380m's decode step at 32K from 3.18 to
 2.73 ms on the H200. Training keeps one matmul per projection: fused there, the step's device
