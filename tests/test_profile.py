@@ -73,3 +73,20 @@ def test_capture_writes_a_trace_that_summarize_reads(tmp_path):
         profile.summarize(tmp_path / "none", steps=1)
     with pytest.raises(ValueError, match="steps"):
         profile.summarize(tmp_path / "p", steps=0)
+
+
+def test_a_fusion_without_metadata_takes_its_fused_computations():
+    text = """HloModule m
+
+%fused_computation (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %tanh.0 = f32[8]{0} tanh(%p), metadata={op_name="jit(f)/tanh" source_file="/a/b.py" source_line=7}
+}
+
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  ROOT %loop_tanh_fusion.3 = f32[8]{0} fusion(%x), kind=kLoop, calls=%fused_computation
+}
+"""
+    src = profile.hlo_sources(text)
+    assert src["loop_tanh_fusion_3"] == "jit(f)/tanh @ b.py:7"

@@ -71,7 +71,8 @@ def _union_and_gaps(intervals: list[tuple[float, float, str]]):
     return total, gaps
 
 
-_INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .*?(?:calls=%([\w.\-]+))?.*$")
+_INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = ")
+_CALLS = re.compile(r"calls=%([\w.\-]+)")
 _META = re.compile(r'op_name="([^"]*)"(?:.*?source_file="([^"]*)")?(?:.*?source_line=(\d+))?'
                    r'(?:.*?stack_frame_id=(\d+))?')
 
@@ -115,8 +116,9 @@ def hlo_sources(hlo_text: str) -> dict[str, str]:
         if not m:
             continue
         name = m.group(1).replace(".", "_")
-        if m.group(2):
-            calls[name] = m.group(2)
+        callee = _CALLS.search(line)
+        if callee:
+            calls[name] = callee.group(1)
         md = _META.search(line)
         if md:
             src = md.group(1)
