@@ -45,10 +45,6 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
         last = logits[:, -1]
         return jnp.argmax(last, -1).astype(jnp.int32), last, cache
 
-    def decode_loop(logits, cache):
-        return gen._decode(gen.state, logits, cache, jax.random.key(0), steps=decode_steps,
-                           temperature=0.0, top_p=1.0)
-
     init = jax.jit(lambda state: nnx.merge(graphdef, state).init_cache(batch, context))
     prompt_len = context - decode_steps
     tok = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt_len), np.int32)
@@ -73,7 +69,11 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
         jax.block_until_ready(nxt)
         if i:                                         # step 0 compiles the one-token shape
             times.append(time.perf_counter() - t)
-    # The same steps as one device loop (compiled first, then timed from the same cache state).
+    # The same steps as one device loop (compiled once, run once, then timed from the same
+    # cache state); its compiled text names the kernels' sources for --profile.
+    loop = gen._decode.lower(state, *after_prefill, jax.random.key(0), steps=decode_steps,
+                             temperature=0.0, top_p=1.0).compile()
+    decode_loop = lambda logits, cache: loop(state, logits, cache, jax.random.key(0))  # noqa: E731
     jax.block_until_ready(decode_loop(*after_prefill))
     t = time.perf_counter()
     jax.block_until_ready(decode_loop(*after_prefill))
@@ -84,9 +84,8 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     if profile_dir:
         with profile.capture(profile_dir):
             jax.block_until_ready(decode_loop(*after_prefill))
-        text = gen._decode.lower(gen.state, *after_prefill, jax.random.key(0), steps=decode_steps,
-                                 temperature=0.0, top_p=1.0).compile().as_text()
-        row["profile"] = profile.summarize(profile_dir, steps=decode_steps, hlo_text=text)
+        row["profile"] = profile.summarize(profile_dir, steps=decode_steps,
+                                           hlo_text=loop.as_text())
         print(profile.format_summary(row["profile"], loop_ms), flush=True)
     return row
 
