@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import statistics
+import time
 
 import jax
 
@@ -27,3 +29,15 @@ def write_jsonl(path: str, rows: list[dict]) -> None:
     if path:
         with open(path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def median_ms(fn, *args, warmup=3, reps=20) -> float:
+    """Median wall time (ms) of ``fn(*args)`` waited for, after ``warmup`` calls."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)

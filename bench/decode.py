@@ -123,7 +123,7 @@ def main():
                     row["oom"] = True
                 row["kernels"] = kernels_pallas.chosen()
                 emit(rows, row)
-    write_jsonl(args.out, rows)
+                write_jsonl(args.out, rows)          # after every row: a cut run keeps its rows
     print(f"\n{'arch':12s} {'ctx':>6s} {'B':>3s} {'cache GiB':>9s} {'prefill s':>9s} "
           f"{'decode ms/token':>15s} {'per call':>9s}")
     for r in rows:

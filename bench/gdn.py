@@ -24,30 +24,18 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import _bench
+from _bench import median_ms
 from kernels_pallas.gdn import gated_delta_rule, gated_delta_rule_pallas
 from kernels_pallas.gdn import pallas as gdn_pallas
 from kernels_pallas.gdn import scan_kernels, wy_kernels
 from kernels_pallas.gdn._common import KernelConfig
 from kernels_pallas.gdn.chunk_reference import chunk_local_cumsum
-
-
-def median_ms(fn, *args, warmup=3, reps=20):
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def ceilings():

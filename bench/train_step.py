@@ -155,7 +155,7 @@ def main():
                             break
                         B //= 2
                 emit(rows, row)
-    write_jsonl(args.out, rows)
+                write_jsonl(args.out, rows)          # after every row: a cut run keeps its rows
     print(f"\n{'size':6s} {'T':>6s} {'arch':12s} {'B':>4s} {'step ms':>9s} {'waited':>8s} "
           f"{'tok/s':>10s} {'MFU':>6s} {'mem GiB':>8s}")
     for r in rows:
