@@ -26,15 +26,17 @@ def test_summarize_sums_device_kernels_by_name_and_category(tmp_path):
         ev(1, "nvjet_tst_128x256_gemm", 300, 200),                           # overlaps 100
         ev(1, "cudnn_generated_fort_native_sdpa", 2000, 600),
         ev(1, "loop_add_fusion", 3000, 100),
+        ev(1, "short_conv_bwd", 3100, 40),                                   # no gap
         ev(2, "PjitFunction(step)", 0, 99999),                               # host: ignored
     ])
     s = profile.summarize(tmp_path, steps=2)
-    assert s["kernel_ms"] == pytest.approx((800 + 200 + 600 + 100) / 1e3 / 2)
-    assert s["busy_ms"] == pytest.approx((500 + 400 + 600 + 100) / 1e3 / 2)   # union
+    assert s["kernel_ms"] == pytest.approx((800 + 200 + 600 + 100 + 40) / 1e3 / 2)
+    assert s["busy_ms"] == pytest.approx((500 + 400 + 600 + 100 + 40) / 1e3 / 2)   # union
     assert s["by_category_ms"] == pytest.approx(
-        {"gdn": 0.4, "attention": 0.3, "matmul": 0.1, "fusion/other": 0.05})
+        {"gdn": 0.4, "attention": 0.3, "matmul": 0.1, "fusion/other": 0.05,
+         "short_conv": 0.02})
     assert s["top_kernels_ms"][0] == {"name": "gdn_wy_bwd", "category": "gdn", "ms": 0.4}
-    assert s["kernels_per_step"] == 2.5
+    assert s["kernels_per_step"] == 3.0
     # idle: 500 us after the matmul (ends 500, next 1000), 600 after the second gdn_wy_bwd,
     # 400 after the attention kernel; the host event is not a kernel.
     assert s["idle_between_kernels_ms"] == pytest.approx(1.5 / 2)
@@ -42,7 +44,7 @@ def test_summarize_sums_device_kernels_by_name_and_category(tmp_path):
         "gdn_wy_bwd", "nvjet_tst_128x256_gemm", "cudnn_generated_fort_native_sdpa"]
     assert s["gaps_after"][0]["ms"] == pytest.approx(0.3) and s["gaps_after"][0]["count"] == 0.5
     text = profile.format_summary(s, step_ms=1.0)
-    assert "80% busy" in text and "gdn_wy_bwd" in text and "idle between them 0.75" in text
+    assert "82% busy" in text and "gdn_wy_bwd" in text and "idle between them 0.75" in text
 
 
 def test_kernels_name_their_source_from_the_hlo_metadata(tmp_path):

@@ -6,13 +6,13 @@
 
 The trace's device events (processes named ``/device:...``, one thread per stream) are summed
 per kernel name and grouped into categories by name (``CATEGORIES``: the GDN Pallas kernels by
-their ``gdn_`` names, attention, matmuls, copies, the rest as fusions). ``busy_ms`` is the union
-of the kernels' intervals per step: beside the step's wall time it tells how much of the step
-the device was idle (launch gaps, host work); ``gaps_after`` charges each idle gap between
-kernels to the kernel that ran just before it (a device idling after one kind of kernel points
-at what makes the host fall behind). Given the compiled program's HLO text (``hlo_text``), each
-listed kernel also names the JAX operation and source line it came from, and ``by_source_ms``
-sums the device time by source line. On the CPU backend
+their ``gdn_`` names, the short-convolution kernels, attention, matmuls, copies, the rest as
+fusions). ``busy_ms`` is the union of the kernels' intervals per step: beside the step's wall
+time it tells how much of the step the device was idle (launch gaps, host work); ``gaps_after``
+charges each idle gap between kernels to the kernel that ran just before it (a device idling
+after one kind of kernel points at what makes the host fall behind). Given the compiled
+program's HLO text (``hlo_text``), each listed kernel also names the JAX operation and source
+line it came from, and ``by_source_ms`` sums the device time by source line. On the CPU backend
 there are no device events: the summary is empty.
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ import jax
 # (category, pattern on the lower-cased kernel name), first match wins.
 CATEGORIES = (
     ("gdn", r"gdn_"),
+    ("short_conv", r"short_conv"),
     ("attention", r"cudnn|fmha|flash|attention|splash"),
     ("matmul", r"gemm|nvjet|cutlass|cublas|xmma|wgmma|dot|matmul"),
     ("copy", r"memcpy|memset|copy"),

@@ -1,0 +1,102 @@
+r"""Time the GDN short convolution (+ SiLU + per-head L2 norm) implementations, check bf16 error.
+
+  python bench/short_conv.py --shapes 16,2048,832,13 4,8192,1024,16 --impls reference pallas \
+      pallas:block_t=32 --out results.jsonl
+
+For each (B, T, C, heads) and normalize in (True, False): forward and forward+backward medians
+(ms) of each implementation of ``kernels_pallas.short_conv`` on bf16 inputs, and the bytes the
+op must move at least over that time (forward: read x, write y; forward+backward adds read x and
+dy, write dx: 2 and 5 passes of B*T*C bf16), beside a device-to-device copy's rate measured in the
+same run. Each row's ``rel_err`` is the relative error of its y, dx, dw against the reference in
+fp32. An --impls entry "pallas:KEY=VALUE,..." passes options to ``short_conv_pallas``
+(block_t, num_warps).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import _bench
+from _bench import median_ms
+from kernels_pallas.short_conv import short_conv_pallas, short_conv_reference
+
+
+def parse_impl(spec):
+    name, _, opts = spec.partition(":")
+    kw = {k: ast.literal_eval(v) for k, v in (o.split("=") for o in opts.split(",") if o)}
+    return name, kw
+
+
+def op(impl, heads, normalize, **kw):
+    if impl == "reference":
+        return functools.partial(short_conv_reference, heads=heads, normalize=normalize)
+    if impl == "pallas":
+        return functools.partial(short_conv_pallas, heads=heads, normalize=normalize, **kw)
+    raise ValueError(f"unknown impl {impl!r}; known: reference, pallas[:KEY=VALUE,...]")
+
+
+def fns(f):
+    fwd = jax.jit(lambda x, w, seg: f(x, w, seg))
+
+    @jax.jit
+    def fwd_bwd(x, w, seg, dy):
+        y, vjp = jax.vjp(lambda x, w: f(x, w, seg), x, w)
+        return y, *vjp(dy)
+    return fwd, fwd_bwd
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", nargs="+", default=["16,2048,832,13"], help="B,T,C,heads")
+    ap.add_argument("--impls", nargs="+", default=["reference", "pallas"])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    _bench.print_device()
+    rows = []
+    copy = jax.jit(lambda x: x + 1)
+    for shape in args.shapes:
+        B, T, C, heads = map(int, shape.split(","))
+        rng = np.random.default_rng(0)
+        x = jnp.asarray(rng.normal(size=(B, T, C)), jnp.bfloat16)
+        dy = jnp.asarray(rng.normal(size=(B, T, C)), jnp.bfloat16)
+        w = jnp.asarray(rng.normal(size=(4, C)) * 0.5, jnp.float32)
+        seg = jnp.asarray(np.cumsum(rng.random((B, T)) < 1e-3, axis=1), jnp.int32)
+        pass_bytes = B * T * C * 2
+        copy_tbs = 2 * pass_bytes / median_ms(copy, x, reps=args.reps) / 1e9
+        for normalize in (True, False):
+            exact = fns(op("reference", heads, normalize))[1](
+                x.astype(jnp.float32), w, seg, dy.astype(jnp.float32))
+            for spec in args.impls:
+                name, kw = parse_impl(spec)
+                fwd, fwd_bwd = fns(op(name, heads, normalize, **kw))
+                out = fwd_bwd(x, w, seg, dy)
+                t_f = median_ms(fwd, x, w, seg, reps=args.reps)
+                t_fb = median_ms(fwd_bwd, x, w, seg, dy, reps=args.reps)
+                _bench.emit(rows, {
+                    "shape": [B, T, C, heads], "normalize": normalize, "impl": spec,
+                    "fwd_ms": t_f, "fwd_bwd_ms": t_fb,
+                    "fwd_tbs": 2 * pass_bytes / t_f / 1e9,
+                    "fwd_bwd_tbs": 5 * pass_bytes / t_fb / 1e9, "copy_tbs": copy_tbs,
+                    "rel_err": {k: rel(a, b) for k, a, b in zip(("y", "dx", "dw"), out, exact)}})
+    print(f"\n{'shape':>22} {'norm':>5} {'impl':>24} {'fwd ms':>8} {'f+b ms':>8} "
+          f"{'f+b TB/s':>9} {'copy TB/s':>9}")
+    for r in rows:
+        print(f"{str(r['shape']):>22} {str(r['normalize']):>5} {r['impl']:>24} "
+              f"{r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:8.3f} {r['fwd_bwd_tbs']:9.2f} "
+              f"{r['copy_tbs']:9.2f}")
+    _bench.write_jsonl(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()

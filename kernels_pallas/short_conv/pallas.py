@@ -1,0 +1,243 @@
+"""The GDN short convolution + SiLU + per-head L2 norm as Pallas (Triton) kernels, fwd and bwd.
+
+Same contract as ``reference.short_conv_reference``. Written with jnp, the op is a string of
+elementwise passes and their gradients (the profile of HwH-380m's 2K training step on an H200
+charged ~21 ms of its 232 to ``causal_conv1d``, ``ShortConv`` and ``l2_normalize``); here the
+forward is one kernel (reads x, writes y) and the backward one kernel (reads x and dy, writes dz
+and per-tile partial sums of dw) plus dz's transposed convolution, one XLA fusion.
+
+One program per (batch row, tile of ``block_t`` tokens, head). x is passed whole along time and
+each program reads the rows its taps need at their offsets (lag j reads rows t - j), so no halo
+is copied. Only the first tile can reach before row 0: it reads rows [0, block_t) and moves them
+into place with a 0/1 selection matmul (exact), in its own branch so that no other tile pays for
+it. The tap mask comes from the tokens since the document began (``doc_offsets``, clipped to
+W - 1), which also drops the rows before t = 0.
+
+With lag j, tap weight w_{W-1-j}, mask m_j(t) = [since(t) >= j], s = SiLU(z), n = s / |s|:
+    forward   z(t)  = sum_j w_{W-1-j} m_j(t) x(t - j)
+    backward  ds    = (dy - n (dy . n)) / |s|          (ds = dy without the norm)
+              dz    = ds SiLU'(z)                      (kernel; z recomputed from x)
+              dw_{W-1-j} = sum_t m_j(t) x(t - j) dz(t)  (kernel, per tile; summed in XLA)
+              dx(t) = sum_j w_{W-1-j} m_j(t + j) dz(t + j)   (XLA)
+Arithmetic is fp32 inside; dz is stored in x's dtype. GPU only (Triton) and the generic
+interpreter; TPU runs the jnp reference (``AUTO_IMPL``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels_pallas.short_conv.reference import doc_offsets
+
+f32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvConfig:
+    width: int            # W, the taps
+    block_t: int          # tokens per program
+    normalize: bool
+    eps: float
+    interpret: object = False
+    num_warps: int = 4
+
+
+def _select(tile, delta):
+    """Rows r + delta of ``tile`` (zero where that leaves the tile), by a 0/1 matmul: exact
+    (one nonzero product per entry, fp32 accumulation)."""
+    BT = tile.shape[0]
+    rows = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 0)
+    cols = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 1)
+    sel = jnp.where(cols == rows + delta, 1.0, 0.0).astype(tile.dtype)
+    prec = jax.lax.Precision.HIGHEST if tile.dtype == f32 else None
+    return jax.lax.dot_general(sel, tile, (((1,), (0,)), ((), ())), precision=prec,
+                               preferred_element_type=f32).astype(tile.dtype)
+
+
+def _rows(ref, t0, off, BT, first):
+    """Rows [t0 + off, t0 + off + BT) (off <= 0) of a whole-sequence ref [T, X], zero before
+    row 0. Only the first tile (``first``) can reach before row 0: it reads rows [0, BT) and
+    moves them into place."""
+    if off == 0 or not first:
+        return ref[pl.ds(t0 + off, BT), :]
+    return _select(ref[pl.ds(0, BT), :], off)
+
+
+def _taps(x_ref, t0, BT, W, first):
+    """x(t - j) for j = 0 .. W-1 at the tile's rows, fp32."""
+    return [_rows(x_ref, t0, -j, BT, first).astype(f32) for j in range(W)]
+
+
+def _conv(xs, w_ref, m, W):
+    """z = sum_j w_{W-1-j} m_j x(t - j); m the tokens since the document began (clipped)."""
+    z = w_ref[pl.ds(W - 1, 1), :].astype(f32) * xs[0]
+    for j in range(1, W):
+        z += w_ref[pl.ds(W - 1 - j, 1), :].astype(f32) * jnp.where(m >= j, xs[j], 0.0)
+    return z
+
+
+def _per_tile(body):
+    """Run ``body(first)`` with first = whether this program's tile is the sequence's first;
+    each case in its own branch, so that only the first tile pays for the edge."""
+    t = pl.program_id(1)
+    pl.when(t == 0)(functools.partial(body, True))
+    pl.when(t > 0)(functools.partial(body, False))
+
+
+def _fwd_kernel(x_ref, m_ref, w_ref, y_ref, *, cfg):
+    W, BT = cfg.width, cfg.block_t
+    t0 = pl.program_id(1) * BT
+
+    def body(first):
+        m = m_ref[...]
+        s = jax.nn.silu(_conv(_taps(x_ref, t0, BT, W, first), w_ref, m, W))
+        if cfg.normalize:
+            s = s * jax.lax.rsqrt(jnp.sum(s * s, axis=1, keepdims=True) + cfg.eps)
+        y_ref[...] = s.astype(y_ref.dtype)
+
+    _per_tile(body)
+
+
+def _bwd_kernel(x_ref, m_ref, w_ref, dy_ref, dz_ref, dw_ref, *, cfg):
+    """dz at the tile's rows and this tile's part of dw; dx is dz's transposed convolution."""
+    W, BT = cfg.width, cfg.block_t
+    t0 = pl.program_id(1) * BT
+
+    def body(first):
+        m = m_ref[...]
+        xs = _taps(x_ref, t0, BT, W, first)
+        z = _conv(xs, w_ref, m, W)
+        sig = jax.nn.sigmoid(z)
+        dy = dy_ref[...].astype(f32)
+        if cfg.normalize:
+            s = z * sig
+            r = jax.lax.rsqrt(jnp.sum(s * s, axis=1, keepdims=True) + cfg.eps)
+            n = s * r
+            dy = r * (dy - n * jnp.sum(dy * n, axis=1, keepdims=True))
+        dz = dy * sig * (1.0 + z * (1.0 - sig))
+        dz_ref[...] = dz.astype(dz_ref.dtype)
+        rows = jax.lax.broadcasted_iota(jnp.int32, dw_ref.shape, 0)
+        dw = jnp.zeros(dw_ref.shape, f32)
+        for j in range(W):                  # dw_{W-1-j}: sum over the tile of m_j x(t - j) dz
+            part = jnp.sum(jnp.where(m >= j, xs[j], 0.0) * dz, axis=0, keepdims=True)
+            dw = jnp.where(rows == W - 1 - j, part, dw)
+        dw_ref[...] = dw
+
+    _per_tile(body)
+
+
+def _conv_transpose(dz, w, m, W):
+    """dx(t) = sum_j w_{W-1-j} m_j(t + j) dz(t + j), in XLA (one fusion), fp32 inside."""
+    T = dz.shape[1]
+    dzp = jnp.pad(dz, ((0, 0), (0, W - 1), (0, 0)))
+    mp = jnp.pad(m, ((0, 0), (0, W - 1), (0, 0)))
+    dx = jnp.zeros(dz.shape, f32)
+    for j in range(W):
+        dx += w[W - 1 - j] * jnp.where(mp[:, j:j + T] >= j, dzp[:, j:j + T].astype(f32), 0.0)
+    return dx
+
+
+def _specs(B, T, heads, X, BT):
+    sq = pl.squeezed
+    whole = pl.BlockSpec((sq, T, X), lambda b, t, h: (b, 0, h))        # all of time
+    tile_m = pl.BlockSpec((sq, BT, 1), lambda b, t, h: (b, t, 0))
+    tile = pl.BlockSpec((sq, BT, X), lambda b, t, h: (b, t, h))
+    return whole, tile_m, tile
+
+
+def _params(cfg):
+    if cfg.interpret is not False:
+        return {}
+    from jax.experimental.pallas import triton as plgpu
+    return {"compiler_params": plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1)}
+
+
+def _forward(cfg, heads, x, w, m):
+    B, T, C = x.shape
+    X, BT = C // heads, cfg.block_t
+    whole, tile_m, tile = _specs(B, T, heads, X, BT)
+    wspec = pl.BlockSpec((w.shape[0], X), lambda b, t, h: (0, h))
+    return pl.pallas_call(
+        functools.partial(_fwd_kernel, cfg=cfg), grid=(B, T // BT, heads),
+        in_specs=[whole, tile_m, wspec], out_specs=tile,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=cfg.interpret,
+        name="short_conv_fwd", **_params(cfg))(x, m, w)
+
+
+def _backward(cfg, heads, x, w, m, dy):
+    B, T, C = x.shape
+    X, BT = C // heads, cfg.block_t
+    NT, Wp = T // BT, w.shape[0]
+    whole, tile_m, tile = _specs(B, T, heads, X, BT)
+    wspec = pl.BlockSpec((Wp, X), lambda b, t, h: (0, h))
+    sq = pl.squeezed
+    dz, dw = pl.pallas_call(
+        functools.partial(_bwd_kernel, cfg=cfg), grid=(B, NT, heads),
+        in_specs=[whole, tile_m, wspec, tile],
+        out_specs=[tile, pl.BlockSpec((sq, sq, Wp, X), lambda b, t, h: (b, t, 0, h))],
+        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype),
+                   jax.ShapeDtypeStruct((B, NT, Wp, C), f32)],
+        interpret=cfg.interpret, name="short_conv_bwd", **_params(cfg))(x, m, w, dy)
+    dx = _conv_transpose(dz, w, m, cfg.width).astype(x.dtype)
+    return dx, jnp.sum(dw, axis=(0, 1))
+
+
+@functools.lru_cache(maxsize=None)
+def _op(cfg, heads):
+    """custom_vjp op (x [B,T,C], w [Wp,C] fp32, m [B,T,1] fp32) -> y; T a multiple of the tile."""
+
+    @jax.custom_vjp
+    def op(x, w, m):
+        return _forward(cfg, heads, x, w, m)
+
+    def fwd(x, w, m):
+        return op(x, w, m), (x, w, m)
+
+    def bwd(res, dy):
+        x, w, m = res
+        dx, dw = _backward(cfg, heads, x, w, m, dy.astype(x.dtype))
+        return dx, dw, jnp.zeros_like(m)
+
+    op.defvjp(fwd, bwd)
+    return op
+
+
+def _pow2(n):
+    return n > 0 and n & (n - 1) == 0
+
+
+def short_conv_pallas(x, weight, segment_ids=None, *, heads: int = 1, normalize: bool = False,
+                      eps: float = 1e-6, block_t: int = 64, num_warps: int = 4,
+                      interpret=False):
+    """``short_conv`` as the kernels above. x [B, T, C]; weight [W, C] (any float dtype, the
+    gradient comes back in it); segment_ids [B, T] or None. T is padded to the tile."""
+    B, T, C = x.shape
+    W = weight.shape[0]
+    if interpret is not False and interpret is not True:
+        raise ValueError(f"short_conv(impl='pallas'): interpret must be False or True (the "
+                         f"generic interpreter; there is no TPU layout), got {interpret!r}")
+    if interpret is False and jax.default_backend() != "gpu":
+        raise ValueError(f"short_conv(impl='pallas') has a Triton (GPU) lowering only; on "
+                         f"backend {jax.default_backend()!r} use impl='reference' or "
+                         f"interpret=True")
+    X = C // heads
+    if interpret is False:
+        for name, n in (("channels per head", X), ("block_t", block_t)):
+            if not _pow2(n) or n < 16:
+                raise ValueError(f"short_conv(impl='pallas') on GPU needs {name} a power of "
+                                 f"two >= 16, got {n}")
+    bt = min(block_t, max(16, 1 << (T - 1).bit_length()))       # short sequences: one tile
+    pad = (-T) % bt
+    cfg = ConvConfig(width=W, block_t=bt, normalize=normalize, eps=eps, interpret=interpret,
+                     num_warps=num_warps)
+    m = jnp.minimum(doc_offsets(segment_ids, B, T), W - 1).astype(f32)[..., None]
+    Wp = 1 << (W - 1).bit_length()
+    w = jnp.pad(weight.astype(f32), ((0, Wp - W), (0, 0)))
+    xp = jnp.pad(x, ((0, 0), (0, pad), (0, 0))) if pad else x
+    mp = jnp.pad(m, ((0, 0), (0, pad), (0, 0))) if pad else m
+    y = _op(cfg, heads)(xp, w, mp)
+    return y[:, :T] if pad else y
