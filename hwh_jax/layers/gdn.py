@@ -9,9 +9,10 @@ For n heads with key dim K and value dim V, from the normalised input x [B, T, d
     o        = gated_delta_rule(q, k, v, g, beta)         (kernels_pallas.gdn; state fp32)
     out      = RMSNorm(o) * SiLU(x W_g)                   per head over V
 
-ShortConv_4 is a causal depthwise convolution of width 4. ``A_log`` and ``dt_bias`` are per
-head and carry no weight decay (the optimizer's mask reads their names). With segment ids the
-convolution does not reach across documents and the recurrence restarts at each document.
+ShortConv_4 is a causal depthwise convolution of width 4; it, its SiLU and the norm of q and k
+are one op, ``kernels_pallas.short_conv`` (Pallas kernels on GPU). ``A_log`` and ``dt_bias`` are
+per head and carry no weight decay (the optimizer's mask reads their names). With segment ids
+the convolution does not reach across documents and the recurrence restarts at each document.
 
 Inference (``init_cache`` / ``extend``): the fp32 state [B, n, K, V] plus, per convolution, the
 last W-1 projected inputs. Left padding (``valid`` False) is made invisible: the padded inputs
@@ -28,38 +29,23 @@ from flax import nnx
 import kernels_pallas
 from hwh_jax.layers.linear import dense
 from hwh_jax.layers.norms import GatedRMSNorm
+from kernels_pallas.short_conv import causal_conv1d, l2_normalize, short_conv
 
 RESET_LOG_DECAY = -80.0  # g at a document start: alpha = e^-80 ~ 2e-35 wipes the state
 
 
-def causal_conv1d(x, weight, segment_ids=None):
-    """Depthwise causal conv: y_t = sum_i weight[i] * x_{t - (W-1) + i}; x [B,T,C], weight [W,C]."""
-    W = weight.shape[0]
-    T = x.shape[1]
-    xp = jnp.pad(x, ((0, 0), (W - 1, 0), (0, 0)))
-    if segment_ids is not None:
-        sp = jnp.pad(segment_ids, ((0, 0), (W - 1, 0)), constant_values=-1)
-    y = jnp.zeros_like(x)
-    for i in range(W):
-        tap = xp[:, i:i + T] * weight[i].astype(x.dtype)
-        if segment_ids is not None and i < W - 1:
-            tap = jnp.where((sp[:, i:i + T] == segment_ids)[..., None], tap, 0)
-        y = y + tap
-    return y
-
-
-def l2_normalize(x, eps=1e-6):
-    x32 = x.astype(jnp.float32)
-    return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, -1, keepdims=True) + eps)).astype(x.dtype)
-
-
 class ShortConv(nnx.Module):
-    def __init__(self, channels: int, width: int, *, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, channels: int, width: int, *, impl: str = "auto", param_dtype,
+                 rngs: nnx.Rngs):
         init = nnx.with_partitioning(_conv_init, ("conv", "heads"))
         self.kernel = nnx.Param(init(rngs.params(), (width, channels), param_dtype))
+        self.impl = impl
 
-    def __call__(self, x, segment_ids=None):
-        return jax.nn.silu(causal_conv1d(x, self.kernel[...], segment_ids))
+    def __call__(self, x, segment_ids=None, *, heads: int = 1, normalize: bool = False):
+        """SiLU(conv(x)) [B, T, C], L2-normalised per head if ``normalize``
+        (``kernels_pallas.short_conv``)."""
+        return short_conv(x, self.kernel[...], segment_ids, heads=heads, normalize=normalize,
+                          impl=self.impl)
 
     def extend(self, x, state):
         """x [B, Tn, C] after the W-1 inputs in ``state`` -> (outputs [B, Tn, C], new state).
@@ -92,7 +78,8 @@ def _a_log_init(key, shape, dtype):
 class GatedDeltaNetHeads(nnx.Module):
     def __init__(self, d_model: int, num_heads: int, key_dim: int, value_dim: int, *,
                  conv_size: int = 4, norm_eps: float = 1e-6, impl: str = "auto",
-                 chunk_size: int = 64, dtype, param_dtype, rngs: nnx.Rngs):
+                 conv_impl: str = "auto", chunk_size: int = 64, dtype, param_dtype,
+                 rngs: nnx.Rngs):
         self.num_heads, self.key_dim, self.value_dim = num_heads, key_dim, value_dim
         self.impl, self.chunk_size, self.dtype = impl, chunk_size, dtype
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -102,7 +89,7 @@ class GatedDeltaNetHeads(nnx.Module):
         self.g_proj = dense(d_model, num_heads * value_dim, ("embed", "heads"), **kw)
         self.a_proj = dense(d_model, num_heads, ("embed", "heads"), **kw)
         self.b_proj = dense(d_model, num_heads, ("embed", "heads"), **kw)
-        conv_kw = dict(param_dtype=param_dtype, rngs=rngs)
+        conv_kw = dict(impl=conv_impl, param_dtype=param_dtype, rngs=rngs)
         self.q_conv = ShortConv(num_heads * key_dim, conv_size, **conv_kw)
         self.k_conv = ShortConv(num_heads * key_dim, conv_size, **conv_kw)
         self.v_conv = ShortConv(num_heads * value_dim, conv_size, **conv_kw)
@@ -137,10 +124,9 @@ class GatedDeltaNetHeads(nnx.Module):
         """The heads' outputs [B, T, n*V] from the input's projections (``projections()``)."""
         B, T, _ = q.shape
         n, K, V = self.num_heads, self.key_dim, self.value_dim
-        q = self.q_conv(q, segment_ids).reshape(B, T, n, K)
-        k = self.k_conv(k, segment_ids).reshape(B, T, n, K)
-        v = self.v_conv(v, segment_ids).reshape(B, T, n, V)
-        q, k = l2_normalize(q), l2_normalize(k)
+        q = self.q_conv(q, segment_ids, heads=n, normalize=True).reshape(B, T, n, K)
+        k = self.k_conv(k, segment_ids, heads=n, normalize=True).reshape(B, T, n, K)
+        v = self.v_conv(v, segment_ids, heads=n).reshape(B, T, n, V)
         beta, g = self.gates(a, b, segment_ids)
         o, _ = kernels_pallas.gated_delta_rule(q, k, v, g, beta, impl=self.impl,
                                                chunk_size=self.chunk_size)

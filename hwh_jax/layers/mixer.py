@@ -43,6 +43,7 @@ class HeadwiseMixer(nnx.Module):
         self.la = data(None if not spec.num_la else GatedDeltaNetHeads(
                 cfg.d_model, spec.num_la, cfg.la_key_dim, cfg.la_value_dim,
                 conv_size=cfg.conv_size, norm_eps=cfg.norm_eps, impl=cfg.gdn_impl,
+                conv_impl=cfg.conv_impl,
                 chunk_size=cfg.gdn_chunk_size, **kw))
         self.dtype = cfg.compute_dtype
         width = spec.num_fa * cfg.head_dim + spec.num_la * cfg.la_value_dim

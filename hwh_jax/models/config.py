@@ -53,6 +53,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     attn_impl: str = "auto"            # kernels_pallas.attention impl
     gdn_impl: str = "auto"             # kernels_pallas.gated_delta_rule impl
+    conv_impl: str = "auto"            # kernels_pallas.short_conv impl (GDN conv, SiLU, norm)
     gdn_chunk_size: int = 64
 
     def __post_init__(self):
