@@ -69,11 +69,12 @@ _REF = {}
 MESH_TIMEOUT_S = 300
 
 
-def _train_in_subprocess(corpus, workdir, mesh):
-    """launch.train on 8 fake CPU devices in a fresh process; the per-step train losses."""
+def _train_in_subprocess(corpus, workdir, mesh, devices=8, extra=()):
+    """launch.train on ``devices`` fake CPU devices in a fresh process; the per-step train
+    losses of every run in ``workdir``."""
     from conftest import XLA_TEST_FLAGS
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count=8 {XLA_TEST_FLAGS}"}
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {XLA_TEST_FLAGS}"}
     args = [sys.executable, "-m", "launch.train", "--config=configs/hwh_tiny.py",
             "--config.seq_len=32", "--config.model.dtype=float32",
             "--config.model.gdn_chunk_size=16", f"--config.data.paths=('{corpus}',)",
@@ -83,7 +84,7 @@ def _train_in_subprocess(corpus, workdir, mesh):
             "--config.train.eval_every=0", "--config.train.checkpoint_every=0",
             "--config.train.final_eval=False", "--config.eval.at_end=False",
             f"--config.train.mesh={mesh}",
-            f"--workdir={workdir}"]
+            f"--workdir={workdir}", *extra]
     out = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=MESH_TIMEOUT_S)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -103,6 +104,21 @@ def test_mesh_invariance(corpus, tmp_path, mesh):
     assert _REF, "the 1x1x1 reference runs first"
     for step, loss in _REF.items():
         assert abs(losses[step] - loss) <= 1e-5 * abs(loss), (step, losses[step], loss)
+
+
+def test_checkpoint_from_8_devices_resumes_on_one(corpus, tmp_path):
+    """A run on a 2x2x2 mesh of 8 devices stops at step 2 with a checkpoint; a process with one
+    device restores it (orbax reshards onto the new mesh) and trains step 3: the losses of all
+    three steps agree with the uninterrupted single-device run."""
+    ref = _REF or _train_in_subprocess(corpus, tmp_path / "ref", "1,1,1")
+    first = _train_in_subprocess(corpus, tmp_path / "run", "2,2,2",
+                                 extra=["--config.train.stop_at_step=2"])
+    assert sorted(first) == [1, 2] and (tmp_path / "run" / "checkpoints" / "2").exists()
+    resumed = _train_in_subprocess(corpus, tmp_path / "run", "1,1,1", devices=1)
+    rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3]   # step 3 only, resumed
+    for step, loss in ref.items():
+        assert abs(resumed[step] - loss) <= 1e-5 * abs(loss), (step, resumed[step], loss)
 
 
 def test_grad_accumulation_matches_one_big_batch(corpus, tmp_path):
