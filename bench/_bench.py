@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import json
 import statistics
+import tempfile
 import time
 
 import jax
+
+from hwh_jax.training import profile
 
 
 def print_device() -> None:
@@ -41,3 +44,20 @@ def median_ms(fn, *args, warmup=3, reps=20) -> float:
         jax.block_until_ready(fn(*args))
         times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
+
+
+def device_ms(fn, *args, reps=20):
+    """(device time per call in ms, its kernels) of ``fn(*args)`` from a profiler trace of
+    ``reps`` calls: the sum of the kernels' durations, without the per-call launch and host
+    overhead that wall-clock medians of small ops are made of. (None, []) without device events
+    (the CPU backend)."""
+    jax.block_until_ready(fn(*args))
+    with tempfile.TemporaryDirectory() as d:
+        with profile.capture(d):
+            for _ in range(reps):
+                out = fn(*args)
+            jax.block_until_ready(out)
+        s = profile.summarize(d, steps=reps)
+    if not s["top_kernels_ms"]:
+        return None, []
+    return s["kernel_ms"], s["top_kernels_ms"]

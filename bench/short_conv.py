@@ -3,13 +3,16 @@ r"""Time the GDN short convolution (+ SiLU + per-head L2 norm) implementations, 
   python bench/short_conv.py --shapes 16,2048,832,13 4,8192,1024,16 --impls reference pallas \
       pallas:block_t=32 --out results.jsonl
 
-For each (B, T, C, heads) and normalize in (True, False): forward and forward+backward medians
-(ms) of each implementation of ``kernels_pallas.short_conv`` on bf16 inputs, and the bytes the
-op must move at least over that time (forward: read x, write y; forward+backward adds read x and
-dy, write dx: 2 and 5 passes of B*T*C bf16), beside a device-to-device copy's rate measured in the
-same run. Each row's ``rel_err`` is the relative error of its y, dx, dw against the reference in
-fp32. An --impls entry "pallas:KEY=VALUE,..." passes options to ``short_conv_pallas``
-(block_t, num_warps).
+For each (B, T, C, heads) and normalize in (True, False): forward and forward+backward wall
+medians (ms) of each implementation of ``kernels_pallas.short_conv`` on bf16 inputs and, on a
+device with a profiler trace, their device time per call (``*_device_ms``: the kernels' sum, no
+launch or host overhead; at the model's sizes the wall medians are mostly that overhead), with
+the bytes the op must move at least over that time (forward: read x, write y;
+forward+backward adds read x and dy, write dx: 2 and 5 passes of B*T*C bf16) beside a
+device-to-device copy's rate timed the same way, and the forward+backward's kernels. Each
+row's ``rel_err`` is the relative error of its y, dx, dw against the reference in fp32. An
+--impls entry "pallas:KEY=VALUE,..." passes options to ``short_conv_pallas`` (block_t,
+num_warps).
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import _bench
-from _bench import median_ms
+from _bench import device_ms, median_ms
 from kernels_pallas.short_conv import short_conv_pallas, short_conv_reference
 
 
@@ -73,7 +76,8 @@ def main():
         w = jnp.asarray(rng.normal(size=(4, C)) * 0.5, jnp.float32)
         seg = jnp.asarray(np.cumsum(rng.random((B, T)) < 1e-3, axis=1), jnp.int32)
         pass_bytes = B * T * C * 2
-        copy_tbs = 2 * pass_bytes / median_ms(copy, x, reps=args.reps) / 1e9
+        copy_ms = device_ms(copy, x, reps=args.reps)[0] or median_ms(copy, x, reps=args.reps)
+        copy_tbs = 2 * pass_bytes / copy_ms / 1e9
         for normalize in (True, False):
             exact = fns(op("reference", heads, normalize))[1](
                 x.astype(jnp.float32), w, seg, dy.astype(jnp.float32))
@@ -83,18 +87,23 @@ def main():
                 out = fwd_bwd(x, w, seg, dy)
                 t_f = median_ms(fwd, x, w, seg, reps=args.reps)
                 t_fb = median_ms(fwd_bwd, x, w, seg, dy, reps=args.reps)
+                d_f = device_ms(fwd, x, w, seg, reps=args.reps)[0]
+                d_fb, kernels = device_ms(fwd_bwd, x, w, seg, dy, reps=args.reps)
                 _bench.emit(rows, {
                     "shape": [B, T, C, heads], "normalize": normalize, "impl": spec,
-                    "fwd_ms": t_f, "fwd_bwd_ms": t_fb,
-                    "fwd_tbs": 2 * pass_bytes / t_f / 1e9,
-                    "fwd_bwd_tbs": 5 * pass_bytes / t_fb / 1e9, "copy_tbs": copy_tbs,
-                    "rel_err": {k: rel(a, b) for k, a, b in zip(("y", "dx", "dw"), out, exact)}})
+                    "fwd_ms": t_f, "fwd_bwd_ms": t_fb, "fwd_device_ms": d_f,
+                    "fwd_bwd_device_ms": d_fb,
+                    "fwd_tbs": 2 * pass_bytes / (d_f or t_f) / 1e9,
+                    "fwd_bwd_tbs": 5 * pass_bytes / (d_fb or t_fb) / 1e9, "copy_tbs": copy_tbs,
+                    "rel_err": {k: rel(a, b) for k, a, b in zip(("y", "dx", "dw"), out, exact)},
+                    "kernels": kernels})
+    ms = lambda v: f"{v:8.3f}" if v is not None else f"{'n/a':>8}"  # noqa: E731
     print(f"\n{'shape':>22} {'norm':>5} {'impl':>24} {'fwd ms':>8} {'f+b ms':>8} "
-          f"{'f+b TB/s':>9} {'copy TB/s':>9}")
+          f"{'fwd dev':>8} {'f+b dev':>8} {'f+b TB/s':>9} {'copy TB/s':>9}")
     for r in rows:
         print(f"{str(r['shape']):>22} {str(r['normalize']):>5} {r['impl']:>24} "
-              f"{r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:8.3f} {r['fwd_bwd_tbs']:9.2f} "
-              f"{r['copy_tbs']:9.2f}")
+              f"{ms(r['fwd_ms'])} {ms(r['fwd_bwd_ms'])} {ms(r['fwd_device_ms'])} "
+              f"{ms(r['fwd_bwd_device_ms'])} {r['fwd_bwd_tbs']:9.2f} {r['copy_tbs']:9.2f}")
     _bench.write_jsonl(args.out, rows)
 
 
