@@ -12,8 +12,13 @@ call per token from Python (adds the host's dispatch of the parameter and cache 
 parameter arrays for HwH-380m, 218 for the Transformer). The cache is allocated for the full
 context, so the latency is that of a step at the end of a ``context``-long sequence; its size
 comes from the cache's own arrays (``hwh_jax.inference.cache.cache_bytes``). OOMs are caught
-and reported. ``--profile DIR`` also traces one decode loop and prints where its device time
-goes (``hwh_jax.training.profile``).
+and reported. ``--prefill none`` skips the prompt (its compile is most of a row's time: ~70 s
+for HwH-380m on the H200): the cache is allocated empty and its position set to ``context -
+decode_steps``, so every decode step costs what it costs at the end of a full context (cached
+attention computes over every allocated slot and masks by the slots' times, a GDN state costs
+the same whatever its values); prefill figures are then absent from the row. ``--profile DIR``
+also traces one decode loop and prints where its device time goes
+(``hwh_jax.training.profile``).
 """
 from __future__ import annotations
 
@@ -35,7 +40,8 @@ from hwh_jax.models import HybridLM, model_config
 from hwh_jax.training import profile
 
 
-def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir=""):
+def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir="",
+            prefill=True):
     gen = Generator(model)   # its compiled decode loop: what generate() runs after the prefill
     graphdef, state = gen.graphdef, gen.state
 
@@ -48,19 +54,26 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     init = jax.jit(lambda state: nnx.merge(graphdef, state).init_cache(batch, context))
     prompt_len = context - decode_steps
     tok = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt_len), np.int32)
+    row = {}
     cache = init(state)
-    nxt = None
-    t0 = time.perf_counter()
-    for s in range(0, prompt_len, prefill_chunk):
-        nxt, last, cache = extend(state, tok[:, s:s + prefill_chunk], cache)
-    jax.block_until_ready(nxt)
-    first_prefill_s = time.perf_counter() - t0        # includes compiling each chunk shape
-    cache = init(state)
-    t0 = time.perf_counter()
-    for s in range(0, prompt_len, prefill_chunk):
-        nxt, last, cache = extend(state, tok[:, s:s + prefill_chunk], cache)
-    jax.block_until_ready(nxt)
-    prefill_s = time.perf_counter() - t0
+    if prefill:
+        t0 = time.perf_counter()
+        for s in range(0, prompt_len, prefill_chunk):
+            nxt, last, cache = extend(state, tok[:, s:s + prefill_chunk], cache)
+        jax.block_until_ready(nxt)
+        first_prefill_s = time.perf_counter() - t0    # includes compiling each chunk shape
+        cache = init(state)
+        t0 = time.perf_counter()
+        for s in range(0, prompt_len, prefill_chunk):
+            nxt, last, cache = extend(state, tok[:, s:s + prefill_chunk], cache)
+        jax.block_until_ready(nxt)
+        prefill_s = time.perf_counter() - t0
+        row.update(prefill_s=prefill_s, prefill_tokens_per_s=batch * prompt_len / prefill_s,
+                   prefill_compile_s=first_prefill_s - prefill_s)
+    else:                                             # an empty cache at the prompt's end
+        cache = {**cache, "t": jnp.int32(prompt_len)}
+        nxt = jnp.asarray(tok[:, -1])
+        last = jnp.zeros((batch, cfg.vocab_size), jnp.float32)
     after_prefill = (last, cache)
     times = []
     for i in range(decode_steps):
@@ -78,9 +91,7 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     t = time.perf_counter()
     jax.block_until_ready(decode_loop(*after_prefill))
     loop_ms = 1e3 * (time.perf_counter() - t) / decode_steps
-    row = {"prefill_s": prefill_s, "prefill_tokens_per_s": batch * prompt_len / prefill_s,
-           "prefill_compile_s": first_prefill_s - prefill_s,
-           "decode_ms": loop_ms, "decode_call_ms": 1e3 * statistics.median(times)}
+    row.update(decode_ms=loop_ms, decode_call_ms=1e3 * statistics.median(times))
     if profile_dir:
         with profile.capture(profile_dir):
             jax.block_until_ready(decode_loop(*after_prefill))
@@ -98,6 +109,9 @@ def main():
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 32])
     ap.add_argument("--prefill_chunk", type=int, default=2048)
     ap.add_argument("--decode_steps", type=int, default=16)
+    ap.add_argument("--prefill", choices=("full", "none"), default="full",
+                    help="none: no prompt, an empty cache at position context - decode_steps "
+                         "(decode latency and cache memory only; see the module docstring)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--profile", default="",
                     help="directory: trace one decode loop per row and print its device time")
@@ -116,7 +130,7 @@ def main():
                     prof = (f"{args.profile}/{arch}_{args.size}_{T}_b{B}"
                             if args.profile else "")
                     row.update(measure(model, cfg, T, B, min(args.prefill_chunk, T),
-                                       args.decode_steps, prof))
+                                       args.decode_steps, prof, args.prefill == "full"))
                 except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                     if not is_oom(e):
                         raise
@@ -130,8 +144,9 @@ def main():
         if r.get("oom"):
             print(f"{r['arch']:12s} {r['context']:6d} {r['batch']:3d} {r['cache_gib']:9.2f}  OOM")
             continue
+        pre = f"{r['prefill_s']:9.2f}" if "prefill_s" in r else f"{'-':>9}"
         print(f"{r['arch']:12s} {r['context']:6d} {r['batch']:3d} {r['cache_gib']:9.2f} "
-              f"{r['prefill_s']:9.2f} {r['decode_ms']:15.2f} {r['decode_call_ms']:9.2f}")
+              f"{pre} {r['decode_ms']:15.2f} {r['decode_call_ms']:9.2f}")
 
 
 if __name__ == "__main__":
