@@ -139,6 +139,17 @@ def test_errors():
             short_conv(x, w, impl="pallas")
 
 
+def test_auto_takes_the_kernels_on_gpu_where_they_run(monkeypatch):
+    from kernels_pallas import dispatch
+    from kernels_pallas.short_conv import resolve_impl
+    monkeypatch.setattr(dispatch, "backend", lambda: "gpu")
+    assert resolve_impl("auto", 64) == "pallas"
+    assert resolve_impl("auto", 48) == resolve_impl("auto", 8) == "reference"
+    assert resolve_impl("pallas", 48) == "pallas"          # asked for: its own error says why
+    monkeypatch.setattr(dispatch, "backend", lambda: "tpu")
+    assert resolve_impl("auto", 64) == "reference"
+
+
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (conftest's CPU devices)")
 def test_pallas_per_shard_under_a_mesh():
     """Under ``kernel_mesh`` the kernel runs in a shard_map over batch rows and heads: same

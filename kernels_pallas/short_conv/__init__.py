@@ -4,7 +4,8 @@ Implementations:
   reference  ``reference.py``: jnp, the specification (XLA fuses it as it likes).
   pallas     ``pallas.py``: one Triton kernel forward, one backward (custom_vjp); GPU, or
              ``interpret=True`` anywhere.
-``impl="auto"`` picks per backend (``AUTO_IMPL``; TPU takes the reference: no Mosaic layout yet).
+``impl="auto"`` picks per backend (``AUTO_IMPL``; TPU takes the reference: no Mosaic layout yet),
+and the reference where the kernels cannot run (channels per head not a power of two >= 16).
 """
 from __future__ import annotations
 
@@ -17,9 +18,17 @@ IMPLS = ("auto", "reference", "pallas")
 AUTO_IMPL = {"gpu": "pallas"}
 
 
-def resolve_impl(impl: str = "auto") -> str:
+def resolve_impl(impl: str = "auto", channels_per_head: int | None = None) -> str:
+    """The implementation ``short_conv(impl=impl)`` runs on this backend for heads of
+    ``channels_per_head`` channels."""
     dispatch.check_impl("short_conv", impl, IMPLS)
-    return AUTO_IMPL.get(dispatch.backend(), "reference") if impl == "auto" else impl
+    if impl != "auto":
+        return impl
+    choice = AUTO_IMPL.get(dispatch.backend(), "reference")
+    n = channels_per_head
+    if choice == "pallas" and n is not None and (n < 16 or n & (n - 1)):
+        return "reference"
+    return choice
 
 
 def short_conv(x, weight, segment_ids=None, *, heads: int = 1, normalize: bool = False,
@@ -42,7 +51,7 @@ def short_conv(x, weight, segment_ids=None, *, heads: int = 1, normalize: bool =
     if segment_ids is not None and segment_ids.shape != x.shape[:2]:
         raise ValueError(f"short_conv: segment_ids must be [B,T]={x.shape[:2]}, got "
                          f"{segment_ids.shape}")
-    impl = dispatch.record("short_conv", resolve_impl(impl))
+    impl = dispatch.record("short_conv", resolve_impl(impl, x.shape[2] // heads))
     kw = dict(heads=heads, normalize=normalize, eps=eps)
     if impl == "reference":
         return short_conv_reference(x, weight, segment_ids, **kw)
