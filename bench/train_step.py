@@ -45,7 +45,8 @@ from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
 from hwh_jax.training.steps import make_train_step
 
 
-def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", overrides=None):
+def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", overrides=None,
+              profile_top=20):
     overrides = {**(overrides or {}), **({"vocab_size": vocab_size} if vocab_size else {})}
     cfg = model_config(arch, size, dtype=dtype, **overrides)
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
@@ -86,7 +87,7 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
             for _ in range(3):
                 state, m = step(state, batch)
             jax.block_until_ready(m["loss"])
-        prof = profile.summarize(profile_dir, steps=3, hlo_text=step.as_text())
+        prof = profile.summarize(profile_dir, steps=3, top=profile_top, hlo_text=step.as_text())
         print(profile.format_summary(prof, ms), flush=True)
     tps = B * T / ms * 1e3
     kind = jax.devices()[0].device_kind
@@ -120,6 +121,8 @@ def main():
                     help="0: the size's default (GPT-2's 50,257); configs/experiment.py: 4096")
     ap.add_argument("--profile", default="",
                     help="directory: trace 3 steps per row and print their device time by kernel")
+    ap.add_argument("--profile_top", type=int, default=20,
+                    help="with --profile: how many kernels to list (the rest count in categories)")
     ap.add_argument("--override", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="ModelConfig fields, e.g. gdn_impl=chunk_reference (Python literals)")
     ap.add_argument("--out", default="")
@@ -143,7 +146,7 @@ def main():
                     try:
                         prof = f"{args.profile}/{arch}_{size}_{T}" if args.profile else ""
                         row = time_step(arch, size, T, B, args.steps, args.dtype,
-                                        args.vocab_size, prof, overrides)
+                                        args.vocab_size, prof, overrides, args.profile_top)
                         break
                     except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                         if not is_oom(e):
