@@ -29,7 +29,7 @@ from flax import nnx
 import kernels_pallas
 from hwh_jax.layers.linear import dense
 from hwh_jax.layers.norms import GatedRMSNorm
-from kernels_pallas.short_conv import causal_conv1d, l2_normalize, short_conv
+from kernels_pallas.short_conv import causal_conv1d, short_conv, silu_norm
 
 RESET_LOG_DECAY = -80.0  # g at a document start: alpha = e^-80 ~ 2e-35 wipes the state
 
@@ -47,8 +47,9 @@ class ShortConv(nnx.Module):
         return short_conv(x, self.kernel[...], segment_ids, heads=heads, normalize=normalize,
                           impl=self.impl)
 
-    def extend(self, x, state):
-        """x [B, Tn, C] after the W-1 inputs in ``state`` -> (outputs [B, Tn, C], new state).
+    def extend(self, x, state, *, heads: int = 1, normalize: bool = False):
+        """x [B, Tn, C] after the W-1 inputs in ``state`` -> (outputs [B, Tn, C] as
+        ``__call__``'s, new state).
 
         The barrier keeps XLA from fusing the projection that made ``x`` into this window's
         concatenation: at one token it did, as a reduction one thread per column, and the
@@ -56,7 +57,8 @@ class ShortConv(nnx.Module):
         x = jax.lax.optimization_barrier(x)
         xp = jnp.concatenate([state.astype(x.dtype), x], axis=1)
         y = causal_conv1d(xp, self.kernel[...])[:, state.shape[1]:]
-        return jax.nn.silu(y), xp[:, xp.shape[1] - state.shape[1]:]
+        return (silu_norm(y, heads=heads, normalize=normalize),
+                xp[:, xp.shape[1] - state.shape[1]:])
 
 
 def _conv_init(key, shape, dtype):
@@ -148,11 +150,10 @@ class GatedDeltaNetHeads(nnx.Module):
         B, Tn, _ = q.shape
         n, K, V = self.num_heads, self.key_dim, self.value_dim
         keep = valid[..., None].astype(q.dtype)
-        q, conv_q = self.q_conv.extend(q * keep, cache["conv_q"])
-        k, conv_k = self.k_conv.extend(k * keep, cache["conv_k"])
+        q, conv_q = self.q_conv.extend(q * keep, cache["conv_q"], heads=n, normalize=True)
+        k, conv_k = self.k_conv.extend(k * keep, cache["conv_k"], heads=n, normalize=True)
         v, conv_v = self.v_conv.extend(v * keep, cache["conv_v"])
-        q = l2_normalize(q.reshape(B, Tn, n, K))
-        k = l2_normalize(k.reshape(B, Tn, n, K))
+        q, k = q.reshape(B, Tn, n, K), k.reshape(B, Tn, n, K)
         v = v.reshape(B, Tn, n, V)
         beta, g = self.gates(a, b)
         beta, g = jnp.where(valid[..., None], beta, 0.0), jnp.where(valid[..., None], g, 0.0)

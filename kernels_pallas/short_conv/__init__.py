@@ -12,7 +12,7 @@ from __future__ import annotations
 from kernels_pallas import dispatch, sharding
 from kernels_pallas.short_conv.pallas import short_conv_pallas
 from kernels_pallas.short_conv.reference import (causal_conv1d, doc_offsets, l2_normalize,
-                                                 short_conv_reference)
+                                                 short_conv_reference, silu_norm)
 
 IMPLS = ("auto", "reference", "pallas")
 AUTO_IMPL = {"gpu": "pallas"}
@@ -73,4 +73,4 @@ def short_conv(x, weight, segment_ids=None, *, heads: int = 1, normalize: bool =
 
 
 __all__ = ["short_conv", "short_conv_pallas", "short_conv_reference", "causal_conv1d",
-           "doc_offsets", "l2_normalize", "resolve_impl", "IMPLS", "AUTO_IMPL"]
+           "doc_offsets", "l2_normalize", "silu_norm", "resolve_impl", "IMPLS", "AUTO_IMPL"]

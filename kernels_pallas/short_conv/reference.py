@@ -48,11 +48,18 @@ def l2_normalize(x, eps=1e-6):
     return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, -1, keepdims=True) + eps)).astype(x.dtype)
 
 
-def short_conv_reference(x, weight, segment_ids=None, *, heads: int = 1,
-                         normalize: bool = False, eps: float = 1e-6):
-    """SiLU(causal_conv1d(x)) [B, T, C], L2-normalised per head of C // heads if ``normalize``."""
-    y = jax.nn.silu(causal_conv1d(x, weight, segment_ids))
+def silu_norm(z, *, heads: int = 1, normalize: bool = False, eps: float = 1e-6):
+    """What follows the convolution: SiLU(z) [B, T, C], L2-normalised per head of C // heads if
+    ``normalize`` (also the GDN heads' one-token ``extend``)."""
+    y = jax.nn.silu(z)
     if not normalize:
         return y
     B, T, C = y.shape
     return l2_normalize(y.reshape(B, T, heads, C // heads), eps).reshape(B, T, C)
+
+
+def short_conv_reference(x, weight, segment_ids=None, *, heads: int = 1,
+                         normalize: bool = False, eps: float = 1e-6):
+    """SiLU(causal_conv1d(x)) [B, T, C], L2-normalised per head of C // heads if ``normalize``."""
+    return silu_norm(causal_conv1d(x, weight, segment_ids), heads=heads, normalize=normalize,
+                     eps=eps)
