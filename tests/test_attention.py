@@ -75,3 +75,38 @@ def test_bad_inputs_raise():
     q, k, v = qkv(1, 8, 2, 1, 8)
     with pytest.raises(ValueError, match="window"):
         attention(q, k, v, window=0)
+
+
+def test_cudnn_refuses_segment_ids():
+    q, k, v = qkv(1, 8, 2, 1, 8)
+    with pytest.raises(ValueError, match="segment_ids"):
+        attention(q, k, v, segment_ids=jnp.zeros((1, 8), jnp.int32), impl="cudnn")
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS fakes them on CPU)")
+def test_kernel_per_shard_under_a_mesh():
+    """Under ``kernel_mesh`` a kernel impl runs in a shard_map over batch rows and heads (q and
+    kv heads alike): same values and gradients as on one device. Splash in interpret mode
+    stands in for cuDNN, whose own partitioner rejected an FSDP mesh's q/k/v shardings."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from hwh_jax.training.sharding import make_mesh
+    from kernels_pallas import kernel_mesh
+    mesh = make_mesh((2, 2, 2))
+    q, k, v = qkv(4, 256, 4, 2, 64, seed=4)
+    dy = qkv(4, 256, 4, 2, 64, seed=5)[0]
+
+    def f(q, k, v):
+        def loss(q, k, v):
+            return jnp.sum(attention(q, k, v, impl="splash", interpret=True) * dy)
+        return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    ref = jax.jit(f)(q, k, v)
+    rows = NamedSharding(mesh, P(("data", "fsdp")))
+    args = [jax.device_put(a, rows) for a in (q, k, v)]
+    with kernel_mesh(mesh):
+        jaxpr = str(jax.make_jaxpr(f)(*args))
+        out = jax.jit(f)(*args)
+    assert "shard_map" in jaxpr and "f32[1,256,2,64]" in jaxpr   # 1 row, 2 of 4 q heads
+    for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)

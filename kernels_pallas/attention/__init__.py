@@ -5,13 +5,20 @@
   splash     splash attention from ``jax.experimental.pallas.ops.tpu`` on TPU (T % 128 == 0).
 ``impl="auto"`` takes the fast path of the backend when the inputs suit it, else the reference,
 and records the choice (``kernels_pallas.dispatch.chosen()``).
+
+Under ``kernels_pallas.kernel_mesh`` the two kernels run per shard (``shard_map``: batch rows over
+the batch axes, heads over the tensor axis), as the Pallas kernels do: left to GSPMD, cuDNN's
+partitioner rejects the step of an FSDP mesh ("Query, key and value should have same sharding",
+HwH-380m on two H200s). The reference is plain XLA and stays with GSPMD.
 """
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas import dispatch
+from kernels_pallas import dispatch, sharding
 from kernels_pallas.attention.reference import (attention_mask, attention_reference,
                                                 cached_attention)
 
@@ -61,7 +68,29 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
         raise ValueError(f"attention: window must be >= 1, got {window}")
     impl = dispatch.record("attention", resolve_impl(q, window=window, segment_ids=segment_ids,
                                                      impl=impl))
+    if impl == "reference":
+        return attention_reference(q, k, v, causal=causal, window=window, scale=scale,
+                                   segment_ids=segment_ids)
+    kernel = functools.partial(_kernel, impl, causal=causal, window=window, scale=scale,
+                               interpret=interpret)
+    km = sharding.current()
+    if km is None:
+        return kernel(q, k, v, segment_ids)
+    b = km.batch_spec(B)
+    h = km.head_spec(G) if km.head_spec(H) else None     # q and kv heads split alike or not at all
+    qkv = sharding.P(b, None, h, None)
+    if segment_ids is None:
+        return sharding.per_shard(lambda q, k, v: kernel(q, k, v, None), km, (qkv,) * 3, qkv)(
+            q, k, v)
+    return sharding.per_shard(kernel, km, (qkv,) * 3 + (sharding.P(b, None),), qkv)(
+        q, k, v, segment_ids)
+
+
+def _kernel(impl, q, k, v, segment_ids, *, causal, window, scale, interpret):
     if impl == "cudnn":
+        if segment_ids is not None:
+            raise ValueError("attention: impl='cudnn' does not take segment_ids here (auto "
+                             "picks the reference for them)")
         return jax.nn.dot_product_attention(
             q, k, v, scale=scale, is_causal=causal, implementation="cudnn",
             local_window_size=None if window is None else (window - 1, 0))
@@ -71,8 +100,7 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
         from kernels_pallas.attention.tpu import splash_attention
         return splash_attention(q, k, v, causal=causal, window=window, scale=scale,
                                 interpret=interpret)
-    return attention_reference(q, k, v, causal=causal, window=window, scale=scale,
-                               segment_ids=segment_ids)
+    raise ValueError(f"attention: no kernel for impl {impl!r}")
 
 
 __all__ = ["attention", "attention_reference", "attention_mask", "cached_attention", "resolve_impl", "IMPLS"]
