@@ -8,14 +8,17 @@ Each run is ``python -m launch.train`` in its own process that sees only the dev
 script out), all at the same global batch and learning-rate schedule (--steps +
 --resume_steps steps):
   one         1 device, mesh 1,1,1, --steps + --resume_steps steps: the reference
-  data        N devices, mesh N,1,1      } each stopped after --steps steps, with a
-  fsdp        N devices, mesh 1,N,1      } checkpoint
+  fsdp        N devices, mesh 1,N,1, stopped after --steps steps with a checkpoint
+  resumed     that checkpoint resumed on 1 device for the --resume_steps steps left (orbax
+              reshards onto the one-device mesh)
+  data        N devices, mesh N,1,1      } each stopped after --steps steps
   fsdp_tensor N devices, mesh 1,N/2,2    }
-  resumed     the fsdp run's checkpoint (step --steps) resumed on 1 device for the
-              --resume_steps steps left (orbax reshards onto the one-device mesh)
-  cpu         that checkpoint loaded on the CPU (``hwh_jax.training.restore.load_run``): the
-              loss of one fixed random sequence of --probe_len tokens, beside the same on one
+  cpu         the fsdp checkpoint loaded on the CPU (``hwh_jax.training.restore.load_run``):
+              the loss of one fixed random sequence of --probe_len tokens (computed beside data
+              and fsdp_tensor, on a quarter of the host's cores), then the same on one
               accelerator device
+in that order, each row written to --out as it finishes (a time limit keeps the finished ones).
+All runs share one persistent compilation cache under --workdir.
 Per run: tokens/s (median over its progress windows of 5 steps after the first, which holds
 the compile; the trainer queues steps within a window), MFU, scaling efficiency (tokens/s /
 (N x the one-device run's)), and the largest relative difference of its train losses from the
@@ -49,8 +52,10 @@ print(json.dumps({"step": run.step, "backend": jax.default_backend(), "probe_los
 """
 
 
-def env_for(devices: int, platform: str) -> dict:
+def env_for(devices: int, platform: str, cache: Path | None = None) -> dict:
     env = dict(os.environ)
+    if cache is not None:     # one persistent compile cache: "resumed" reuses "one"'s executable
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache))
     if platform == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
@@ -59,7 +64,8 @@ def env_for(devices: int, platform: str) -> dict:
     return env
 
 
-def train(name, workdir, config, mesh, steps, devices, platform, sets, log, stop_at=0):
+def train(name, workdir, config, mesh, steps, devices, platform, sets, log, stop_at=0,
+          cache=None):
     args = [sys.executable, "-m", "launch.train", f"--config={config}", f"--workdir={workdir}",
             f"--config.train.mesh={mesh}", f"--config.train.steps={steps}",
             f"--config.train.stop_at_step={stop_at}",
@@ -68,7 +74,7 @@ def train(name, workdir, config, mesh, steps, devices, platform, sets, log, stop
             "--config.train.final_eval=False", *(f"--config.{s}" for s in sets)]
     print(f"[{name}] {' '.join(args[1:])}", flush=True)
     with open(log, "a") as f:
-        out = subprocess.run(args, cwd=ROOT, env=env_for(devices, platform), stdout=f,
+        out = subprocess.run(args, cwd=ROOT, env=env_for(devices, platform, cache), stdout=f,
                              stderr=subprocess.STDOUT)
     if out.returncode:
         raise SystemExit(f"[{name}] launch.train failed (rc {out.returncode}); see {log}")
@@ -82,14 +88,21 @@ def train(name, workdir, config, mesh, steps, devices, platform, sets, log, stop
             "tokens_per_s": med("tokens_per_s"), "mfu": med("mfu")}
 
 
-def probe(workdir, n, devices, platform, log):
-    env = env_for(devices, platform)
-    with open(log, "a") as f:
-        out = subprocess.run([sys.executable, "-c", PROBE, str(workdir), str(n)], cwd=ROOT,
-                             env=env, stdout=subprocess.PIPE, stderr=f, text=True)
-    if out.returncode:
-        raise SystemExit(f"probe on {platform} failed (rc {out.returncode}); see {log}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def start_probe(workdir, n, devices, platform, log, cores=None):
+    """The probe in its own process, started now (``cores``: the CPUs it may use, so that a CPU
+    probe beside a GPU run leaves that run's host threads their cores)."""
+    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+    return subprocess.Popen([sys.executable, "-c", PROBE, str(workdir), str(n)], cwd=ROOT,
+                            env=env_for(devices, platform), stdout=subprocess.PIPE,
+                            stderr=open(log, "a"), text=True, preexec_fn=pin), platform, log
+
+
+def probe_result(started):
+    proc, platform, log = started
+    out, _ = proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"probe on {platform} failed (rc {proc.returncode}); see {log}")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def max_rel_diff(losses, ref):
@@ -118,32 +131,49 @@ def main():
         shutil.rmtree(base)
     base.mkdir(parents=True)
     log = base / "runs.log"
-    common = dict(config=args.config, platform=args.platform, sets=args.set, log=log)
+    common = dict(config=args.config, platform=args.platform, sets=args.set, log=log,
+                  cache=base / "jax_cache")
     total = args.steps + args.resume_steps
     common.update(steps=total)      # one learning-rate schedule for all; the meshes stop early
-    rows = [train("one", base / "one", mesh="1,1,1", devices=1, **common)]
-    for name, mesh in (("data", f"{N},1,1"), ("fsdp", f"1,{N},1"),
-                       ("fsdp_tensor", f"1,{N // 2},2")):
-        rows.append(train(name, base / name, mesh=mesh, devices=N, stop_at=args.steps,
-                          **common))
+    out = open(args.out or os.devnull, "w")
+
+    def finish(row, ref):           # scaling and loss agreement; written at once (time limits)
+        row["scaling_efficiency"] = (row["tokens_per_s"] / (row["devices"] * ref["tokens_per_s"])
+                                     if row["tokens_per_s"] and ref["tokens_per_s"] else None)
+        row["max_rel_loss_diff"] = max_rel_diff(row["losses"], ref["losses"])
+        row["loss_steps"] = [min(row["losses"]), max(row["losses"])]
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+        print(json.dumps({k: v for k, v in row.items() if k != "losses"}), flush=True)
+        return row
+
+    # Ordered so that a time limit cuts the least: the checkpoint's path (fsdp, resumed, CPU)
+    # before the other two meshes, the accelerator's probe (the CPU's reference) last.
+    ref = train("one", base / "one", mesh="1,1,1", devices=1, **common)
+    rows = [finish(ref, ref)]
+    rows.append(finish(train("fsdp", base / "fsdp", mesh=f"1,{N},1", devices=N,
+                             stop_at=args.steps, **common), ref))
     shutil.copytree(base / "fsdp", base / "resumed")
     (base / "resumed" / "metrics.jsonl").unlink()
-    rows.append(train("resumed", base / "resumed", mesh="1,1,1", devices=1, **common))
-    ref = rows[0]
-    for r in rows:
-        r["scaling_efficiency"] = (r["tokens_per_s"] / (r["devices"] * ref["tokens_per_s"])
-                                   if r["tokens_per_s"] else None)
-        r["max_rel_loss_diff"] = max_rel_diff(r["losses"], ref["losses"])
-        r["loss_steps"] = [min(r["losses"]), max(r["losses"])]
-    accel = probe(base / "fsdp", args.probe_len, 1, args.platform, log)
-    cpu = probe(base / "fsdp", args.probe_len, 1, "cpu", log)
+    rows.append(finish(train("resumed", base / "resumed", mesh="1,1,1", devices=1, **common),
+                       ref))
+    # The CPU probe runs beside the remaining meshes, on the last quarter of the host's cores.
+    ncpu = os.cpu_count() or 1
+    cpu_job = start_probe(base / "fsdp", args.probe_len, 1, "cpu", base / "probe_cpu.log",
+                          cores=set(range(ncpu - max(ncpu // 4, 1), ncpu))
+                          if args.platform == "gpu" and ncpu >= 8 else None)
+    for name, mesh in (("data", f"{N},1,1"), ("fsdp_tensor", f"1,{N // 2},2")):
+        rows.append(finish(train(name, base / name, mesh=mesh, devices=N, stop_at=args.steps,
+                                 **common), ref))
+    cpu = probe_result(cpu_job)
+    print(json.dumps({"probe_cpu": cpu}), flush=True)
+    accel = probe_result(start_probe(base / "fsdp", args.probe_len, 1, args.platform, log))
     rows.append({"run": "cpu", "checkpoint_step": cpu["step"], "probe_loss_cpu":
                  cpu["probe_loss"], f"probe_loss_{accel['backend']}": accel["probe_loss"],
                  "rel_diff": abs(cpu["probe_loss"] - accel["probe_loss"]) / accel["probe_loss"]})
-    with open(args.out or os.devnull, "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-            print(json.dumps({k: v for k, v in r.items() if k != "losses"}), flush=True)
+    out.write(json.dumps(rows[-1]) + "\n")
+    out.close()
+    print(json.dumps(rows[-1]), flush=True)
     print(f"\n{'run':12s} {'mesh':>8s} {'dev':>4s} {'tokens/s':>12s} {'MFU':>6s} "
           f"{'scaling':>8s} {'max rel loss diff':>18s} {'steps':>8s}")
     for r in rows[:-1]:
