@@ -29,6 +29,7 @@ from hwh_jax.layers.gdn import GatedDeltaNetHeads
 from hwh_jax.layers.linear import INIT_STD, dense
 from hwh_jax.layers.nnx_compat import data
 from hwh_jax.models.config import LayerSpec, ModelConfig
+from kernels_pallas.sharding import constrain
 
 
 class HeadwiseMixer(nnx.Module):
@@ -60,8 +61,10 @@ class HeadwiseMixer(nnx.Module):
             w = jnp.concatenate([p.kernel[...].astype(self.dtype) for p in fa + la], axis=1)
             y = jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
             ys = jnp.split(y, np.cumsum([p.kernel.shape[1] for p in fa + la])[:-1], axis=-1)
-        else:
-            ys = [p(x) for p in fa + la]
+        else:   # under a mesh: rows stay over the batch axes, heads over tensor where they divide
+            heads = ([self.fa.num_heads, self.fa.num_kv, self.fa.num_kv] if fa else []) + \
+                    ([self.la.num_heads] * len(la) if la else [])
+            ys = [constrain(p(x), n) for p, n in zip(fa + la, heads)]
         return (ys[:len(fa)] or None), (ys[len(fa):] or None)
 
     def __call__(self, x, positions, segment_ids=None):  # [B,T,d] -> [B,T,d]

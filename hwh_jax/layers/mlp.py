@@ -5,6 +5,7 @@ import jax
 from flax import nnx
 
 from hwh_jax.layers.linear import dense
+from kernels_pallas.sharding import constrain
 
 
 class SwiGLU(nnx.Module):
@@ -16,4 +17,5 @@ class SwiGLU(nnx.Module):
                           param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x):  # [B, T, d] -> [B, T, d]
-        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+        h = constrain(jax.nn.silu(self.gate(x)) * self.up(x), self.gate.kernel.shape[1])
+        return self.down(h)

@@ -24,6 +24,7 @@ from hwh_jax.layers.mlp import SwiGLU
 from hwh_jax.layers.norms import RMSNorm
 from hwh_jax.layers.nnx_compat import data
 from hwh_jax.models.config import LayerSpec, ModelConfig
+from kernels_pallas.sharding import constrain
 
 
 class Block(nnx.Module):
@@ -37,8 +38,8 @@ class Block(nnx.Module):
                           dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, rngs=rngs)
 
     def __call__(self, x, positions, segment_ids=None):
-        x = x + self.mixer(self.mixer_norm(x), positions, segment_ids)
-        return x + self.mlp(self.mlp_norm(x))
+        x = constrain(x + self.mixer(self.mixer_norm(x), positions, segment_ids))
+        return constrain(x + self.mlp(self.mlp_norm(x)))
 
     def extend(self, x, t0, start, valid, cache):
         y, cache = self.mixer.extend(self.mixer_norm(x), t0, start, valid, cache)
@@ -63,7 +64,7 @@ class HybridLM(nnx.Module):
         """tokens [B, T] int -> final hidden states [B, T, d] (after the final norm)."""
         if positions is None:
             positions = jnp.arange(tokens.shape[1])[None]
-        x = self.embed(tokens)
+        x = constrain(self.embed(tokens))      # under a mesh: rows over the batch axes
         for block in self.blocks:
             x = block(x, positions, segment_ids)
         return self.final_norm(x)

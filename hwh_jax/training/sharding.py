@@ -7,8 +7,10 @@ A weight dimension that a mesh axis does not divide stays replicated along that 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import re
 
 import jax
 import numpy as np
@@ -94,3 +96,36 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def data_parallel_size(mesh: Mesh) -> int:
     return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+# ---------------------------------------------------------------- what a compiled step sends
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
+                "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+_COLLECTIVE = re.compile(r"= (.*?) (all-gather|all-reduce|reduce-scatter|all-to-all|"
+                         r"collective-permute)(?:-start)?\(")
+_ARRAY = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    op: str                  # all-gather, all-reduce, reduce-scatter, all-to-all, ...
+    shapes: tuple            # the result's array shapes (several for a combined collective)
+    bytes: int               # the result's bytes on one device
+    source: str              # the jax operation it came from (HLO metadata op_name)
+
+
+def collectives(hlo_text: str) -> list[Collective]:
+    """The collectives of a compiled program (``jitted.lower(...).compile().as_text()``)."""
+    out = []
+    for line in hlo_text.splitlines():
+        m = _COLLECTIVE.search(line)
+        if not m:
+            continue
+        shapes, nbytes = [], 0
+        for dtype, dims in _ARRAY.findall(m.group(1)):
+            shape = tuple(int(d) for d in dims.split(",") if d)
+            shapes.append(shape)
+            nbytes += _DTYPE_BYTES.get(dtype, 4) * math.prod(shape)
+        src = re.search(r'op_name="([^"]*)"', line)
+        out.append(Collective(m.group(2), tuple(shapes), nbytes, src.group(1) if src else ""))
+    return out
