@@ -12,9 +12,10 @@ computed whole on each device of that axis: correct, only redundant).
 
 ``constrain(x)`` pins an activation to that layout (rows over the batch axes, optionally its last
 dimension over the tensor axis) for GSPMD. Without such pins GSPMD partitioned an FSDP step's
-matmuls by the weights' sharded dimension and all-gathered the activations of the whole batch
-instead of the weights (1.07 GiB of all-gathers for two layers of HwH-380m at 16 x 512 tokens on
-a (1, 2, 1) mesh; on two H200s the FSDP step ran at 0.45 of linear scaling, session 9).
+matmuls along the weights' sharded dimension and moved whole-batch activations instead of
+weights: 2,148 MiB of collectives per device and step against 269.5 with the pins (two layers of
+HwH-380m, 16 x 512 tokens, mesh 1,2,1; ``bench/collectives.py``, docs/training.md); on two H200s
+the unpinned FSDP step ran at 0.45 of linear scaling.
 """
 from __future__ import annotations
 
