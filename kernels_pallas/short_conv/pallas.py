@@ -156,6 +156,10 @@ def _params(cfg):
     return {"compiler_params": plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1)}
 
 
+# Jitted with the config static: the layers of a model that share a shape trace and lower these
+# kernels once (HwH-380m's step has 144 short-convolution calls of a handful of shapes; lowering
+# each to Triton IR took most of the step's 31-s trace and lowering on this project's CPU).
+@functools.partial(jax.jit, static_argnums=(0, 1))
 def _forward(cfg, heads, x, w, m):
     B, T, C = x.shape
     X, BT = C // heads, cfg.block_t
@@ -168,6 +172,7 @@ def _forward(cfg, heads, x, w, m):
         name="short_conv_fwd", **_params(cfg))(x, m, w)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
 def _backward(cfg, heads, x, w, m, dy):
     B, T, C = x.shape
     X, BT = C // heads, cfg.block_t
