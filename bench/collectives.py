@@ -40,11 +40,8 @@ def main():
                                    f" --xla_force_host_platform_device_count={args.devices}")
     import jax
     import jax.numpy as jnp
-    from flax import nnx
-
     import hwh_jax  # noqa: F401  (flax settings)
-    import kernels_pallas
-    from hwh_jax.models import HybridLM, model_config
+    from hwh_jax.models import model_config
     from hwh_jax.training import sharding as shd
     from hwh_jax.training import trainer
     from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
@@ -56,25 +53,14 @@ def main():
         a, b = (int(x) for x in args.layers.split(":"))
         cfg = cfg.replace(layers=cfg.layers[a:b])
     tx, schedule = make_optimizer(OptimizerSpec(lr=1e-4, warmup_steps=1, total_steps=100))
-    graphdef, abstract_params = nnx.split(
-        nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))), nnx.Param)
-    abstract_state = jax.eval_shape(lambda s: trainer.init_train_state(cfg, tx, s),
-                                    jnp.int32(0))
     B, T = args.batch, args.seq_len
     batch = {k: jax.ShapeDtypeStruct((B, T), jnp.float32 if k == "loss_mask" else jnp.int32)
              for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask")}
     rows = []
     for dims in args.meshes:
         mesh = shd.make_mesh(tuple(int(d) for d in dims.split(",")))
-        param_sh = shd.state_shardings(abstract_params, mesh)
-        repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        state_sh = {"params": param_sh, "step": repl, "rng": repl, "bad_step": repl,
-                    "opt_state": trainer._mirror_shardings(abstract_state["opt_state"],
-                                                           abstract_params, param_sh, repl)}
-        per_shard = kernels_pallas.kernel_mesh(mesh)
-        step = jax.jit(per_shard(make_train_step(graphdef, tx, schedule)),
-                       in_shardings=(state_sh, shd.batch_sharding(mesh)),
-                       out_shardings=(state_sh, None))
+        graphdef, abstract_state, state_sh = trainer.train_state_shardings(cfg, tx, mesh)
+        step = trainer.jit_train_step(make_train_step(graphdef, tx, schedule), mesh, state_sh)
         coll = shd.collectives(step.lower(abstract_state, batch).compile().as_text())
         count, size = collections.Counter(), collections.Counter()
         for c in coll:

@@ -4,10 +4,8 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
-from flax import nnx
 
-import kernels_pallas
-from hwh_jax.models import HybridLM, model_config
+from hwh_jax.models import model_config
 from hwh_jax.training import sharding as shd
 from hwh_jax.training import trainer
 from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
@@ -35,20 +33,11 @@ def test_fsdp_step_gathers_weights_not_activations():
     cfg = model_config("hwh", "tiny", dtype="float32")
     B, T = 16, 64
     tx, schedule = make_optimizer(OptimizerSpec(lr=1e-3, warmup_steps=1, total_steps=10))
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))),
-                                 nnx.Param)
-    state = jax.eval_shape(lambda s: trainer.init_train_state(cfg, tx, s), jnp.int32(0))
     mesh = shd.make_mesh((1, 8, 1))
-    param_sh = shd.state_shardings(params, mesh)
-    repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    state_sh = {"params": param_sh, "step": repl, "rng": repl, "bad_step": repl,
-                "opt_state": trainer._mirror_shardings(state["opt_state"], params, param_sh,
-                                                       repl)}
+    graphdef, state, state_sh = trainer.train_state_shardings(cfg, tx, mesh)
     batch = {k: jax.ShapeDtypeStruct((B, T), jnp.float32 if k == "loss_mask" else jnp.int32)
              for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask")}
-    step = jax.jit(kernels_pallas.kernel_mesh(mesh)(make_train_step(graphdef, tx, schedule)),
-                   in_shardings=(state_sh, shd.batch_sharding(mesh)),
-                   out_shardings=(state_sh, None))
+    step = trainer.jit_train_step(make_train_step(graphdef, tx, schedule), mesh, state_sh)
     coll = shd.collectives(step.lower(state, batch).compile().as_text())
     assert any(c.op == "all-gather" for c in coll)                 # the weights, per layer
     # (the embedding lookup's token ids, [B, T, 1] int32, may travel: 4 bytes a token)

@@ -141,6 +141,30 @@ def init_train_state(cfg: ModelConfig, tx, seed) -> dict:
             "rng": jax.random.key_data(key), "bad_step": jnp.int32(-1)}
 
 
+def train_state_shardings(cfg: ModelConfig, tx, mesh):
+    """(graphdef, abstract train state, its shardings) of ``cfg`` on ``mesh``: parameters by
+    their logical axis names (``sharding.RULES``), optimizer moments as their parameters,
+    scalars replicated."""
+    graphdef, abstract_params = nnx.split(
+        nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+    param_sh = shd.state_shardings(abstract_params, mesh)
+    repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    abstract_state = jax.eval_shape(lambda s: init_train_state(cfg, tx, s), jnp.int32(0))
+    # optimizer moments mirror the params' shardings (same tree under mu / nu)
+    opt_sh = _mirror_shardings(abstract_state["opt_state"], abstract_params, param_sh, repl)
+    return graphdef, abstract_state, {"params": param_sh, "opt_state": opt_sh, "step": repl,
+                                      "rng": repl, "bad_step": repl}
+
+
+def jit_train_step(step_fn, mesh, state_sh, **jit_kw):
+    """``step_fn(state, batch)`` jitted as the trainer runs it on ``mesh``: the kernels per
+    device shard (``kernel_mesh``), the state in and out in ``state_sh``, the batch's rows over
+    the batch axes."""
+    return jax.jit(kernels_pallas.kernel_mesh(mesh)(step_fn),
+                   in_shardings=(state_sh, shd.batch_sharding(mesh)),
+                   out_shardings=(state_sh, None), **jit_kw)
+
+
 @contextlib.contextmanager
 def threefry_kernel():
     """Lower the threefry PRNG to its one-kernel form on GPU instead of to XLA ops (the same
@@ -195,20 +219,13 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
 
     # --- model and optimizer, from shapes into sharded arrays
     tx, schedule = make_optimizer(opt_spec)
-    abstract_model = nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(config.seed)))
-    graphdef, abstract_params = nnx.split(abstract_model, nnx.Param)
-    param_sh = shd.state_shardings(abstract_params, mesh)
-    repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    graphdef, abstract_state, state_sh = train_state_shardings(cfg, tx, mesh)
+    param_sh = state_sh["params"]
 
     def init_state(seed):
         return init_train_state(cfg, tx, seed)
 
     seed = jnp.int32(config.seed)
-    abstract_state = jax.eval_shape(init_state, seed)
-    # optimizer moments mirror the params' shardings (same tree under mu / nu)
-    opt_sh = _mirror_shardings(abstract_state["opt_state"], abstract_params, param_sh, repl)
-    state_sh = {"params": param_sh, "opt_state": opt_sh, "step": repl, "rng": repl,
-                "bad_step": repl}
     ckpt = Checkpointer(workdir, keep=c.keep_checkpoints)
     restored = ckpt.restore(abstract_with_shardings(abstract_state, state_sh))
     if restored is None:
@@ -236,8 +253,7 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
     per_shard = kernels_pallas.kernel_mesh(mesh)  # Pallas kernels traced per device shard
     step_fn = make_train_step(graphdef, tx, schedule, grad_accum=c.grad_accum, z_loss=c.z_loss,
                               document_mask=c.document_mask)
-    train_step = jax.jit(per_shard(step_fn), in_shardings=(state_sh, batch_sh),
-                         out_shardings=(state_sh, None), donate_argnums=(0,))
+    train_step = jit_train_step(step_fn, mesh, state_sh, donate_argnums=(0,))
     eval_step = jax.jit(per_shard(make_eval_step(graphdef, document_mask=c.document_mask)),
                         in_shardings=(param_sh, batch_sh))
 
