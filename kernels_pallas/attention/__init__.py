@@ -71,36 +71,27 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
     if impl == "reference":
         return attention_reference(q, k, v, causal=causal, window=window, scale=scale,
                                    segment_ids=segment_ids)
+    if segment_ids is not None:
+        raise ValueError(f"attention: impl={impl!r} does not take segment_ids here (auto picks "
+                         f"the reference for them)")
     kernel = functools.partial(_kernel, impl, causal=causal, window=window, scale=scale,
                                interpret=interpret)
     km = sharding.current()
     if km is None:
-        return kernel(q, k, v, segment_ids)
-    b = km.batch_spec(B)
+        return kernel(q, k, v)
     h = km.head_spec(G) if km.head_spec(H) else None     # q and kv heads split alike or not at all
-    qkv = sharding.P(b, None, h, None)
-    if segment_ids is None:
-        return sharding.per_shard(lambda q, k, v: kernel(q, k, v, None), km, (qkv,) * 3, qkv)(
-            q, k, v)
-    return sharding.per_shard(kernel, km, (qkv,) * 3 + (sharding.P(b, None),), qkv)(
-        q, k, v, segment_ids)
+    qkv = sharding.P(km.batch_spec(B), None, h, None)
+    return sharding.per_shard(kernel, km, (qkv,) * 3, qkv)(q, k, v)
 
 
-def _kernel(impl, q, k, v, segment_ids, *, causal, window, scale, interpret):
+def _kernel(impl, q, k, v, *, causal, window, scale, interpret):
     if impl == "cudnn":
-        if segment_ids is not None:
-            raise ValueError("attention: impl='cudnn' does not take segment_ids here (auto "
-                             "picks the reference for them)")
         return jax.nn.dot_product_attention(
             q, k, v, scale=scale, is_causal=causal, implementation="cudnn",
             local_window_size=None if window is None else (window - 1, 0))
-    if impl == "splash":
-        if segment_ids is not None:
-            raise ValueError("attention: impl='splash' does not take segment_ids here")
-        from kernels_pallas.attention.tpu import splash_attention
-        return splash_attention(q, k, v, causal=causal, window=window, scale=scale,
-                                interpret=interpret)
-    raise ValueError(f"attention: no kernel for impl {impl!r}")
+    from kernels_pallas.attention.tpu import splash_attention
+    return splash_attention(q, k, v, causal=causal, window=window, scale=scale,
+                            interpret=interpret)
 
 
 __all__ = ["attention", "attention_reference", "attention_mask", "cached_attention", "resolve_impl", "IMPLS"]
