@@ -18,7 +18,9 @@ script out), all at the same global batch and learning-rate schedule (--steps +
               and fsdp_tensor, on a quarter of the host's cores), then the same on one
               accelerator device
 in that order, each row written to --out as it finishes (a time limit keeps the finished ones).
-All runs share one persistent compilation cache under --workdir.
+All runs share one persistent compilation cache under --workdir. ``--runs`` picks a subset (a
+device call's time limit may not hold them all); without ``one``, ``--reference`` names an earlier
+--out file whose ``one`` row (same config, --steps and --resume_steps) is the reference.
 Per run: tokens/s (median over its progress windows of 5 steps after the first, which holds
 the compile; the trainer queues steps within a window), MFU, scaling efficiency (tokens/s /
 (N x the one-device run's)), and the largest relative difference of its train losses from the
@@ -36,6 +38,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+RUNS = ("one", "fsdp", "resumed", "data", "fsdp_tensor", "cpu")
 LOG_EVERY = 5   # a progress window (tokens/s, MFU) every 5 steps; every step's loss is kept
 
 PROBE = r"""
@@ -120,12 +123,20 @@ def main():
                     help="config overrides for every run, e.g. train.batch_size=16")
     ap.add_argument("--platform", choices=("gpu", "cpu"), default="gpu")
     ap.add_argument("--probe_len", type=int, default=256)
+    ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
+    ap.add_argument("--reference", default="",
+                    help="an earlier --out file whose 'one' row stands in for the run 'one'")
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     N = args.devices
     if N < 2 or N % 2:
         ap.error(f"--devices must be an even number >= 2, got {N}")
+    runs = set(args.runs)
+    if "one" not in runs and not args.reference:
+        ap.error("without the run 'one', --reference must name a file with a 'one' row")
+    if runs & {"resumed", "cpu"} and "fsdp" not in runs:
+        ap.error(f"runs {sorted(runs & {'resumed', 'cpu'})} need the fsdp run's checkpoint")
     base = Path(args.workdir)
     if base.exists():
         shutil.rmtree(base)
@@ -149,22 +160,33 @@ def main():
 
     # Ordered so that a time limit cuts the least: the checkpoint's path (fsdp, resumed, CPU)
     # before the other two meshes, the accelerator's probe (the CPU's reference) last.
-    ref = train("one", base / "one", mesh="1,1,1", devices=1, **common)
-    rows = [finish(ref, ref)]
-    rows.append(finish(train("fsdp", base / "fsdp", mesh=f"1,{N},1", devices=N,
-                             stop_at=args.steps, **common), ref))
-    shutil.copytree(base / "fsdp", base / "resumed")
-    (base / "resumed" / "metrics.jsonl").unlink()
-    rows.append(finish(train("resumed", base / "resumed", mesh="1,1,1", devices=1, **common),
-                       ref))
+    if "one" in runs:
+        ref = train("one", base / "one", mesh="1,1,1", devices=1, **common)
+        rows = [finish(ref, ref)]
+    else:
+        ref = reference_row(args.reference, total)
+        rows = []
+    if "fsdp" in runs:
+        rows.append(finish(train("fsdp", base / "fsdp", mesh=f"1,{N},1", devices=N,
+                                 stop_at=args.steps, **common), ref))
+    if "resumed" in runs:
+        shutil.copytree(base / "fsdp", base / "resumed")
+        (base / "resumed" / "metrics.jsonl").unlink()
+        rows.append(finish(train("resumed", base / "resumed", mesh="1,1,1", devices=1,
+                                 **common), ref))
     # The CPU probe runs beside the remaining meshes, on the last quarter of the host's cores.
     ncpu = os.cpu_count() or 1
     cpu_job = start_probe(base / "fsdp", args.probe_len, 1, "cpu", base / "probe_cpu.log",
                           cores=set(range(ncpu - max(ncpu // 4, 1), ncpu))
-                          if args.platform == "gpu" and ncpu >= 8 else None)
+                          if args.platform == "gpu" and ncpu >= 8 else None
+                          ) if "cpu" in runs else None
     for name, mesh in (("data", f"{N},1,1"), ("fsdp_tensor", f"1,{N // 2},2")):
-        rows.append(finish(train(name, base / name, mesh=mesh, devices=N, stop_at=args.steps,
-                                 **common), ref))
+        if name in runs:
+            rows.append(finish(train(name, base / name, mesh=mesh, devices=N,
+                                     stop_at=args.steps, **common), ref))
+    print_table(rows)
+    if cpu_job is None:
+        return
     cpu = probe_result(cpu_job)
     print(json.dumps({"probe_cpu": cpu}), flush=True)
     accel = probe_result(start_probe(base / "fsdp", args.probe_len, 1, args.platform, log))
@@ -174,19 +196,35 @@ def main():
     out.write(json.dumps(rows[-1]) + "\n")
     out.close()
     print(json.dumps(rows[-1]), flush=True)
+    c = rows[-1]
+    print(f"checkpoint of step {c['checkpoint_step']} on the CPU: probe loss "
+          f"{c['probe_loss_cpu']:.5f} vs {accel['backend']} {accel['probe_loss']:.5f} "
+          f"(rel diff {c['rel_diff']:.1e})")
+
+
+def reference_row(path, total_steps):
+    """The 'one' row of an earlier --out file, checked to cover the same steps."""
+    rows = [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
+    one = [r for r in rows if r.get("run") == "one"]
+    if not one:
+        raise SystemExit(f"--reference {path}: no row with run 'one'")
+    steps = sorted(int(s) for s in one[0]["losses"])
+    if steps[-1] != total_steps:
+        raise SystemExit(f"--reference {path}: its 'one' run has steps {steps[0]}-{steps[-1]}, "
+                         f"this schedule {total_steps} (--steps + --resume_steps)")
+    return {**one[0], "losses": {int(s): v for s, v in one[0]["losses"].items()}}
+
+
+def print_table(rows):
     print(f"\n{'run':12s} {'mesh':>8s} {'dev':>4s} {'tokens/s':>12s} {'MFU':>6s} "
           f"{'scaling':>8s} {'max rel loss diff':>18s} {'steps':>8s}")
-    for r in rows[:-1]:
+    for r in rows:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] else "n/a"
         diff = f"{r['max_rel_loss_diff']:.2e}" if r["max_rel_loss_diff"] is not None else "n/a"
         tps = f"{r['tokens_per_s']:12,.0f}" if r["tokens_per_s"] else f"{'n/a':>12s}"
         eff = f"{r['scaling_efficiency']:8.2f}" if r["scaling_efficiency"] else f"{'n/a':>8s}"
         print(f"{r['run']:12s} {r['mesh']:>8s} {r['devices']:4d} {tps} {mfu:>6s} {eff} "
               f"{diff:>18s} {r['loss_steps'][0]:>3d}-{r['loss_steps'][1]:<4d}")
-    c = rows[-1]
-    print(f"checkpoint of step {c['checkpoint_step']} on the CPU: probe loss "
-          f"{c['probe_loss_cpu']:.5f} vs {accel['backend']} {accel['probe_loss']:.5f} "
-          f"(rel diff {c['rel_diff']:.1e})")
 
 
 if __name__ == "__main__":
