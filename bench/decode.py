@@ -11,9 +11,10 @@ greedy) over the steps divided by their number, ``decode_call_ms`` the median of
 call per token from Python (adds the host's dispatch of the parameter and cache pytrees: 500
 parameter arrays for HwH-380m, 218 for the Transformer). The cache is allocated for the full
 context, so the latency is that of a step at the end of a ``context``-long sequence; its size
-comes from the cache's own arrays (``hwh_jax.inference.cache.cache_bytes``). OOMs are caught
-and reported. ``--prefill none`` skips the prompt (its compile is most of a row's time: ~70 s
-for HwH-380m on the H200): the cache is allocated empty and its position set to ``context -
+comes from the cache's own arrays (``hwh_jax.inference.cache.cache_bytes``). The cache is
+donated to every step (as ``Generator`` does), so one copy of it is alive at a time; OOMs are
+caught and reported. ``--prefill none`` skips the prompt (its compile is most of a row's time:
+~70 s for HwH-380m on the H200): the cache is allocated empty and its position set to ``context -
 decode_steps``, so every decode step costs what it costs at the end of a full context (cached
 attention computes over every allocated slot and masks by the slots' times, a GDN state costs
 the same whatever its values); prefill figures are then absent from the row. ``--profile DIR``
@@ -23,6 +24,8 @@ also traces one decode loop and prints where its device time goes
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import statistics
 import time
 
@@ -45,8 +48,8 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     gen = Generator(model)   # its compiled decode loop: what generate() runs after the prefill
     graphdef, state = gen.graphdef, gen.state
 
-    @jax.jit
-    def extend(state, tokens, cache):
+    @functools.partial(jax.jit, donate_argnums=2)   # the cache updated in place, as in
+    def extend(state, tokens, cache):                # Generator: one copy of it at a time
         logits, cache = nnx.merge(graphdef, state).extend(tokens, cache)
         last = logits[:, -1]
         return jnp.argmax(last, -1).astype(jnp.int32), last, cache
@@ -54,27 +57,29 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     init = jax.jit(lambda state: nnx.merge(graphdef, state).init_cache(batch, context))
     prompt_len = context - decode_steps
     tok = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt_len), np.int32)
-    row = {}
-    cache = init(state)
-    if prefill:
-        t0 = time.perf_counter()
-        for s in range(0, prompt_len, prefill_chunk):
-            nxt, last, cache = extend(state, tok[:, s:s + prefill_chunk], cache)
-        jax.block_until_ready(nxt)
-        first_prefill_s = time.perf_counter() - t0    # includes compiling each chunk shape
+
+    def after_prompt():
+        """(next token, last logits, cache) at the prompt's end: prefilled, or (prefill=False)
+        an empty cache whose position is set there. Every donated use starts from a new one."""
         cache = init(state)
-        t0 = time.perf_counter()
+        if not prefill:
+            return (jnp.asarray(tok[:, -1]), jnp.zeros((batch, cfg.vocab_size), jnp.float32),
+                    {**cache, "t": jnp.int32(prompt_len)})
         for s in range(0, prompt_len, prefill_chunk):
             nxt, last, cache = extend(state, tok[:, s:s + prefill_chunk], cache)
-        jax.block_until_ready(nxt)
+        return nxt, last, cache
+
+    row = {}
+    t0 = time.perf_counter()
+    nxt, last, cache = jax.block_until_ready(after_prompt())
+    first_s = time.perf_counter() - t0                # includes compiling each chunk shape
+    if prefill:
+        del nxt, last, cache
+        t0 = time.perf_counter()
+        nxt, last, cache = jax.block_until_ready(after_prompt())
         prefill_s = time.perf_counter() - t0
         row.update(prefill_s=prefill_s, prefill_tokens_per_s=batch * prompt_len / prefill_s,
-                   prefill_compile_s=first_prefill_s - prefill_s)
-    else:                                             # an empty cache at the prompt's end
-        cache = {**cache, "t": jnp.int32(prompt_len)}
-        nxt = jnp.asarray(tok[:, -1])
-        last = jnp.zeros((batch, cfg.vocab_size), jnp.float32)
-    after_prefill = (last, cache)
+                   prefill_compile_s=first_s - prefill_s)
     times = []
     for i in range(decode_steps):
         t = time.perf_counter()
@@ -82,19 +87,23 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
         jax.block_until_ready(nxt)
         if i:                                         # step 0 compiles the one-token shape
             times.append(time.perf_counter() - t)
-    # The same steps as one device loop (compiled once, run once, then timed from the same
-    # cache state); its compiled text names the kernels' sources for --profile.
-    loop = gen._decode.lower(state, *after_prefill, jax.random.key(0), steps=decode_steps,
+    del cache
+    # The same steps as one device loop (compiled once, run once, then timed from a new cache
+    # at the prompt's end); its compiled text names the kernels' sources for --profile.
+    _, last, cache = after_prompt()
+    loop = gen._decode.lower(state, last, cache, jax.random.key(0), steps=decode_steps,
                              temperature=0.0, top_p=1.0).compile()
     decode_loop = lambda logits, cache: loop(state, logits, cache, jax.random.key(0))  # noqa: E731
-    jax.block_until_ready(decode_loop(*after_prefill))
+    jax.block_until_ready(decode_loop(last, cache))
+    _, last, cache = jax.block_until_ready(after_prompt())
     t = time.perf_counter()
-    jax.block_until_ready(decode_loop(*after_prefill))
+    jax.block_until_ready(decode_loop(last, cache))
     loop_ms = 1e3 * (time.perf_counter() - t) / decode_steps
     row.update(decode_ms=loop_ms, decode_call_ms=1e3 * statistics.median(times))
     if profile_dir:
+        _, last, cache = jax.block_until_ready(after_prompt())
         with profile.capture(profile_dir):
-            jax.block_until_ready(decode_loop(*after_prefill))
+            jax.block_until_ready(decode_loop(last, cache))
         row["profile"] = profile.summarize(profile_dir, steps=decode_steps,
                                            hlo_text=loop.as_text())
         print(profile.format_summary(row["profile"], loop_ms), flush=True)
@@ -135,6 +144,8 @@ def main():
                     if not is_oom(e):
                         raise
                     row["oom"] = True
+                if row.get("oom"):    # free the failed row's arrays (its traceback held them)
+                    gc.collect()
                 row["kernels"] = kernels_pallas.chosen()
                 emit(rows, row)
                 write_jsonl(args.out, rows)          # after every row: a cut run keeps its rows

@@ -163,3 +163,15 @@ def test_fixed_cache_and_chunked_prefill_generate_the_same_with_one_compilation(
     with pytest.raises(ValueError, match="padded prompt 24 \\+ 7 new tokens exceed the fixed "
                                          "cache_len 30"):
         fixed.generate(batches[1], 7)
+
+
+def test_prefill_and_decode_update_the_cache_in_place():
+    """The cache is donated to the compiled prefill and decode (one copy alive, not two): the
+    arrays passed in are consumed."""
+    gen = Generator(tiny("hwh"), vocab=VOCAB)
+    cache = gen._init(gen.state, jnp.zeros((1,), jnp.int32), batch=1, max_len=16)
+    logits, cache2 = gen._prefill(gen.state, jnp.asarray([[5, 6, 7, 8]], jnp.int32), cache)
+    assert all(a.is_deleted() for a in jax.tree.leaves(cache))
+    gen._decode(gen.state, logits, cache2, jax.random.key(0), steps=2, temperature=0.0,
+                top_p=1.0)
+    assert all(a.is_deleted() for a in jax.tree.leaves(cache2))

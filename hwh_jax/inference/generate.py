@@ -55,8 +55,11 @@ class Generator:
         self.eos_id, self.vocab, self.pad_id = eos_id, vocab, pad_id
         self.prefill_chunk, self.length_multiple = prefill_chunk, length_multiple
         self.cache_len = cache_len
-        self._prefill = jax.jit(self._prefill_fn)
-        self._decode = jax.jit(self._decode_fn, static_argnames=("steps", "temperature", "top_p"))
+        # The cache is donated: a step updates it in place instead of holding two copies (a
+        # 380m Transformer's 32K cache at batch 32 is 96 GiB).
+        self._prefill = jax.jit(self._prefill_fn, donate_argnames=("cache",))
+        self._decode = jax.jit(self._decode_fn, static_argnames=("steps", "temperature", "top_p"),
+                               donate_argnames=("cache",))
         self._init = jax.jit(self._init_fn, static_argnames=("batch", "max_len"))
 
     # ------------------------------------------------ jitted pieces
