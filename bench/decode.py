@@ -12,7 +12,8 @@ call per token from Python (adds the host's dispatch of the parameter and cache 
 parameter arrays for HwH-380m, 218 for the Transformer). The cache is allocated for the full
 context, so the latency is that of a step at the end of a ``context``-long sequence; its size
 comes from the cache's own arrays (``hwh_jax.inference.cache.cache_bytes``). The cache is
-donated to every step (as ``Generator`` does), so one copy of it is alive at a time; OOMs are
+donated to every step (as ``Generator`` does), so one copy of it is alive at a time, and each
+timing starts from a new prompt-end cache (with the prefill, a row runs it four times); OOMs are
 caught and reported. ``--prefill none`` skips the prompt (its compile is most of a row's time:
 ~70 s for HwH-380m on the H200): the cache is allocated empty and its position set to ``context -
 decode_steps``, so every decode step costs what it costs at the end of a full context (cached

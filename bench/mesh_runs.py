@@ -133,8 +133,9 @@ def main():
     if N < 2 or N % 2:
         ap.error(f"--devices must be an even number >= 2, got {N}")
     runs = set(args.runs)
-    if "one" not in runs and not args.reference:
-        ap.error("without the run 'one', --reference must name a file with a 'one' row")
+    if ("one" in runs) == bool(args.reference):
+        ap.error("give either the run 'one' or --reference (a file with a 'one' row), not both "
+                 f"or neither; runs {sorted(runs)}, --reference {args.reference!r}")
     if runs & {"resumed", "cpu"} and "fsdp" not in runs:
         ap.error(f"runs {sorted(runs & {'resumed', 'cpu'})} need the fsdp run's checkpoint")
     base = Path(args.workdir)
