@@ -278,3 +278,32 @@ def test_experiment_configs_match_parameters_and_tokens():
     assert spread <= 0.05, params
     with pytest.raises(ValueError, match="swa"):
         experiment.get_config("swa")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cross_entropy_matches_autodiff_of_the_plain_formula(dtype):
+    """token_nll's hand-written backward (d logits in the logits' dtype, one pass) against
+    autodiff of the fp32 formula, with a mask and the z-loss; bf16 logits within bf16 rounding."""
+    import jax.numpy as jnp
+    from hwh_jax.training.steps import cross_entropy
+
+    def plain(logits, targets, mask, z_loss):
+        l32 = logits.astype(jnp.float32)
+        logz = jax.nn.logsumexp(l32, axis=-1)
+        nll = logz - jnp.take_along_axis(l32, targets[..., None], axis=-1)[..., 0]
+        count = jnp.maximum(mask.sum(), 1.0)
+        return ((nll * mask).sum() + z_loss * ((logz ** 2) * mask).sum()) / count
+
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(3 * rng.standard_normal((2, 5, 37)), dtype)
+    targets = jnp.asarray(rng.integers(0, 37, (2, 5)), jnp.int32)
+    mask = jnp.asarray(rng.random((2, 5)) > 0.3, jnp.float32)
+    ours = lambda l: sum(cross_entropy(l, targets, mask, 1e-2)[:2])  # noqa: E731
+    want_v, want_g = jax.value_and_grad(plain)(logits, targets, mask, 1e-2)
+    got_v, got_g = jax.value_and_grad(ours)(logits)
+    assert got_g.dtype == logits.dtype
+    np.testing.assert_allclose(float(got_v), float(want_v), rtol=1e-6)
+    tol = 1e-6 if dtype == "float32" else 8e-3   # bf16: both round the same fp32 values once
+    np.testing.assert_allclose(np.asarray(got_g, np.float32), np.asarray(want_g, np.float32),
+                               rtol=tol, atol=tol * float(jnp.abs(want_g.astype(jnp.float32)).max()))
+    assert float(jnp.abs(got_g.astype(jnp.float32)).sum()) > 0

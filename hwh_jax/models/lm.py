@@ -69,11 +69,11 @@ class HybridLM(nnx.Module):
             x = block(x, positions, segment_ids)
         return self.final_norm(x)
 
-    def logits(self, h):
-        """[B, T, d] -> fp32 logits [B, T, vocab]."""
-        if self.lm_head is None:
-            return self.embed.attend(h).astype(jnp.float32)
-        return self.lm_head(h).astype(jnp.float32)
+    def logits(self, h, dtype=jnp.float32):
+        """[B, T, d] -> logits [B, T, vocab] in ``dtype`` (None: the compute dtype, as the
+        training loss takes them)."""
+        out = self.embed.attend(h) if self.lm_head is None else self.lm_head(h)
+        return out if dtype is None else out.astype(dtype)
 
     def __call__(self, tokens, positions=None, segment_ids=None):
         return self.logits(self.hidden(tokens, positions, segment_ids))

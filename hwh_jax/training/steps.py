@@ -14,22 +14,54 @@ import optax
 from flax import nnx
 
 
+@jax.custom_vjp
+def token_nll(logits, targets):
+    """logits [..., V] (any float dtype, the math in fp32), int targets [...] -> (negative log
+    likelihood, log Z), both fp32 [...].
+
+    The backward writes d logits in the logits' dtype in one pass (softmax - one-hot, scaled by
+    the cotangents) from the saved logits and log Z: no fp32 [..., V] array is stored or written,
+    which for the bf16 logits of a 50k vocabulary is the training step's largest tensor."""
+    return _token_nll_fwd(logits, targets)[0]
+
+
+def _token_nll_fwd(logits, targets):
+    l32 = logits.astype(jnp.float32)
+    logz = jax.nn.logsumexp(l32, axis=-1)
+    gold = jnp.take_along_axis(l32, targets[..., None], axis=-1)[..., 0]
+    return (logz - gold, logz), (logits, targets, logz)
+
+
+def _token_nll_bwd(res, cts):
+    logits, targets, logz = res
+    d_nll, d_logz = cts
+    p = jnp.exp(logits.astype(jnp.float32) - logz[..., None])
+    gold = jnp.arange(logits.shape[-1]) == targets[..., None]
+    d = p * (d_nll + d_logz)[..., None] - jnp.where(gold, d_nll[..., None], 0.0)
+    return d.astype(logits.dtype), None
+
+
+token_nll.defvjp(_token_nll_fwd, _token_nll_bwd)
+
+
 def cross_entropy(logits, targets, mask, z_loss: float = 0.0):
     """Mean masked token cross entropy (+ z_loss * mean log(Z)^2, PaLM) and token count."""
-    logz = jax.nn.logsumexp(logits, axis=-1)
-    gold = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    nll = logz - gold
+    nll, logz = token_nll(logits, targets)
     count = jnp.maximum(mask.sum(), 1.0)
     loss = (nll * mask).sum() / count
     zl = z_loss * ((logz ** 2) * mask).sum() / count if z_loss else 0.0
     return loss, zl, mask.sum()
 
 
-def model_loss(graphdef, params, batch, *, z_loss=0.0, document_mask=False):
+def model_loss(graphdef, params, batch, *, z_loss=0.0, document_mask=False,
+               logits_dtype=jnp.float32):
+    """``logits_dtype`` None: the logits stay in the compute dtype (training: the LM head's
+    output is the step's largest tensor, and token_nll upcasts inside its own passes); the
+    evaluation keeps fp32 logits."""
     model = nnx.merge(graphdef, params)
     seg = batch["segment_ids"] if document_mask else None
     pos = batch["positions"] if document_mask else None
-    logits = model(batch["inputs"], pos, seg)
+    logits = model.logits(model.hidden(batch["inputs"], pos, seg), dtype=logits_dtype)
     loss, zl, count = cross_entropy(logits, batch["targets"], batch["loss_mask"], z_loss)
     return loss + zl, (loss, count)
 
@@ -40,7 +72,8 @@ def _split_micro(batch, n):
 
 def make_train_step(graphdef, tx, schedule, *, grad_accum=1, z_loss=0.0, document_mask=False):
     """train_step(state, batch) -> (state, metrics); batch leading dim = global batch."""
-    loss_fn = functools.partial(model_loss, graphdef, z_loss=z_loss, document_mask=document_mask)
+    loss_fn = functools.partial(model_loss, graphdef, z_loss=z_loss, document_mask=document_mask,
+                                logits_dtype=None)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def train_step(state, batch):
