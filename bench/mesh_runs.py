@@ -20,7 +20,8 @@ script out), all at the same global batch and learning-rate schedule (--steps +
 in that order, each row written to --out as it finishes (a time limit keeps the finished ones).
 All runs share one persistent compilation cache under --workdir. ``--runs`` picks a subset (a
 device call's time limit may not hold them all); without ``one``, ``--reference`` names an earlier
---out file whose ``one`` row (same config, --steps and --resume_steps) is the reference.
+--out file whose ``one`` row (same config, --steps and --resume_steps) is the reference; it is
+copied to this run's --out (with ``reference_file``) and table.
 Per run: tokens/s (median over its progress windows of 5 steps after the first, which holds
 the compile; the trainer queues steps within a window), MFU, scaling efficiency (tokens/s /
 (N x the one-device run's)), and the largest relative difference of its train losses from the
@@ -165,8 +166,8 @@ def main():
         ref = train("one", base / "one", mesh="1,1,1", devices=1, **common)
         rows = [finish(ref, ref)]
     else:
-        ref = reference_row(args.reference, total)
-        rows = []
+        ref = reference_row(args.reference, total)     # written to --out too, marked as read
+        rows = [finish({**ref, "reference_file": args.reference}, ref)]
     if "fsdp" in runs:
         rows.append(finish(train("fsdp", base / "fsdp", mesh=f"1,{N},1", devices=N,
                                  stop_at=args.steps, **common), ref))
