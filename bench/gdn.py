@@ -12,7 +12,8 @@ fp32 run of ``chunk_reference`` at full matmul precision (itself tested against 
 form). With --breakdown, each kernel of the Pallas path timed alone (WY inverse + apply, apply
 given the inverse, scan forward with and without the chunk-state store, scan backward,
 state-path gradients, WY backward).
---tune times each Pallas kernel over its launch settings and uses the best for the rows.
+--tune times each Pallas kernel over its launch settings (the per-chunk kernels' warps, then the
+WY inverse's own, then the scans') and uses the best for the rows.
 An --impls entry "pallas:KEY=VALUE,..." is the Pallas path with those options of
 ``gated_delta_rule_pallas`` (e.g. "pallas:fp32_dots=ieee,chunk_warps=8"), to compare variants
 in one run.
@@ -157,6 +158,14 @@ def tune(shape, x):
         tot = r["wy_fwd_ms"] + r["wy_fwd_given_inverse_ms"] + r["state_grads_ms"] + r["wy_bwd_ms"]
         if tot < best.get("chunk", (1e9,))[0]:
             best["chunk"] = (tot, {"chunk_warps": cw})
+    for iw in (1, 2, 4):            # the WY inverse alone: wy_fwd minus wy_fwd given the inverse
+        r = breakdown(shape, x, default_cfg(shape, inverse_warps=iw, **best["chunk"][1]),
+                      ("chunk",), reps=10)
+        inv = r["wy_fwd_ms"] - r["wy_fwd_given_inverse_ms"]
+        rows.append({"shape": list(shape), "inverse_warps": iw, "inverse_ms": inv})
+        print(json.dumps(rows[-1]), flush=True)
+        if inv < best.get("inverse", (1e9,))[0]:
+            best["inverse"] = (inv, {"inverse_warps": iw})
     for bv, nw, ns in ((32, 4, 2), (32, 8, 2), (64, 4, 2), (64, 8, 2), (64, 4, 1), (64, 4, 3),
                        (128, 8, 2)):
         if bv > V or V % bv:
@@ -173,7 +182,7 @@ def tune(shape, x):
                 tot = r["scan_fwd_store_ms"] + r["scan_bwd_ms"]
                 if tot < best.get("scan", (1e9,))[0]:
                     best["scan"] = (tot, opts)
-    return rows, {**best["chunk"][1], **best["scan"][1]}
+    return rows, {**best["chunk"][1], **best["inverse"][1], **best["scan"][1]}
 
 
 def main():

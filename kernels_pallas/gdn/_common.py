@@ -22,6 +22,7 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 2
     chunk_warps: int = 4        # the one-chunk-per-program kernels (WY fwd / bwd, state grads)
+    inverse_warps: int = 4      # of those, the WY inverse's (15 dependent reductions per block)
     chunk_block: int = 64       # their column block over K and V
     fp32_dots: str = "tf32"     # the WY backward's fp32 x fp32 [C, C] products: "tf32" | "ieee"
 
@@ -66,12 +67,13 @@ def compiler_params(cfg, num_warps=None):
                                                     num_stages=cfg.num_stages)}
 
 
-def chunk_call(cfg, kernel, ins, outs, btH, *, name):
+def chunk_call(cfg, kernel, ins, outs, btH, *, name, num_warps=None):
     """pallas_call of a one-chunk-per-program kernel.
 
     ins: (array, X) pairs, array [B, T, H, X] ("per token") or, with X None, [B, N, H, K, V]
     ("per chunk", one [K, V] block each); outs: (X, dtype) pairs of per-token outputs.
     Grid (B, N, H) on [B, T, H, X] arrays ("triton") or (B, H, N) on [B, H, T, X] ("tpu").
+    ``num_warps``: this kernel's warps on GPU (default ``cfg.chunk_warps``).
     Returns the outputs in [B, T, H, X].
     """
     B, T, H = btH
@@ -90,7 +92,7 @@ def chunk_call(cfg, kernel, ins, outs, btH, *, name):
         tok = lambda X: pl.BlockSpec((sq, C, sq, X), lambda b, n, h: (b, n, h, 0))  # noqa: E731
         chk = lambda a: pl.BlockSpec((sq, sq, sq) + a.shape[3:],  # noqa: E731
                                      lambda b, n, h: (b, n, h, 0, 0))
-        params = compiler_params(cfg, num_warps=cfg.chunk_warps)
+        params = compiler_params(cfg, num_warps=num_warps or cfg.chunk_warps)
     swap = (lambda a: jnp.swapaxes(a, 1, 2)) if tpu else (lambda a: a)  # noqa: E731
     shape = (lambda X: (B, H, T, X)) if tpu else (lambda X: (B, T, H, X))  # noqa: E731
     res = pl.pallas_call(

@@ -120,10 +120,13 @@ def default_block_v(layout, B, H, K, V, programs=128):
 def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,
                             output_final_state=False, chunk_size=64, interpret=False,
                             block_v=None, num_warps=4, num_stages=2, chunk_warps=4,
-                            fp32_dots="tf32"):
+                            inverse_warps=4, fp32_dots="tf32"):
     """Same contract as ``gated_delta_rule``; see the module docstring for the split.
     ``fp32_dots``: precision of the WY backward's fp32 x fp32 products on GPU, "tf32" (tensor
-    cores) or "ieee"."""
+    cores) or "ieee". Launch settings (GPU): ``num_warps``/``num_stages`` of the sequential
+    scans, ``chunk_warps`` of the per-chunk kernels, ``inverse_warps`` of the WY inverse among
+    them (its time is the latency of dependent row reductions, which fewer warps may shorten;
+    untimed apart from 4, session 11)."""
     if fp32_dots not in ("tf32", "ieee"):
         raise ValueError(f"gated_delta_rule(impl='pallas'): fp32_dots must be 'tf32' or 'ieee', "
                          f"got {fp32_dots!r}")
@@ -140,7 +143,7 @@ def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,
                                  f"of two >= 16, got {n}")
     cfg = KernelConfig(chunk=chunk_size, layout=layout, block_v=bv, interpret=interpret,
                      num_warps=num_warps, num_stages=num_stages, chunk_warps=chunk_warps,
-                     fp32_dots=fp32_dots)
+                     inverse_warps=inverse_warps, fp32_dots=fp32_dots)
     scale = K ** -0.5 if scale is None else scale
     pad = (-T) % chunk_size
     S0 = (jnp.zeros((B, H, K, V), f32) if initial_state is None

@@ -180,7 +180,7 @@ def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16):
     if X is None:
         (X,) = chunk_call(cfg, functools.partial(_inverse_kernel, sub=math.gcd(sub, C)),
                           [(k, K), (b1, 1), (G1, 1)], [(C, f32)], (B, T, H),
-                          name="gdn_wy_inverse")
+                          name="gdn_wy_inverse", num_warps=cfg.inverse_warps)
     w, u, qk = chunk_call(cfg, functools.partial(_apply_kernel, blk=cfg.chunk_block),
                           [(q, K), (k, K), (v, V), (b1, 1), (G1, 1), (X, C)],
                           [(K, cd), (V, cd), (C, cd)], (B, T, H), name="gdn_wy_apply")
