@@ -13,8 +13,9 @@ parameter arrays for HwH-380m, 218 for the Transformer). The cache is allocated 
 context, so the latency is that of a step at the end of a ``context``-long sequence; its size
 comes from the cache's own arrays (``hwh_jax.inference.cache.cache_bytes``). The cache is
 donated to every step (as ``Generator`` does), so one copy of it is alive at a time, and each
-timing starts from a new prompt-end cache (with the prefill, a row runs it four times); OOMs are
-caught and reported. ``--prefill none`` skips the prompt (its compile is most of a row's time:
+timing starts from a new prompt-end cache (with the prefill, a row runs the prompt twice: the
+timed prefill, whose chunk shapes are compiled beforehand, and once more for the loop); OOMs
+are caught and reported. ``--prefill none`` skips the prompt (its compile is most of a row's time:
 ~70 s for HwH-380m on the H200): the cache is allocated empty and its position set to ``context -
 decode_steps``, so every decode step costs what it costs at the end of a full context (cached
 attention computes over every allocated slot and masks by the slots' times, a GDN state costs
@@ -58,6 +59,7 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     init = jax.jit(lambda state: nnx.merge(graphdef, state).init_cache(batch, context))
     prompt_len = context - decode_steps
     tok = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt_len), np.int32)
+    chunks = [(s, min(s + prefill_chunk, prompt_len)) for s in range(0, prompt_len, prefill_chunk)]
 
     def after_prompt(cache=None):
         """(next token, last logits, cache) at the prompt's end, from ``cache`` (default a new
@@ -67,22 +69,25 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
         if not prefill:
             return (jnp.asarray(tok[:, -1]), jnp.zeros((batch, cfg.vocab_size), jnp.float32),
                     {**cache, "t": jnp.int32(prompt_len)})
-        for s in range(0, prompt_len, prefill_chunk):
-            nxt, last, cache = extend(state, tok[:, s:s + prefill_chunk], cache)
+        for s, e in chunks:
+            nxt, last, cache = compiled[e - s](state, tok[:, s:e], cache)
         return nxt, last, cache
 
-    row = {}
-    t0 = time.perf_counter()
-    nxt, last, cache = jax.block_until_ready(after_prompt())
-    first_s = time.perf_counter() - t0                # includes compiling each chunk shape
-    if prefill:
-        del nxt, last, cache
+    row, compiled = {}, {}
+    cache_shape = jax.eval_shape(init, state)
+    if prefill:            # compile each chunk shape ahead, then time the prompt's first run
+        t0 = time.perf_counter()
+        for n in sorted({e - s for s, e in chunks}):
+            compiled[n] = extend.lower(state, jax.ShapeDtypeStruct((batch, n), jnp.int32),
+                                       cache_shape).compile()
+        row["prefill_compile_s"] = time.perf_counter() - t0
         cache = jax.block_until_ready(init(state))    # allocated outside the timing
         t0 = time.perf_counter()
         nxt, last, cache = jax.block_until_ready(after_prompt(cache))
         prefill_s = time.perf_counter() - t0
-        row.update(prefill_s=prefill_s, prefill_tokens_per_s=batch * prompt_len / prefill_s,
-                   prefill_compile_s=first_s - prefill_s)
+        row.update(prefill_s=prefill_s, prefill_tokens_per_s=batch * prompt_len / prefill_s)
+    else:
+        nxt, last, cache = jax.block_until_ready(after_prompt())
     times = []
     for i in range(decode_steps):
         t = time.perf_counter()
@@ -91,13 +96,12 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
         if i:                                         # step 0 compiles the one-token shape
             times.append(time.perf_counter() - t)
     del cache
-    # The same steps as one device loop (compiled once, run once, then timed from a new cache
-    # at the prompt's end); its compiled text names the kernels' sources for --profile.
-    _, last, cache = after_prompt()
-    loop = gen._decode.lower(state, last, cache, jax.random.key(0), steps=decode_steps,
-                             temperature=0.0, top_p=1.0).compile()
+    # The same steps as one device loop (compiled from shapes, then timed from a new cache at
+    # the prompt's end); its compiled text names the kernels' sources for --profile.
+    logits_shape = jax.ShapeDtypeStruct((batch, cfg.vocab_size), jnp.float32)
+    loop = gen._decode.lower(state, logits_shape, cache_shape, jax.random.key(0),
+                             steps=decode_steps, temperature=0.0, top_p=1.0).compile()
     decode_loop = lambda logits, cache: loop(state, logits, cache, jax.random.key(0))  # noqa: E731
-    jax.block_until_ready(decode_loop(last, cache))
     _, last, cache = jax.block_until_ready(after_prompt())
     t = time.perf_counter()
     jax.block_until_ready(decode_loop(last, cache))
