@@ -60,7 +60,8 @@ def main():
     for dims in args.meshes:
         mesh = shd.make_mesh(tuple(int(d) for d in dims.split(",")))
         graphdef, abstract_state, state_sh = trainer.train_state_shardings(cfg, tx, mesh)
-        step = trainer.jit_train_step(make_train_step(graphdef, tx, schedule), mesh, state_sh)
+        step = trainer.jit_step(make_train_step(graphdef, tx, schedule), mesh, state_sh,
+                                out_shardings=(state_sh, None))
         coll = shd.collectives(step.lower(abstract_state, batch).compile().as_text())
         count, size = collections.Counter(), collections.Counter()
         for c in coll:

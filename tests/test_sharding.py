@@ -37,7 +37,8 @@ def test_fsdp_step_gathers_weights_not_activations():
     graphdef, state, state_sh = trainer.train_state_shardings(cfg, tx, mesh)
     batch = {k: jax.ShapeDtypeStruct((B, T), jnp.float32 if k == "loss_mask" else jnp.int32)
              for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask")}
-    step = trainer.jit_train_step(make_train_step(graphdef, tx, schedule), mesh, state_sh)
+    step = trainer.jit_step(make_train_step(graphdef, tx, schedule), mesh, state_sh,
+                            out_shardings=(state_sh, None))
     coll = shd.collectives(step.lower(state, batch).compile().as_text())
     assert any(c.op == "all-gather" for c in coll)                 # the weights, per layer
     # (the embedding lookup's token ids, [B, T, 1] int32, may travel: 4 bytes a token)

@@ -156,13 +156,13 @@ def train_state_shardings(cfg: ModelConfig, tx, mesh):
                                       "rng": repl, "bad_step": repl}
 
 
-def jit_train_step(step_fn, mesh, state_sh, **jit_kw):
-    """``step_fn(state, batch)`` jitted as the trainer runs it on ``mesh``: the kernels per
-    device shard (``kernel_mesh``), the state in and out in ``state_sh``, the batch's rows over
-    the batch axes."""
+def jit_step(step_fn, mesh, first_sh, **jit_kw):
+    """``step_fn(first, batch)`` jitted as the trainer runs it on ``mesh``: the Pallas kernels
+    per device shard (``kernel_mesh``), ``first`` (the train state, or the parameters for the
+    eval step) in ``first_sh``, the batch's rows over the batch axes; ``jit_kw`` (out_shardings,
+    donate_argnums) go to ``jax.jit``."""
     return jax.jit(kernels_pallas.kernel_mesh(mesh)(step_fn),
-                   in_shardings=(state_sh, shd.batch_sharding(mesh)),
-                   out_shardings=(state_sh, None), **jit_kw)
+                   in_shardings=(first_sh, shd.batch_sharding(mesh)), **jit_kw)
 
 
 @contextlib.contextmanager
@@ -250,12 +250,11 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
 
     # --- steps
     batch_sh = shd.batch_sharding(mesh)
-    per_shard = kernels_pallas.kernel_mesh(mesh)  # Pallas kernels traced per device shard
     step_fn = make_train_step(graphdef, tx, schedule, grad_accum=c.grad_accum, z_loss=c.z_loss,
                               document_mask=c.document_mask)
-    train_step = jit_train_step(step_fn, mesh, state_sh, donate_argnums=(0,))
-    eval_step = jax.jit(per_shard(make_eval_step(graphdef, document_mask=c.document_mask)),
-                        in_shardings=(param_sh, batch_sh))
+    train_step = jit_step(step_fn, mesh, state_sh, out_shardings=(state_sh, None),
+                          donate_argnums=(0,))
+    eval_step = jit_step(make_eval_step(graphdef, document_mask=c.document_mask), mesh, param_sh)
 
     def evaluate(params):
         if splits.heldout is None:
