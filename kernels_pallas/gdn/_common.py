@@ -22,9 +22,10 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 2
     chunk_warps: int = 4        # the one-chunk-per-program kernels (WY fwd / bwd, state grads)
-    inverse_warps: int = 4      # of those, the WY inverse's (15 dependent reductions per block)
+    inverse_warps: int = 1      # of those, the WY inverse's (15 dependent reductions per block)
     chunk_block: int = 64       # their column block over K and V
     fp32_dots: str = "tf32"     # the WY backward's fp32 x fp32 [C, C] products: "tf32" | "ieee"
+    recompute: bool = False     # backward recomputes w, QK, S_n, v from X instead of saving them
 
 
 def _precision(dtype, fp32_dots):

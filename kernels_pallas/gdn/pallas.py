@@ -1,17 +1,20 @@
 """Chunked Gated DeltaNet as Pallas kernels: ``gated_delta_rule(impl="pallas")``.
 
 Six kernels under one ``jax.custom_vjp`` (notation of ``chunk_reference.py``):
-  forward   ``wy_kernels.wy_forward``        per chunk: X = (I + A)^-1 (saved), then w, u, QK.
-            ``scan_kernels.scan_forward``    sequential over chunks: v, o and the state.
-  backward  ``wy_forward`` given X           per chunk: w, u, QK again.
-            ``scan_forward(store=True)``     the chunk states S_n and v again.
-            ``scan_kernels.scan_backward``   sequential, backwards: dv and dS_{n+1} per chunk, dS_0.
+  forward   ``wy_kernels.wy_forward``        per chunk: X = (I + A)^-1, then w, u, QK.
+            ``scan_kernels.scan_forward``    sequential over chunks: v, o and the state (under
+                                             differentiation also storing S_n and v per chunk).
+  backward  ``scan_kernels.scan_backward``   sequential, backwards: dv and dS_{n+1} per chunk, dS_0.
             ``scan_kernels.state_grads``     per chunk: dq, dk, dw, dQK, dG through the state.
             ``wy_kernels.wy_backward``       per chunk: adds dq, dk, dG through the WY form; dv,
                                              dbeta.
-Saved between the passes: the inputs, X and the initial state (as fla: recompute w, u and the
-chunk states). Padding T to the chunk, the chunk-local cumulative sum of g and its transpose are
-XLA. Memory is O(T); the [B, N, H, K, V] chunk states exist only inside the backward pass.
+Saved between the passes: the inputs, the initial state, X, w, QK, the chunk states S_n and the
+corrected values v (in the inputs' dtype: 640 bytes per token and head at K = V = 64 in bf16).
+With ``recompute=True`` only X is saved and the backward recomputes w, QK (``wy_forward`` given
+X) and S_n, v (``scan_forward(store=True)``), as fla does: 128 bytes per token and head, two
+kernels more (0.55 + 0.51 ms of a 3.07-ms forward + backward at HwH-380m's layer shape on an
+H200, session 12). Padding T to the chunk, the chunk-local cumulative sum of g and its transpose
+are XLA. Memory is O(T).
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ f32 = jnp.float32
 # it, so the GDN layers of a model that share a shape share one compilation of each kernel.
 _jit = lambda fn, *names: jax.jit(fn, static_argnums=0, static_argnames=names)  # noqa: E731
 wy_forward = _jit(wy_kernels.wy_forward, "sub")
-wy_backward = _jit(wy_kernels.wy_backward)
+wy_backward = _jit(wy_kernels.wy_backward, "scale", "out_dtypes")
 scan_forward = _jit(scan_kernels.scan_forward, "store")
 scan_backward = _jit(scan_kernels.scan_backward)
 state_grads = _jit(scan_kernels.state_grads)
@@ -52,30 +55,39 @@ def _op(cfg, scale):
         return qs, k.astype(cd), v.astype(cd), beta.astype(f32), chunk_local_cumsum(
             g.astype(f32), C)
 
-    def forward(q, k, v, g, beta, S0):
+    def primal(q, k, v, g, beta, S0, store):
         qs, kc, vc, b, G = prepare(q, k, v, g, beta)
         w, u, qk, X = wy_forward(cfg, qs, kc, vc, b, G)
-        o, SN = scan_forward(cfg, qs, kc, w, u, qk, G, S0)
-        return (o, SN), (q, k, v, g, beta, S0, X)
+        outs = scan_forward(cfg, qs, kc, w, u, qk, G, S0, store=store)
+        return outs, (w, qk, X)
 
     @jax.custom_vjp
     def op(q, k, v, g, beta, S0):
-        return forward(q, k, v, g, beta, S0)[0]
+        return primal(q, k, v, g, beta, S0, False)[0]
+
+    def forward(q, k, v, g, beta, S0):
+        store = not cfg.recompute
+        outs, (w, qk, X) = primal(q, k, v, g, beta, S0, store)
+        saved = (w, qk) + tuple(outs[2:]) if store else ()        # w, QK, S_n, v
+        return tuple(outs[:2]), (q, k, v, g, beta, S0, X, saved)
 
     def bwd(res, cts):
-        q, k, v, g, beta, S0, X = res
+        q, k, v, g, beta, S0, X, saved = res
         do, dSN = cts
         qs, kc, vc, b, G = prepare(q, k, v, g, beta)
         cd = qs.dtype
-        w, u, qk, _ = wy_forward(cfg, qs, kc, vc, b, G, X)
-        _, _, h, v_new = scan_forward(cfg, qs, kc, w, u, qk, G, S0, store=True)
+        if saved:
+            w, qk, h, v_new = saved
+        else:
+            w, u, qk, _ = wy_forward(cfg, qs, kc, vc, b, G, X)
+            _, _, h, v_new = scan_forward(cfg, qs, kc, w, u, qk, G, S0, store=True)
         dv_new, dh, dS0 = scan_backward(cfg, qs, kc, w, qk, G, do.astype(cd), dSN.astype(f32))
         dq, dk, dw, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, v_new, dv_new, do.astype(cd))
         dq, dk, dv, db, dG = wy_backward(cfg, qs, kc, vc, b, G, X, dw, dv_new.astype(cd), dqk,
-                                         dq, dk, dG)
+                                         dq, dk, dG, scale=scale,
+                                         out_dtypes=(q.dtype, k.dtype, v.dtype))
         dg = _reverse_chunk_cumsum(dG, C)
-        return (dq * scale).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), \
-            dg.astype(g.dtype), db.astype(beta.dtype), dS0
+        return dq, dk, dv, dg.astype(g.dtype), db.astype(beta.dtype), dS0
 
     op.defvjp(forward, bwd)
     return op
@@ -120,13 +132,15 @@ def default_block_v(layout, B, H, K, V, programs=128):
 def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,
                             output_final_state=False, chunk_size=64, interpret=False,
                             block_v=None, num_warps=4, num_stages=2, chunk_warps=4,
-                            inverse_warps=4, fp32_dots="tf32"):
+                            inverse_warps=1, fp32_dots="tf32", recompute=False):
     """Same contract as ``gated_delta_rule``; see the module docstring for the split.
     ``fp32_dots``: precision of the WY backward's fp32 x fp32 products on GPU, "tf32" (tensor
-    cores) or "ieee". Launch settings (GPU): ``num_warps``/``num_stages`` of the sequential
+    cores) or "ieee". ``recompute``: save only X for the backward and recompute the rest (less
+    memory, more time; module docstring). Launch settings (GPU): ``num_warps``/``num_stages`` of the sequential
     scans, ``chunk_warps`` of the per-chunk kernels, ``inverse_warps`` of the WY inverse among
-    them (its time is the latency of dependent row reductions, which fewer warps may shorten;
-    untimed apart from 4, session 11)."""
+    them: its time is the latency of dependent row reductions, which one warp does without
+    shared memory (1 warp: 1.18 ms forward against 1.68 with 4 at (32, 2048, 13, 64, 64) on an
+    H200, session 12, docs/benchmarks.md)."""
     if fp32_dots not in ("tf32", "ieee"):
         raise ValueError(f"gated_delta_rule(impl='pallas'): fp32_dots must be 'tf32' or 'ieee', "
                          f"got {fp32_dots!r}")
@@ -143,8 +157,8 @@ def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,
                                  f"of two >= 16, got {n}")
     cfg = KernelConfig(chunk=chunk_size, layout=layout, block_v=bv, interpret=interpret,
                      num_warps=num_warps, num_stages=num_stages, chunk_warps=chunk_warps,
-                     inverse_warps=inverse_warps, fp32_dots=fp32_dots)
-    scale = K ** -0.5 if scale is None else scale
+                     inverse_warps=inverse_warps, fp32_dots=fp32_dots, recompute=recompute)
+    scale = K ** -0.5 if scale is None else float(scale)
     pad = (-T) % chunk_size
     S0 = (jnp.zeros((B, H, K, V), f32) if initial_state is None
           else initial_state.astype(f32))

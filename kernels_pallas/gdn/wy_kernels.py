@@ -12,8 +12,9 @@ where per token), the forward kernel forms
 X is built by ``_inverse_kernel`` from 16 x 16 diagonal blocks inverted row by row
 (row r = e_r - A_r X) and exact block forward substitution below the diagonal
 (X_ij = -X_ii sum_{j<=l<i} A_il X_lj): every entry is an elimination, no power series, so no
-cancellation whatever the keys. X (fp32) is saved for the backward pass; ``_apply_kernel`` forms
-w, u and QK from it (in the forward, and again in the backward).
+cancellation whatever the keys. X is saved for the backward pass in k's dtype (fla stores its
+inverse so too); ``_apply_kernel`` forms w, u and QK from it (in the forward, and again in the
+backward).
 
 The backward kernel takes the cotangents dw, du, dQK and returns dq, dk, dv, dbeta and dG
 (the gradient with respect to the cumulative gates; the caller turns it into dg):
@@ -88,7 +89,8 @@ def _inverse_kernel(k_ref, b_ref, g_ref, x_ref, *, sub):
             X[i, j] = -dot(X[i, i], acc)
     for i in range(m):
         for j in range(m):
-            x_ref[rs[i], rs[j]] = X[i, j] if j <= i else jnp.zeros((sub, sub), f32)
+            x_ref[rs[i], rs[j]] = (X[i, j] if j <= i else jnp.zeros((sub, sub), f32)).astype(
+                x_ref.dtype)
 
 
 def _apply_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, w_ref, u_ref, qk_ref, *, blk):
@@ -120,7 +122,7 @@ def _colsum(M):
 
 def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk_ref,
                    dq_in_ref, dk_in_ref, dg_in_ref, dq_ref, dk_ref, dv_ref, db_ref, dg_ref,
-                   *, blk, fp32_dots):
+                   *, blk, fp32_dots, scale):
     """Ordered so that few [C, C] fp32 tiles are live at once (register pressure is what
     bounds this kernel): dX dies into E, k k^T into E o kk, q k^T into F o QK."""
     C, K = k_ref.shape
@@ -133,7 +135,7 @@ def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk
         dX += dot_nt(dw_ref[:, c], (beta * eG * k_ref[:, c].astype(f32)).astype(cd))
     for c in col_blocks(V, blk):
         dX += dot_nt(du_ref[:, c], (beta * v_ref[:, c].astype(f32)).astype(cd))
-    X = x_ref[...]
+    X = x_ref[...].astype(f32)
     XtdX = dot(X, dX, trans_a=True, fp32_dots=fp32_dots)
     E = -dot_nt(XtdX, X, fp32_dots=fp32_dots) * _decay(G, G, "strict")   # dA o D, dA strict
     Xc = X.astype(cd)
@@ -155,14 +157,15 @@ def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk
     for c in col_blocks(K, blk):
         k, q, dw = k_ref[:, c], q_ref[:, c], dw_ref[:, c]
         kf = k.astype(f32)
-        dq_ref[:, c] = dq_in_ref[:, c] + dot(Fc, k)
+        dq_ref[:, c] = (scale * (dq_in_ref[:, c] + dot(Fc, k))).astype(dq_ref.dtype)
         dkb = dot(Xc, dw, trans_a=True)
-        dk_ref[:, c] = dk_in_ref[:, c] + dot(Fc, q, trans_a=True) + beta * eG * dkb + dot(Es, k)
+        dk_ref[:, c] = (dk_in_ref[:, c] + dot(Fc, q, trans_a=True) + beta * eG * dkb
+                        + dot(Es, k)).astype(dk_ref.dtype)
         db += jnp.sum(dkb * eG * kf, axis=1, keepdims=True)
         dG += jnp.sum(dkb * beta * eG * kf, axis=1, keepdims=True)
     for c in col_blocks(V, blk):
         dvb = dot(Xc, du_ref[:, c], trans_a=True)
-        dv_ref[:, c] = beta * dvb
+        dv_ref[:, c] = (beta * dvb).astype(dv_ref.dtype)
         db += jnp.sum(dvb * v_ref[:, c].astype(f32), axis=1, keepdims=True)
     db_ref[...] = db
     dg_ref[...] = dG
@@ -171,15 +174,17 @@ def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk
 # ---------------------------------------------------------------- launchers
 
 def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16):
-    """w [B,T,H,K], u [B,T,H,V], QK [B,T,H,C] (k's dtype) and X [B,T,H,C] fp32 (computed
-    unless given). q is the scaled query, beta and G [B, T, H]."""
+    """w [B,T,H,K], u [B,T,H,V], QK [B,T,H,C] and X [B,T,H,C] (computed unless given), all in
+    k's dtype (X is rounded to it where the products use it, so storing it so loses nothing in
+    the forward; the backward's X^T dX X^T reads it back, as fla's does). q is the scaled
+    query, beta and G [B, T, H]."""
     B, T, H, K = k.shape
     V, C = v.shape[-1], cfg.chunk
     cd = k.dtype
     b1, G1 = beta[..., None], G[..., None]
     if X is None:
         (X,) = chunk_call(cfg, functools.partial(_inverse_kernel, sub=math.gcd(sub, C)),
-                          [(k, K), (b1, 1), (G1, 1)], [(C, f32)], (B, T, H),
+                          [(k, K), (b1, 1), (G1, 1)], [(C, cd)], (B, T, H),
                           name="gdn_wy_inverse", num_warps=cfg.inverse_warps)
     w, u, qk = chunk_call(cfg, functools.partial(_apply_kernel, blk=cfg.chunk_block),
                           [(q, K), (k, K), (v, V), (b1, 1), (G1, 1), (X, C)],
@@ -187,16 +192,21 @@ def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16):
     return w, u, qk, X
 
 
-def wy_backward(cfg, q, k, v, beta, G, X, dw, du, dqk, dq, dk, dG):
+def wy_backward(cfg, q, k, v, beta, G, X, dw, du, dqk, dq, dk, dG, *, scale=1.0,
+                out_dtypes=(f32, f32, f32)):
     """Adds the WY-path gradients to dq, dk, dG (fp32, from the state path) and returns
-    (dq, dk, dv) fp32 [B,T,H,X], (dbeta, dG) fp32 [B, T, H]."""
+    (dq, dk, dv) [B,T,H,X] in ``out_dtypes`` (dq times ``scale``: the gradient of the unscaled
+    query), (dbeta, dG) fp32 [B, T, H]. Writing the final dtypes here spares a pass of XLA
+    casts over three fp32 arrays."""
     B, T, H, K = k.shape
     V, C = v.shape[-1], cfg.chunk
     # TF32 is a GPU (Triton) notion: elsewhere the fp32 products stay at full precision.
     fp32_dots = cfg.fp32_dots if cfg.layout == "triton" else "ieee"
     dq, dk, dv, db, dG = chunk_call(
-        cfg, functools.partial(_wy_bwd_kernel, blk=cfg.chunk_block, fp32_dots=fp32_dots),
+        cfg, functools.partial(_wy_bwd_kernel, blk=cfg.chunk_block, fp32_dots=fp32_dots,
+                               scale=scale),
         [(q, K), (k, K), (v, V), (beta[..., None], 1), (G[..., None], 1), (X, C), (dw, K),
          (du, V), (dqk, C), (dq, K), (dk, K), (dG[..., None], 1)],
-        [(K, f32), (K, f32), (V, f32), (1, f32), (1, f32)], (B, T, H), name="gdn_wy_bwd")
+        [(K, out_dtypes[0]), (K, out_dtypes[1]), (V, out_dtypes[2]), (1, f32), (1, f32)],
+        (B, T, H), name="gdn_wy_bwd")
     return dq, dk, dv, db[..., 0], dG[..., 0]
