@@ -110,3 +110,51 @@ def test_kernel_per_shard_under_a_mesh():
     assert "shard_map" in jaxpr and "f32[1,256,2,64]" in jaxpr   # 1 row, 2 of 4 q heads
     for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
+
+
+def _cache_case(B, T, S, H, G, D, seed, ring):
+    """T new queries over S cache slots: times 0..S-1 with the tail empty (-1), or shuffled
+    times of a ring with empty slots; rows starting at different times (left padding)."""
+    rng = np.random.default_rng(seed)
+    q, _, _ = qkv(B, T, H, G, D, seed=seed)
+    _, k, v = qkv(B, S, H, G, D, seed=seed + 1)
+    q_time = jnp.arange(T, dtype=jnp.int32) + (S - T if not ring else S // 2)
+    if ring:
+        k_time = rng.permutation(S).astype(np.int32)
+        k_time[rng.random(S) < 0.2] = -1
+    else:
+        k_time = np.where(np.arange(S) < S - 3, np.arange(S), -1).astype(np.int32)
+    k_start = jnp.asarray(rng.integers(0, 4, B), jnp.int32)
+    return q, k, v, q_time, jnp.asarray(k_time), k_start
+
+
+@pytest.mark.parametrize("ring,window,block", [(False, None, 16), (False, None, 7),
+                                               (True, 9, 16), (True, None, 64), (False, 5, 5)])
+def test_blockwise_cached_attention_matches_reference(ring, window, block):
+    """The prefill path (online softmax over cache blocks) against the reference that forms
+    all logits: blocks dividing the cache and not, ring caches with empty slots, windows,
+    left-padded rows, GQA; a query seeing no key (window past every written slot) gives 0."""
+    from kernels_pallas import cached_attention, cached_attention_blockwise
+    q, k, v, q_time, k_time, k_start = _cache_case(2, 12, 40, 4, 2, 16, seed=block, ring=ring)
+    kw = dict(q_time=q_time, k_time=k_time, k_start=k_start, window=window)
+    ref = cached_attention(q, k, v, **kw)
+    out = cached_attention_blockwise(q, k, v, block=block, **kw)
+    np.testing.assert_allclose(out, ref, atol=2e-6, rtol=2e-5)
+    if window is not None:      # queries far past the cache: nothing visible -> zeros
+        far = cached_attention_blockwise(q, k, v, block=block,
+                                         **{**kw, "q_time": q_time + 1000})
+        np.testing.assert_array_equal(far, 0.0)
+
+
+def test_blockwise_cached_attention_bf16_within_bf16_noise():
+    from kernels_pallas import cached_attention, cached_attention_blockwise
+    q, k, v, q_time, k_time, k_start = _cache_case(1, 32, 96, 4, 4, 32, seed=3, ring=False)
+    kw = dict(q_time=q_time, k_time=k_time, k_start=k_start)
+    exact = cached_attention(q, k, v, **kw)
+    bf = lambda x: x.astype(jnp.bfloat16)  # noqa: E731
+    out = cached_attention_blockwise(bf(q), bf(k), bf(v), block=32, **kw)
+    assert out.dtype == jnp.bfloat16
+    err = float(jnp.linalg.norm(out.astype(jnp.float32) - exact) / jnp.linalg.norm(exact))
+    assert err < 1e-2, err
+    with pytest.raises(ValueError, match="block must be >= 1, got 0"):
+        cached_attention_blockwise(q, k, v, block=0, **kw)

@@ -117,6 +117,9 @@ class FullAttentionHeads(nnx.Module):
             new = {"k": cache["k"].at[:, slot].set(k[:, -m:]),
                    "v": cache["v"].at[:, slot].set(v[:, -m:]),
                    "time": cache["time"].at[slot].set(times[-m:])}
-        o = kernels_pallas.cached_attention(q, keys, vals, q_time=times, k_time=k_time,
-                                            k_start=start, window=self.window)
+        # prefill chunks: blockwise over the cache (O(Tn x block) memory, the cache's dtype in
+        # the products); a decode step (Tn = 1): the fp32 reference, as timed in session 10
+        attend = (kernels_pallas.cached_attention_blockwise if Tn > 1
+                  else kernels_pallas.cached_attention)
+        o = attend(q, keys, vals, q_time=times, k_time=k_time, k_start=start, window=self.window)
         return o.reshape(B, Tn, self.num_heads * self.head_dim), new

@@ -1,6 +1,8 @@
 """Causal / sliding-window / GQA softmax attention behind one entry point.
 
   reference  ``reference.py`` (XLA einsum + softmax, fp32 inside): the specification.
+Over a KV cache (inference): ``cached_attention`` (reference, decode steps) and
+``cached_attention_blockwise`` (``cached.py``, online softmax over cache blocks: prefill chunks).
   cudnn      ``jax.nn.dot_product_attention(implementation="cudnn")`` on GPU (bf16/fp16, D<=128).
   splash     splash attention from ``jax.experimental.pallas.ops.tpu`` on TPU (T % 128 == 0).
 ``impl="auto"`` takes the fast path of the backend when the inputs suit it, else the reference,
@@ -19,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas import dispatch, sharding
+from kernels_pallas.attention.cached import cached_attention_blockwise
 from kernels_pallas.attention.reference import (attention_mask, attention_reference,
                                                 cached_attention)
 
@@ -94,4 +97,5 @@ def _kernel(impl, q, k, v, *, causal, window, scale, interpret):
                             interpret=interpret)
 
 
-__all__ = ["attention", "attention_reference", "attention_mask", "cached_attention", "resolve_impl", "IMPLS"]
+__all__ = ["attention", "attention_reference", "attention_mask", "cached_attention",
+           "cached_attention_blockwise", "resolve_impl", "IMPLS"]

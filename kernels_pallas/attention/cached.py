@@ -1,0 +1,70 @@
+"""Attention of a chunk of new queries over a KV cache, block by block (prefill).
+
+Same contract as ``reference.cached_attention`` (the specification, which forms all T x S logits
+in fp32 at full precision): here the cache is walked in blocks of ``block`` slots with a running
+max and sum (the online softmax of flash attention), so memory is O(T x block) per head, and the
+products take the cache's dtype with fp32 accumulation (bf16 tensor cores on a GPU; fp32 inputs
+keep full precision). Probabilities are rounded to the values' dtype before p V, as cuDNN's
+attention does in training. Plain XLA: every backend.
+
+Used for prefill chunks (``FullAttentionHeads.extend`` with more than one new token); a decode
+step (one query) keeps the reference, whose speed session 10 measured. Untimed on a GPU (added
+in session 12, when no device time was left).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+f32 = jnp.float32
+
+
+def cached_attention_blockwise(q, k, v, *, q_time, k_time, k_start, window=None, scale=None,
+                               block: int = 512):
+    """q [B,T,H,D] at times ``q_time`` [T]; k/v [B,S,G,D] at times ``k_time`` [S] (-1 = empty
+    slot); ``k_start`` [B]. Key s is visible to query t iff k_start <= k_time[s] <= q_time[t]
+    (and, with a window, k_time[s] > q_time[t] - window). A query with no visible key returns
+    zeros. Returns [B,T,H,D] in q's dtype."""
+    if block < 1:
+        raise ValueError(f"cached_attention_blockwise: block must be >= 1, got {block}")
+    B, T, H, D = q.shape
+    S, G = k.shape[1], k.shape[2]
+    R = H // G
+    scale = D ** -0.5 if scale is None else scale
+    cd = k.dtype
+    prec = jax.lax.Precision.HIGHEST if cd == f32 else None
+    bs = min(block, S)
+    pad = (-S) % bs
+    if pad:
+        k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        k_time = jnp.pad(k_time, (0, pad), constant_values=-1)
+    qg = q.reshape(B, T, G, R, D).astype(cd)
+    qt = q_time[None, :, None]                                               # [1, T, 1]
+
+    def body(n, carry):
+        m, l, acc = carry                      # [B,G,R,T], [B,G,R,T], [B,G,R,T,D]
+        kb = jax.lax.dynamic_slice_in_dim(k, n * bs, bs, axis=1)
+        vb = jax.lax.dynamic_slice_in_dim(v, n * bs, bs, axis=1)
+        kt = jax.lax.dynamic_slice_in_dim(k_time, n * bs, bs)[None, None, :]    # [1, 1, bs]
+        s = jnp.einsum("btgrd,bsgd->bgrts", qg, kb, precision=prec,
+                       preferred_element_type=f32) * scale
+        mask = (kt >= 0) & (kt <= qt) & (kt >= k_start[:, None, None])         # [B, T, bs]
+        if window is not None:
+            mask &= kt > qt - window
+        mask = mask[:, None, None]
+        s = jnp.where(mask, s, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        base = jnp.where(jnp.isfinite(m_new), m_new, 0.0)      # no key seen yet: any finite base
+        p = jnp.exp(s - base[..., None])                        # masked entries: exp(-inf) = 0
+        corr = jnp.exp(m - base)                                # m = -inf (nothing before): 0
+        l = l * corr + jnp.sum(p, axis=-1)
+        pv = jnp.einsum("bgrts,bsgd->bgrtd", p.astype(v.dtype), vb, precision=prec,
+                        preferred_element_type=f32)
+        return m_new, l, acc * corr[..., None] + pv
+
+    init = (jnp.full((B, G, R, T), -jnp.inf, f32), jnp.zeros((B, G, R, T), f32),
+            jnp.zeros((B, G, R, T, D), f32))
+    _, l, acc = jax.lax.fori_loop(0, k.shape[1] // bs, body, init)
+    o = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
+    return jnp.transpose(o, (0, 3, 1, 2, 4)).reshape(B, T, H, D).astype(q.dtype)
