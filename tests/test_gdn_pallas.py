@@ -61,9 +61,12 @@ def run(impl, mode, q, k, v, g, beta, h0, do, chunk):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_pallas_matches_recurrent(shape, mode):
     B, T, H, K, V, C = shape
-    if mode == "compiled" and any(n & (n - 1) or n < 16 for n in (K, C)):
-        pytest.skip(f"the GPU kernels need K and the chunk powers of two >= 16 (K={K}, C={C})")
     q, k, v, g, beta, h0, do = make_inputs(B, T, H, K, V)
+    if mode == "compiled" and any(n & (n - 1) or n < 16 for n in (K, C)):
+        # shapes the GPU kernels refuse: the error must say which value and why
+        with pytest.raises(ValueError, match=r"on GPU needs \w+ a power of two >= 16, got "):
+            run("pallas", mode, q, k, v, g, beta, h0, do, C)
+        return
     ref = run("recurrent", "generic", q, k, v, g, beta, h0, do, C)
     out = run("pallas", mode, q, k, v, g, beta, h0, do, C)
     for name, tol in TOL.items():
@@ -142,6 +145,17 @@ def test_pallas_without_a_lowering_names_interpret(monkeypatch):
         gated_delta_rule(q, k, v, g, beta, impl="pallas")
     with pytest.raises(ValueError, match="interpret must be"):
         gated_delta_rule(q, k, v, g, beta, impl="pallas", interpret="yes")
+
+
+@pytest.mark.parametrize("K,C,name", [(80, 16, "K"), (16, 24, "chunk_size"), (8, 16, "K")])
+def test_gpu_lowering_names_the_shape_it_refuses(monkeypatch, K, C, name):
+    """The Triton kernels need K and the chunk powers of two >= 16; on a GPU backend (pinned
+    here, so this runs on every machine; the check comes before any lowering) the error names
+    the value."""
+    q, k, v, g, beta, _, _ = make_inputs(1, 32, 1, K, 16)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    with pytest.raises(ValueError, match=f"on GPU needs {name} a power of two >= 16, got "):
+        gated_delta_rule_pallas(q, k, v, g, beta, chunk_size=C)
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (conftest's CPU devices)")
