@@ -16,6 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas.attention.reference import cache_mask
+
 f32 = jnp.float32
 
 
@@ -40,19 +42,15 @@ def cached_attention_blockwise(q, k, v, *, q_time, k_time, k_start, window=None,
         v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
         k_time = jnp.pad(k_time, (0, pad), constant_values=-1)
     qg = q.reshape(B, T, G, R, D).astype(cd)
-    qt = q_time[None, :, None]                                               # [1, T, 1]
 
     def body(n, carry):
         m, l, acc = carry                      # [B,G,R,T], [B,G,R,T], [B,G,R,T,D]
         kb = jax.lax.dynamic_slice_in_dim(k, n * bs, bs, axis=1)
         vb = jax.lax.dynamic_slice_in_dim(v, n * bs, bs, axis=1)
-        kt = jax.lax.dynamic_slice_in_dim(k_time, n * bs, bs)[None, None, :]    # [1, 1, bs]
+        kt = jax.lax.dynamic_slice_in_dim(k_time, n * bs, bs)
         s = jnp.einsum("btgrd,bsgd->bgrts", qg, kb, precision=prec,
                        preferred_element_type=f32) * scale
-        mask = (kt >= 0) & (kt <= qt) & (kt >= k_start[:, None, None])         # [B, T, bs]
-        if window is not None:
-            mask &= kt > qt - window
-        mask = mask[:, None, None]
+        mask = cache_mask(q_time, kt, k_start, window)[:, None, None]         # [B,1,1,T,bs]
         s = jnp.where(mask, s, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         base = jnp.where(jnp.isfinite(m_new), m_new, 0.0)      # no key seen yet: any finite base

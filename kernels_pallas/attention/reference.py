@@ -43,6 +43,17 @@ def attention_reference(q, k, v, *, causal=True, window=None, scale=None, segmen
     return o.reshape(B, T, H, D).astype(q.dtype)
 
 
+def cache_mask(q_time, k_time, k_start, window=None):
+    """[B, T, S] bool: key s (at time k_time[s], -1 = empty slot) visible to query t (at
+    q_time[t]) of row b iff k_start[b] <= k_time[s] <= q_time[t] (and, with a window,
+    k_time[s] > q_time[t] - window)."""
+    kt, qt = k_time[None, None, :], q_time[None, :, None]
+    mask = (kt >= 0) & (kt <= qt) & (kt >= k_start[:, None, None])
+    if window is not None:
+        mask &= kt > qt - window
+    return mask
+
+
 def cached_attention(q, k, v, *, q_time, k_time, k_start, window=None, scale=None):
     """Attention of new queries over a KV cache whose slots carry absolute times.
 
@@ -56,11 +67,7 @@ def cached_attention(q, k, v, *, q_time, k_time, k_start, window=None, scale=Non
     scale = D ** -0.5 if scale is None else scale
     qg = q.reshape(B, T, G, H // G, D).astype(jnp.float32)
     logits = jnp.einsum("btgrd,bsgd->bgrts", qg, k.astype(jnp.float32), precision=_HI) * scale
-    kt, qt = k_time[None, None, :], q_time[None, :, None]
-    mask = (kt >= 0) & (kt <= qt) & (kt >= k_start[:, None, None])          # [B, T, S]
-    if window is not None:
-        mask &= kt > qt - window
-    mask = mask[:, None, None]
+    mask = cache_mask(q_time, k_time, k_start, window)[:, None, None]
     p = jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), axis=-1, where=mask)
     p = jnp.where(mask, p, 0.0)
     o = jnp.einsum("bgrts,bsgd->btgrd", p, v.astype(jnp.float32), precision=_HI)

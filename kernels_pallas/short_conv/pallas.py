@@ -53,16 +53,15 @@ class ConvConfig:
     fuse_dx: bool = False  # the backward kernel also forms dx (below); else XLA does
 
 
-def _select(tile, delta):
-    """Rows r + delta of ``tile`` (zero where that leaves the tile), by a 0/1 matmul: exact
-    (one nonzero product per entry, fp32 accumulation)."""
-    BT = tile.shape[0]
-    rows = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 0)
-    cols = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 1)
-    sel = jnp.where(cols == rows + delta, 1.0, 0.0).astype(tile.dtype)
-    prec = jax.lax.Precision.HIGHEST if tile.dtype == f32 else None
-    return jax.lax.dot_general(sel, tile, (((1,), (0,)), ((), ())), precision=prec,
-                               preferred_element_type=f32).astype(tile.dtype)
+def _shift_rows(src, delta, n_out):
+    """out[r] = src[r + delta] for r < n_out (zero where r + delta is outside src), fp32, by a
+    0/1 matmul in src's dtype: exact (one nonzero product per entry, fp32 accumulation)."""
+    rows = jax.lax.broadcasted_iota(jnp.int32, (n_out, src.shape[0]), 0)
+    cols = jax.lax.broadcasted_iota(jnp.int32, (n_out, src.shape[0]), 1)
+    sel = jnp.where(cols == rows + delta, 1.0, 0.0).astype(src.dtype)
+    prec = jax.lax.Precision.HIGHEST if src.dtype == f32 else None
+    return jax.lax.dot_general(sel, src, (((1,), (0,)), ((), ())), precision=prec,
+                               preferred_element_type=f32)
 
 
 def _rows(ref, t0, off, BT, first):
@@ -71,7 +70,7 @@ def _rows(ref, t0, off, BT, first):
     moves them into place."""
     if off == 0 or not first:
         return ref[pl.ds(t0 + off, BT), :]
-    return _select(ref[pl.ds(0, BT), :], off)
+    return _shift_rows(ref[pl.ds(0, BT), :], off, BT).astype(ref.dtype)
 
 
 def _taps(x_ref, t0, BT, W, first):
@@ -148,17 +147,6 @@ def _bwd_kernel(x_ref, m_ref, w_ref, dy_ref, dz_ref, dw_ref, *, cfg):
 
 
 HALO = 16   # rows after a tile whose dz the fused backward recomputes (at most the tile)
-
-
-def _shift_rows(src, delta, n_out):
-    """out[r] = src[r + delta] (zero where r + delta is outside src), fp32, by a 0/1 matmul in
-    src's dtype: exact."""
-    rows = jax.lax.broadcasted_iota(jnp.int32, (n_out, src.shape[0]), 0)
-    cols = jax.lax.broadcasted_iota(jnp.int32, (n_out, src.shape[0]), 1)
-    sel = jnp.where(cols == rows + delta, 1.0, 0.0).astype(src.dtype)
-    prec = jax.lax.Precision.HIGHEST if src.dtype == f32 else None
-    return jax.lax.dot_general(sel, src, (((1,), (0,)), ((), ())), precision=prec,
-                               preferred_element_type=f32)
 
 
 def _bwd_dx_kernel(x_ref, m_ref, w_ref, dy_ref, dx_ref, dw_ref, *, cfg):
