@@ -35,7 +35,8 @@ def test_summarize_sums_device_kernels_by_name_and_category(tmp_path):
     assert s["by_category_ms"] == pytest.approx(
         {"gdn": 0.4, "attention": 0.3, "matmul": 0.1, "fusion/other": 0.05,
          "short_conv": 0.02})
-    assert s["top_kernels_ms"][0] == {"name": "gdn_wy_bwd", "category": "gdn", "ms": 0.4}
+    assert s["top_kernels_ms"][0] == {"name": "gdn_wy_bwd", "category": "gdn", "ms": 0.4,
+                                      "launches": 1.0}
     assert s["kernels_per_step"] == 3.0
     # idle: 500 us after the matmul (ends 500, next 1000), 600 after the second gdn_wy_bwd,
     # 400 after the attention kernel; the host event is not a kernel.
@@ -61,6 +62,30 @@ def test_kernels_name_their_source_from_the_hlo_metadata(tmp_path):
     [(where, ms)] = s["by_source_ms"].items()
     assert "my_layer" in where and ms == pytest.approx(0.01)
     assert "<- " in profile.format_summary(s)
+
+
+def test_one_kernel_serving_two_products_is_two_rows_each_with_its_source(tmp_path):
+    # cuBLAS runs one kernel (same name) for different products: keyed by name only, both would
+    # be charged to whichever source came first; two layers' copies of one product (mlp.2 and
+    # mlp.3, the same operation and line) stay one row.
+    text = """HloModule m
+
+ENTRY %main (x: f32[8,8]) -> f32[8,8] {
+  %x = f32[8,8]{1,0} parameter(0)
+  %head.1 = f32[8,8]{1,0} custom-call(%x, %x), custom_call_target="__cublas$gemm", metadata={op_name="jit(f)/dot_general" source_file="/m/lm.py" source_line=10}
+  %mlp.2 = f32[8,8]{1,0} custom-call(%head.1, %x), custom_call_target="__cublas$gemm", metadata={op_name="jit(f)/transpose" source_file="/m/mlp.py" source_line=20}
+  ROOT %mlp.3 = f32[8,8]{1,0} custom-call(%mlp.2, %x), custom_call_target="__cublas$gemm", metadata={op_name="jit(f)/transpose" source_file="/m/mlp.py" source_line=20}
+}
+"""
+    ev = lambda ts, dur, op: {"ph": "X", "pid": 1, "tid": 7, "name": "nvjet_176x128_TNN",  # noqa
+                              "ts": ts, "dur": dur, "args": {"hlo_op": op}}
+    _write_trace(tmp_path, [ev(0, 300, "head.1"), ev(300, 100, "mlp.2"), ev(400, 100, "mlp.3")])
+    s = profile.summarize(tmp_path, steps=1, hlo_text=text)
+    rows = {r["source"]: (r["ms"], r["launches"]) for r in s["top_kernels_ms"]}
+    assert rows == {"jit(f)/dot_general @ lm.py:10": (0.3, 1.0),
+                    "jit(f)/transpose @ mlp.py:20": (0.2, 2.0)}
+    assert s["by_source_ms"] == pytest.approx({"lm.py:10": 0.3, "mlp.py:20": 0.2})
+    assert s["by_category_ms"] == pytest.approx({"matmul": 0.5})
 
 
 def test_capture_writes_a_trace_that_summarize_reads(tmp_path):

@@ -5,7 +5,8 @@
     summary = summarize(out_dir, steps=n)      # device time per step, by category and by kernel
 
 The trace's device events (processes named ``/device:...``, one thread per stream) are summed
-per kernel name and grouped into categories by name (``CATEGORIES``: the GDN Pallas kernels by
+per kernel and source operation (one cuBLAS kernel serves products of different operations: each
+is its own row, with its launches per step) and grouped into categories by kernel name (``CATEGORIES``: the GDN Pallas kernels by
 their ``gdn_`` names, the short-convolution kernels, attention, matmuls, copies, the rest as
 fusions). ``busy_ms`` is the union of the kernels' intervals per step: beside the step's wall
 time it tells how much of the step the device was idle (launch gaps, host work); ``gaps_after``
@@ -59,9 +60,9 @@ def _trace_file(out_dir: Path) -> Path:
     return found[-1]
 
 
-def _union_and_gaps(intervals: list[tuple[float, float, str]]):
+def _union_and_gaps(intervals: list[tuple[float, float, object]]):
     """Busy time (us) of the union of [start, end) intervals, and the idle gaps between them,
-    each as (us, name of the interval that ended last before it)."""
+    each as (us, key of the interval that ended last before it)."""
     total, end, last, gaps = 0.0, float("-inf"), "", []
     for s, e, name in sorted(intervals):
         if s > end > float("-inf"):
@@ -146,54 +147,57 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20, hlo_text: str | No
     events = data["traceEvents"] if isinstance(data, dict) else data
     device_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") ==
                    "process_name" and str(e.get("args", {}).get("name", "")).startswith("/device:")}
-    kernels: dict[str, float] = {}
-    ops: dict[str, str] = {}    # kernel name -> the HLO instruction the trace says it ran
+    sources = hlo_sources(hlo_text) if hlo_text else {}
+
+    def source(name, op):   # the kernel is named after its fusion, else the trace's hlo_op
+        return sources.get(name) or sources.get(op.replace(".", "_")) or ""
+
+    # (kernel, its source) -> [ms, launches]: one cuBLAS kernel serves many products (the LM
+    # head and some layer's weight gradient); keyed by name alone, one row would carry both
+    # under whichever source came first. A layer's 24 copies of one op stay one row.
+    kernels: dict[tuple[str, str], list] = {}
     intervals = []
     for e in events:
         if e.get("ph") != "X" or e.get("pid") not in device_pids or "dur" not in e:
             continue
-        kernels[e["name"]] = kernels.get(e["name"], 0.0) + e["dur"] / 1e3
-        intervals.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]))
-        hlo_op = (e.get("args") or {}).get("hlo_op")
-        if hlo_op:
-            ops.setdefault(e["name"], str(hlo_op))
+        op = str((e.get("args") or {}).get("hlo_op") or "")
+        key = (e["name"], source(e["name"], op))
+        k = kernels.setdefault(key, [0.0, 0])
+        k[0] += e["dur"] / 1e3
+        k[1] += 1
+        intervals.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), key))
     cats: dict[str, float] = {}
-    for name, ms in kernels.items():
+    for (name, _), (ms, _) in kernels.items():
         c = category(name)
         cats[c] = cats.get(c, 0.0) + ms
     busy, gaps = _union_and_gaps(intervals)
-    after: dict[str, list[float]] = {}
-    for us, name in gaps:
-        a = after.setdefault(name, [0.0, 0])
+    after: dict[tuple[str, str], list[float]] = {}
+    for us, key in gaps:
+        a = after.setdefault(key, [0.0, 0])
         a[0] += us
         a[1] += 1
-    sources = hlo_sources(hlo_text) if hlo_text else {}
 
-    def source(name):    # the kernel is named after its fusion, else the trace's hlo_op
-        return sources.get(name) or sources.get(ops.get(name, "").replace(".", "_"))
-
-    def row(name, **kw):
-        r = {"name": name, "category": category(name), **kw}
-        src = source(name)
-        return {**r, "source": src} if src else r
+    def row(key, **kw):
+        r = {"name": key[0], "category": category(key[0]), **kw}
+        return {**r, "source": key[1]} if key[1] else r
 
     where: dict[str, float] = {}   # device time by source location (file:line), if known
     if sources:
-        for name, ms in kernels.items():
-            src = source(name)
-            key = src.split(" @ ", 1)[1] if src and " @ " in src else f"({category(name)})"
-            where[key] = where.get(key, 0.0) + ms
+        for (name, src), (ms, _) in kernels.items():
+            loc = src.split(" @ ", 1)[1] if " @ " in src else f"({category(name)})"
+            where[loc] = where.get(loc, 0.0) + ms
 
-    ranked = sorted(kernels.items(), key=lambda kv: -kv[1])
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
     return {"steps": steps,
-            "kernel_ms": sum(kernels.values()) / steps,
+            "kernel_ms": sum(ms for ms, _ in kernels.values()) / steps,
             "busy_ms": busy / 1e3 / steps,
             "kernels_per_step": len(intervals) / steps,
             "idle_between_kernels_ms": sum(us for us, _ in gaps) / 1e3 / steps,
             "by_category_ms": {c: ms / steps
                                for c, ms in sorted(cats.items(), key=lambda kv: -kv[1])},
-            "top_kernels_ms": [row(n, ms=ms / steps) for n, ms in ranked[:top]],
-            "gaps_after": [row(n, ms=us / 1e3 / steps, count=c / steps) for n, (us, c) in
+            "top_kernels_ms": [row(k, ms=ms / steps, launches=n / steps)
+                               for k, (ms, n) in ranked[:top]],
+            "gaps_after": [row(k, ms=us / 1e3 / steps, count=c / steps) for k, (us, c) in
                            sorted(after.items(), key=lambda kv: -kv[1][0])[:top // 2]],
             "by_source_ms": {k: ms / steps for k, ms in
                              sorted(where.items(), key=lambda kv: -kv[1])[:top]}}
@@ -210,8 +214,8 @@ def format_summary(s: dict, step_ms: float | None = None) -> str:
              f"  {s['kernels_per_step']:.0f} kernels per step; idle between them "
              f"{s['idle_between_kernels_ms']:.2f} ms"]
     src = lambda k: f"  <- {k['source'][:120]}" if "source" in k else ""  # noqa: E731
-    lines += [f"  {k['ms']:8.3f} ms  {k['category']:12s} {k['name'][:70]}{src(k)}"
-              for k in s["top_kernels_ms"]]
+    lines += [f"  {k['ms']:8.3f} ms {k['launches']:4.0f}x {k['category']:12s} {k['name'][:64]}"
+              f"{src(k)}" for k in s["top_kernels_ms"]]
     if s.get("by_source_ms"):
         lines += ["  by source line (kernels without one: by category):"]
         lines += [f"  {ms:8.3f} ms  {k[:110]}" for k, ms in s["by_source_ms"].items()]
