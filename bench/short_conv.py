@@ -12,7 +12,7 @@ forward+backward adds read x and dy, write dx: 2 and 5 passes of B*T*C bf16) bes
 device-to-device copy's rate timed the same way, and the forward+backward's kernels. Each
 row's ``rel_err`` is the relative error of its y, dx, dw against the reference in fp32. An
 --impls entry "pallas:KEY=VALUE,..." passes options to ``short_conv_pallas`` (block_t,
-num_warps, fuse_dx).
+num_warps).
 """
 from __future__ import annotations
 

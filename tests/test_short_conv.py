@@ -44,15 +44,15 @@ def make(B, T, C, W=4, seed=0, segments=True, dtype=jnp.float32):
     return x, w, seg, dy
 
 
-@functools.partial(jax.jit, static_argnames=("impl", "heads", "normalize", "block_t", "fuse_dx"))
-def value_and_grads(x, w, seg, dy, *, impl, heads, normalize, block_t=64, fuse_dx=False):
+@functools.partial(jax.jit, static_argnames=("impl", "heads", "normalize", "block_t"))
+def value_and_grads(x, w, seg, dy, *, impl, heads, normalize, block_t=64):
     def loss(x, w):
         if impl == "reference":
             y = short_conv(x, w, seg, heads=heads, normalize=normalize, impl="reference")
         else:
             from kernels_pallas.short_conv import short_conv_pallas
             y = short_conv_pallas(x, w, seg, heads=heads, normalize=normalize, block_t=block_t,
-                                  fuse_dx=fuse_dx, interpret=impl == "interpret")
+                                  interpret=impl == "interpret")
         return jnp.sum(y.astype(jnp.float32) * dy), y
 
     (_, y), (dx, dw) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, w)
@@ -99,37 +99,6 @@ def test_pallas_matches_reference(case, normalize, mode):
                           block_t=bt)
     for name, a, b in zip(("y", "dx", "dw"), out, ref):
         assert rel(a, b) < 2e-6, (name, rel(a, b))
-
-
-@pytest.mark.parametrize("normalize", [True, False])
-@pytest.mark.parametrize("case", CASES, ids=[f"B{c[0]}-T{c[1]}-C{c[2]}-h{c[3]}-W{c[4]}-bt{c[5]}"
-                                             f"{'-seg' if c[6] else ''}" for c in CASES])
-def test_fused_dx_backward_matches_reference(case, normalize):
-    """``fuse_dx``: the backward kernel forms dx itself (recomputing dz on the rows after each
-    tile); same values as the reference, first, middle and last tiles and documents across
-    tile edges included."""
-    B, T, C, heads, W, bt, segments = case
-    x, w, seg, dy = make(B, T, C, W, seed=T + 1, segments=segments)
-    ref = value_and_grads(x, w, seg, dy, impl="reference", heads=heads, normalize=normalize)
-    out = value_and_grads(x, w, seg, dy, impl="interpret", heads=heads, normalize=normalize,
-                          block_t=bt, fuse_dx=True)
-    for name, a, b in zip(("y", "dx", "dw"), out, ref):
-        assert rel(a, b) < 2e-6, (name, rel(a, b))
-
-
-def test_fused_dx_bf16_equals_unfused():
-    """bf16: the fused backward rounds dz to bf16 where the unfused one stores it, then sums in
-    fp32 in the same order: the same dx to the last bit or one rounding of it."""
-    x, w, seg, dy = make(2, 96, 32, seed=8)
-    xb = x.astype(jnp.bfloat16)
-    a = value_and_grads(xb, w, seg, dy, impl="interpret", heads=2, normalize=True, block_t=32)
-    b = value_and_grads(xb, w, seg, dy, impl="interpret", heads=2, normalize=True, block_t=32,
-                        fuse_dx=True)
-    assert a[1].dtype == b[1].dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(a[1], np.float32), np.asarray(b[1], np.float32),
-                               rtol=1e-2, atol=0)
-    assert rel(b[1], a[1]) < 1e-3
-    np.testing.assert_array_equal(np.asarray(a[2]), np.asarray(b[2]))
 
 
 def test_pallas_bf16_within_bf16_noise():

@@ -22,11 +22,10 @@ With lag j, tap weight w_{W-1-j}, mask m_j(t) = [since(t) >= j], s = SiLU(z), n 
 Arithmetic is fp32 inside; dz is stored in x's dtype. GPU only (Triton) and the generic
 interpreter; TPU runs the jnp reference (``AUTO_IMPL``).
 
-``fuse_dx=True`` (off by default: untimed, session 12) forms dx in the backward kernel instead:
-it recomputes dz on the 16 rows after its tile (the transposed convolution reaches W - 1 rows
-ahead) and shifts rows with 0/1 matmuls, so dz is never written and XLA's pass over it (0.117 ms
-of a 0.507-ms forward + backward at HwH-380m's q/k shape on an H200) goes, for half as much dz
-arithmetic again at tiles of 32.
+Forming dx in the backward kernel instead (dz recomputed on 16 rows past each tile, rows
+shifted by 0/1 matmuls, so dz is never stored) was slower on the H200: 0.639 against 0.504 ms
+forward+backward with the norm, 1.303 against 0.456 without, and the 2K training step 443.8
+against 425.2 ms (session 13; ``docs/runs/s13/dropped_fuse_dx.patch.txt``).
 """
 from __future__ import annotations
 
@@ -50,7 +49,6 @@ class ConvConfig:
     eps: float
     interpret: object = False
     num_warps: int = 4
-    fuse_dx: bool = False  # the backward kernel also forms dx (below); else XLA does
 
 
 def _shift_rows(src, delta, n_out):
@@ -146,47 +144,6 @@ def _bwd_kernel(x_ref, m_ref, w_ref, dy_ref, dz_ref, dw_ref, *, cfg):
     _per_tile(body)
 
 
-HALO = 16   # rows after a tile whose dz the fused backward recomputes (at most the tile)
-
-
-def _bwd_dx_kernel(x_ref, m_ref, w_ref, dy_ref, dx_ref, dw_ref, *, cfg):
-    """dx at the tile's rows, and this tile's part of dw, in one kernel (``fuse_dx``):
-    dx(t) = sum_j w_{W-1-j} m_j(t + j) dz(t + j) needs dz up to W - 1 rows past the tile, so
-    the kernel also forms dz on the HALO rows after it (none after the sequence's last tile).
-    dz is rounded to x's dtype before the transposed convolution, as the unfused path stores
-    it. m and dy are passed whole along time (the halo reads past the tile)."""
-    W, BT = cfg.width, cfg.block_t
-    t = pl.program_id(1)
-    t0 = t * BT
-    n_tiles = pl.num_programs(1)
-    cd = x_ref.dtype
-
-    def body(first, last):
-        m = m_ref[pl.ds(t0, BT), :]
-        xs = _taps(x_ref, t0, BT, W, first)
-        dz = _dz(xs, m, w_ref, dy_ref[pl.ds(t0, BT), :], cfg)
-        dw_ref[...] = _dw_part(xs, m, dz, dw_ref.shape, W)
-        dzc = dz.astype(cd)
-        dx = w_ref[pl.ds(W - 1, 1), :].astype(f32) * dzc.astype(f32)
-        if not last:
-            h0, hb = t0 + BT, min(HALO, BT)
-            mh = m_ref[pl.ds(h0, hb), :]
-            xh = [x_ref[pl.ds(h0 - j, hb), :].astype(f32) for j in range(W)]
-            dzh = _dz(xh, mh, w_ref, dy_ref[pl.ds(h0, hb), :], cfg).astype(cd)
-        for j in range(1, W):
-            shifted = _shift_rows(jnp.where(m >= j, dzc, 0).astype(cd), j, BT)
-            if not last:
-                shifted += _shift_rows(jnp.where(mh >= j, dzh, 0).astype(cd), j - BT, BT)
-            dx += w_ref[pl.ds(W - 1 - j, 1), :].astype(f32) * shifted
-        dx_ref[...] = dx.astype(dx_ref.dtype)
-
-    for first in (True, False):
-        for last in (True, False):
-            cond = (t == 0) if first else (t > 0)
-            cond = cond & ((t == n_tiles - 1) if last else (t < n_tiles - 1))
-            pl.when(cond)(functools.partial(body, first, last))
-
-
 def _conv_transpose(dz, w, m, W):
     """dx(t) = sum_j w_{W-1-j} m_j(t + j) dz(t + j), in XLA (one fusion), fp32 inside."""
     T = dz.shape[1]
@@ -239,14 +196,6 @@ def _backward(cfg, heads, x, w, m, dy):
     sq = pl.squeezed
     dw_spec = pl.BlockSpec((sq, sq, Wp, X), lambda b, t, h: (b, t, 0, h))
     dw_shape = jax.ShapeDtypeStruct((B, NT, Wp, C), f32)
-    if cfg.fuse_dx:
-        whole_m = pl.BlockSpec((sq, T, 1), lambda b, t, h: (b, 0, 0))
-        dx, dw = pl.pallas_call(
-            functools.partial(_bwd_dx_kernel, cfg=cfg), grid=(B, NT, heads),
-            in_specs=[whole, whole_m, wspec, whole], out_specs=[tile, dw_spec],
-            out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), dw_shape],
-            interpret=cfg.interpret, name="short_conv_bwd_dx", **_params(cfg))(x, m, w, dy)
-        return dx, jnp.sum(dw, axis=(0, 1))
     dz, dw = pl.pallas_call(
         functools.partial(_bwd_kernel, cfg=cfg), grid=(B, NT, heads),
         in_specs=[whole, tile_m, wspec, tile],
@@ -283,7 +232,7 @@ def _pow2(n):
 
 def short_conv_pallas(x, weight, segment_ids=None, *, heads: int = 1, normalize: bool = False,
                       eps: float = 1e-6, block_t: int = 32, num_warps: int = 4,
-                      fuse_dx: bool = False, interpret=False):
+                      interpret=False):
     """``short_conv`` as the kernels above. x [B, T, C]; weight [W, C] (any float dtype, the
     gradient comes back in it); segment_ids [B, T] or None. T is padded to the tile.
     ``block_t`` 32: forward + backward 0.507 / 0.453 ms (with / without the norm) against 0.531 /
@@ -306,11 +255,8 @@ def short_conv_pallas(x, weight, segment_ids=None, *, heads: int = 1, normalize:
                                  f"two >= 16, got {n}")
     bt = min(block_t, max(16, 1 << (T - 1).bit_length()))       # short sequences: one tile
     pad = (-T) % bt
-    if fuse_dx and W - 1 > min(HALO, bt):
-        raise ValueError(f"short_conv(impl='pallas', fuse_dx=True) reaches min({HALO}, block_t="
-                         f"{bt}) rows past a tile, so at most {min(HALO, bt) + 1} taps; got {W}")
     cfg = ConvConfig(width=W, block_t=bt, normalize=normalize, eps=eps, interpret=interpret,
-                     num_warps=num_warps, fuse_dx=fuse_dx)
+                     num_warps=num_warps)
     m = jnp.minimum(doc_offsets(segment_ids, B, T), W - 1).astype(f32)[..., None]
     Wp = 1 << (W - 1).bit_length()
     w = jnp.pad(weight.astype(f32), ((0, Wp - W), (0, 0)))
