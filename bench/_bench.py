@@ -7,6 +7,7 @@ import tempfile
 import time
 
 import jax
+import jax.numpy as jnp
 
 from hwh_jax.training import profile
 
@@ -61,3 +62,16 @@ def device_ms(fn, *args, reps=20):
     if not s["top_kernels_ms"]:
         return None, []
     return s["kernel_ms"], s["top_kernels_ms"]
+
+
+def ceilings() -> dict:
+    """This device's rates measured now: a bf16 8192^3 matmul (TFLOP/s) and a device-to-device
+    copy counting read + write (TB/s). Machines of one kind differ (H200s: 594-653 TFLOP/s over
+    session 12): rows timed on different machines compare through these."""
+    a = jax.random.normal(jax.random.key(0), (8192, 8192), jnp.bfloat16)
+    mm = jax.jit(lambda x, y: x @ y)
+    t = median_ms(mm, a, a, reps=10)
+    x = jax.random.normal(jax.random.key(1), (1 << 30,), jnp.bfloat16)  # 2 GiB
+    cp = jax.jit(lambda x: x * 1)
+    tc = median_ms(cp, x, reps=10)
+    return {"matmul_tflops": 2 * 8192 ** 3 / t / 1e9, "copy_tbps": 2 * x.nbytes / tc / 1e9}

@@ -39,16 +39,6 @@ from kernels_pallas.gdn._common import KernelConfig
 from kernels_pallas.gdn.chunk_reference import chunk_local_cumsum
 
 
-def ceilings():
-    a = jax.random.normal(jax.random.key(0), (8192, 8192), jnp.bfloat16)
-    mm = jax.jit(lambda x, y: x @ y)
-    t = median_ms(mm, a, a, reps=10)
-    x = jax.random.normal(jax.random.key(1), (1 << 30,), jnp.bfloat16)  # 2 GiB
-    cp = jax.jit(lambda x: x * 1)
-    tc = median_ms(cp, x, reps=10)
-    return {"matmul_tflops": 2 * 8192 ** 3 / t / 1e9, "copy_tbps": 2 * x.nbytes / tc / 1e9}
-
-
 def inputs(B, T, H, K, V, dtype, seed=0):
     ks = jax.random.split(jax.random.key(seed), 6)
     q = jax.random.normal(ks[0], (B, T, H, K))
@@ -195,7 +185,7 @@ def main():
                     help="time launch settings per kernel and use the best for the pallas rows")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    ceil = ceilings()
+    ceil = _bench.ceilings()
     print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__, **ceil}),
           flush=True)
     out = open(args.out, "w") if args.out else None  # rows written as they come: kept if cut

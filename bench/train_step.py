@@ -19,15 +19,18 @@ peak counter is process-wide (the largest step so far), so it is only recorded a
 DIR`` traces 3 more steps per row and prints where their device time goes: by category (GDN
 kernels, attention, matmuls, copies, fusions), the top kernels with the operation and source line
 each came from, how much of the step the device was busy and which kernels the idle gaps follow
-(``hwh_jax.training.profile``).
+(``hwh_jax.training.profile``). ``--hlo DIR`` writes each row's compiled program (XLA's fusions
+and the kernels' operands, to read what a fusion in the profile does).
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import gzip
 import json
 import statistics
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +49,7 @@ from hwh_jax.training.steps import make_train_step
 
 
 def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", overrides=None,
-              profile_top=20):
+              profile_top=20, hlo_dir=""):
     overrides = {**(overrides or {}), **({"vocab_size": vocab_size} if vocab_size else {})}
     cfg = model_config(arch, size, dtype=dtype, **overrides)
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
@@ -64,6 +67,10 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
     state, m = step(state, batch)
     jax.block_until_ready(m["loss"])
     compile_s = time.time() - t0
+    if hlo_dir:
+        Path(hlo_dir).mkdir(parents=True, exist_ok=True)
+        with gzip.open(Path(hlo_dir) / f"{arch}_{size}_{T}.hlo.txt.gz", "wt") as f:
+            f.write(step.as_text())
     state, m = step(state, batch)
     jax.block_until_ready(m["loss"])
     times = []
@@ -123,6 +130,8 @@ def main():
                     help="directory: trace 3 steps per row and print their device time by kernel")
     ap.add_argument("--profile_top", type=int, default=20,
                     help="with --profile: how many kernels to list (the rest count in categories)")
+    ap.add_argument("--hlo", default="",
+                    help="directory: write each row's compiled program, {arch}_{size}_{T}.hlo.txt.gz")
     ap.add_argument("--override", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="ModelConfig fields, e.g. gdn_impl=chunk_reference (Python literals)")
     ap.add_argument("--out", default="")
@@ -146,7 +155,8 @@ def main():
                     try:
                         prof = f"{args.profile}/{arch}_{size}_{T}" if args.profile else ""
                         row = time_step(arch, size, T, B, args.steps, args.dtype,
-                                        args.vocab_size, prof, overrides, args.profile_top)
+                                        args.vocab_size, prof, overrides, args.profile_top,
+                                        args.hlo)
                         break
                     except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                         if not is_oom(e):

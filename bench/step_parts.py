@@ -1,0 +1,161 @@
+r"""Time parts of the training step alone: the shipped formulation beside alternatives to it.
+
+  python bench/step_parts.py --tokens 65536 --d_model 1024 --mlp 3072 --vocab 50304 \
+      --parts mlp loss --out $OUT/parts.jsonl
+
+Each row: forward+backward (for the input and the parameters) of one part on bf16 activations
+from fp32 parameters, as the model runs them; the device time per call from a profiler trace and
+its kernels, beside this device's matmul and copy rates measured in the same run.
+- ``mlp``: the SwiGLU block on [tokens, d]. ``shipped``: ``hwh_jax.layers.mlp.SwiGLU``
+  (down(SiLU(gate(x)) * up(x)), autodiff); ``stacked``: gate and up as one product of their
+  kernels stacked to [d, 2, H] and a hand-written backward that saves only that product;
+  ``separate``: the two products and that backward.
+- ``loss``: the LM head (x @ E^T, bf16 logits) and ``hwh_jax.training.steps.cross_entropy``.
+  ``shipped``: its log Z by ``jax.nn.logsumexp`` (a max pass, then a sum pass over the logits);
+  ``one_pass``: log Z as one reduction of (max, sum of exp) pairs merged as online softmax does.
+The alternatives live here, not in the model: session 13 timed them no faster
+(docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import _bench
+from _bench import device_ms, median_ms
+from hwh_jax.layers.mlp import SwiGLU
+from hwh_jax.training import steps
+
+bf16, f32 = jnp.bfloat16, jnp.float32
+
+
+def _swiglu_fwd(gu):
+    g, u = gu[..., 0, :].astype(f32), gu[..., 1, :].astype(f32)
+    return (g * jax.nn.sigmoid(g) * u).astype(gu.dtype), gu
+
+
+def _swiglu_bwd(gu, dh):
+    g, u = gu[..., 0, :].astype(f32), gu[..., 1, :].astype(f32)
+    s = jax.nn.sigmoid(g)
+    dh = dh.astype(f32)
+    dg = dh * u * s * (1.0 + g * (1.0 - s))
+    return (jnp.stack([dg, dh * g * s], axis=-2).astype(gu.dtype),)
+
+
+swiglu = jax.custom_vjp(lambda gu: _swiglu_fwd(gu)[0])
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
+def mlp_fn(variant, module):
+    graphdef, params = nnx.split(module, nnx.Param)
+
+    def f(params, x):
+        m = nnx.merge(graphdef, params)
+        if variant == "shipped":
+            return m(x)
+        if variant == "stacked":
+            w = jnp.stack([m.gate.kernel[...], m.up.kernel[...]], axis=1).astype(bf16)
+            return m.down(swiglu(jnp.einsum("...d,dkh->...kh", x, w)))
+        if variant == "separate":
+            return m.down(swiglu(jnp.stack([m.gate(x), m.up(x)], axis=-2)))
+        raise ValueError(f"unknown mlp variant {variant!r}; known: shipped, stacked, separate")
+    return f, params
+
+
+def logsumexp_one_pass(x):
+    x = x.astype(f32)
+
+    def merge(a, b):
+        (m1, s1), (m2, s2) = a, b
+        e = jnp.exp(jnp.where(m1 == m2, 0.0, -jnp.abs(m1 - m2)))   # exp(smaller - larger)
+        return jnp.maximum(m1, m2), jnp.where(m1 >= m2, s1 + s2 * e, s1 * e + s2)
+
+    m, s = jax.lax.reduce((x, jnp.ones_like(x)), (f32(-jnp.inf), f32(0.0)), merge,
+                          (x.ndim - 1,))
+    return m + jnp.log(s)
+
+
+def loss_fn(variant):
+    if variant not in ("shipped", "one_pass"):
+        raise ValueError(f"unknown loss variant {variant!r}; known: shipped, one_pass")
+
+    def f(emb, h, targets):
+        logits = jnp.einsum("nd,vd->nv", h, emb.astype(bf16))
+        return steps.cross_entropy(logits, targets, jnp.ones(targets.shape, f32))[0]
+
+    def g(*args):    # token_nll's forward reads jax.nn.logsumexp at trace time
+        keep = jax.nn.logsumexp
+        jax.nn.logsumexp = lambda x, axis: logsumexp_one_pass(x)
+        try:
+            return f(*args)
+        finally:
+            jax.nn.logsumexp = keep
+    return f if variant == "shipped" else g
+
+
+def fwd_bwd(f):
+    @jax.jit
+    def run(a, b, *rest):
+        y, vjp = jax.vjp(lambda a, b: f(a, b, *rest), a, b)
+        return y, vjp(jnp.ones_like(y))
+    return run
+
+
+def kernels_line(ks, n=6):
+    return "; ".join(f"{k['name'][:48]} {k['ms']:.3f}" for k in ks[:n])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=65536)
+    ap.add_argument("--d_model", type=int, default=1024)
+    ap.add_argument("--mlp", type=int, default=3072)
+    ap.add_argument("--vocab", type=int, default=50304)
+    ap.add_argument("--parts", nargs="+", default=["mlp", "loss"])
+    ap.add_argument("--mlp_variants", nargs="+", default=["shipped", "stacked", "separate"])
+    ap.add_argument("--loss_variants", nargs="+", default=["shipped", "one_pass"])
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    _bench.print_device()
+    ceil = _bench.ceilings()
+    print(json.dumps({"ceilings": ceil}), flush=True)
+    rng = np.random.default_rng(0)
+    N, d, H, V = args.tokens, args.d_model, args.mlp, args.vocab
+    x = jnp.asarray(rng.standard_normal((N, d)), bf16)
+    rows = []
+    if "mlp" in args.parts:
+        module = SwiGLU(d, H, out_std=0.02, dtype=bf16, param_dtype=f32, rngs=nnx.Rngs(0))
+        for v in args.mlp_variants:
+            f, params = mlp_fn(v, module)
+            run = fwd_bwd(f)
+            dev, ks = device_ms(run, params, x)
+            row = {"part": "mlp", "variant": v, **ceil, "tokens": N, "d": d, "hidden": H,
+                   "fwd_bwd_ms": median_ms(run, params, x), "fwd_bwd_device_ms": dev,
+                   "matmul_tflop": 6 * 3 * N * d * H / 1e12, "kernels": ks}
+            _bench.emit(rows, row)
+            print(f"mlp  {v:9s} device {dev or float('nan'):.3f} ms :: {kernels_line(ks)}",
+                  flush=True)
+    if "loss" in args.parts:
+        emb = jnp.asarray(0.02 * rng.standard_normal((V, d)), f32)
+        targets = jnp.asarray(rng.integers(0, V, (N,)), jnp.int32)
+        for v in args.loss_variants:
+            run = fwd_bwd(loss_fn(v))
+            y, _ = run(emb, x, targets)
+            dev, ks = device_ms(run, emb, x, targets)
+            row = {"part": "loss", "variant": v, **ceil, "tokens": N, "d": d, "vocab": V,
+                   "loss": float(y), "fwd_bwd_ms": median_ms(run, emb, x, targets),
+                   "fwd_bwd_device_ms": dev, "matmul_tflop": 6 * N * d * V / 1e12,
+                   "kernels": ks}
+            _bench.emit(rows, row)
+            print(f"loss {v:9s} {float(y):.5f} device {dev or float('nan'):.3f} ms :: "
+                  f"{kernels_line(ks)}", flush=True)
+    _bench.write_jsonl(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()
