@@ -146,6 +146,27 @@ def test_blockwise_cached_attention_matches_reference(ring, window, block):
         np.testing.assert_array_equal(far, 0.0)
 
 
+def test_blockwise_cached_attention_visits_only_blocks_a_query_may_see():
+    """A prompt's chunk over a cache allocated for the whole context: blocks past the chunk
+    (empty) and, with a window, blocks wholly before it are skipped; the output still equals
+    the reference's."""
+    from kernels_pallas import cached_attention, cached_attention_blockwise
+    from kernels_pallas.attention.cached import visible_blocks
+    q, k, v, _, _, k_start = _cache_case(2, 12, 64, 4, 2, 16, seed=5, ring=False)
+    q_time = jnp.arange(12, dtype=jnp.int32) + 20                    # times 20..31
+    k_time = jnp.asarray(np.where(np.arange(64) < 32, np.arange(64), -1), jnp.int32)
+    for window, want in ((None, [0, 1, 2, 3]), (6, [1, 2, 3])):       # blocks of 8 slots
+        order, count = visible_blocks(k_time, q_time, window, 8)
+        assert int(count) == len(want) and order[:len(want)].tolist() == want
+        kw = dict(q_time=q_time, k_time=k_time, k_start=k_start, window=window)
+        np.testing.assert_allclose(cached_attention_blockwise(q, k, v, block=8, **kw),
+                                   cached_attention(q, k, v, **kw), atol=2e-6, rtol=2e-5)
+    _, count = visible_blocks(jnp.full((64,), -1, jnp.int32), q_time, None, 8)
+    assert int(count) == 0     # an empty cache: nothing visited, every query returns zeros
+    empty = dict(q_time=q_time, k_time=jnp.full((64,), -1, jnp.int32), k_start=k_start)
+    np.testing.assert_array_equal(cached_attention_blockwise(q, k, v, block=8, **empty), 0.0)
+
+
 def test_blockwise_cached_attention_bf16_within_bf16_noise():
     from kernels_pallas import cached_attention, cached_attention_blockwise
     q, k, v, q_time, k_time, k_start = _cache_case(1, 32, 96, 4, 4, 32, seed=3, ring=False)
