@@ -15,7 +15,9 @@ comes from the cache's own arrays (``hwh_jax.inference.cache.cache_bytes``). The
 donated to every step (as ``Generator`` does), so one copy of it is alive at a time, and each
 timing starts from a new prompt-end cache (with the prefill, a row runs the prompt twice: the
 timed prefill, whose chunk shapes are compiled beforehand, and once more for the loop); OOMs
-are caught and reported. ``--prefill none`` skips the prompt (its compile is most of a row's time:
+are caught and reported. Every compiled executable runs once before it is timed (a first run
+also loads its kernels onto the device); the decode loop's first run is kept as
+``decode_first_ms``. ``--prefill none`` skips the prompt (its compile is most of a row's time:
 ~70 s for HwH-380m on the H200): the cache is allocated empty and its position set to ``context -
 decode_steps``, so every decode step costs what it costs at the end of a full context (cached
 attention computes over every allocated slot and masks by the slots' times, a GDN state costs
@@ -75,12 +77,14 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
 
     row, compiled = {}, {}
     cache_shape = jax.eval_shape(init, state)
-    if prefill:            # compile each chunk shape ahead, then time the prompt's first run
+    if prefill:            # compile each chunk shape ahead, run each once, then time the prompt
         t0 = time.perf_counter()
         for n in sorted({e - s for s, e in chunks}):
             compiled[n] = extend.lower(state, jax.ShapeDtypeStruct((batch, n), jnp.int32),
                                        cache_shape).compile()
         row["prefill_compile_s"] = time.perf_counter() - t0
+        for n, fn in compiled.items():     # each executable's first run (it loads its kernels)
+            jax.block_until_ready(fn(state, tok[:, :n], init(state)))   # untimed, discarded
         cache = jax.block_until_ready(init(state))    # allocated outside the timing
         t0 = time.perf_counter()
         nxt, last, cache = jax.block_until_ready(after_prompt(cache))
@@ -102,6 +106,12 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     loop = gen._decode.lower(state, logits_shape, cache_shape, jax.random.key(0),
                              steps=decode_steps, temperature=0.0, top_p=1.0).compile()
     decode_loop = lambda logits, cache: loop(state, logits, cache, jax.random.key(0))  # noqa: E731
+    first = (jnp.zeros((batch, cfg.vocab_size), jnp.float32),     # costs as any cache would
+             jax.block_until_ready({**init(state), "t": jnp.int32(prompt_len)}))
+    t = time.perf_counter()
+    jax.block_until_ready(decode_loop(*first))     # its first run: kept apart as decode_first_ms
+    row["decode_first_ms"] = 1e3 * (time.perf_counter() - t) / decode_steps
+    del first
     _, last, cache = jax.block_until_ready(after_prompt())
     t = time.perf_counter()
     jax.block_until_ready(decode_loop(last, cache))
