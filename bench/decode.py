@@ -4,7 +4,9 @@ r"""Prefill time, per-token decode latency and decode-cache memory, per architec
       --contexts 2048 8192 32768 65536 --batches 1 32 --out $OUT/decode.jsonl
 
 For every (arch, context, batch): a random prompt of ``context - decode_steps`` tokens is
-prefilled in chunks of --prefill_chunk (``HybridLM.extend``, jitted once per chunk shape), then
+prefilled in chunks of --prefill_chunk (0: at once; ``HybridLM.extend``, jitted once per chunk
+shape, the first chunk ``fresh`` as ``Generator`` runs it: its FA heads attend over the chunk
+through the training attention, the later ones over the cache), then
 --decode_steps single tokens are decoded greedily, twice: ``decode_ms`` is the wall time of
 ``hwh_jax.inference.Generator``'s compiled decode loop (one ``fori_loop`` on the device,
 greedy) over the steps divided by their number, ``decode_call_ms`` the median of one jitted
@@ -52,16 +54,20 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     gen = Generator(model)   # its compiled decode loop: what generate() runs after the prefill
     graphdef, state = gen.graphdef, gen.state
 
-    @functools.partial(jax.jit, donate_argnums=2)   # the cache updated in place, as in
-    def extend(state, tokens, cache):                # Generator: one copy of it at a time
-        logits, cache = nnx.merge(graphdef, state).extend(tokens, cache)
+    # the cache updated in place, as in Generator (one copy of it at a time); a prompt's first
+    # chunk fresh (its FA heads over the chunk itself), only the last logits formed, as there
+    @functools.partial(jax.jit, donate_argnums=2, static_argnums=3)
+    def extend(state, tokens, cache, fresh=False):
+        logits, cache = nnx.merge(graphdef, state).extend(tokens, cache, fresh=fresh,
+                                                          last_only=True)
         last = logits[:, -1]
         return jnp.argmax(last, -1).astype(jnp.int32), last, cache
 
     init = jax.jit(lambda state: nnx.merge(graphdef, state).init_cache(batch, context))
     prompt_len = context - decode_steps
     tok = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt_len), np.int32)
-    chunks = [(s, min(s + prefill_chunk, prompt_len)) for s in range(0, prompt_len, prefill_chunk)]
+    step = prefill_chunk or prompt_len                # 0: the whole prompt at once
+    chunks = [(s, min(s + step, prompt_len), s == 0) for s in range(0, prompt_len, step)]
 
     def after_prompt(cache=None):
         """(next token, last logits, cache) at the prompt's end, from ``cache`` (default a new
@@ -71,19 +77,19 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
         if not prefill:
             return (jnp.asarray(tok[:, -1]), jnp.zeros((batch, cfg.vocab_size), jnp.float32),
                     {**cache, "t": jnp.int32(prompt_len)})
-        for s, e in chunks:
-            nxt, last, cache = compiled[e - s](state, tok[:, s:e], cache)
+        for s, e, fresh in chunks:
+            nxt, last, cache = compiled[e - s, fresh](state, tok[:, s:e], cache)
         return nxt, last, cache
 
     row, compiled = {}, {}
     cache_shape = jax.eval_shape(init, state)
     if prefill:            # compile each chunk shape ahead, run each once, then time the prompt
         t0 = time.perf_counter()
-        for n in sorted({e - s for s, e in chunks}):
-            compiled[n] = extend.lower(state, jax.ShapeDtypeStruct((batch, n), jnp.int32),
-                                       cache_shape).compile()
+        for n, fresh in sorted({(e - s, fresh) for s, e, fresh in chunks}):
+            compiled[n, fresh] = extend.lower(
+                state, jax.ShapeDtypeStruct((batch, n), jnp.int32), cache_shape, fresh).compile()
         row["prefill_compile_s"] = time.perf_counter() - t0
-        for n, fn in compiled.items():     # each executable's first run (it loads its kernels)
+        for (n, _), fn in compiled.items():   # each executable's first run (loads its kernels)
             jax.block_until_ready(fn(state, tok[:, :n], init(state)))   # untimed, discarded
         cache = jax.block_until_ready(init(state))    # allocated outside the timing
         t0 = time.perf_counter()
@@ -133,7 +139,7 @@ def main():
     ap.add_argument("--size", default="380m")
     ap.add_argument("--contexts", nargs="+", type=int, default=[2048, 8192, 32768, 65536])
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 32])
-    ap.add_argument("--prefill_chunk", type=int, default=2048)
+    ap.add_argument("--prefill_chunk", type=int, default=2048, help="0: the whole prompt at once")
     ap.add_argument("--decode_steps", type=int, default=16)
     ap.add_argument("--prefill", choices=("full", "none"), default="full",
                     help="none: no prompt, an empty cache at position context - decode_steps "
@@ -155,7 +161,7 @@ def main():
                 try:
                     prof = (f"{args.profile}/{arch}_{args.size}_{T}_b{B}"
                             if args.profile else "")
-                    row.update(measure(model, cfg, T, B, min(args.prefill_chunk, T),
+                    row.update(measure(model, cfg, T, B, args.prefill_chunk,
                                        args.decode_steps, prof, args.prefill == "full"))
                 except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                     if not is_oom(e):

@@ -69,6 +69,32 @@ def test_left_padding_is_invisible(arch):
                                    atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("arch", ["hwh", "swa", "transformer", "layerwise"])
+def test_fresh_prefill_equals_prefill_over_the_cache(arch):
+    """A first chunk attending over itself (``fresh``: the training attention on rows rolled
+    past their left padding) against the same chunk over the empty cache: the same logits,
+    caches and next decoded steps, with padding of 12, 0 and 3 and a window shorter than the
+    prompt (swa). ``last_only`` gives the last logits alone."""
+    model = tiny(arch)
+    x = tokens(3, 17, seed=4)
+    start = [12, 0, 3]
+    x = jnp.where(jnp.arange(17)[None] >= jnp.asarray(start)[:, None], x, 0)
+    got, c1 = nnx.jit(lambda m, x, c: m.extend(x, c, fresh=True))(
+        model, x, model.init_cache(3, 21, start=start))
+    want, c2 = _extend(model, x, model.init_cache(3, 21, start=start))
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
+    for a, b in zip(jax.tree.leaves(c1), jax.tree.leaves(c2)):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=0)
+    last, _ = nnx.jit(lambda m, x, c: m.extend(x, c, fresh=True, last_only=True))(
+        model, x, model.init_cache(3, 21, start=start))
+    assert last.shape == (3, 1, VOCAB)
+    np.testing.assert_allclose(last[:, 0], want[:, -1], atol=2e-5, rtol=0)
+    for t in range(3):
+        nxt = tokens(3, 1, seed=10 + t)
+        (a, c1), (b, c2) = _extend(model, nxt, c1), _extend(model, nxt, c2)
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=0)
+
+
 def test_batched_greedy_generation_equals_one_by_one_and_brute_force():
     model = tiny("hwh")
     gen = Generator(model, vocab=VOCAB, length_multiple=16)
@@ -93,7 +119,8 @@ def test_generator_keeps_matrices_in_the_compute_dtype_with_the_same_logits():
     assert {a.dtype for a in leaves if a.ndim == 1} == {jnp.dtype(jnp.float32)}   # norms, A_log
     assert {a.dtype for a in jax.tree.leaves(nnx.state(model))} == {jnp.dtype(jnp.float32)}
     x = tokens(2, 13)
-    want, _ = _extend(model, x, model.init_cache(2, 16))
+    want, _ = nnx.jit(lambda m, x, c: m.extend(x, c, last_only=True))(
+        model, x, model.init_cache(2, 16))      # the prefill forms the last logits alone
     got, _ = gen._prefill(gen.state, x, model.init_cache(2, 16))
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want[:, -1]))
 
@@ -158,8 +185,9 @@ def test_fixed_cache_and_chunked_prefill_generate_the_same_with_one_compilation(
                [tokens(1, 11, seed=7)[0].tolist(), tokens(1, 21, seed=8)[0].tolist()]]
     for prompts in batches:
         assert fixed.generate(prompts, 6)[0] == plain.generate(prompts, 6)[0]
-    assert fixed._prefill._cache_size() == 1 and fixed._decode._cache_size() == 1
-    assert plain._prefill._cache_size() == 2
+    # the prefill: one compile for first chunks (fresh), one for the chunks after them
+    assert fixed._prefill._cache_size() == 2 and fixed._decode._cache_size() == 1
+    assert plain._prefill._cache_size() == 2       # padded lengths 16 and 32, each fresh
     with pytest.raises(ValueError, match="padded prompt 24 \\+ 7 new tokens exceed the fixed "
                                          "cache_len 30"):
         fixed.generate(batches[1], 7)

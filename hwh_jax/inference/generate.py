@@ -3,7 +3,10 @@
 Prompts of different lengths are left-padded to a common length P (rounded up to
 ``length_multiple`` so that a handful of compiled shapes serve every prompt); row b's tokens
 start at time ``start[b] = P - len(prompt_b)``. FA heads never see the padding and GDN heads
-leave their state untouched by it, so each row decodes exactly as it would alone.
+leave their state untouched by it, so each row decodes exactly as it would alone. The prompt's
+first chunk (the whole prompt unless ``prefill_chunk``) runs ``fresh``: its FA heads attend over
+the chunk itself through the training attention (cuDNN's on a GPU) instead of over the cache;
+only the last token's logits are formed.
 
 The Generator keeps its own copy of the model's matrices (every floating parameter of two or
 more dimensions: projections, embedding, convolution kernels) in the compute dtype. Every layer
@@ -57,7 +60,8 @@ class Generator:
         self.cache_len = cache_len
         # The cache is donated: a step updates it in place instead of holding two copies (a
         # 380m Transformer's 32K cache at batch 32 is 96 GiB).
-        self._prefill = jax.jit(self._prefill_fn, donate_argnames=("cache",))
+        self._prefill = jax.jit(self._prefill_fn, donate_argnames=("cache",),
+                                static_argnames=("fresh",))
         self._decode = jax.jit(self._decode_fn, static_argnames=("steps", "temperature", "top_p"),
                                donate_argnames=("cache",))
         self._init = jax.jit(self._init_fn, static_argnames=("batch", "max_len"))
@@ -66,8 +70,9 @@ class Generator:
     def _init_fn(self, state, start, batch, max_len):
         return nnx.merge(self.graphdef, state).init_cache(batch, max_len, start=start)
 
-    def _prefill_fn(self, state, tokens, cache):
-        logits, cache = nnx.merge(self.graphdef, state).extend(tokens, cache)
+    def _prefill_fn(self, state, tokens, cache, fresh=False):
+        logits, cache = nnx.merge(self.graphdef, state).extend(tokens, cache, fresh=fresh,
+                                                               last_only=True)
         return logits[:, -1], cache
 
     def _decode_fn(self, state, logits, cache, key, *, steps, temperature, top_p):
@@ -120,7 +125,8 @@ class Generator:
                            max_len=self.cache_len or P + max_new_tokens)
         chunk = self.prefill_chunk if self.prefill_chunk and P > self.prefill_chunk else P
         for s in range(0, P, chunk):
-            logits, cache = self._prefill(self.state, jnp.asarray(tokens[:, s:s + chunk]), cache)
+            logits, cache = self._prefill(self.state, jnp.asarray(tokens[:, s:s + chunk]), cache,
+                                          fresh=s == 0)
         logits.block_until_ready()
         t1 = time.perf_counter()
         out, _ = self._decode(self.state, logits, cache, jax.random.key(seed),

@@ -88,9 +88,11 @@ class FullAttentionHeads(nnx.Module):
             cache["time"] = jnp.full((size,), -1, jnp.int32)
         return cache
 
-    def extend(self, proj, t0, start, cache):
+    def extend(self, proj, t0, start, cache, fresh: bool = False):
         """proj: the projections q, k, v [B, Tn, n*D] of the input at times t0 .. t0+Tn-1 (t0
-        traced is fine); start [B] int32. Returns (heads' outputs [B, Tn, n*D], updated cache)."""
+        traced is fine); start [B] int32. Returns (heads' outputs [B, Tn, n*D], updated cache).
+        ``fresh``: the cache holds nothing yet (t0 = 0, a prompt's first chunk): the chunk
+        attends over its own keys only, through the training attention (``_fresh_attention``)."""
         B, Tn, _ = proj[0].shape
         times = t0 + jnp.arange(Tn, dtype=jnp.int32)
         positions = jnp.maximum(times[None] - start[:, None], 0)
@@ -117,9 +119,28 @@ class FullAttentionHeads(nnx.Module):
             new = {"k": cache["k"].at[:, slot].set(k[:, -m:]),
                    "v": cache["v"].at[:, slot].set(v[:, -m:]),
                    "time": cache["time"].at[slot].set(times[-m:])}
-        # prefill chunks: blockwise over the cache (O(Tn x block) memory, the cache's dtype in
-        # the products); a decode step (Tn = 1): the fp32 reference, as timed in session 10
-        attend = (kernels_pallas.cached_attention_blockwise if Tn > 1
-                  else kernels_pallas.cached_attention)
-        o = attend(q, keys, vals, q_time=times, k_time=k_time, k_start=start, window=self.window)
+        if fresh:
+            o = self._fresh_attention(q, k, v, start)
+        else:   # prefill chunks: blockwise over the cache (O(Tn x block) memory, the cache's
+            # dtype in the products); a decode step (Tn = 1): the fp32 reference (session 10)
+            attend = (kernels_pallas.cached_attention_blockwise if Tn > 1
+                      else kernels_pallas.cached_attention)
+            o = attend(q, keys, vals, q_time=times, k_time=k_time, k_start=start,
+                       window=self.window)
         return o.reshape(B, Tn, self.num_heads * self.head_dim), new
+
+    def _fresh_attention(self, q, k, v, start):
+        """A first chunk's attention over itself, as in training (causal, the window; cuDNN's
+        flash attention on a GPU), for left-padded rows: row b's tokens from ``start[b]`` on are
+        rolled to the front, where the causal mask alone keeps its queries off the padding
+        (rolled behind them), and rolled back; padding queries return zeros, as they do over
+        the cache (they see no key)."""
+        B, Tn = q.shape[:2]
+        t = jnp.arange(Tn, dtype=jnp.int32)[None]
+        roll = lambda x, i: jnp.take_along_axis(x, i[:, :, None, None], axis=1)  # noqa: E731
+        front = jnp.minimum(t + start[:, None], Tn - 1)
+        o = kernels_pallas.attention(roll(q.astype(k.dtype), front), roll(k, front),
+                                     roll(v, front), causal=True, window=self.window,
+                                     impl=self.impl)
+        o = roll(o, jnp.maximum(t - start[:, None], 0))
+        return jnp.where((t >= start[:, None])[..., None, None], o, 0).astype(q.dtype)

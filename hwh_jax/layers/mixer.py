@@ -82,11 +82,11 @@ class HeadwiseMixer(nnx.Module):
         return {"fa": None if self.fa is None else self.fa.init_cache(batch, max_len, dtype),
                 "la": None if self.la is None else self.la.init_cache(batch, dtype)}
 
-    def extend(self, x, t0, start, valid, cache):
+    def extend(self, x, t0, start, valid, cache, fresh: bool = False):
         fa, la = self.project(x, fused=True)
         outs, new = [], {"fa": None, "la": None}
         if fa is not None:
-            o, new["fa"] = self.fa.extend(fa, t0, start, cache["fa"])
+            o, new["fa"] = self.fa.extend(fa, t0, start, cache["fa"], fresh=fresh)
             outs.append(o)
         if la is not None:
             o, new["la"] = self.la.extend(la, valid, cache["la"])

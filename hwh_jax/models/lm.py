@@ -41,8 +41,8 @@ class Block(nnx.Module):
         x = constrain(x + self.mixer(self.mixer_norm(x), positions, segment_ids))
         return constrain(x + self.mlp(self.mlp_norm(x)))
 
-    def extend(self, x, t0, start, valid, cache):
-        y, cache = self.mixer.extend(self.mixer_norm(x), t0, start, valid, cache)
+    def extend(self, x, t0, start, valid, cache, fresh: bool = False):
+        y, cache = self.mixer.extend(self.mixer_norm(x), t0, start, valid, cache, fresh)
         x = x + y
         return x + self.mlp(self.mlp_norm(x)), cache
 
@@ -87,14 +87,19 @@ class HybridLM(nnx.Module):
         return {"t": jnp.int32(0), "start": start,
                 "layers": [b.mixer.init_cache(batch, max_len, dtype) for b in self.blocks]}
 
-    def extend(self, tokens, cache):
-        """tokens [B, Tn] at times cache["t"] ... -> (fp32 logits [B, Tn, vocab], new cache)."""
+    def extend(self, tokens, cache, *, fresh: bool = False, last_only: bool = False):
+        """tokens [B, Tn] at times cache["t"] ... -> (fp32 logits [B, Tn, vocab], new cache).
+
+        ``fresh``: the cache is as ``init_cache`` made it (nothing written, t = 0): the FA
+        heads attend over the chunk itself through the training attention, not over the cache.
+        ``last_only``: logits of the last token only, [B, 1, vocab] (a prompt's prefill needs
+        no more; all of a 32K prompt's would be 6.6 GB per row)."""
         t0, start = cache["t"], cache["start"]
         valid = (t0 + jnp.arange(tokens.shape[1]))[None] >= start[:, None]
         x = self.embed(tokens)
         layers = []
         for block, c in zip(self.blocks, cache["layers"]):
-            x, c = block.extend(x, t0, start, valid, c)
+            x, c = block.extend(x, t0, start, valid, c, fresh)
             layers.append(c)
-        logits = self.logits(self.final_norm(x))
+        logits = self.logits(self.final_norm(x[:, -1:] if last_only else x))
         return logits, {**cache, "t": t0 + tokens.shape[1], "layers": layers}
