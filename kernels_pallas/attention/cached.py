@@ -10,9 +10,10 @@ visited (``visible_blocks``): a prompt's chunk c over a cache allocated for the 
 reads the c + 1 chunks' worth of blocks written so far, not the empty rest, so a prefill costs
 half the attention work of walking every block. Plain XLA: every backend.
 
-Used for prefill chunks (``FullAttentionHeads.extend`` with more than one new token); a decode
-step (one query) keeps the reference, whose speed session 10 measured. Untimed on a GPU (added
-in session 12, when no device time was left).
+Used for the prefill chunks after a prompt's first (``FullAttentionHeads.extend`` with more than
+one new token; a first chunk, ``fresh``, attends over itself through the training attention); a
+decode step (one query) keeps the reference, whose speed session 10 measured. Timed in session
+13: HwH-380m's 32K prompt in chunks of 2048, 0.75 s on an H200 (docs/benchmarks.md).
 """
 from __future__ import annotations
 
