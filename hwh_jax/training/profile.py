@@ -5,13 +5,14 @@
     summary = summarize(out_dir, steps=n)      # device time per step, by category and by kernel
 
 The trace's device events (processes named ``/device:...``, one thread per stream) are summed
-per kernel and source operation (one cuBLAS kernel serves products of different operations: each
-is its own row, with its launches per step) and grouped into categories by kernel name (``CATEGORIES``: the GDN Pallas kernels by
-their ``gdn_`` names, the short-convolution kernels, attention, matmuls, copies, the rest as
-fusions). ``busy_ms`` is the union of the kernels' intervals per step: beside the step's wall
-time it tells how much of the step the device was idle (launch gaps, host work); ``gaps_after``
-charges each idle gap between kernels to the kernel that ran just before it (a device idling
-after one kind of kernel points at what makes the host fall behind). Given the compiled
+per kernel and, given the program's HLO text, per source operation (one cuBLAS kernel serves
+products of different operations: each is its own row, with its launches per step), and grouped
+into categories by kernel name (``CATEGORIES``: the GDN Pallas kernels by their ``gdn_`` names,
+the short-convolution kernels, attention, matmuls, copies, the rest as fusions). ``busy_ms`` is
+the union of the kernels' intervals per step: beside the step's wall time it tells how much of
+the step the device was idle (launch gaps, host work); ``gaps_after`` charges each idle gap
+between kernels to the kernel that ran just before it (a device idling after one kind of kernel
+points at what makes the host fall behind). Given the compiled
 program's HLO text (``hlo_text``), each listed kernel also names the JAX operation and source
 line it came from, and ``by_source_ms`` sums the device time by source line. On the CPU backend
 there are no device events: the summary is empty.
