@@ -62,6 +62,8 @@ def test_kernels_name_their_source_from_the_hlo_metadata(tmp_path):
     [(where, ms)] = s["by_source_ms"].items()
     assert "my_layer" in where and ms == pytest.approx(0.01)
     assert "<- " in profile.format_summary(s)
+    # XLA's compiled module: the fusion reads x [8, 8] and writes the sums [8], fp32
+    assert 8 * 8 * 4 + 8 * 4 in profile.hlo_bytes(text).values()
 
 
 def test_one_kernel_serving_two_products_is_two_rows_each_with_its_source(tmp_path):
@@ -86,6 +88,30 @@ ENTRY %main (x: f32[8,8]) -> f32[8,8] {
                     "jit(f)/transpose @ mlp.py:20": (0.2, 2.0)}
     assert s["by_source_ms"] == pytest.approx({"lm.py:10": 0.3, "mlp.py:20": 0.2})
     assert s["by_category_ms"] == pytest.approx({"matmul": 0.5})
+    # each product names two f32[8,8] operands and one output: 768 bytes a launch
+    head = next(r for r in s["top_kernels_ms"] if r["source"].endswith("lm.py:10"))
+    assert head["mb_per_launch"] == pytest.approx(768e-6)
+    assert head["tb_per_s"] == pytest.approx(768 / 0.3 / 1e9)
+
+
+def test_hlo_bytes_counts_operands_and_every_output_of_a_fusion():
+    text = """HloModule m
+
+%fused (p0: bf16[4,6], p1: f32[6]) -> (bf16[4,6], f32[4]) {
+  %p0 = bf16[4,6]{1,0} parameter(0)
+  %p1 = f32[6]{0} parameter(1)
+  %c = f32[4]{0} constant({1, 2, 3, 4})
+  ROOT %t = (bf16[4,6]{1,0}, f32[4]{0}) tuple(%p0, %c)
+}
+
+ENTRY %main (a: bf16[4,6], b: f32[6]) -> (bf16[4,6], f32[4]) {
+  %a = bf16[4,6]{1,0} parameter(0)
+  %b = f32[6]{0} parameter(1)
+  ROOT %input_reduce_fusion.7 = (bf16[4,6]{1,0}, f32[4]{0}) fusion(%a, %b), kind=kInput, calls=%fused
+}
+"""
+    # outputs 48 + 16 bytes, operands 48 + 24; only fusions and custom calls are listed
+    assert profile.hlo_bytes(text) == {"input_reduce_fusion_7": 136}
 
 
 def test_capture_writes_a_trace_that_summarize_reads(tmp_path):

@@ -14,8 +14,11 @@ the step the device was idle (launch gaps, host work); ``gaps_after`` charges ea
 between kernels to the kernel that ran just before it (a device idling after one kind of kernel
 points at what makes the host fall behind). Given the compiled
 program's HLO text (``hlo_text``), each listed kernel also names the JAX operation and source
-line it came from, and ``by_source_ms`` sums the device time by source line. On the CPU backend
-there are no device events: the summary is empty.
+line it came from, and ``by_source_ms`` sums the device time by source line; each fusion and
+custom call also gets the bytes its operands and outputs name (``hlo_bytes``) and the rate that
+is (``tb_per_s``: near the device's copy rate a kernel is bound by memory, far below it there is
+room; for matmuls, which reuse their operands, the rate says little). On the CPU backend there
+are no device events: the summary is empty.
 """
 from __future__ import annotations
 
@@ -104,6 +107,40 @@ def _stack_frames(hlo_text: str) -> dict[str, str]:
             for key, rest in tables.get("StackFrames", {}).items()}
 
 
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
+                "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+_ARRAY = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
+_TYPED = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\([^=]*?\)|\S+) ([\w\-]+)\((.*?)\)(?:, |$)")
+
+
+def _array_bytes(shape_text: str) -> int:
+    total = 0
+    for dtype, dims in _ARRAY.findall(shape_text):
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        total += n * _DTYPE_BYTES[dtype]
+    return total
+
+
+def hlo_bytes(hlo_text: str) -> dict[str, int]:
+    """Fusion and custom-call name (dots as underscores) -> the bytes of its operands and
+    outputs: what one launch moves if it reads each operand and writes each output once (an
+    operand read in part, a slice, counts whole)."""
+    shapes, ops = {}, {}
+    for line in hlo_text.splitlines():
+        m = _TYPED.match(line)
+        if not m:
+            continue
+        name, shape, opcode, operands = m.groups()
+        shapes[name] = shape
+        if opcode in ("fusion", "custom-call"):
+            ops[name] = (shape, re.findall(r"%([\w.\-]+)", operands))
+    return {name.replace(".", "_"): _array_bytes(shape) + sum(_array_bytes(shapes.get(o, ""))
+                                                              for o in operands)
+            for name, (shape, operands) in ops.items()}
+
+
 def hlo_sources(hlo_text: str) -> dict[str, str]:
     """Instruction name (dots as underscores, as kernels are named) -> "op_name @ where" from
     the HLO metadata; a fusion without metadata takes its fused computation's first."""
@@ -149,6 +186,7 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20, hlo_text: str | No
     device_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") ==
                    "process_name" and str(e.get("args", {}).get("name", "")).startswith("/device:")}
     sources = hlo_sources(hlo_text) if hlo_text else {}
+    nbytes = hlo_bytes(hlo_text) if hlo_text else {}
 
     def source(name, op):   # the kernel is named after its fusion, else the trace's hlo_op
         return sources.get(name) or sources.get(op.replace(".", "_")) or ""
@@ -156,19 +194,23 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20, hlo_text: str | No
     # (kernel, its source) -> [ms, launches]: one cuBLAS kernel serves many products (the LM
     # head and some layer's weight gradient); keyed by name alone, one row would carry both
     # under whichever source came first. A layer's 24 copies of one op stay one row.
-    kernels: dict[tuple[str, str], list] = {}
+    kernels: dict[tuple[str, str], list] = {}   # -> [ms, launches, bytes, launches sized]
     intervals = []
     for e in events:
         if e.get("ph") != "X" or e.get("pid") not in device_pids or "dur" not in e:
             continue
         op = str((e.get("args") or {}).get("hlo_op") or "")
         key = (e["name"], source(e["name"], op))
-        k = kernels.setdefault(key, [0.0, 0])
+        k = kernels.setdefault(key, [0.0, 0, 0, 0])
         k[0] += e["dur"] / 1e3
         k[1] += 1
+        b = nbytes.get(e["name"]) or nbytes.get(op.replace(".", "_"))
+        if b:
+            k[2] += b
+            k[3] += 1
         intervals.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), key))
     cats: dict[str, float] = {}
-    for (name, _), (ms, _) in kernels.items():
+    for (name, _), (ms, *_) in kernels.items():
         c = category(name)
         cats[c] = cats.get(c, 0.0) + ms
     busy, gaps = _union_and_gaps(intervals)
@@ -184,20 +226,24 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20, hlo_text: str | No
 
     where: dict[str, float] = {}   # device time by source location (file:line), if known
     if sources:
-        for (name, src), (ms, _) in kernels.items():
+        for (name, src), (ms, *_) in kernels.items():
             loc = src.split(" @ ", 1)[1] if " @ " in src else f"({category(name)})"
             where[loc] = where.get(loc, 0.0) + ms
 
+    def rates(ms, n, b, sized):   # where the HLO sized every launch: MB per launch, TB/s
+        return ({"mb_per_launch": b / n / 1e6, "tb_per_s": b / ms / 1e9}
+                if sized == n and b and ms > 0 else {})
+
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
     return {"steps": steps,
-            "kernel_ms": sum(ms for ms, _ in kernels.values()) / steps,
+            "kernel_ms": sum(k[0] for k in kernels.values()) / steps,
             "busy_ms": busy / 1e3 / steps,
             "kernels_per_step": len(intervals) / steps,
             "idle_between_kernels_ms": sum(us for us, _ in gaps) / 1e3 / steps,
             "by_category_ms": {c: ms / steps
                                for c, ms in sorted(cats.items(), key=lambda kv: -kv[1])},
-            "top_kernels_ms": [row(k, ms=ms / steps, launches=n / steps)
-                               for k, (ms, n) in ranked[:top]],
+            "top_kernels_ms": [row(k, ms=ms / steps, launches=n / steps, **rates(ms, n, b, sized))
+                               for k, (ms, n, b, sized) in ranked[:top]],
             "gaps_after": [row(k, ms=us / 1e3 / steps, count=c / steps) for k, (us, c) in
                            sorted(after.items(), key=lambda kv: -kv[1][0])[:top // 2]],
             "by_source_ms": {k: ms / steps for k, ms in
@@ -215,8 +261,9 @@ def format_summary(s: dict, step_ms: float | None = None) -> str:
              f"  {s['kernels_per_step']:.0f} kernels per step; idle between them "
              f"{s['idle_between_kernels_ms']:.2f} ms"]
     src = lambda k: f"  <- {k['source'][:120]}" if "source" in k else ""  # noqa: E731
-    lines += [f"  {k['ms']:8.3f} ms {k['launches']:4.0f}x {k['category']:12s} {k['name'][:64]}"
-              f"{src(k)}" for k in s["top_kernels_ms"]]
+    rate = lambda k: f"{k['tb_per_s']:5.2f} TB/s" if "tb_per_s" in k else " " * 10  # noqa: E731
+    lines += [f"  {k['ms']:8.3f} ms {k['launches']:4.0f}x {rate(k)} {k['category']:12s} "
+              f"{k['name'][:60]}{src(k)}" for k in s["top_kernels_ms"]]
     if s.get("by_source_ms"):
         lines += ["  by source line (kernels without one: by category):"]
         lines += [f"  {ms:8.3f} ms  {k[:110]}" for k, ms in s["by_source_ms"].items()]
