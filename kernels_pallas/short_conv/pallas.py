@@ -51,15 +51,16 @@ class ConvConfig:
     num_warps: int = 4
 
 
-def _shift_rows(src, delta, n_out):
-    """out[r] = src[r + delta] for r < n_out (zero where r + delta is outside src), fp32, by a
-    0/1 matmul in src's dtype: exact (one nonzero product per entry, fp32 accumulation)."""
-    rows = jax.lax.broadcasted_iota(jnp.int32, (n_out, src.shape[0]), 0)
-    cols = jax.lax.broadcasted_iota(jnp.int32, (n_out, src.shape[0]), 1)
-    sel = jnp.where(cols == rows + delta, 1.0, 0.0).astype(src.dtype)
-    prec = jax.lax.Precision.HIGHEST if src.dtype == f32 else None
-    return jax.lax.dot_general(sel, src, (((1,), (0,)), ((), ())), precision=prec,
-                               preferred_element_type=f32)
+def _select(tile, delta):
+    """Rows r + delta of ``tile`` (zero where that leaves the tile), by a 0/1 matmul: exact
+    (one nonzero product per entry, fp32 accumulation)."""
+    BT = tile.shape[0]
+    rows = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 0)
+    cols = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 1)
+    sel = jnp.where(cols == rows + delta, 1.0, 0.0).astype(tile.dtype)
+    prec = jax.lax.Precision.HIGHEST if tile.dtype == f32 else None
+    return jax.lax.dot_general(sel, tile, (((1,), (0,)), ((), ())), precision=prec,
+                               preferred_element_type=f32).astype(tile.dtype)
 
 
 def _rows(ref, t0, off, BT, first):
@@ -68,7 +69,7 @@ def _rows(ref, t0, off, BT, first):
     moves them into place."""
     if off == 0 or not first:
         return ref[pl.ds(t0 + off, BT), :]
-    return _shift_rows(ref[pl.ds(0, BT), :], off, BT).astype(ref.dtype)
+    return _select(ref[pl.ds(0, BT), :], off)
 
 
 def _taps(x_ref, t0, BT, W, first):
@@ -106,29 +107,6 @@ def _fwd_kernel(x_ref, m_ref, w_ref, y_ref, *, cfg):
     _per_tile(body)
 
 
-def _dz(xs, m, w_ref, dy, cfg):
-    """dz = dL/dz at a tile's rows from its taps xs, mask m and dy, fp32."""
-    z = _conv(xs, w_ref, m, cfg.width)
-    sig = jax.nn.sigmoid(z)
-    dy = dy.astype(f32)
-    if cfg.normalize:
-        s = z * sig
-        r = jax.lax.rsqrt(jnp.sum(s * s, axis=1, keepdims=True) + cfg.eps)
-        n = s * r
-        dy = r * (dy - n * jnp.sum(dy * n, axis=1, keepdims=True))
-    return dy * sig * (1.0 + z * (1.0 - sig))
-
-
-def _dw_part(xs, m, dz, shape, W):
-    """This tile's part of dw: dw_{W-1-j} = sum over its rows of m_j x(t - j) dz."""
-    rows = jax.lax.broadcasted_iota(jnp.int32, shape, 0)
-    dw = jnp.zeros(shape, f32)
-    for j in range(W):
-        part = jnp.sum(jnp.where(m >= j, xs[j], 0.0) * dz, axis=0, keepdims=True)
-        dw = jnp.where(rows == W - 1 - j, part, dw)
-    return dw
-
-
 def _bwd_kernel(x_ref, m_ref, w_ref, dy_ref, dz_ref, dw_ref, *, cfg):
     """dz at the tile's rows and this tile's part of dw; dx is dz's transposed convolution."""
     W, BT = cfg.width, cfg.block_t
@@ -137,9 +115,22 @@ def _bwd_kernel(x_ref, m_ref, w_ref, dy_ref, dz_ref, dw_ref, *, cfg):
     def body(first):
         m = m_ref[...]
         xs = _taps(x_ref, t0, BT, W, first)
-        dz = _dz(xs, m, w_ref, dy_ref[...], cfg)
+        z = _conv(xs, w_ref, m, W)
+        sig = jax.nn.sigmoid(z)
+        dy = dy_ref[...].astype(f32)
+        if cfg.normalize:
+            s = z * sig
+            r = jax.lax.rsqrt(jnp.sum(s * s, axis=1, keepdims=True) + cfg.eps)
+            n = s * r
+            dy = r * (dy - n * jnp.sum(dy * n, axis=1, keepdims=True))
+        dz = dy * sig * (1.0 + z * (1.0 - sig))
         dz_ref[...] = dz.astype(dz_ref.dtype)
-        dw_ref[...] = _dw_part(xs, m, dz, dw_ref.shape, W)
+        rows = jax.lax.broadcasted_iota(jnp.int32, dw_ref.shape, 0)
+        dw = jnp.zeros(dw_ref.shape, f32)
+        for j in range(W):                  # dw_{W-1-j}: sum over the tile of m_j x(t - j) dz
+            part = jnp.sum(jnp.where(m >= j, xs[j], 0.0) * dz, axis=0, keepdims=True)
+            dw = jnp.where(rows == W - 1 - j, part, dw)
+        dw_ref[...] = dw
 
     _per_tile(body)
 
@@ -194,13 +185,12 @@ def _backward(cfg, heads, x, w, m, dy):
     whole, tile_m, tile = _specs(B, T, heads, X, BT)
     wspec = pl.BlockSpec((Wp, X), lambda b, t, h: (0, h))
     sq = pl.squeezed
-    dw_spec = pl.BlockSpec((sq, sq, Wp, X), lambda b, t, h: (b, t, 0, h))
-    dw_shape = jax.ShapeDtypeStruct((B, NT, Wp, C), f32)
     dz, dw = pl.pallas_call(
         functools.partial(_bwd_kernel, cfg=cfg), grid=(B, NT, heads),
         in_specs=[whole, tile_m, wspec, tile],
-        out_specs=[tile, dw_spec],
-        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), dw_shape],
+        out_specs=[tile, pl.BlockSpec((sq, sq, Wp, X), lambda b, t, h: (b, t, 0, h))],
+        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype),
+                   jax.ShapeDtypeStruct((B, NT, Wp, C), f32)],
         interpret=cfg.interpret, name="short_conv_bwd", **_params(cfg))(x, m, w, dy)
     dx = _conv_transpose(dz, w, m, cfg.width).astype(x.dtype)
     return dx, jnp.sum(dw, axis=(0, 1))
