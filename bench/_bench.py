@@ -66,8 +66,8 @@ def device_ms(fn, *args, reps=20):
 
 def ceilings() -> dict:
     """This device's rates measured now: a bf16 8192^3 matmul (TFLOP/s) and a device-to-device
-    copy counting read + write (TB/s). Machines of one kind differ (H200s: 594-653 TFLOP/s over
-    session 12): rows timed on different machines compare through these."""
+    copy counting read + write (TB/s). Machines of one kind differ (H200s: 594-664 TFLOP/s over
+    sessions 12-13): rows timed on different machines compare through these."""
     a = jax.random.normal(jax.random.key(0), (8192, 8192), jnp.bfloat16)
     mm = jax.jit(lambda x, y: x @ y)
     t = median_ms(mm, a, a, reps=10)

@@ -191,10 +191,11 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20, hlo_text: str | No
     def source(name, op):   # the kernel is named after its fusion, else the trace's hlo_op
         return sources.get(name) or sources.get(op.replace(".", "_")) or ""
 
-    # (kernel, its source) -> [ms, launches]: one cuBLAS kernel serves many products (the LM
-    # head and some layer's weight gradient); keyed by name alone, one row would carry both
-    # under whichever source came first. A layer's 24 copies of one op stay one row.
-    kernels: dict[tuple[str, str], list] = {}   # -> [ms, launches, bytes, launches sized]
+    # (kernel, its source) -> [ms, launches, bytes, launches the HLO sized]: one cuBLAS kernel
+    # serves many products (the LM head and some layer's weight gradient); keyed by name alone,
+    # one row would carry both under whichever source came first. A layer's 24 copies of one op
+    # stay one row.
+    kernels: dict[tuple[str, str], list] = {}
     intervals = []
     for e in events:
         if e.get("ph") != "X" or e.get("pid") not in device_pids or "dur" not in e:

@@ -1,12 +1,14 @@
 """Causal / sliding-window / GQA softmax attention behind one entry point.
 
   reference  ``reference.py`` (XLA einsum + softmax, fp32 inside): the specification.
-Over a KV cache (inference): ``cached_attention`` (reference, decode steps) and
-``cached_attention_blockwise`` (``cached.py``, online softmax over cache blocks: prefill chunks).
   cudnn      ``jax.nn.dot_product_attention(implementation="cudnn")`` on GPU (bf16/fp16, D<=128).
   splash     splash attention from ``jax.experimental.pallas.ops.tpu`` on TPU (T % 128 == 0).
 ``impl="auto"`` takes the fast path of the backend when the inputs suit it, else the reference,
 and records the choice (``kernels_pallas.dispatch.chosen()``).
+
+Over a KV cache (inference): ``cached_attention`` (the reference; decode steps) and
+``cached_attention_blockwise`` (``cached.py``, online softmax over the cache's blocks; prefill
+chunks after a prompt's first, which attends over itself through ``attention``).
 
 Under ``kernels_pallas.kernel_mesh`` the two kernels run per shard (``shard_map``: batch rows over
 the batch axes, heads over the tensor axis), as the Pallas kernels do: left to GSPMD, cuDNN's
