@@ -21,6 +21,14 @@ def supported(T: int, D: int) -> bool:
 
 @functools.lru_cache(maxsize=32)
 def _kernel(T, heads, causal, window, interpret):
+    """The splash kernel for these static settings, cached. Built at compile-time evaluation: it
+    holds its mask tables as arrays, and built first under a trace (a ``shard_map`` of
+    ``kernel_mesh``) they were that trace's tracers, leaked into every later call."""
+    with jax.ensure_compile_time_eval():
+        return _build(T, heads, causal, window, interpret)
+
+
+def _build(T, heads, causal, window, interpret):
     if window is not None:
         one = sm.LocalMask((T, T), window_size=(window - 1, 0 if causal else None), offset=0)
     elif causal:
