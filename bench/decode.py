@@ -4,28 +4,29 @@ r"""Prefill time, per-token decode latency and decode-cache memory, per architec
       --contexts 2048 8192 32768 65536 --batches 1 32 --out $OUT/decode.jsonl
 
 For every (arch, context, batch): a random prompt of ``context - decode_steps`` tokens is
-prefilled in chunks of --prefill_chunk (0: at once; ``HybridLM.extend``, jitted once per chunk
-shape, the first chunk ``fresh`` as ``Generator`` runs it: its FA heads attend over the chunk
-through the training attention, the later ones over the cache), then
---decode_steps single tokens are decoded greedily, twice: ``decode_ms`` is the wall time of
-``hwh_jax.inference.Generator``'s compiled decode loop (one ``fori_loop`` on the device,
-greedy) over the steps divided by their number, ``decode_call_ms`` the median of one jitted
-call per token from Python (adds the host's dispatch of the parameter and cache pytrees: 500
-parameter arrays for HwH-380m, 218 for the Transformer). The cache is allocated for the full
-context, so the latency is that of a step at the end of a ``context``-long sequence; its size
-comes from the cache's own arrays (``hwh_jax.inference.cache.cache_bytes``). The cache is
-donated to every step (as ``Generator`` does), so one copy of it is alive at a time, and each
-timing starts from a new prompt-end cache (with the prefill, a row runs the prompt twice: the
-timed prefill, whose chunk shapes are compiled beforehand, and once more for the loop); OOMs
-are caught and reported. Every compiled executable runs once before it is timed (a first run
-also loads its kernels onto the device); the decode loop's first run is kept as
-``decode_first_ms``. ``--prefill none`` skips the prompt (its compile is most of a row's time:
-~70 s for HwH-380m on the H200): the cache is allocated empty and its position set to ``context -
-decode_steps``, so every decode step costs what it costs at the end of a full context (cached
-attention computes over every allocated slot and masks by the slots' times, a GDN state costs
-the same whatever its values); prefill figures are then absent from the row. ``--profile DIR``
-also traces one decode loop and prints where its device time goes
-(``hwh_jax.training.profile``).
+prefilled in chunks of --prefill_chunk (default 0: the whole prompt at once, as ``Generator``
+prefills; ``HybridLM.extend``, jitted once per chunk shape, the first chunk ``fresh``: its FA
+heads attend over the chunk through the training attention, later ones over the cache). Then
+--decode_steps single tokens are decoded greedily: ``decode_ms`` is the median over
+--decode_reps runs of ``hwh_jax.inference.Generator``'s compiled decode loop (one
+``fori_loop`` on the device, greedy), each run's wall time over the steps divided by their
+number (all runs in ``decode_ms_runs``: one run of 16 steps varied by ~10% between rows of one
+call in session 14), ``decode_call_ms`` the median of one jitted call per token from Python
+(adds the host's dispatch of the parameter and cache pytrees: 500 parameter arrays for
+HwH-380m, 218 for the Transformer). The cache is allocated for the full context, so the latency
+is that of a step at the end of a ``context``-long sequence; its size comes from the cache's own
+arrays (``hwh_jax.inference.cache.cache_bytes``). The cache is donated to every step (as
+``Generator`` does), so one copy of it is alive at a time, and each timing starts from a new
+prompt-end cache (with the prefill, a row runs the prompt once more per decode run after the
+timed prefill, whose chunk shapes are compiled beforehand); OOMs are caught and reported.
+Every compiled executable runs once before it is timed (a first run also loads its kernels onto
+the device); the decode loop's first run is kept as ``decode_first_ms``. ``--prefill none``
+skips the prompt (its compile is most of a row's time: ~70 s for HwH-380m on the H200): the
+cache is allocated empty and its position set to ``context - decode_steps``, so every decode
+step costs what it costs at the end of a full context (cached attention computes over every
+allocated slot and masks by the slots' times, a GDN state costs the same whatever its values);
+prefill figures are then absent from the row. ``--profile DIR`` also traces one decode loop and
+prints where its device time goes (``hwh_jax.training.profile``).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ from hwh_jax.training import profile
 
 
 def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir="",
-            prefill=True):
+            prefill=True, decode_reps=3):
     gen = Generator(model)   # its compiled decode loop: what generate() runs after the prefill
     graphdef, state = gen.graphdef, gen.state
 
@@ -118,11 +119,14 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     jax.block_until_ready(decode_loop(*first))     # its first run: kept apart as decode_first_ms
     row["decode_first_ms"] = 1e3 * (time.perf_counter() - t) / decode_steps
     del first
-    _, last, cache = jax.block_until_ready(after_prompt())
-    t = time.perf_counter()
-    jax.block_until_ready(decode_loop(last, cache))
-    loop_ms = 1e3 * (time.perf_counter() - t) / decode_steps
-    row.update(decode_ms=loop_ms, decode_call_ms=1e3 * statistics.median(times))
+    loops = []
+    for _ in range(decode_reps):                   # each from a new prompt-end cache
+        _, last, cache = jax.block_until_ready(after_prompt())
+        t = time.perf_counter()
+        jax.block_until_ready(decode_loop(last, cache))
+        loops.append(1e3 * (time.perf_counter() - t) / decode_steps)
+    row.update(decode_ms=statistics.median(loops), decode_ms_runs=loops,
+               decode_call_ms=1e3 * statistics.median(times))
     if profile_dir:
         _, last, cache = jax.block_until_ready(after_prompt())
         with profile.capture(profile_dir):
@@ -139,8 +143,11 @@ def main():
     ap.add_argument("--size", default="380m")
     ap.add_argument("--contexts", nargs="+", type=int, default=[2048, 8192, 32768, 65536])
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 32])
-    ap.add_argument("--prefill_chunk", type=int, default=2048, help="0: the whole prompt at once")
+    ap.add_argument("--prefill_chunk", type=int, default=0,
+                    help="0: the whole prompt at once, as Generator prefills")
     ap.add_argument("--decode_steps", type=int, default=16)
+    ap.add_argument("--decode_reps", type=int, default=3,
+                    help="timed decode loops per row (decode_ms: their median)")
     ap.add_argument("--prefill", choices=("full", "none"), default="full",
                     help="none: no prompt, an empty cache at position context - decode_steps "
                          "(decode latency and cache memory only; see the module docstring)")
@@ -162,7 +169,8 @@ def main():
                     prof = (f"{args.profile}/{arch}_{args.size}_{T}_b{B}"
                             if args.profile else "")
                     row.update(measure(model, cfg, T, B, args.prefill_chunk,
-                                       args.decode_steps, prof, args.prefill == "full"))
+                                       args.decode_steps, prof, args.prefill == "full",
+                                       args.decode_reps))
                 except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                     if not is_oom(e):
                         raise
