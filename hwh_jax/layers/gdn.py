@@ -14,9 +14,10 @@ are one op, ``kernels_pallas.short_conv`` (Pallas kernels on GPU). ``A_log`` and
 per head and carry no weight decay (the optimizer's mask reads their names). With segment ids
 the convolution does not reach across documents and the recurrence restarts at each document.
 
-Inference (``init_cache`` / ``extend``): the fp32 state [B, n, K, V] plus, per convolution, the
-last W-1 projected inputs. Left padding (``valid`` False) is made invisible: the padded inputs
-are zeroed before the convolution and their beta and g are 0, so the state stays at zero.
+Inference (``init_cache`` / ``extend``): the fp32 state [B, n, K, V] plus the last W-1 projected
+inputs of q, k and v (one window for the three convolutions). Left padding (``valid`` False) is
+made invisible: the padded inputs are zeroed before the convolution and their beta and g are 0,
+so the state stays at zero.
 """
 from __future__ import annotations
 
@@ -46,20 +47,6 @@ class ShortConv(nnx.Module):
         (``kernels_pallas.short_conv``)."""
         return short_conv(x, self.kernel[...], segment_ids, heads=heads, normalize=normalize,
                           impl=self.impl)
-
-    def extend(self, x, state, *, heads: int = 1, normalize: bool = False):
-        """x [B, Tn, C] after the W-1 inputs in ``state`` -> (outputs [B, Tn, C] as
-        ``__call__``'s, new state).
-
-        The barrier keeps XLA from fusing the projection that made ``x`` into this window's
-        concatenation: at one token it did, as a reduction one thread per column, and the
-        decode step of HwH-380m took 4.18 ms instead of 3.32 (H200, docs/benchmarks.md)."""
-        x = jax.lax.optimization_barrier(x)
-        xp = jnp.concatenate([state.astype(x.dtype), x], axis=1)
-        y = causal_conv1d(xp, self.kernel[...])[:, state.shape[1]:]
-        return (silu_norm(y, heads=heads, normalize=normalize),
-                xp[:, xp.shape[1] - state.shape[1]:])
-
 
 def _conv_init(key, shape, dtype):
     bound = 1.0 / math.sqrt(shape[0])  # PyTorch Conv1d default for a depthwise kernel
@@ -139,22 +126,31 @@ class GatedDeltaNetHeads(nnx.Module):
         n, K, V = self.num_heads, self.key_dim, self.value_dim
         W = self.q_conv.kernel.shape[0]
         return {"state": jnp.zeros((batch, n, K, V), jnp.float32),
-                "conv_q": jnp.zeros((batch, W - 1, n * K), dtype),
-                "conv_k": jnp.zeros((batch, W - 1, n * K), dtype),
-                "conv_v": jnp.zeros((batch, W - 1, n * V), dtype)}
+                "conv": jnp.zeros((batch, W - 1, n * (2 * K + V)), dtype)}
 
     def extend(self, proj, valid, cache):
         """proj: the input's projections (in the order of ``projections()``) [B, Tn, width],
-        valid [B, Tn] bool -> (heads' outputs [B, Tn, n*V], updated cache)."""
+        valid [B, Tn] bool -> (heads' outputs [B, Tn, n*V], updated cache).
+
+        q, k and v share one convolution window (the last W-1 inputs, [B, W-1, n*(2K+V)]): one
+        concatenation and one convolution where there were three (the convolution is depthwise,
+        so the values are those of three). The barrier keeps XLA from fusing the projection
+        into the window's concatenation: at one token it did, as a reduction one thread per
+        column, and the decode step of HwH-380m took 4.18 ms instead of 3.32 (H200,
+        docs/benchmarks.md)."""
         q, k, v, b, a, gate = proj
         B, Tn, _ = q.shape
         n, K, V = self.num_heads, self.key_dim, self.value_dim
-        keep = valid[..., None].astype(q.dtype)
-        q, conv_q = self.q_conv.extend(q * keep, cache["conv_q"], heads=n, normalize=True)
-        k, conv_k = self.k_conv.extend(k * keep, cache["conv_k"], heads=n, normalize=True)
-        v, conv_v = self.v_conv.extend(v * keep, cache["conv_v"])
-        q, k = q.reshape(B, Tn, n, K), k.reshape(B, Tn, n, K)
-        v = v.reshape(B, Tn, n, V)
+        x = jnp.concatenate([q, k, v], axis=-1) * valid[..., None].astype(q.dtype)
+        x = jax.lax.optimization_barrier(x)
+        window = cache["conv"]
+        xp = jnp.concatenate([window.astype(x.dtype), x], axis=1)
+        w = jnp.concatenate([c.kernel[...] for c in (self.q_conv, self.k_conv, self.v_conv)],
+                            axis=1)
+        z = causal_conv1d(xp, w)[:, window.shape[1]:]
+        q = silu_norm(z[..., :n * K], heads=n, normalize=True).reshape(B, Tn, n, K)
+        k = silu_norm(z[..., n * K:2 * n * K], heads=n, normalize=True).reshape(B, Tn, n, K)
+        v = silu_norm(z[..., 2 * n * K:]).reshape(B, Tn, n, V)
         beta, g = self.gates(a, b)
         beta, g = jnp.where(valid[..., None], beta, 0.0), jnp.where(valid[..., None], g, 0.0)
         if Tn == 1:
@@ -166,4 +162,4 @@ class GatedDeltaNetHeads(nnx.Module):
                 q, k, v, g, beta, initial_state=cache["state"], output_final_state=True,
                 impl=self.impl, chunk_size=self.chunk_size)
         out = self.o_norm(o, gate.reshape(B, Tn, n, V)).reshape(B, Tn, n * V)
-        return out, {"state": state, "conv_q": conv_q, "conv_k": conv_k, "conv_v": conv_v}
+        return out, {"state": state, "conv": xp[:, xp.shape[1] - window.shape[1]:]}
