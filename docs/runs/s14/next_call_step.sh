@@ -7,7 +7,7 @@
 # does not know aborts its row only): the norms' reduce-then-scale as one Triton kernel (~8 ms
 # of forward norm passes, 18 ms backward), and cuBLAS for the products XLA gives Triton
 # (gemm_fusion_dot_*, ~4.5 ms). Before the call: .gpu_variants/pm = git archive HEAD + the
-# patch (git apply). Carry .whl .gpu_data .gpu_scripts .gpu_variants.
+# patch (`patch -p1`; git apply skips it inside this repository). Carry .whl .gpu_data .gpu_scripts .gpu_variants.
 source .gpu_scripts/setup.sh
 mkdir -p /tmp/o
 left() { local l=$((575 - SECONDS)); [ $l -lt $1 ] && echo $l || echo $1; }
