@@ -1,7 +1,8 @@
 # planned for the next device session (written in session 14, not run): what holds the short
 # convolution's kernels (and the GDN kernels) below the device's rate, from Nsight Compute's
-# counters. ncu reads counters only on Firecracker machines (KINDS.md: nvidia-h200-x2 is one;
-# the one-GPU kind was gVisor when last recorded), so run this on nvidia-h200-x2 (one GPU used).
+# counters. ncu reads counters only on Firecracker machines (KINDS.md: nvidia-h200-x2 was one
+# when recorded; the one-GPU kind has been both), so run this on nvidia-h200-x2 (one GPU used;
+# `uname -r` shows -fc- on Firecracker).
 # Carry .whl .gpu_data .gpu_scripts. Output: one CSV per op in $OUT, and ncu's stdout tail.
 source .gpu_scripts/setup.sh
 export XLA_FLAGS=--xla_gpu_enable_command_buffer= CUDA_VISIBLE_DEVICES=0
