@@ -30,6 +30,8 @@ from pathlib import Path
 
 import jax
 
+from hwh_jax.training import hlo_shapes
+
 # (category, pattern on the lower-cased kernel name), first match wins.
 CATEGORIES = (
     ("gdn", r"gdn_"),
@@ -107,20 +109,7 @@ def _stack_frames(hlo_text: str) -> dict[str, str]:
             for key, rest in tables.get("StackFrames", {}).items()}
 
 
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
-                "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
-_ARRAY = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
 _TYPED = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\([^=]*?\)|\S+) ([\w\-]+)\((.*?)\)(?:, |$)")
-
-
-def _array_bytes(shape_text: str) -> int:
-    total = 0
-    for dtype, dims in _ARRAY.findall(shape_text):
-        n = 1
-        for d in filter(None, dims.split(",")):
-            n *= int(d)
-        total += n * _DTYPE_BYTES[dtype]
-    return total
 
 
 def hlo_bytes(hlo_text: str) -> dict[str, int]:
@@ -136,8 +125,8 @@ def hlo_bytes(hlo_text: str) -> dict[str, int]:
         shapes[name] = shape
         if opcode in ("fusion", "custom-call"):
             ops[name] = (shape, re.findall(r"%([\w.\-]+)", operands))
-    return {name.replace(".", "_"): _array_bytes(shape) + sum(_array_bytes(shapes.get(o, ""))
-                                                              for o in operands)
+    return {name.replace(".", "_"): hlo_shapes.nbytes(shape) +
+            sum(hlo_shapes.nbytes(shapes.get(o, "")) for o in operands)
             for name, (shape, operands) in ops.items()}
 
 

@@ -16,6 +16,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from hwh_jax.training import hlo_shapes
+
 log = logging.getLogger(__name__)
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -99,11 +101,8 @@ def data_parallel_size(mesh: Mesh) -> int:
 
 
 # ---------------------------------------------------------------- what a compiled step sends
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
-                "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
 _COLLECTIVE = re.compile(r"= (.*?) (all-gather|all-reduce|reduce-scatter|all-to-all|"
                          r"collective-permute)(?:-start)?\(")
-_ARRAY = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,11 +120,8 @@ def collectives(hlo_text: str) -> list[Collective]:
         m = _COLLECTIVE.search(line)
         if not m:
             continue
-        shapes, nbytes = [], 0
-        for dtype, dims in _ARRAY.findall(m.group(1)):
-            shape = tuple(int(d) for d in dims.split(",") if d)
-            shapes.append(shape)
-            nbytes += _DTYPE_BYTES.get(dtype, 4) * math.prod(shape)
+        shapes = tuple(shape for _, shape in hlo_shapes.arrays(m.group(1)))
         src = re.search(r'op_name="([^"]*)"', line)
-        out.append(Collective(m.group(2), tuple(shapes), nbytes, src.group(1) if src else ""))
+        out.append(Collective(m.group(2), shapes, hlo_shapes.nbytes(m.group(1)),
+                              src.group(1) if src else ""))
     return out
