@@ -67,10 +67,11 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
     state, m = step(state, batch)
     jax.block_until_ready(m["loss"])
     compile_s = time.time() - t0
+    hlo = step.as_text() if hlo_dir or profile_dir else None     # MBs of text: printed once
     if hlo_dir:
         Path(hlo_dir).mkdir(parents=True, exist_ok=True)
         with gzip.open(Path(hlo_dir) / f"{arch}_{size}_{T}.hlo.txt.gz", "wt") as f:
-            f.write(step.as_text())
+            f.write(hlo)
     state, m = step(state, batch)
     jax.block_until_ready(m["loss"])
     times = []
@@ -94,7 +95,7 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
             for _ in range(3):
                 state, m = step(state, batch)
             jax.block_until_ready(m["loss"])
-        prof = profile.summarize(profile_dir, steps=3, top=profile_top, hlo_text=step.as_text())
+        prof = profile.summarize(profile_dir, steps=3, top=profile_top, hlo_text=hlo)
         print(profile.format_summary(prof, ms), flush=True)
     tps = B * T / ms * 1e3
     kind = jax.devices()[0].device_kind
