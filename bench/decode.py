@@ -133,7 +133,7 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
             jax.block_until_ready(decode_loop(last, cache))
         row["profile"] = profile.summarize(profile_dir, steps=decode_steps,
                                            hlo_text=loop.as_text())
-        print(profile.format_summary(row["profile"], loop_ms), flush=True)
+        print(profile.format_summary(row["profile"], row["decode_ms"]), flush=True)
     return row
 
 

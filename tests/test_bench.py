@@ -1,0 +1,45 @@
+"""The benchmark scripts issue #8 times on the GPU, run end to end on CPU at the tiny size with
+their profile path: a script that breaks (session 15's first decode call lost three rows to a
+name error in ``--profile``) fails here, not on the device."""
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(tmp_path, script, *args):
+    out = tmp_path / "rows.jsonl"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args,
+                           "--profile", str(tmp_path / "prof"), "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in out.read_text().splitlines()], proc.stdout
+
+
+def test_decode_bench_rows_and_profile(tmp_path):
+    rows, stdout = _run(tmp_path, "decode.py", "--archs", "hwh", "--size", "tiny",
+                        "--contexts", "128", "--batches", "1", "--decode_steps", "2",
+                        "--decode_reps", "3")
+    (row,) = rows
+    assert (row["arch"], row["context"], row["batch"]) == ("hwh", 128, 1)
+    assert len(row["decode_ms_runs"]) == 3
+    assert row["decode_ms"] == statistics.median(row["decode_ms_runs"])
+    assert row["prefill_s"] > 0 and row["cache_gib"] > 0
+    assert row["profile"]["steps"] == 2
+    assert "decode ms/token" in stdout
+
+
+def test_train_step_bench_rows_and_profile(tmp_path):
+    rows, stdout = _run(tmp_path, "train_step.py", "--archs", "hwh", "--sizes", "tiny",
+                        "--contexts", "128", "--steps", "2", "--tokens_per_step", "256")
+    (row,) = rows
+    assert (row["arch"], row["T"], row["B"]) == ("hwh", 128, 2)
+    assert row["tokens_per_s"] > 0 and row["flops_per_token"] > 0
+    assert row["loss"] == row["loss"]                      # finite, not NaN
+    assert row["profile"]["steps"] == 3
+    assert "tok/s" in stdout
