@@ -43,3 +43,19 @@ def test_train_step_bench_rows_and_profile(tmp_path):
     assert row["loss"] == row["loss"]                      # finite, not NaN
     assert row["profile"]["steps"] == 3
     assert "tok/s" in stdout
+
+
+def test_triton_regs_keeps_each_kernels_triton_ir_on_cpu():
+    """bench/triton_regs.py's half that needs no Triton package: the ops lowered for CUDA on
+    this CPU, each Pallas kernel's Triton IR kept with its launch's warps (JAX internals it
+    reads would break this first)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("triton_regs", ROOT / "bench" / "triton_regs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    import jax
+    got = mod.kernels("short_conv")
+    assert [(name, warps) for name, warps, _ in got] == [("short_conv_fwd", 4),
+                                                         ("short_conv_bwd", 4)]
+    assert all(ir.startswith(f"module @{name}") and "tt.func" in ir for name, _, ir in got)
+    assert jax.default_backend() == "cpu"            # restored after tracing as a GPU
