@@ -5,7 +5,8 @@
 # (bench/triton_regs.py on a CPU; Nsight Compute read 161 for the shipped backward on the H200,
 # 3 programs of 4 warps an SM). Its compiled tests, the op alone against the shipped kernels,
 # then HwH-380m's 2K step: shipped, patched, patched with cuBLAS for every product.
-# Before the call: .gpu_variants/cr = git archive HEAD + the patch (`patch -p1`).
+# Before the call: .gpu_variants/cr = git archive HEAD + the patch (`patch -p1`); .gpu_variants/cr16
+# = cr with short_conv_pallas's block_t default 16 (38 / 54 registers with the norm, offline).
 # Carry .whl .gpu_data .gpu_scripts .gpu_variants.
 source .gpu_scripts/setup.sh
 mkdir -p /tmp/o
@@ -29,5 +30,6 @@ step() {  # name dir timeout extra-flags [profile]
 }
 step cr $cr 120 "" profile
 step base . 100 ""
+step cr16 .gpu_variants/cr16 100 ""
 step cr_notriton $cr 100 "--xla_gpu_enable_triton_gemm=false"
 cd /tmp/o && tar czf $OUT/logs.tgz *.txt
