@@ -10,7 +10,8 @@ reported as "gpu" while tracing so that the ops take their Triton path), keeps e
 kernel's Triton IR, compiles it with the ``triton`` package for sm_90 and reads ptxas's report.
 The figures come from that Triton and ptxas, not jaxlib's: on the H200 the short convolution's
 backward used 161 registers against 167 here (session 15). Needs ``pip install triton`` (not a
-dependency of the project); reads internals of JAX's Pallas Triton lowering (jax 0.10).
+dependency of the project); reads internals of JAX's Pallas Triton lowering (jaxlib <= 0.10.2, what pip gives on the
+project's CPU machines).
 
   python bench/triton_regs.py --ops short_conv gdn [--out DIR]
 """
@@ -74,8 +75,19 @@ def _as_gpu():
         lowering.lower_jaxpr_to_triton_module, jax.default_backend = orig, backend
 
 
+def supported() -> bool:
+    """Whether this jaxlib lowers Pallas for Triton without compiling (jaxlib <= 0.10.2 keeps
+    the Triton IR in its custom call; later ones compile it with their own Triton at lowering,
+    which needs a GPU)."""
+    from jax._src.lib import version as jaxlib_version
+    return jaxlib_version <= (0, 10, 2)
+
+
 def kernels(op: str):
     """[(name, num_warps, TTIR text)] of the Pallas kernels in ``op``'s forward + backward."""
+    if not supported():
+        raise RuntimeError(f"bench/triton_regs.py reads the Triton IR that jaxlib <= 0.10.2 "
+                           f"keeps in its custom call; this is jaxlib {jax.lib.__version__}")
     f, args = OPS[op]()
     with _as_gpu() as modules:
         text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
