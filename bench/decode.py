@@ -5,8 +5,9 @@ r"""Prefill time, per-token decode latency and decode-cache memory, per architec
 
 For every (arch, context, batch): a random prompt of ``context - decode_steps`` tokens is
 prefilled in chunks of --prefill_chunk (default 0: the whole prompt at once, as ``Generator``
-prefills; ``HybridLM.extend``, jitted once per chunk shape, the first chunk ``fresh``: its FA
-heads attend over the chunk through the training attention, later ones over the cache). Then
+prefills) through ``Generator``'s own prefill step, compiled once per chunk shape (the first
+chunk ``fresh``: its FA heads attend over the chunk through the training attention, later ones
+over the cache). Then
 --decode_steps single tokens are decoded greedily: ``decode_ms`` is the median over
 --decode_reps runs of ``hwh_jax.inference.Generator``'s compiled decode loop (one
 ``fori_loop`` on the device, greedy), each run's wall time over the steps divided by their
@@ -55,14 +56,12 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     gen = Generator(model)   # its compiled decode loop: what generate() runs after the prefill
     graphdef, state = gen.graphdef, gen.state
 
-    # the cache updated in place, as in Generator (one copy of it at a time); a prompt's first
-    # chunk fresh (its FA heads over the chunk itself), only the last logits formed, as there
-    @functools.partial(jax.jit, donate_argnums=2, static_argnums=3)
-    def extend(state, tokens, cache, fresh=False):
-        logits, cache = nnx.merge(graphdef, state).extend(tokens, cache, fresh=fresh,
-                                                          last_only=True)
-        last = logits[:, -1]
-        return jnp.argmax(last, -1).astype(jnp.int32), last, cache
+    # one token per jitted call from Python (decode_call_ms), the cache updated in place as in
+    # Generator (one copy of it at a time); the prompt goes through Generator's own prefill
+    @functools.partial(jax.jit, donate_argnums=2)
+    def extend(state, tokens, cache):
+        logits, cache = nnx.merge(graphdef, state).extend(tokens, cache)
+        return jnp.argmax(logits[:, -1], -1).astype(jnp.int32), cache
 
     init = jax.jit(lambda state: nnx.merge(graphdef, state).init_cache(batch, context))
     prompt_len = context - decode_steps
@@ -79,16 +78,17 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
             return (jnp.asarray(tok[:, -1]), jnp.zeros((batch, cfg.vocab_size), jnp.float32),
                     {**cache, "t": jnp.int32(prompt_len)})
         for s, e, fresh in chunks:
-            nxt, last, cache = compiled[e - s, fresh](state, tok[:, s:e], cache)
-        return nxt, last, cache
+            last, cache = compiled[e - s, fresh](state, tok[:, s:e], cache)
+        return jnp.argmax(last, -1).astype(jnp.int32), last, cache
 
     row, compiled = {}, {}
     cache_shape = jax.eval_shape(init, state)
     if prefill:            # compile each chunk shape ahead, run each once, then time the prompt
         t0 = time.perf_counter()
         for n, fresh in sorted({(e - s, fresh) for s, e, fresh in chunks}):
-            compiled[n, fresh] = extend.lower(
-                state, jax.ShapeDtypeStruct((batch, n), jnp.int32), cache_shape, fresh).compile()
+            compiled[n, fresh] = gen._prefill.lower(
+                state, jax.ShapeDtypeStruct((batch, n), jnp.int32), cache_shape,
+                fresh=fresh).compile()
         row["prefill_compile_s"] = time.perf_counter() - t0
         for (n, _), fn in compiled.items():   # each executable's first run (loads its kernels)
             jax.block_until_ready(fn(state, tok[:, :n], init(state)))   # untimed, discarded
@@ -102,7 +102,7 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     times = []
     for i in range(decode_steps):
         t = time.perf_counter()
-        nxt, _, cache = extend(state, nxt[:, None], cache)
+        nxt, cache = extend(state, nxt[:, None], cache)
         jax.block_until_ready(nxt)
         if i:                                         # step 0 compiles the one-token shape
             times.append(time.perf_counter() - t)
