@@ -10,8 +10,8 @@ reported as "gpu" while tracing so that the ops take their Triton path), keeps e
 kernel's Triton IR, compiles it with the ``triton`` package for sm_90 and reads ptxas's report.
 The figures come from that Triton and ptxas, not jaxlib's: on the H200 the short convolution's
 backward used 161 registers against 167 here (session 15). Needs ``pip install triton`` (not a
-dependency of the project); reads internals of JAX's Pallas Triton lowering (jaxlib <= 0.10.2, what pip gives on the
-project's CPU machines).
+dependency of the project); reads internals of JAX's Pallas Triton lowering (jaxlib <= 0.10.2,
+what pip gives on the project's CPU machines).
 
   python bench/triton_regs.py --ops short_conv gdn [--out DIR]
 """
