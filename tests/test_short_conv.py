@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels_pallas.short_conv import doc_offsets, short_conv
+from kernels_pallas.short_conv import doc_offsets, short_conv, short_conv_pallas
 
 MODES = ["interpret"] + (["compiled"] if jax.default_backend() == "gpu" else [])
 
@@ -137,6 +137,8 @@ def test_errors():
     if jax.default_backend() != "gpu":
         with pytest.raises(ValueError, match="Triton .GPU. lowering only"):
             short_conv(x, w, impl="pallas")
+    with pytest.raises(ValueError, match="4 taps reach 3 rows back, past a tile of 2"):
+        short_conv_pallas(x, w, block_t=2, interpret=True)
 
 
 def test_auto_takes_the_kernels_on_gpu_where_they_run(monkeypatch):

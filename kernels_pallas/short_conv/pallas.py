@@ -8,10 +8,15 @@ and per-tile partial sums of dw) plus dz's transposed convolution, one XLA fusio
 
 One program per (batch row, tile of ``block_t`` tokens, head). x is passed whole along time and
 each program reads the rows its taps need at their offsets (lag j reads rows t - j), so no halo
-is copied. Only the first tile can reach before row 0: it reads rows [0, block_t) and moves them
-into place with a 0/1 selection matmul (exact), in its own branch so that no other tile pays for
-it. The tap mask comes from the tokens since the document began (``doc_offsets``, clipped to
-W - 1), which also drops the rows before t = 0.
+is copied. Only the first tile can reach before row 0: it reads its taps from a copy of its rows
+behind W - 1 zero rows (``_head``, 2 block_t rows a sequence), in its own branch. Registers per thread
+decide how many programs an SM holds (65,536 a SM; 4 warps at 161 registers: 3 programs, Nsight
+Compute, session 15): the first tile used to shift its rows by 0/1 selection matmuls and the
+backward kept the W taps live across the norm's reductions for dw; without both, 80 -> 72
+registers forward and 167 -> 72 backward with the norm, 78 -> 52 and 128 -> 64 without
+(``bench/triton_regs.py``: Triton 3.9 and ptxas for sm_90a, on a CPU). The tap mask comes
+from the tokens since the document began (``doc_offsets``, clipped to W - 1), which also drops
+the rows before t = 0.
 
 With lag j, tap weight w_{W-1-j}, mask m_j(t) = [since(t) >= j], s = SiLU(z), n = s / |s|:
     forward   z(t)  = sum_j w_{W-1-j} m_j(t) x(t - j)
@@ -51,30 +56,21 @@ class ConvConfig:
     num_warps: int = 4
 
 
-def _select(tile, delta):
-    """Rows r + delta of ``tile`` (zero where that leaves the tile), by a 0/1 matmul: exact
-    (one nonzero product per entry, fp32 accumulation)."""
-    BT = tile.shape[0]
-    rows = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 0)
-    cols = jax.lax.broadcasted_iota(jnp.int32, (BT, BT), 1)
-    sel = jnp.where(cols == rows + delta, 1.0, 0.0).astype(tile.dtype)
-    prec = jax.lax.Precision.HIGHEST if tile.dtype == f32 else None
-    return jax.lax.dot_general(sel, tile, (((1,), (0,)), ((), ())), precision=prec,
-                               preferred_element_type=f32).astype(tile.dtype)
+def _head(x, W, BT):
+    """The first tile's rows behind W - 1 zero rows, [B, 2 BT, C] (a power of two for Triton's
+    block): the first tile reads its taps here, every other tile from x itself."""
+    return jnp.pad(x[:, :BT], ((0, 0), (W - 1, BT - W + 1), (0, 0)))
 
 
-def _rows(ref, t0, off, BT, first):
-    """Rows [t0 + off, t0 + off + BT) (off <= 0) of a whole-sequence ref [T, X], zero before
-    row 0. Only the first tile (``first``) can reach before row 0: it reads rows [0, BT) and
-    moves them into place."""
-    if off == 0 or not first:
-        return ref[pl.ds(t0 + off, BT), :]
-    return _select(ref[pl.ds(0, BT), :], off)
+def _tap(x_ref, head_ref, t0, j, BT, W, first):
+    """x(t - j) at the tile's rows [t0, t0 + BT), fp32, zero before row 0; j may be traced."""
+    rows = head_ref[pl.ds(W - 1 - j, BT), :] if first else x_ref[pl.ds(t0 - j, BT), :]
+    return rows.astype(f32)
 
 
-def _taps(x_ref, t0, BT, W, first):
+def _taps(x_ref, head_ref, t0, BT, W, first):
     """x(t - j) for j = 0 .. W-1 at the tile's rows, fp32."""
-    return [_rows(x_ref, t0, -j, BT, first).astype(f32) for j in range(W)]
+    return [_tap(x_ref, head_ref, t0, j, BT, W, first) for j in range(W)]
 
 
 def _conv(xs, w_ref, m, W):
@@ -93,13 +89,13 @@ def _per_tile(body):
     pl.when(t > 0)(functools.partial(body, False))
 
 
-def _fwd_kernel(x_ref, m_ref, w_ref, y_ref, *, cfg):
+def _fwd_kernel(x_ref, head_ref, m_ref, w_ref, y_ref, *, cfg):
     W, BT = cfg.width, cfg.block_t
     t0 = pl.program_id(1) * BT
 
     def body(first):
         m = m_ref[...]
-        s = jax.nn.silu(_conv(_taps(x_ref, t0, BT, W, first), w_ref, m, W))
+        s = jax.nn.silu(_conv(_taps(x_ref, head_ref, t0, BT, W, first), w_ref, m, W))
         if cfg.normalize:
             s = s * jax.lax.rsqrt(jnp.sum(s * s, axis=1, keepdims=True) + cfg.eps)
         y_ref[...] = s.astype(y_ref.dtype)
@@ -107,15 +103,15 @@ def _fwd_kernel(x_ref, m_ref, w_ref, y_ref, *, cfg):
     _per_tile(body)
 
 
-def _bwd_kernel(x_ref, m_ref, w_ref, dy_ref, dz_ref, dw_ref, *, cfg):
-    """dz at the tile's rows and this tile's part of dw; dx is dz's transposed convolution."""
+def _bwd_kernel(x_ref, head_ref, m_ref, w_ref, dy_ref, dz_ref, dw_ref, *, cfg):
+    """dz at the tile's rows and this tile's part of dw; dx is dz's transposed convolution.
+    dw reads its taps again, one per step of a loop, rather than keeping z's live."""
     W, BT = cfg.width, cfg.block_t
     t0 = pl.program_id(1) * BT
 
     def body(first):
         m = m_ref[...]
-        xs = _taps(x_ref, t0, BT, W, first)
-        z = _conv(xs, w_ref, m, W)
+        z = _conv(_taps(x_ref, head_ref, t0, BT, W, first), w_ref, m, W)
         sig = jax.nn.sigmoid(z)
         dy = dy_ref[...].astype(f32)
         if cfg.normalize:
@@ -126,11 +122,13 @@ def _bwd_kernel(x_ref, m_ref, w_ref, dy_ref, dz_ref, dw_ref, *, cfg):
         dz = dy * sig * (1.0 + z * (1.0 - sig))
         dz_ref[...] = dz.astype(dz_ref.dtype)
         rows = jax.lax.broadcasted_iota(jnp.int32, dw_ref.shape, 0)
-        dw = jnp.zeros(dw_ref.shape, f32)
-        for j in range(W):                  # dw_{W-1-j}: sum over the tile of m_j x(t - j) dz
-            part = jnp.sum(jnp.where(m >= j, xs[j], 0.0) * dz, axis=0, keepdims=True)
-            dw = jnp.where(rows == W - 1 - j, part, dw)
-        dw_ref[...] = dw
+
+        def tap(j, dw):                     # dw_{W-1-j}: sum over the tile of m_j x(t - j) dz
+            xj = _tap(x_ref, head_ref, t0, j, BT, W, first)
+            part = jnp.sum(jnp.where(m >= j, xj, 0.0) * dz, axis=0, keepdims=True)
+            return jnp.where(rows == W - 1 - j, part, dw)
+
+        dw_ref[...] = jax.lax.fori_loop(0, W, tap, jnp.zeros(dw_ref.shape, f32))
 
     _per_tile(body)
 
@@ -149,9 +147,10 @@ def _conv_transpose(dz, w, m, W):
 def _specs(B, T, heads, X, BT):
     sq = pl.squeezed
     whole = pl.BlockSpec((sq, T, X), lambda b, t, h: (b, 0, h))        # all of time
+    head = pl.BlockSpec((sq, 2 * BT, X), lambda b, t, h: (b, 0, h))
     tile_m = pl.BlockSpec((sq, BT, 1), lambda b, t, h: (b, t, 0))
     tile = pl.BlockSpec((sq, BT, X), lambda b, t, h: (b, t, h))
-    return whole, tile_m, tile
+    return whole, head, tile_m, tile
 
 
 def _params(cfg):
@@ -168,13 +167,13 @@ def _params(cfg):
 def _forward(cfg, heads, x, w, m):
     B, T, C = x.shape
     X, BT = C // heads, cfg.block_t
-    whole, tile_m, tile = _specs(B, T, heads, X, BT)
+    whole, head, tile_m, tile = _specs(B, T, heads, X, BT)
     wspec = pl.BlockSpec((w.shape[0], X), lambda b, t, h: (0, h))
     return pl.pallas_call(
         functools.partial(_fwd_kernel, cfg=cfg), grid=(B, T // BT, heads),
-        in_specs=[whole, tile_m, wspec], out_specs=tile,
+        in_specs=[whole, head, tile_m, wspec], out_specs=tile,
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=cfg.interpret,
-        name="short_conv_fwd", **_params(cfg))(x, m, w)
+        name="short_conv_fwd", **_params(cfg))(x, _head(x, cfg.width, BT), m, w)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -182,16 +181,17 @@ def _backward(cfg, heads, x, w, m, dy):
     B, T, C = x.shape
     X, BT = C // heads, cfg.block_t
     NT, Wp = T // BT, w.shape[0]
-    whole, tile_m, tile = _specs(B, T, heads, X, BT)
+    whole, head, tile_m, tile = _specs(B, T, heads, X, BT)
     wspec = pl.BlockSpec((Wp, X), lambda b, t, h: (0, h))
     sq = pl.squeezed
     dz, dw = pl.pallas_call(
         functools.partial(_bwd_kernel, cfg=cfg), grid=(B, NT, heads),
-        in_specs=[whole, tile_m, wspec, tile],
+        in_specs=[whole, head, tile_m, wspec, tile],
         out_specs=[tile, pl.BlockSpec((sq, sq, Wp, X), lambda b, t, h: (b, t, 0, h))],
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype),
                    jax.ShapeDtypeStruct((B, NT, Wp, C), f32)],
-        interpret=cfg.interpret, name="short_conv_bwd", **_params(cfg))(x, m, w, dy)
+        interpret=cfg.interpret, name="short_conv_bwd", **_params(cfg))(
+            x, _head(x, cfg.width, BT), m, w, dy)
     dx = _conv_transpose(dz, w, m, cfg.width).astype(x.dtype)
     return dx, jnp.sum(dw, axis=(0, 1))
 
@@ -221,13 +221,14 @@ def _pow2(n):
 
 
 def short_conv_pallas(x, weight, segment_ids=None, *, heads: int = 1, normalize: bool = False,
-                      eps: float = 1e-6, block_t: int = 32, num_warps: int = 4,
+                      eps: float = 1e-6, block_t: int = 64, num_warps: int = 4,
                       interpret=False):
     """``short_conv`` as the kernels above. x [B, T, C]; weight [W, C] (any float dtype, the
     gradient comes back in it); segment_ids [B, T] or None. T is padded to the tile.
-    ``block_t`` 32: forward + backward 0.507 / 0.453 ms (with / without the norm) against 0.531 /
-    0.490 at 64, 0.546 / 0.528 at 16 (and 0.836 / 0.719 at 128, one run) for (32, 2048, 832, 13
-    heads) on an H200 (device time, two runs, session 12: docs/benchmarks.md)."""
+    ``block_t`` 64: forward + backward 0.421 / 0.391 ms (with / without the norm) against 0.459 /
+    0.414 at 32 and 0.540 / 0.528 at 16 for (32, 2048, 832, 13 heads) on an H200 (device time,
+    session 16, one run each; the kernels before ``_head`` and the looped dw: 0.501 / 0.448 at
+    32, 0.522 / 0.482 at 64; docs/benchmarks.md)."""
     B, T, C = x.shape
     W = weight.shape[0]
     if interpret is not False and interpret is not True:
@@ -244,6 +245,9 @@ def short_conv_pallas(x, weight, segment_ids=None, *, heads: int = 1, normalize:
                 raise ValueError(f"short_conv(impl='pallas') on GPU needs {name} a power of "
                                  f"two >= 16, got {n}")
     bt = min(block_t, max(16, 1 << (T - 1).bit_length()))       # short sequences: one tile
+    if W - 1 > bt:
+        raise ValueError(f"short_conv(impl='pallas'): {W} taps reach {W - 1} rows back, past "
+                         f"a tile of {bt}; use block_t >= {W - 1}")
     pad = (-T) % bt
     cfg = ConvConfig(width=W, block_t=bt, normalize=normalize, eps=eps, interpret=interpret,
                      num_warps=num_warps)
