@@ -9,14 +9,15 @@ and per-tile partial sums of dw) plus dz's transposed convolution, one XLA fusio
 One program per (batch row, tile of ``block_t`` tokens, head). x is passed whole along time and
 each program reads the rows its taps need at their offsets (lag j reads rows t - j), so no halo
 is copied. Only the first tile can reach before row 0: it reads its taps from a copy of its rows
-behind W - 1 zero rows (``_head``, 2 block_t rows a sequence), in its own branch. Registers per thread
-decide how many programs an SM holds (65,536 a SM; 4 warps at 161 registers: 3 programs, Nsight
-Compute, session 15): the first tile used to shift its rows by 0/1 selection matmuls and the
-backward kept the W taps live across the norm's reductions for dw; without both, 80 -> 72
-registers forward and 167 -> 72 backward with the norm, 78 -> 52 and 128 -> 64 without
-(``bench/triton_regs.py``: Triton 3.9 and ptxas for sm_90a, on a CPU). The tap mask comes
-from the tokens since the document began (``doc_offsets``, clipped to W - 1), which also drops
-the rows before t = 0.
+behind W - 1 zero rows (``_head``, 2 block_t rows a sequence), in its own branch. Registers per
+thread decide how many programs an SM holds (65,536 a SM; 4 warps at 161 registers: 3 programs,
+Nsight Compute, session 15): the first tile used to shift its rows by 0/1 selection matmuls and
+the backward kept the W taps live across the norm's reductions for dw; without both, at tiles of
+32, 80 -> 72 registers forward and 167 -> 72 backward with the norm, 78 -> 52 and 128 -> 64
+without; at the default 64, forward / backward 72 / 128 with and 80 / 112 without
+(``bench/triton_regs.py``: Triton 3.9 and ptxas for sm_90a, on a CPU). The tap mask comes from
+the tokens since the document began (``doc_offsets``, clipped to W - 1), which also drops the
+rows before t = 0.
 
 With lag j, tap weight w_{W-1-j}, mask m_j(t) = [since(t) >= j], s = SiLU(z), n = s / |s|:
     forward   z(t)  = sum_j w_{W-1-j} m_j(t) x(t - j)
