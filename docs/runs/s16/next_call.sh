@@ -2,7 +2,9 @@
 # profiled (session 16's profiled row of it ran out of time), HwH and the Transformer at 32K
 # (not re-measured since session 14), and the GDN op alone with the WY backward split in two
 # (untimed_wy_bwd_split.patch.txt; offline 163 / 184 registers, not proposed: it adds ~0.2 ms
-# of traffic a layer against ~0.4 ms the kernel is above its bytes' time).
+# of traffic a layer against ~0.4 ms the kernel is above its bytes' time), each also with the
+# sequential scans on 32 value columns a program (offline: 168 / 163 registers, 3 programs an SM,
+# against 246 / 228 and 2 at the default 64; twice the programs).
 # Before the call: .gpu_variants/wys = git archive HEAD + the patch (`patch -p1`).
 # Carry .whl .gpu_data .gpu_scripts .gpu_variants.
 source .gpu_scripts/setup.sh
@@ -20,7 +22,7 @@ step transformer_32k 32768 transformer 90
 for d in . .gpu_variants/wys; do
   n=$([ $d = . ] && echo base || echo wys); echo "== gdn $n $(date +%T)"
   (cd $d && PYTHONPATH=/tmp/site:$PWD timeout $(left 70) python3 bench/gdn.py \
-    --shapes 32,2048,13,64,64 --impls pallas --check --out $OUT/gdn_$n.jsonl > /tmp/o/gdn_$n.txt 2>&1)
+    --shapes 32,2048,13,64,64 --impls pallas pallas:block_v=32 --check --out $OUT/gdn_$n.jsonl > /tmp/o/gdn_$n.txt 2>&1)
   tail -4 /tmp/o/gdn_$n.txt
 done
 cd /tmp/o && tar czf $OUT/logs.tgz *.txt
