@@ -106,7 +106,7 @@ def _fwd_kernel(x_ref, head_ref, m_ref, w_ref, y_ref, *, cfg):
 
 def _bwd_kernel(x_ref, head_ref, m_ref, w_ref, dy_ref, dz_ref, dw_ref, *, cfg):
     """dz at the tile's rows and this tile's part of dw; dx is dz's transposed convolution.
-    dw reads its taps again, one per step of a loop, rather than keeping z's live."""
+    dw reads its taps again, one per step of a loop, rather than keeping those of z live."""
     W, BT = cfg.width, cfg.block_t
     t0 = pl.program_id(1) * BT
 
