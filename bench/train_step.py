@@ -11,15 +11,17 @@ steps each waited for (``block_until_ready``), and ``step_ms``, the median over 
 steps dispatched back to back and waited for once, divided by --steps: the rate ``launch.train``
 sees (it waits only at its log lines), which tokens/s and MFU use. The two differ by the host's
 work per step (dispatch, launching the step's kernels), which overlaps the device's only when steps
-are queued. MFU = flops_per_token (``hwh_jax/training/flops.py``: 6 x matmul params + attention +
+are queued. Each row also keeps every waited step (``waited_ms``), every run's rate
+(``step_ms_runs``) and how long each call of a run took the host to return (``call_ms``: a call
+that returns only when the device is near the previous step's end shows the host held back). MFU = flops_per_token (``hwh_jax/training/flops.py``: 6 x matmul params + attention +
 GDN chunk FLOPs) x tokens/s / the device's dense bf16 peak. Memory: the compiled step's own buffers
 (arguments + outputs + temporaries - donated aliases, from ``memory_analysis()``); the device's
 peak counter is process-wide (the largest step so far), so it is only recorded as
-``process_peak_mem_gib``. The kernels the dispatchers chose are printed with each row. ``--profile
-DIR`` traces 3 more steps per row and prints where their device time goes: by category (GDN
-kernels, attention, matmuls, copies, fusions), the top kernels with the operation and source line
-each came from, how much of the step the device was busy and which kernels the idle gaps follow
-(``hwh_jax.training.profile``). ``--hlo DIR`` writes each row's compiled program (XLA's fusions
+``process_peak_mem_gib``. The kernels the dispatchers chose are printed with each row.
+``--profile DIR`` traces --profile_steps (3) more steps per row and prints where their device time
+goes: by category (GDN kernels, attention, matmuls, copies, fusions), the top kernels with the
+operation and source line each came from, how much of the step the device was busy, the first
+kernel to the last, and which kernels the idle gaps follow (``hwh_jax.training.profile``). ``--hlo DIR`` writes each row's compiled program (XLA's fusions
 and the kernels' operands, to read what a fusion in the profile does).
 """
 from __future__ import annotations
@@ -49,7 +51,7 @@ from hwh_jax.training.steps import make_train_step
 
 
 def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", overrides=None,
-              profile_top=20, hlo_dir=""):
+              profile_top=20, hlo_dir="", profile_steps=3):
     overrides = {**(overrides or {}), **({"vocab_size": vocab_size} if vocab_size else {})}
     cfg = model_config(arch, size, dtype=dtype, **overrides)
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
@@ -81,21 +83,25 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
         jax.block_until_ready(m["loss"])
         times.append(time.perf_counter() - t)
     latency_ms = 1e3 * statistics.median(times)
-    runs = []
+    runs, calls = [], []
     for _ in range(3):               # back to back, as launch.train dispatches them
         t = time.perf_counter()
+        marks = [t]
         for _ in range(steps):
             state, m = step(state, batch)
+            marks.append(time.perf_counter())
         jax.block_until_ready(m["loss"])
         runs.append((time.perf_counter() - t) / steps)
+        calls.append([round(1e3 * (b - a), 2) for a, b in zip(marks, marks[1:])])
     ms = 1e3 * statistics.median(runs)
     prof = None
     if profile_dir:
         with profile.capture(profile_dir):
-            for _ in range(3):
+            for _ in range(profile_steps):
                 state, m = step(state, batch)
             jax.block_until_ready(m["loss"])
-        prof = profile.summarize(profile_dir, steps=3, top=profile_top, hlo_text=hlo)
+        prof = profile.summarize(profile_dir, steps=profile_steps, top=profile_top,
+                                 hlo_text=hlo)
         print(profile.format_summary(prof, ms), flush=True)
     tps = B * T / ms * 1e3
     kind = jax.devices()[0].device_kind
@@ -109,6 +115,8 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
             **({"overrides": overrides} if overrides else {}),
             "params": count_params(cfg),
             "step_ms": ms, "step_latency_ms": latency_ms, "tokens_per_s": tps,
+            "step_ms_runs": [round(1e3 * r, 2) for r in runs],
+            "waited_ms": [round(1e3 * t, 2) for t in times], "call_ms": calls,
             "flops_per_token": fpt,
             "mfu": fpt * tps / peak if peak else None, "compile_s": compile_s,
             "loss": float(m["loss"]),
@@ -128,7 +136,9 @@ def main():
     ap.add_argument("--vocab_size", type=int, default=0,
                     help="0: the size's default (GPT-2's 50,257); configs/experiment.py: 4096")
     ap.add_argument("--profile", default="",
-                    help="directory: trace 3 steps per row and print their device time by kernel")
+                    help="directory: trace --profile_steps steps per row (dispatched back to "
+                         "back) and print their device time by kernel")
+    ap.add_argument("--profile_steps", type=int, default=3)
     ap.add_argument("--profile_top", type=int, default=20,
                     help="with --profile: how many kernels to list (the rest count in categories)")
     ap.add_argument("--hlo", default="",
@@ -157,7 +167,7 @@ def main():
                         prof = f"{args.profile}/{arch}_{size}_{T}" if args.profile else ""
                         row = time_step(arch, size, T, B, args.steps, args.dtype,
                                         args.vocab_size, prof, overrides, args.profile_top,
-                                        args.hlo)
+                                        args.hlo, args.profile_steps)
                         break
                     except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                         if not is_oom(e):

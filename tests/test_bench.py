@@ -39,12 +39,15 @@ def test_decode_bench_rows_and_profile(tmp_path):
 
 def test_train_step_bench_rows_and_profile(tmp_path):
     rows, stdout = _run(tmp_path, "train_step.py", "--archs", "hwh", "--sizes", "tiny",
-                        "--contexts", "128", "--steps", "2", "--tokens_per_step", "256")
+                        "--contexts", "128", "--steps", "2", "--tokens_per_step", "256",
+                        "--profile_steps", "2")
     (row,) = rows
     assert (row["arch"], row["T"], row["B"]) == ("hwh", 128, 2)
     assert row["tokens_per_s"] > 0 and row["flops_per_token"] > 0
     assert row["loss"] == row["loss"]                      # finite, not NaN
-    assert row["profile"]["steps"] == 3
+    assert row["step_ms"] == pytest.approx(statistics.median(row["step_ms_runs"]), abs=0.01)
+    assert len(row["waited_ms"]) == 2 and [len(c) for c in row["call_ms"]] == [2, 2, 2]
+    assert row["profile"]["steps"] == 2
     assert "tok/s" in stdout
 
 

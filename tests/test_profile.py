@@ -44,8 +44,14 @@ def test_summarize_sums_device_kernels_by_name_and_category(tmp_path):
     assert [g["name"] for g in s["gaps_after"]] == [
         "gdn_wy_bwd", "nvjet_tst_128x256_gemm", "cudnn_generated_fort_native_sdpa"]
     assert s["gaps_after"][0]["ms"] == pytest.approx(0.3) and s["gaps_after"][0]["count"] == 0.5
+    assert s["span_ms"] == pytest.approx(3.14 / 2)          # 0 .. 3140 us over 2 steps
+    assert [(g["name"], g["ms"], g["at_ms"]) for g in s["longest_gaps"]] == [
+        ("gdn_wy_bwd", pytest.approx(0.6), pytest.approx(1.4)),
+        ("nvjet_tst_128x256_gemm", pytest.approx(0.5), pytest.approx(0.5)),
+        ("cudnn_generated_fort_native_sdpa", pytest.approx(0.4), pytest.approx(2.6))]
     text = profile.format_summary(s, step_ms=1.0)
     assert "82% busy" in text and "gdn_wy_bwd" in text and "idle between them 0.75" in text
+    assert "first kernel to last 1.57 ms per step" in text and "0.600 ms at      1.40" in text
 
 
 def test_kernels_name_their_source_from_the_hlo_metadata(tmp_path):

@@ -10,7 +10,10 @@ products of different operations: each is its own row, with its launches per ste
 into categories by kernel name (``CATEGORIES``: the GDN Pallas kernels by their ``gdn_`` names,
 the short-convolution kernels, attention, matmuls, copies, the rest as fusions). ``busy_ms`` is
 the union of the kernels' intervals per step: beside the step's wall time it tells how much of
-the step the device was idle (launch gaps, host work); ``gaps_after`` charges each idle gap
+the step the device was idle (launch gaps, host work); ``span_ms`` is the traced steps' first
+kernel start to last kernel end per step (what the device took for them, idle included), and
+``longest_gaps`` the longest idle gaps, each with when it began (ms into the trace) and the kernel
+before it (a gap between steps shows there, where per-kernel sums hide it); ``gaps_after`` charges each idle gap
 between kernels to the kernel that ran just before it (a device idling after one kind of kernel
 points at what makes the host fall behind). Given the compiled
 program's HLO text (``hlo_text``), each listed kernel also names the JAX operation and source
@@ -68,11 +71,11 @@ def _trace_file(out_dir: Path) -> Path:
 
 def _union_and_gaps(intervals: list[tuple[float, float, object]]):
     """Busy time (us) of the union of [start, end) intervals, and the idle gaps between them,
-    each as (us, key of the interval that ended last before it)."""
+    each as (us, key of the interval that ended last before it, when the gap began)."""
     total, end, last, gaps = 0.0, float("-inf"), "", []
     for s, e, name in sorted(intervals):
         if s > end > float("-inf"):
-            gaps.append((s - end, last))
+            gaps.append((s - end, last, end))
         if e > end:
             total += e - max(s, end)
             end, last = e, name
@@ -204,8 +207,9 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20, hlo_text: str | No
         c = category(name)
         cats[c] = cats.get(c, 0.0) + ms
     busy, gaps = _union_and_gaps(intervals)
+    t0 = min((s for s, _, _ in intervals), default=0.0)
     after: dict[tuple[str, str], list[float]] = {}
-    for us, key in gaps:
+    for us, key, _ in gaps:
         a = after.setdefault(key, [0.0, 0])
         a[0] += us
         a[1] += 1
@@ -229,7 +233,11 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20, hlo_text: str | No
             "kernel_ms": sum(k[0] for k in kernels.values()) / steps,
             "busy_ms": busy / 1e3 / steps,
             "kernels_per_step": len(intervals) / steps,
-            "idle_between_kernels_ms": sum(us for us, _ in gaps) / 1e3 / steps,
+            "idle_between_kernels_ms": sum(g[0] for g in gaps) / 1e3 / steps,
+            "span_ms": ((max(e for _, e, _ in intervals) - min(s for s, _, _ in intervals))
+                        / 1e3 / steps if intervals else 0.0),
+            "longest_gaps": [row(key, ms=us / 1e3, at_ms=(at - t0) / 1e3)
+                             for us, key, at in sorted(gaps, key=lambda g: -g[0])[:5]],
             "by_category_ms": {c: ms / steps
                                for c, ms in sorted(cats.items(), key=lambda kv: -kv[1])},
             "top_kernels_ms": [row(k, ms=ms / steps, launches=n / steps, **rates(ms, n, b, sized))
@@ -249,7 +257,8 @@ def format_summary(s: dict, step_ms: float | None = None) -> str:
         head += f" of a {step_ms:.2f} ms step ({s['busy_ms'] / step_ms:.0%} busy)"
     lines = [head, "  " + ", ".join(f"{c} {ms:.2f}" for c, ms in s["by_category_ms"].items()),
              f"  {s['kernels_per_step']:.0f} kernels per step; idle between them "
-             f"{s['idle_between_kernels_ms']:.2f} ms"]
+             f"{s['idle_between_kernels_ms']:.2f} ms; first kernel to last "
+             f"{s['span_ms']:.2f} ms per step"]
     src = lambda k: f"  <- {k['source'][:120]}" if "source" in k else ""  # noqa: E731
     rate = lambda k: f"{k['tb_per_s']:5.2f} TB/s" if "tb_per_s" in k else " " * 10  # noqa: E731
     lines += [f"  {k['ms']:8.3f} ms {k['launches']:4.0f}x {rate(k)} {k['category']:12s} "
@@ -257,6 +266,9 @@ def format_summary(s: dict, step_ms: float | None = None) -> str:
     if s.get("by_source_ms"):
         lines += ["  by source line (kernels without one: by category):"]
         lines += [f"  {ms:8.3f} ms  {k[:110]}" for k, ms in s["by_source_ms"].items()]
+    lines += ["  longest idle gaps (ms, ms into the trace, after):"]
+    lines += [f"  {g['ms']:8.3f} ms at {g['at_ms']:9.2f}  {g['name'][:70]}{src(g)}"
+              for g in s.get("longest_gaps", [])]
     lines += ["  idle after (ms, gaps per step):"]
     lines += [f"  {k['ms']:8.3f} ms {k['count']:6.0f}  {k['name'][:70]}{src(k)}"
               for k in s["gaps_after"]]
