@@ -45,13 +45,13 @@ import kernels_pallas
 from hwh_jax.models import HybridLM, model_config
 from hwh_jax.models.params import count_params
 from hwh_jax.training.flops import flops_per_token, peak_flops
-from hwh_jax.training import profile
+from hwh_jax.training import host_gc, profile
 from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
 from hwh_jax.training.steps import make_train_step
 
 
 def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", overrides=None,
-              profile_top=20, hlo_dir="", profile_steps=3):
+              profile_top=20, hlo_dir="", profile_steps=3, gc_mode="auto"):
     overrides = {**(overrides or {}), **({"vocab_size": vocab_size} if vocab_size else {})}
     cfg = model_config(arch, size, dtype=dtype, **overrides)
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
@@ -76,30 +76,34 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
             f.write(hlo)
     state, m = step(state, batch)
     jax.block_until_ready(m["loss"])
-    times = []
-    for _ in range(steps):           # one at a time: the latency of a step, host included
-        t = time.perf_counter()
-        state, m = step(state, batch)
-        jax.block_until_ready(m["loss"])
-        times.append(time.perf_counter() - t)
-    latency_ms = 1e3 * statistics.median(times)
-    runs, calls = [], []
-    for _ in range(3):               # back to back, as launch.train dispatches them
-        t = time.perf_counter()
-        marks = [t]
-        for _ in range(steps):
+    frozen = host_gc.freeze() if gc_mode == "freeze" else 0
+    with host_gc.GcPauses() as pauses:   # every collection while steps run, to the row
+        times = []
+        for _ in range(steps):           # one at a time: the latency of a step, host included
+            t = time.perf_counter()
             state, m = step(state, batch)
-            marks.append(time.perf_counter())
-        jax.block_until_ready(m["loss"])
-        runs.append((time.perf_counter() - t) / steps)
-        calls.append([round(1e3 * (b - a), 2) for a, b in zip(marks, marks[1:])])
+            jax.block_until_ready(m["loss"])
+            times.append(time.perf_counter() - t)
+        runs, calls = [], []
+        for _ in range(3):               # back to back, as launch.train dispatches them
+            t = time.perf_counter()
+            marks = [t]
+            for _ in range(steps):
+                state, m = step(state, batch)
+                marks.append(time.perf_counter())
+            jax.block_until_ready(m["loss"])
+            runs.append((time.perf_counter() - t) / steps)
+            calls.append([round(1e3 * (b - a), 2) for a, b in zip(marks, marks[1:])])
+        if profile_dir:
+            with profile.capture(profile_dir):
+                for _ in range(profile_steps):
+                    state, m = step(state, batch)
+                jax.block_until_ready(m["loss"])
+    print(f"gc ({gc_mode}, {frozen} objects frozen): {pauses.summary()}", flush=True)
+    latency_ms = 1e3 * statistics.median(times)
     ms = 1e3 * statistics.median(runs)
     prof = None
     if profile_dir:
-        with profile.capture(profile_dir):
-            for _ in range(profile_steps):
-                state, m = step(state, batch)
-            jax.block_until_ready(m["loss"])
         prof = profile.summarize(profile_dir, steps=profile_steps, top=profile_top,
                                  hlo_text=hlo)
         print(profile.format_summary(prof, ms), flush=True)
@@ -117,6 +121,8 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
             "step_ms": ms, "step_latency_ms": latency_ms, "tokens_per_s": tps,
             "step_ms_runs": [round(1e3 * r, 2) for r in runs],
             "waited_ms": [round(1e3 * t, 2) for t in times], "call_ms": calls,
+            "gc": {"mode": gc_mode, "frozen": frozen, "collections": pauses.summary(),
+                   "pauses_over_5ms": [[g, round(ms, 1)] for g, ms in pauses.events if ms > 5]},
             "flops_per_token": fpt,
             "mfu": fpt * tps / peak if peak else None, "compile_s": compile_s,
             "loss": float(m["loss"]),
@@ -139,6 +145,9 @@ def main():
                     help="directory: trace --profile_steps steps per row (dispatched back to "
                          "back) and print their device time by kernel")
     ap.add_argument("--profile_steps", type=int, default=3)
+    ap.add_argument("--gc", choices=("auto", "freeze"), default="auto",
+                    help="freeze: hwh_jax.training.host_gc.freeze() after the warm-up steps, as "
+                         "launch.train does (auto: Python's collector as it comes)")
     ap.add_argument("--profile_top", type=int, default=20,
                     help="with --profile: how many kernels to list (the rest count in categories)")
     ap.add_argument("--hlo", default="",
@@ -167,7 +176,7 @@ def main():
                         prof = f"{args.profile}/{arch}_{size}_{T}" if args.profile else ""
                         row = time_step(arch, size, T, B, args.steps, args.dtype,
                                         args.vocab_size, prof, overrides, args.profile_top,
-                                        args.hlo, args.profile_steps)
+                                        args.hlo, args.profile_steps, args.gc)
                         break
                     except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                         if not is_oom(e):

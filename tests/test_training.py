@@ -307,3 +307,34 @@ def test_cross_entropy_matches_autodiff_of_the_plain_formula(dtype):
     np.testing.assert_allclose(np.asarray(got_g, np.float32), np.asarray(want_g, np.float32),
                                rtol=tol, atol=tol * float(jnp.abs(want_g.astype(jnp.float32)).max()))
     assert float(jnp.abs(got_g.astype(jnp.float32)).sum()) > 0
+
+
+def test_host_gc_freeze_keeps_later_garbage_collectable_and_times_collections():
+    import gc
+    import weakref
+
+    from hwh_jax.training import host_gc
+
+    class Node:
+        pass
+
+    before = Node()
+    before.self = before                       # a cycle alive at freeze time
+    try:
+        frozen = host_gc.freeze()
+        assert frozen == gc.get_freeze_count() > 0
+        after = Node()
+        after.self = after                     # a cycle made after the freeze
+        ref_after, ref_before = weakref.ref(after), weakref.ref(before)
+        del after, before
+        with host_gc.GcPauses() as pauses:
+            gc.collect()
+        assert ref_after() is None             # later garbage is still collected
+        assert ref_before() is not None        # the frozen cycle is skipped until unfreeze
+        assert [g for g, _ in pauses.events] == [2] and pauses.events[0][1] >= 0
+        assert pauses.summary()["gen2"]["count"] == 1
+    finally:
+        host_gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert ref_before() is None                # unfrozen: collectable again

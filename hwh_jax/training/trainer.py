@@ -27,6 +27,7 @@ from hwh_jax.models.config import ModelConfig
 from hwh_jax.models.lm import HybridLM
 from hwh_jax.models.params import param_table
 from hwh_jax.models.variants import model_config_from_dict
+from hwh_jax.training import host_gc
 from hwh_jax.training import sharding as shd
 from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
 from hwh_jax.training.flops import flops_per_token, peak_flops
@@ -317,6 +318,9 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
             ids = batch["index"].tolist()
             state, m = train_step(state, _put(batch, batch_sh))
             step += 1
+            if step == start + 1:   # compiled: later collections skip what setup built
+                log.info("froze %d objects out of the garbage collector's walks (host_gc)",
+                         host_gc.freeze())
             pending.append((step, m, ids))
             if step % c.log_every == 0 or step == stop_at:
                 flush(step)
@@ -341,6 +345,7 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
         if step == stop_at and step not in ckpt.steps():
             save(step)
         stopped_early = stopped_early or step < c.steps
+    host_gc.unfreeze()   # what the run built can be collected again once it is dropped
 
     final = None
     if step >= c.steps and c.final_eval:
