@@ -11,7 +11,7 @@ XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 XLA_FLAGS="$NT" timeout 260 python3 -m launc
   --config.train.steps=40 --config.train.log_every=10 --config.train.eval_every=0 \
   --config.train.final_eval=False --config.train.checkpoint_every=0 --config.train.warmup_steps=10 \
   > /tmp/o/train.txt 2>&1
-echo "rc $? $(date +%T)"; grep -E "step +[0-9]+ \||froze|model hwh|initialised" /tmp/o/train.txt | cut -c1-220
+echo "rc $? $(date +%T)"; grep -E "^step +[0-9]+/|froze|model hwh|initialised" /tmp/o/train.txt | cut -c1-220
 cp /tmp/w/metrics.jsonl $OUT/train_metrics.jsonl 2>/dev/null
 left() { local l=$((570 - SECONDS)); [ $l -lt $1 ] && echo $l || echo $1; }
 for a in hwh transformer; do
