@@ -90,6 +90,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     t.checkpoint_every = 100 if size == "tiny" else 1000
     t.keep_checkpoints = 3
     t.peak_flops = 0.0                     # per-device peak for MFU; 0 = from the device kind
+    t.profile_at = 0                       # trace the steps after this one (0 = never) into
+    t.profile_steps = 5                    # <workdir>/profile; hwh_jax.training.profile sums it
 
     e = config.eval = ml_collections.ConfigDict()  # hwh_jax.eval.EvalSpec, run after training
     e.at_end = size == "tiny"              # evaluate the final model (writes <workdir>/eval)

@@ -199,7 +199,8 @@ def test_sigterm_saves_a_checkpoint_that_resumes(corpus, tmp_path):
     (lambda c: setattr(c, "seq_len", 1), "seq_len"),
     (lambda c: setattr(c.train, "schedule", "linear"), "schedule"),
     (lambda c: setattr(c.model, "vocab_size", 100), "vocab_size=100"),
-], ids=["path", "mesh", "batch", "seq_len", "schedule", "vocab"])
+    (lambda c: setattr(c.train, "profile_at", 5), "profile_at=5"),
+], ids=["path", "mesh", "batch", "seq_len", "schedule", "vocab", "profile"])
 def test_bad_input_fails_early_naming_the_value(corpus, tmp_path, change, match):
     config = small_config(corpus, mesh=(-1, 1, 1))
     change(config)
@@ -338,3 +339,13 @@ def test_host_gc_freeze_keeps_later_garbage_collectable_and_times_collections():
     assert gc.get_freeze_count() == 0
     gc.collect()
     assert ref_before() is None                # unfrozen: collectable again
+
+
+def test_profile_traces_the_steps_asked_and_keeps_the_run_unchanged(corpus, tmp_path, capsys):
+    plain = train_and_evaluate(small_config(corpus, steps=5), tmp_path / "plain")
+    traced = train_and_evaluate(small_config(corpus, steps=5, profile_at=2, profile_steps=2),
+                                tmp_path / "traced")
+    assert traced.losses == plain.losses                   # tracing changes no number
+    summary = json.loads((tmp_path / "traced" / "profile" / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["step_ms"] > 0
+    assert "profile of steps 3-4" in capsys.readouterr().out

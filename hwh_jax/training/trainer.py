@@ -27,7 +27,7 @@ from hwh_jax.models.config import ModelConfig
 from hwh_jax.models.lm import HybridLM
 from hwh_jax.models.params import param_table
 from hwh_jax.models.variants import model_config_from_dict
-from hwh_jax.training import host_gc
+from hwh_jax.training import host_gc, profile
 from hwh_jax.training import sharding as shd
 from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
 from hwh_jax.training.flops import flops_per_token, peak_flops
@@ -73,6 +73,39 @@ class _Stop:
             signal.signal(sig, old)
 
 
+class _Tracer:
+    """Traces the steps after ``at`` (``count`` of them, dispatched as the loop dispatches them)
+    into ``out_dir`` and prints where their device time went beside their wall time
+    (``hwh_jax.training.profile``; the summary also goes to ``out_dir/summary.json``). No log
+    line falls inside the traced steps, so its wait is not in them."""
+
+    def __init__(self, at: int, count: int, out_dir: Path):
+        self.at, self.count, self.out_dir = at, count, Path(out_dir)
+        self._ctx, self._t0 = None, 0.0
+
+    def step(self, step: int, state) -> bool:
+        """After dispatching ``step``: True while tracing."""
+        if not self.at:
+            return False
+        if step == self.at:
+            jax.block_until_ready(state)
+            self._ctx = profile.capture(self.out_dir)
+            self._ctx.__enter__()
+            self._t0 = time.perf_counter()
+            return True
+        if self._ctx is not None and step == self.at + self.count:
+            jax.block_until_ready(state)
+            wall_ms = 1e3 * (time.perf_counter() - self._t0) / self.count
+            self._ctx.__exit__(None, None, None)
+            self._ctx = None
+            s = profile.summarize(self.out_dir, steps=self.count)
+            (self.out_dir / "summary.json").write_text(json.dumps({"step_ms": wall_ms, **s}))
+            print(f"profile of steps {self.at + 1}-{step} (wall {wall_ms:.1f} ms a step, "
+                  f"{self.out_dir}):\n{profile.format_summary(s, wall_ms)}", flush=True)
+            return False
+        return self._ctx is not None
+
+
 # ---------------------------------------------------------------- specs (no compile yet)
 def run_specs(config):
     """(DataSpec, OptimizerSpec) of a run config, every field checked (errors name the value)."""
@@ -90,7 +123,14 @@ def run_specs(config):
         spec_from_config(config.eval).validate()
     if c.log_every < 1:
         raise ValueError(f"train.log_every must be >= 1, got {c.log_every}")
-    for name in ("eval_every", "checkpoint_every", "stop_at_step", "eval_batches"):
+    if c.get("profile_at", 0) and c.get("profile_steps", 0) < 1:
+        raise ValueError(f"train.profile_steps must be >= 1 with train.profile_at, got "
+                         f"{c.profile_steps}")
+    if c.get("profile_at", 0) and c.profile_at + c.profile_steps > (c.stop_at_step or c.steps):
+        raise ValueError(f"train.profile_at={c.profile_at} + train.profile_steps="
+                         f"{c.profile_steps} runs past the last step "
+                         f"{c.stop_at_step or c.steps}")
+    for name in ("eval_every", "checkpoint_every", "stop_at_step", "eval_batches", "profile_at"):
         if getattr(c, name) < 0:
             raise ValueError(f"train.{name} must be >= 0, got {getattr(c, name)}")
     if config.seq_len < 2:
@@ -309,6 +349,7 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
             t_last, step_last, data_wait = time.time(), step, 0.0
         pending.clear()
 
+    tracer = _Tracer(c.get("profile_at", 0), c.get("profile_steps", 0), workdir / "profile")
     with _Stop() as stop:
         step = start
         while step < stop_at:
@@ -321,8 +362,9 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
             if step == start + 1:   # compiled: later collections skip what setup built
                 log.info("froze %d objects out of the garbage collector's walks (host_gc)",
                          host_gc.freeze())
+            tracing = tracer.step(step, state)
             pending.append((step, m, ids))
-            if step % c.log_every == 0 or step == stop_at:
+            if (step % c.log_every == 0 or step == stop_at) and not tracing:
                 flush(step)
             if c.eval_every and step % c.eval_every == 0 and step < c.steps:
                 flush(step)
