@@ -4,7 +4,8 @@ r"""Tokens/s and MFU of the project's jitted training step (forward, backward, A
       --contexts 2048 8192 32768 --tokens_per_step 131072 --out $OUT/train_step.jsonl
 
 For every (arch, size, context): the step of ``hwh_jax.training.steps.make_train_step`` (the one
-``launch.train`` runs, bf16 compute, fp32 params and AdamW state) on random tokens; the batch is
+``launch.train`` runs, bf16 compute, fp32 params and AdamW state) on random tokens (Zipf-distributed
+as in text unless ``--tokens uniform``; ``sample_tokens``); the batch is
 tokens_per_step / context, halved until it fits in memory (``--tokens_per_step`` is the starting
 point, OOMs are caught and reported). After 2 warm-ups: ``step_latency_ms``, the median of --steps
 steps each waited for (``block_until_ready``), and ``step_ms``, the median over 3 runs of --steps
@@ -50,15 +51,28 @@ from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
 from hwh_jax.training.steps import make_train_step
 
 
+def sample_tokens(rng, vocab: int, shape, dist: str) -> np.ndarray:
+    """Token ids: ``zipf``, rank r drawn with probability ~ 1/r as words are in text (the
+    embedding's backward scatter-adds every occurrence into its token's row, and how often rows
+    collide sets its time: session 17 found it 46 ms of HwH-380m's 2K step on the shipped corpus,
+    next to nothing on ``uniform`` ids, which rows before that session used)."""
+    if dist == "uniform":
+        return rng.integers(0, vocab, shape).astype(np.int32)
+    if dist != "zipf":
+        raise ValueError(f"unknown token distribution {dist!r}; known: zipf, uniform")
+    p = 1.0 / np.arange(1, vocab + 1)
+    return rng.choice(vocab, size=shape, p=p / p.sum()).astype(np.int32)
+
+
 def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", overrides=None,
-              profile_top=20, hlo_dir="", profile_steps=3, gc_mode="auto"):
+              profile_top=20, hlo_dir="", profile_steps=3, gc_mode="freeze", tokens="zipf"):
     overrides = {**(overrides or {}), **({"vocab_size": vocab_size} if vocab_size else {})}
     cfg = model_config(arch, size, dtype=dtype, **overrides)
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     tx, schedule = make_optimizer(OptimizerSpec(lr=1e-4, warmup_steps=1, total_steps=100))
     state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
              "rng": jnp.zeros((2,), jnp.uint32), "bad_step": jnp.int32(-1)}
-    tok = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, T + 1)).astype(np.int32)
+    tok = sample_tokens(np.random.default_rng(0), cfg.vocab_size, (B, T + 1), tokens)
     batch = jax.device_put({
         "inputs": tok[:, :-1], "targets": tok[:, 1:],
         "segment_ids": np.ones((B, T), np.int32), "positions": np.tile(np.arange(T), (B, 1)),
@@ -118,7 +132,7 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
     return {"arch": arch, "size": size, "T": T, "B": B, "vocab_size": cfg.vocab_size,
             **({"overrides": overrides} if overrides else {}),
             "params": count_params(cfg),
-            "step_ms": ms, "step_latency_ms": latency_ms, "tokens_per_s": tps,
+            "tokens": tokens, "step_ms": ms, "step_latency_ms": latency_ms, "tokens_per_s": tps,
             "step_ms_runs": [round(1e3 * r, 2) for r in runs],
             "waited_ms": [round(1e3 * t, 2) for t in times], "call_ms": calls,
             "gc": {"mode": gc_mode, "frozen": frozen, "collections": pauses.summary(),
@@ -145,9 +159,12 @@ def main():
                     help="directory: trace --profile_steps steps per row (dispatched back to "
                          "back) and print their device time by kernel")
     ap.add_argument("--profile_steps", type=int, default=3)
-    ap.add_argument("--gc", choices=("auto", "freeze"), default="auto",
+    ap.add_argument("--tokens", choices=("zipf", "uniform"), default="zipf",
+                    help="token ids of the random batch (sample_tokens)")
+    ap.add_argument("--gc", choices=("auto", "freeze"), default="freeze",
                     help="freeze: hwh_jax.training.host_gc.freeze() after the warm-up steps, as "
-                         "launch.train does (auto: Python's collector as it comes)")
+                         "launch.train does (auto: Python's collector as it comes, as rows "
+                         "before session 17 ran)")
     ap.add_argument("--profile_top", type=int, default=20,
                     help="with --profile: how many kernels to list (the rest count in categories)")
     ap.add_argument("--hlo", default="",
@@ -176,7 +193,7 @@ def main():
                         prof = f"{args.profile}/{arch}_{size}_{T}" if args.profile else ""
                         row = time_step(arch, size, T, B, args.steps, args.dtype,
                                         args.vocab_size, prof, overrides, args.profile_top,
-                                        args.hlo, args.profile_steps, args.gc)
+                                        args.hlo, args.profile_steps, args.gc, args.tokens)
                         break
                     except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                         if not is_oom(e):

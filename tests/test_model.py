@@ -198,3 +198,30 @@ def test_gated_rms_norm_backward_matches_autodiff_of_the_formula(dtype):
         g, e = np.asarray(g, np.float32), np.asarray(e, np.float32)
         np.testing.assert_allclose(g, e, rtol=tol, atol=tol * np.abs(e).max())
         assert np.abs(g).max() > 0
+
+
+def test_embedding_gradient_sums_colliding_rows_in_fp32():
+    """The bf16 model's embedding gradient is the one-hot product's (an fp32 sum of every
+    occurrence's row), and the scatter that forms it runs in fp32: nnx.Embed's summed
+    thousands of a frequent token's rows in bf16."""
+    cfg = model_config("hwh", "tiny", dtype="bfloat16")
+    model = HybridLM(cfg, rngs=nnx.Rngs(0))
+    ids = jnp.asarray(np.random.default_rng(0).zipf(1.3, (4, 512)) % 7, jnp.int32)  # collide
+    cot = jax.random.normal(jax.random.key(1), (4, 512, cfg.d_model), jnp.float32)
+    graphdef, params = nnx.split(model, nnx.Param)
+
+    def loss(p):
+        x = nnx.merge(graphdef, p).embed_tokens(ids)
+        assert x.dtype == jnp.bfloat16
+        return (x.astype(jnp.float32) * cot.astype(jnp.bfloat16).astype(jnp.float32)).sum()
+
+    got = jax.grad(loss)(params)["embed"]["embedding"][...]
+    onehot = jax.nn.one_hot(ids.reshape(-1), cfg.vocab_size, dtype=jnp.float32)
+    want = onehot.T @ cot.astype(jnp.bfloat16).astype(jnp.float32).reshape(-1, cfg.d_model)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    hlo = jax.jit(jax.grad(loss)).lower(params).as_text(dialect="hlo")
+    scatters = [line.split("=", 1)[1].split()[0] for line in hlo.splitlines()
+                if " scatter(" in line]                    # the result types: "f32[64,128]"
+    assert scatters and all(t.startswith("f32[") for t in scatters), scatters
+    x_embed = nnx.merge(graphdef, params).embed(ids)           # the same forward values
+    np.testing.assert_array_equal(model.embed_tokens(ids), x_embed)

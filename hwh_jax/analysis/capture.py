@@ -31,7 +31,7 @@ def capture_qk(model, tokens, positions=None):
     """(list of LayerQK for layers with FA heads, logits [B, T, vocab])."""
     if positions is None:
         positions = jnp.arange(tokens.shape[1])[None]
-    x = model.embed(tokens)
+    x = model.embed_tokens(tokens)
     out = []
     for l, block in enumerate(model.blocks):
         fa = block.mixer.fa

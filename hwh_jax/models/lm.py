@@ -60,11 +60,21 @@ class HybridLM(nnx.Module):
             cfg.d_model, cfg.vocab_size, ("embed", "vocab"), dtype=cfg.compute_dtype,
             param_dtype=cfg.weight_dtype, rngs=rngs))
 
+    def embed_tokens(self, tokens):
+        """tokens [...] int -> their rows of the embedding table [..., d] in the compute dtype,
+        gathered from the table in its own dtype and cast after. ``nnx.Embed`` casts the whole
+        table first, so its backward scatter-adds the rows' gradients in the compute dtype: in
+        bf16 that sums thousands of a frequent token's rows in bf16, and on the H200 such a
+        scatter of real text (where tokens collide) took 46 ms of HwH-380m's 2K step
+        (docs/benchmarks.md, session 17). Gathered first, the scatter-add runs in fp32."""
+        rows = jnp.take(self.embed.embedding[...], tokens, axis=0)
+        return rows.astype(self.cfg.compute_dtype)
+
     def hidden(self, tokens, positions=None, segment_ids=None):
         """tokens [B, T] int -> final hidden states [B, T, d] (after the final norm)."""
         if positions is None:
             positions = jnp.arange(tokens.shape[1])[None]
-        x = constrain(self.embed(tokens))      # under a mesh: rows over the batch axes
+        x = constrain(self.embed_tokens(tokens))   # under a mesh: rows over the batch axes
         for block in self.blocks:
             x = block(x, positions, segment_ids)
         return self.final_norm(x)
@@ -96,7 +106,7 @@ class HybridLM(nnx.Module):
         no more; all of a 32K prompt's would be 6.6 GB per row)."""
         t0, start = cache["t"], cache["start"]
         valid = (t0 + jnp.arange(tokens.shape[1]))[None] >= start[:, None]
-        x = self.embed(tokens)
+        x = self.embed_tokens(tokens)
         layers = []
         for block, c in zip(self.blocks, cache["layers"]):
             x, c = block.extend(x, t0, start, valid, c, fresh)
