@@ -86,7 +86,7 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     if prefill:            # compile each chunk shape ahead, run each once, then time the prompt
         t0 = time.perf_counter()
         for n, fresh in sorted({(e - s, fresh) for s, e, fresh in chunks}):
-            compiled[n, fresh] = gen._prefill.lower(
+            compiled[n, fresh] = gen.prefill.lower(
                 state, jax.ShapeDtypeStruct((batch, n), jnp.int32), cache_shape,
                 fresh=fresh).compile()
         row["prefill_compile_s"] = time.perf_counter() - t0
@@ -110,8 +110,8 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     # The same steps as one device loop (compiled from shapes, then timed from a new cache at
     # the prompt's end); its compiled text names the kernels' sources for --profile.
     logits_shape = jax.ShapeDtypeStruct((batch, cfg.vocab_size), jnp.float32)
-    loop = gen._decode.lower(state, logits_shape, cache_shape, jax.random.key(0),
-                             steps=decode_steps, temperature=0.0, top_p=1.0).compile()
+    loop = gen.decode.lower(state, logits_shape, cache_shape, jax.random.key(0),
+                            steps=decode_steps, temperature=0.0, top_p=1.0).compile()
     decode_loop = lambda logits, cache: loop(state, logits, cache, jax.random.key(0))  # noqa: E731
     first = (jnp.zeros((batch, cfg.vocab_size), jnp.float32),     # costs as any cache would
              jax.block_until_ready({**init(state), "t": jnp.int32(prompt_len)}))

@@ -121,7 +121,7 @@ def test_generator_keeps_matrices_in_the_compute_dtype_with_the_same_logits():
     x = tokens(2, 13)
     want, _ = nnx.jit(lambda m, x, c: m.extend(x, c, last_only=True))(
         model, x, model.init_cache(2, 16))      # the prefill forms the last logits alone
-    got, _ = gen._prefill(gen.state, x, model.init_cache(2, 16))
+    got, _ = gen.prefill(gen.state, x, model.init_cache(2, 16))
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want[:, -1]))
 
 
@@ -186,8 +186,8 @@ def test_fixed_cache_and_chunked_prefill_generate_the_same_with_one_compilation(
     for prompts in batches:
         assert fixed.generate(prompts, 6)[0] == plain.generate(prompts, 6)[0]
     # the prefill: one compile for first chunks (fresh), one for the chunks after them
-    assert fixed._prefill._cache_size() == 2 and fixed._decode._cache_size() == 1
-    assert plain._prefill._cache_size() == 2       # padded lengths 16 and 32, each fresh
+    assert fixed.prefill._cache_size() == 2 and fixed.decode._cache_size() == 1
+    assert plain.prefill._cache_size() == 2       # padded lengths 16 and 32, each fresh
     with pytest.raises(ValueError, match="padded prompt 24 \\+ 7 new tokens exceed the fixed "
                                          "cache_len 30"):
         fixed.generate(batches[1], 7)
@@ -198,8 +198,8 @@ def test_prefill_and_decode_update_the_cache_in_place():
     arrays passed in are consumed."""
     gen = Generator(tiny("hwh"), vocab=VOCAB)
     cache = gen._init(gen.state, jnp.zeros((1,), jnp.int32), batch=1, max_len=16)
-    logits, cache2 = gen._prefill(gen.state, jnp.asarray([[5, 6, 7, 8]], jnp.int32), cache)
+    logits, cache2 = gen.prefill(gen.state, jnp.asarray([[5, 6, 7, 8]], jnp.int32), cache)
     assert all(a.is_deleted() for a in jax.tree.leaves(cache))
-    gen._decode(gen.state, logits, cache2, jax.random.key(0), steps=2, temperature=0.0,
-                top_p=1.0)
+    gen.decode(gen.state, logits, cache2, jax.random.key(0), steps=2, temperature=0.0,
+               top_p=1.0)
     assert all(a.is_deleted() for a in jax.tree.leaves(cache2))

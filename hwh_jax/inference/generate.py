@@ -58,11 +58,14 @@ class Generator:
         self.eos_id, self.vocab, self.pad_id = eos_id, vocab, pad_id
         self.prefill_chunk, self.length_multiple = prefill_chunk, length_multiple
         self.cache_len = cache_len
+        # The compiled pieces, public so that benchmarks and tests time and call exactly what
+        # ``generate`` runs: prefill(state, tokens, cache, fresh) -> (last logits, cache);
+        # decode(state, logits, cache, key, steps=, temperature=, top_p=) -> (tokens, cache).
         # The cache is donated: a step updates it in place instead of holding two copies (a
         # 380m Transformer's 32K cache at batch 32 is 96 GiB).
-        self._prefill = jax.jit(self._prefill_fn, donate_argnames=("cache",),
+        self.prefill = jax.jit(self._prefill_fn, donate_argnames=("cache",),
                                 static_argnames=("fresh",))
-        self._decode = jax.jit(self._decode_fn, static_argnames=("steps", "temperature", "top_p"),
+        self.decode = jax.jit(self._decode_fn, static_argnames=("steps", "temperature", "top_p"),
                                donate_argnames=("cache",))
         self._init = jax.jit(self._init_fn, static_argnames=("batch", "max_len"))
 
@@ -125,13 +128,13 @@ class Generator:
                            max_len=self.cache_len or P + max_new_tokens)
         chunk = self.prefill_chunk if self.prefill_chunk and P > self.prefill_chunk else P
         for s in range(0, P, chunk):
-            logits, cache = self._prefill(self.state, jnp.asarray(tokens[:, s:s + chunk]), cache,
-                                          fresh=s == 0)
+            logits, cache = self.prefill(self.state, jnp.asarray(tokens[:, s:s + chunk]), cache,
+                                         fresh=s == 0)
         logits.block_until_ready()
         t1 = time.perf_counter()
-        out, _ = self._decode(self.state, logits, cache, jax.random.key(seed),
-                              steps=max_new_tokens, temperature=float(temperature),
-                              top_p=float(top_p))
+        out, _ = self.decode(self.state, logits, cache, jax.random.key(seed),
+                             steps=max_new_tokens, temperature=float(temperature),
+                             top_p=float(top_p))
         out = np.asarray(out)
         t2 = time.perf_counter()
         results = []
