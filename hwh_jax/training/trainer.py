@@ -123,10 +123,10 @@ def run_specs(config):
         spec_from_config(config.eval).validate()
     if c.log_every < 1:
         raise ValueError(f"train.log_every must be >= 1, got {c.log_every}")
-    if c.get("profile_at", 0) and c.get("profile_steps", 0) < 1:
+    if c.profile_at and c.profile_steps < 1:
         raise ValueError(f"train.profile_steps must be >= 1 with train.profile_at, got "
                          f"{c.profile_steps}")
-    if c.get("profile_at", 0) and c.profile_at + c.profile_steps > (c.stop_at_step or c.steps):
+    if c.profile_at and c.profile_at + c.profile_steps > (c.stop_at_step or c.steps):
         raise ValueError(f"train.profile_at={c.profile_at} + train.profile_steps="
                          f"{c.profile_steps} runs past the last step "
                          f"{c.stop_at_step or c.steps}")
@@ -349,7 +349,10 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
             t_last, step_last, data_wait = time.time(), step, 0.0
         pending.clear()
 
-    tracer = _Tracer(c.get("profile_at", 0), c.get("profile_steps", 0), workdir / "profile")
+    tracer = _Tracer(c.profile_at, c.profile_steps, workdir / "profile")
+    if c.profile_at and c.profile_at <= start:
+        log.warning("train.profile_at=%d is not after step %d, where this run resumes: nothing "
+                    "will be traced", c.profile_at, start)
     with _Stop() as stop:
         step = start
         while step < stop_at:
