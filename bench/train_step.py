@@ -4,8 +4,8 @@ r"""Tokens/s and MFU of the project's jitted training step (forward, backward, A
       --contexts 2048 8192 32768 --tokens_per_step 131072 --out $OUT/train_step.jsonl
 
 For every (arch, size, context): the step of ``hwh_jax.training.steps.make_train_step`` (the one
-``launch.train`` runs, bf16 compute, fp32 params and AdamW state) on random tokens (Zipf-distributed
-as in text unless ``--tokens uniform``; ``sample_tokens``); the batch is
+``launch.train`` runs, bf16 compute, fp32 params and AdamW state) on random tokens
+(Zipf-distributed as in text unless ``--tokens uniform``; ``sample_tokens``); the batch is
 tokens_per_step / context, halved until it fits in memory (``--tokens_per_step`` is the starting
 point, OOMs are caught and reported). After 2 warm-ups: ``step_latency_ms``, the median of --steps
 steps each waited for (``block_until_ready``), and ``step_ms``, the median over 3 runs of --steps
@@ -13,17 +13,21 @@ steps dispatched back to back and waited for once, divided by --steps: the rate 
 sees (it waits only at its log lines), which tokens/s and MFU use. The two differ by the host's
 work per step (dispatch, launching the step's kernels), which overlaps the device's only when steps
 are queued. Each row also keeps every waited step (``waited_ms``), every run's rate
-(``step_ms_runs``) and how long each call of a run took the host to return (``call_ms``: a call
-that returns only when the device is near the previous step's end shows the host held back). MFU = flops_per_token (``hwh_jax/training/flops.py``: 6 x matmul params + attention +
-GDN chunk FLOPs) x tokens/s / the device's dense bf16 peak. Memory: the compiled step's own buffers
+(``step_ms_runs``), how long each call of a run took the host to return (``call_ms``: a call
+returns once the device is near the previous step's end, so a long one is a host pause) and
+every garbage collection while steps ran (``gc``; Python's collector is frozen after the warm-ups
+as ``launch.train`` does, unless ``--gc auto``). MFU = flops_per_token
+(``hwh_jax/training/flops.py``: 6 x matmul params + attention + GDN chunk FLOPs) x tokens/s / the
+device's dense bf16 peak. Memory: the compiled step's own buffers
 (arguments + outputs + temporaries - donated aliases, from ``memory_analysis()``); the device's
 peak counter is process-wide (the largest step so far), so it is only recorded as
 ``process_peak_mem_gib``. The kernels the dispatchers chose are printed with each row.
 ``--profile DIR`` traces --profile_steps (3) more steps per row and prints where their device time
 goes: by category (GDN kernels, attention, matmuls, copies, fusions), the top kernels with the
 operation and source line each came from, how much of the step the device was busy, the first
-kernel to the last, and which kernels the idle gaps follow (``hwh_jax.training.profile``). ``--hlo DIR`` writes each row's compiled program (XLA's fusions
-and the kernels' operands, to read what a fusion in the profile does).
+kernel to the last, and which kernels the idle gaps follow (``hwh_jax.training.profile``).
+``--hlo DIR`` writes each row's compiled program (XLA's fusions and the kernels' operands, to
+read what a fusion in the profile does).
 """
 from __future__ import annotations
 
