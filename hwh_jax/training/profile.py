@@ -13,9 +13,9 @@ the union of the kernels' intervals per step: beside the step's wall time it tel
 the step the device was idle (launch gaps, host work); ``span_ms`` is the traced steps' first
 kernel start to last kernel end per step (what the device took for them, idle included), and
 ``longest_gaps`` the longest idle gaps, each with when it began (ms into the trace) and the kernel
-before it (a gap between steps shows there, where per-kernel sums hide it); ``gaps_after`` charges each idle gap
-between kernels to the kernel that ran just before it (a device idling after one kind of kernel
-points at what makes the host fall behind). Given the compiled
+before it (a gap between steps shows there, where per-kernel sums hide it); ``gaps_after``
+charges each idle gap between kernels to the kernel that ran just before it (a device idling
+after one kind of kernel points at what makes the host fall behind). Given the compiled
 program's HLO text (``hlo_text``), each listed kernel also names the JAX operation and source
 line it came from, and ``by_source_ms`` sums the device time by source line; each fusion and
 custom call also gets the bytes its operands and outputs name (``hlo_bytes``) and the rate that
