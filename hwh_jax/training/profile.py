@@ -234,8 +234,7 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20, hlo_text: str | No
             "busy_ms": busy / 1e3 / steps,
             "kernels_per_step": len(intervals) / steps,
             "idle_between_kernels_ms": sum(g[0] for g in gaps) / 1e3 / steps,
-            "span_ms": ((max(e for _, e, _ in intervals) - min(s for s, _, _ in intervals))
-                        / 1e3 / steps if intervals else 0.0),
+            "span_ms": (max(e for _, e, _ in intervals) - t0) / 1e3 / steps if intervals else 0.0,
             "longest_gaps": [row(key, ms=us / 1e3, at_ms=(at - t0) / 1e3)
                              for us, key, at in sorted(gaps, key=lambda g: -g[0])[:5]],
             "by_category_ms": {c: ms / steps
