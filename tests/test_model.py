@@ -11,6 +11,7 @@ from flax import nnx
 
 from hwh_jax.models import ARCHS, HybridLM, count_params, count_params_whole, model_config
 from hwh_jax.layers.mixer import HeadwiseMixer  # noqa: I001  (after models: import cycle)
+from hwh_jax.layers.linear import dense, project
 from hwh_jax.models.config import LayerSpec
 from hwh_jax.models.variants import model_config_from_dict
 
@@ -225,3 +226,47 @@ def test_embedding_gradient_sums_colliding_rows_in_fp32():
     assert scatters and all(t.startswith("f32[") for t in scatters), scatters
     x_embed = nnx.merge(graphdef, params).embed(ids)           # the same forward values
     np.testing.assert_array_equal(model.embed_tokens(ids), x_embed)
+
+
+def test_project_equals_each_layer_and_sums_gradients_new_product_first():
+    """linear.project gives each layer's output and autodiff's gradients (bitwise on CPU: the
+    same sums in the same order), and every sum of x's gradient takes the new product as its
+    first operand, the form XLA's GEMM rewriter folds into that product's GEMM."""
+    layers = [dense(16, n, ("embed", "heads"), dtype=jnp.bfloat16, param_dtype=jnp.float32,
+                    rngs=nnx.Rngs(i)) for i, n in enumerate((8, 24, 4, 8))]
+    x = jax.random.normal(jax.random.key(5), (2, 6, 16), jnp.bfloat16)
+    cots = [jax.random.normal(jax.random.key(10 + i), (2, 6, layer.kernel.shape[1]))
+            for i, layer in enumerate(layers)]
+    graphdef, params = nnx.split(nnx.List(layers), nnx.Param)
+
+    def loss(p, x, how):
+        ls = nnx.merge(graphdef, p)
+        ys = project(x, list(ls)) if how == "project" else [layer(x) for layer in ls]
+        return sum((y.astype(jnp.float32) * c).sum() for y, c in zip(ys, cots))
+
+    for a, b in zip(project(x, layers), [layer(x) for layer in layers]):
+        np.testing.assert_array_equal(a, b)
+    got = jax.grad(loss, argnums=(0, 1))(params, x, "project")
+    want = jax.grad(loss, argnums=(0, 1))(params, x, "autodiff")
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    for how, first_is_product in (("project", True), ("autodiff", False)):
+        jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=1), static_argnums=2)(params, x, how)
+        eqns = list(_eqns(jaxpr.jaxpr))
+        producer = {v: e.primitive.name for e in eqns for v in e.outvars}
+        adds = [e for e in eqns if e.primitive.name in ("add", "add_any")
+                and e.outvars[0].aval.shape == x.shape]
+        assert len(adds) == len(layers) - 1
+        firsts = [producer.get(e.invars[0]) == "dot_general" for e in adds]
+        assert all(firsts) == first_is_product, (how, firsts)
+    with pytest.raises(ValueError, match="share one compute dtype"):
+        project(x, layers + [dense(16, 4, ("embed", "heads"), dtype=jnp.float32,
+                                   param_dtype=jnp.float32, rngs=nnx.Rngs(9))])
+
+
+def _eqns(jp):
+    for eqn in jp.eqns:
+        yield eqn
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _eqns(sub)

@@ -26,7 +26,7 @@ from flax import nnx
 
 from hwh_jax.layers.attention import FullAttentionHeads
 from hwh_jax.layers.gdn import GatedDeltaNetHeads
-from hwh_jax.layers.linear import INIT_STD, dense
+from hwh_jax.layers.linear import INIT_STD, dense, project
 from hwh_jax.layers.nnx_compat import data
 from hwh_jax.models.config import LayerSpec, ModelConfig
 from kernels_pallas.sharding import constrain
@@ -64,7 +64,7 @@ class HeadwiseMixer(nnx.Module):
         else:   # under a mesh: rows stay over the batch axes, heads over tensor where they divide
             heads = ([self.fa.num_heads, self.fa.num_kv, self.fa.num_kv] if fa else []) + \
                     ([self.la.num_heads] * len(la) if la else [])
-            ys = [constrain(p(x), n) for p, n in zip(fa + la, heads)]
+            ys = [constrain(y, n) for y, n in zip(project(x, fa + la), heads)]
         return (ys[:len(fa)] or None), (ys[len(fa):] or None)
 
     def __call__(self, x, positions, segment_ids=None):  # [B,T,d] -> [B,T,d]
