@@ -68,6 +68,7 @@ def test_triton_regs_keeps_each_kernels_triton_ir_on_cpu():
     mod = _triton_regs()
     got = mod.kernels("short_conv")
     assert [(name, warps) for name, warps, _ in got] == [("short_conv_fwd", 4),
-                                                         ("short_conv_bwd", 4)]
+                                                         ("short_conv_bwd", 4),
+                                                         ("short_conv_dx", 4)]
     assert all(ir.startswith(f"module @{name}") and "tt.func" in ir for name, _, ir in got)
     assert jax.default_backend() == "cpu"            # restored after tracing as a GPU

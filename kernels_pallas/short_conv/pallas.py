@@ -3,35 +3,39 @@
 Same contract as ``reference.short_conv_reference``. Written with jnp, the op is a string of
 elementwise passes and their gradients (the profile of HwH-380m's 2K training step on an H200
 charged ~21 ms of its 232 to ``causal_conv1d``, ``ShortConv`` and ``l2_normalize``); here the
-forward is one kernel (reads x, writes y) and the backward one kernel (reads x and dy, writes dz
-and per-tile partial sums of dw) plus dz's transposed convolution, one XLA fusion.
+forward is one kernel (reads x, writes y) and the backward two: one reads x and dy and writes dz
+and per-tile partial sums of dw, one reads dz and writes dx (its transposed convolution).
 
 One program per (batch row, tile of ``block_t`` tokens, head). x is passed whole along time and
 each program reads the rows its taps need at their offsets (lag j reads rows t - j), so no halo
 is copied. Only the first tile can reach before row 0: it reads its taps from a copy of its rows
-behind W - 1 zero rows (``_head``, 2 block_t rows a sequence), in its own branch. Registers per
-thread decide how many programs an SM holds (65,536 a SM; 4 warps at 161 registers: 3 programs,
-Nsight Compute, session 15): the first tile used to shift its rows by 0/1 selection matmuls and
-the backward kept the W taps live across the norm's reductions for dw; without both, at tiles of
-32, 80 -> 72 registers forward and 167 -> 72 backward with the norm, 78 -> 52 and 128 -> 64
-without; at the default 64, forward / backward 72 / 128 with and 80 / 112 without
-(``bench/triton_regs.py``: Triton 3.9 and ptxas for sm_90a, on a CPU). The tap mask comes from
-the tokens since the document began (``doc_offsets``, clipped to W - 1), which also drops the
-rows before t = 0.
+behind W - 1 zero rows (``_head``, 2 block_t rows a sequence), in its own branch; the transposed
+convolution reaches ahead instead (rows t + j), and its last tile reads from a copy of its rows
+ahead of zero rows (``_tail``). Registers per thread decide how many programs an SM holds
+(65,536 a SM; 4 warps at 161 registers: 3 programs, Nsight Compute, session 15): the first tile
+used to shift its rows by 0/1 selection matmuls and the backward kept the W taps live across the
+norm's reductions for dw; without both, at tiles of 32, 80 -> 72 registers forward and 167 -> 72
+backward with the norm, 78 -> 52 and 128 -> 64 without; at the default 64, forward / backward
+72 / 128 with and 80 / 112 without (``bench/triton_regs.py``: Triton 3.9 and ptxas for sm_90a,
+on a CPU). The tap mask comes from the tokens since the document began (``doc_offsets``, clipped
+to W - 1), which also drops the rows before t = 0.
 
 With lag j, tap weight w_{W-1-j}, mask m_j(t) = [since(t) >= j], s = SiLU(z), n = s / |s|:
     forward   z(t)  = sum_j w_{W-1-j} m_j(t) x(t - j)
     backward  ds    = (dy - n (dy . n)) / |s|          (ds = dy without the norm)
               dz    = ds SiLU'(z)                      (kernel; z recomputed from x)
               dw_{W-1-j} = sum_t m_j(t) x(t - j) dz(t)  (kernel, per tile; summed in XLA)
-              dx(t) = sum_j w_{W-1-j} m_j(t + j) dz(t + j)   (XLA)
+              dx(t) = sum_j w_{W-1-j} m_j(t + j) dz(t + j)   (second kernel)
 Arithmetic is fp32 inside; dz is stored in x's dtype. GPU only (Triton) and the generic
 interpreter; TPU runs the jnp reference (``AUTO_IMPL``).
 
-Forming dx in the backward kernel instead (dz recomputed on 16 rows past each tile, rows
-shifted by 0/1 matmuls, so dz is never stored) was slower on the H200: 0.639 against 0.504 ms
-forward+backward with the norm, 1.303 against 0.456 without, and the 2K training step 443.8
-against 425.2 ms (session 13; ``docs/runs/s13/dropped_fuse_dx.patch.txt``).
+As one XLA fusion, dx ran at 1.9 TB/s, as the second kernel at ~2.2: one convolution of
+HwH-380m's 2K step (44, 2048, 832 channels, 13 heads), forward + backward 0.572 -> 0.537 ms with
+the norm, 0.531 -> 0.496 without (H200, session 18, docs/benchmarks.md). Forming dx in the
+backward kernel instead (dz recomputed on 16 rows past each tile, rows shifted by 0/1 matmuls,
+so dz is never stored) was slower on the H200: 0.639 against 0.504 ms forward+backward with
+the norm, 1.303 against 0.456 without, and the 2K training step 443.8 against 425.2 ms
+(session 13; ``docs/runs/s13/dropped_fuse_dx.patch.txt``).
 """
 from __future__ import annotations
 
@@ -134,15 +138,32 @@ def _bwd_kernel(x_ref, head_ref, m_ref, w_ref, dy_ref, dz_ref, dw_ref, *, cfg):
     _per_tile(body)
 
 
-def _conv_transpose(dz, w, m, W):
-    """dx(t) = sum_j w_{W-1-j} m_j(t + j) dz(t + j), in XLA (one fusion), fp32 inside."""
-    T = dz.shape[1]
-    dzp = jnp.pad(dz, ((0, 0), (0, W - 1), (0, 0)))
-    mp = jnp.pad(m, ((0, 0), (0, W - 1), (0, 0)))
-    dx = jnp.zeros(dz.shape, f32)
-    for j in range(W):
-        dx += w[W - 1 - j] * jnp.where(mp[:, j:j + T] >= j, dzp[:, j:j + T].astype(f32), 0.0)
-    return dx
+def _tail(a, BT):
+    """The last tile's rows ahead of BT zero rows, [B, 2 BT, ...]: the last tile of the
+    transposed convolution reads its taps here, every other tile from ``a`` itself."""
+    return jnp.pad(a[:, a.shape[1] - BT:], ((0, 0), (0, BT)) + ((0, 0),) * (a.ndim - 2))
+
+
+def _dx_kernel(dz_ref, dz_tail_ref, m_ref, m_tail_ref, w_ref, dx_ref, *, cfg, last_tile):
+    """dx(t) = sum_j w_{W-1-j} m_j(t + j) dz(t + j) at the tile's rows, fp32 inside: the
+    forward's taps mirrored, reaching j rows ahead (zero past the end)."""
+    W, BT = cfg.width, cfg.block_t
+    t0 = pl.program_id(1) * BT
+
+    def body(last):
+        dx = w_ref[pl.ds(W - 1, 1), :].astype(f32) * dz_ref[pl.ds(t0, BT), :].astype(f32)
+        for j in range(1, W):
+            if last:
+                dz, m = dz_tail_ref[pl.ds(j, BT), :], m_tail_ref[pl.ds(j, BT), :]
+            else:
+                dz, m = dz_ref[pl.ds(t0 + j, BT), :], m_ref[pl.ds(t0 + j, BT), :]
+            dx += w_ref[pl.ds(W - 1 - j, 1), :].astype(f32) * jnp.where(
+                m >= j, dz.astype(f32), 0.0)
+        dx_ref[...] = dx.astype(dx_ref.dtype)
+
+    t = pl.program_id(1)
+    pl.when(t == last_tile)(functools.partial(body, True))
+    pl.when(t < last_tile)(functools.partial(body, False))
 
 
 def _specs(B, T, heads, X, BT):
@@ -193,7 +214,14 @@ def _backward(cfg, heads, x, w, m, dy):
                    jax.ShapeDtypeStruct((B, NT, Wp, C), f32)],
         interpret=cfg.interpret, name="short_conv_bwd", **_params(cfg))(
             x, _head(x, cfg.width, BT), m, w, dy)
-    dx = _conv_transpose(dz, w, m, cfg.width).astype(x.dtype)
+    m_whole = pl.BlockSpec((sq, T, 1), lambda b, t, h: (b, 0, 0))
+    m_tail = pl.BlockSpec((sq, 2 * BT, 1), lambda b, t, h: (b, 0, 0))
+    tail = pl.BlockSpec((sq, 2 * BT, X), lambda b, t, h: (b, 0, h))
+    dx = pl.pallas_call(
+        functools.partial(_dx_kernel, cfg=cfg, last_tile=NT - 1), grid=(B, NT, heads),
+        in_specs=[whole, tail, m_whole, m_tail, wspec], out_specs=tile,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=cfg.interpret,
+        name="short_conv_dx", **_params(cfg))(dz, _tail(dz, BT), m, _tail(m, BT), w)
     return dx, jnp.sum(dw, axis=(0, 1))
 
 
