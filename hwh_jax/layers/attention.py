@@ -29,7 +29,8 @@ class FullAttentionHeads(nnx.Module):
                  rope: bool, rope_theta: float = 10000.0, rope_pairing: str = "half",
                  rope_scaling: tuple = (),
                  window: int | None = None, qk_norm: bool = False, norm_eps: float = 1e-6,
-                 impl: str = "auto", dtype, param_dtype, rngs: nnx.Rngs):
+                 impl: str = "auto", norm_impl: str = "auto", dtype, param_dtype,
+                 rngs: nnx.Rngs):
         self.num_heads, self.head_dim = num_heads, head_dim
         self.num_kv = num_heads // q_per_kv
         self.rope, self.rope_theta, self.rope_pairing = rope, rope_theta, rope_pairing
@@ -39,7 +40,7 @@ class FullAttentionHeads(nnx.Module):
         self.q_proj = dense(d_model, num_heads * head_dim, ("embed", "heads"), **kw)
         self.k_proj = dense(d_model, self.num_kv * head_dim, ("embed", "kv_heads"), **kw)
         self.v_proj = dense(d_model, self.num_kv * head_dim, ("embed", "kv_heads"), **kw)
-        norm_kw = dict(eps=norm_eps, dtype=dtype, param_dtype=param_dtype)
+        norm_kw = dict(eps=norm_eps, dtype=dtype, param_dtype=param_dtype, impl=norm_impl)
         self.q_norm = data(RMSNorm(head_dim, **norm_kw) if qk_norm else None)
         self.k_norm = data(RMSNorm(head_dim, **norm_kw) if qk_norm else None)
 

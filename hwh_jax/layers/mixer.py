@@ -40,7 +40,7 @@ class HeadwiseMixer(nnx.Module):
                 rope=spec.fa_rope, rope_theta=cfg.rope_theta, rope_pairing=cfg.rope_pairing,
                 rope_scaling=cfg.rope_scaling,
                 window=spec.window, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
-                impl=cfg.attn_impl, **kw))
+                impl=cfg.attn_impl, norm_impl=cfg.norm_impl, **kw))
         self.la = data(None if not spec.num_la else GatedDeltaNetHeads(
                 cfg.d_model, spec.num_la, cfg.la_key_dim, cfg.la_value_dim,
                 conv_size=cfg.conv_size, norm_eps=cfg.norm_eps, impl=cfg.gdn_impl,

@@ -54,6 +54,7 @@ class ModelConfig:
     attn_impl: str = "auto"            # kernels_pallas.attention impl
     gdn_impl: str = "auto"             # kernels_pallas.gated_delta_rule impl
     conv_impl: str = "auto"            # kernels_pallas.short_conv impl (GDN conv, SiLU, norm)
+    norm_impl: str = "auto"            # kernels_pallas.rms_norm impl (RMSNorms, residual adds)
     gdn_chunk_size: int = 64
 
     def __post_init__(self):

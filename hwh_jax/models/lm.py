@@ -4,6 +4,9 @@
     h_l = h_{l-1} + Mixer_l(RMSNorm(h_{l-1}));  h_l += SwiGLU(RMSNorm(h_l))     l = 1..L
     logits = LMHead(RMSNorm(h_L))                    (tied to the embedding by default)
 
+Each residual add is done by the norm after it (``RMSNorm.add``: one pass on the GPU), so a
+block takes the stream and the previous block's MLP output not yet added (``Block.residual``).
+
 Mixer_l is the head-wise mixer of ``LayerSpec`` l (``hwh_jax.layers.mixer``). Parameters are
 ``ModelConfig.param_dtype`` (fp32), activations ``ModelConfig.dtype`` (bf16), logits fp32.
 
@@ -29,7 +32,8 @@ from kernels_pallas.sharding import constrain
 
 class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, rngs: nnx.Rngs):
-        norm_kw = dict(eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
+        norm_kw = dict(eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+                       impl=cfg.norm_impl)
         self.mixer_norm = RMSNorm(cfg.d_model, **norm_kw)
         self.mixer = HeadwiseMixer(cfg, spec, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg.d_model, **norm_kw)
@@ -38,8 +42,15 @@ class Block(nnx.Module):
                           dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, rngs=rngs)
 
     def __call__(self, x, positions, segment_ids=None):
-        x = constrain(x + self.mixer(self.mixer_norm(x), positions, segment_ids))
-        return constrain(x + self.mlp(self.mlp_norm(x)))
+        x, delta = self.residual(x, None, positions, segment_ids)
+        return x + delta
+
+    def residual(self, x, delta, positions, segment_ids=None):
+        """(stream after the mixer's add, MLP output) from the stream x and the previous
+        block's MLP output ``delta`` (None: already in x), which is added here."""
+        x, y = self.mixer_norm.add(x, delta)
+        x, y = self.mlp_norm.add(constrain(x), self.mixer(y, positions, segment_ids))
+        return constrain(x), constrain(self.mlp(y))
 
     def extend(self, x, t0, start, valid, cache, fresh: bool = False):
         y, cache = self.mixer.extend(self.mixer_norm(x), t0, start, valid, cache, fresh)
@@ -55,7 +66,7 @@ class HybridLM(nnx.Module):
                                param_dtype=cfg.weight_dtype, embedding_init=init, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, spec, rngs=rngs) for spec in cfg.layers])
         self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=cfg.compute_dtype,
-                                  param_dtype=cfg.weight_dtype)
+                                  param_dtype=cfg.weight_dtype, impl=cfg.norm_impl)
         self.lm_head = data(None if cfg.tie_embeddings else dense(
             cfg.d_model, cfg.vocab_size, ("embed", "vocab"), dtype=cfg.compute_dtype,
             param_dtype=cfg.weight_dtype, rngs=rngs))
@@ -74,10 +85,10 @@ class HybridLM(nnx.Module):
         """tokens [B, T] int -> final hidden states [B, T, d] (after the final norm)."""
         if positions is None:
             positions = jnp.arange(tokens.shape[1])[None]
-        x = constrain(self.embed_tokens(tokens))   # under a mesh: rows over the batch axes
+        x, delta = constrain(self.embed_tokens(tokens)), None   # rows over the batch axes
         for block in self.blocks:
-            x = block(x, positions, segment_ids)
-        return self.final_norm(x)
+            x, delta = block.residual(x, delta, positions, segment_ids)
+        return self.final_norm.add(x, delta)[1]
 
     def logits(self, h, dtype=jnp.float32):
         """[B, T, d] -> logits [B, T, vocab] in ``dtype`` (None: the compute dtype, as the
