@@ -44,15 +44,15 @@ def make(B, T, C, W=4, seed=0, segments=True, dtype=jnp.float32):
     return x, w, seg, dy
 
 
-@functools.partial(jax.jit, static_argnames=("impl", "heads", "normalize", "block_t"))
-def value_and_grads(x, w, seg, dy, *, impl, heads, normalize, block_t=64):
+@functools.partial(jax.jit, static_argnames=("impl", "heads", "normalize", "block_t", "scale"))
+def value_and_grads(x, w, seg, dy, *, impl, heads, normalize, block_t=64, scale=1.0):
     def loss(x, w):
         if impl == "reference":
-            y = short_conv(x, w, seg, heads=heads, normalize=normalize, impl="reference")
+            y = short_conv(x, w, seg, heads=heads, normalize=normalize, scale=scale,
+                           impl="reference")
         else:
-            from kernels_pallas.short_conv import short_conv_pallas
             y = short_conv_pallas(x, w, seg, heads=heads, normalize=normalize, block_t=block_t,
-                                  interpret=impl == "interpret")
+                                  scale=scale, interpret=impl == "interpret")
         return jnp.sum(y.astype(jnp.float32) * dy), y
 
     (_, y), (dx, dw) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, w)
@@ -113,6 +113,23 @@ def test_pallas_bf16_within_bf16_noise():
     for name, o, r, e in zip(("y", "dx", "dw"), out, ref, exact):
         assert o.dtype == r.dtype, name
         assert rel(o, e) <= max(rel(r, e), 4e-3), (name, rel(o, e), rel(r, e))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_scale_multiplies_the_normalised_output(mode):
+    """scale c: y = c n, and the gradients are c times those of n; the kernels and the
+    reference agree (c = 1/8 exactly as the GDN queries' K**-0.5 at K = 64, and another)."""
+    x, w, seg, dy = make(2, 75, 32, seed=4)
+    base = value_and_grads(x, w, seg, dy, impl="reference", heads=2, normalize=True)
+    for c in (0.125, 0.3):
+        ref = value_and_grads(x, w, seg, dy, impl="reference", heads=2, normalize=True, scale=c)
+        out = value_and_grads(x, w, seg, dy, impl=mode, heads=2, normalize=True, block_t=16,
+                              scale=c)
+        for name, o, r, b in zip(("y", "dx", "dw"), out, ref, base):
+            assert rel(r, c * b) < 2e-6, (name, c)
+            assert rel(o, r) < 2e-6, (name, c, rel(o, r))
+    with pytest.raises(ValueError, match="scale=0.5 multiplies the normalised output"):
+        short_conv(x, w, seg, scale=0.5)
 
 
 def test_document_start_sees_only_itself():

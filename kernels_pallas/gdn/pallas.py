@@ -51,7 +51,7 @@ def _op(cfg, scale):
 
     def prepare(q, k, v, g, beta):
         cd = jnp.result_type(q.dtype, k.dtype, v.dtype)
-        qs = (q.astype(f32) * scale).astype(cd)
+        qs = q.astype(cd) if scale == 1.0 else (q.astype(f32) * scale).astype(cd)
         return qs, k.astype(cd), v.astype(cd), beta.astype(f32), chunk_local_cumsum(
             g.astype(f32), C)
 

@@ -32,7 +32,7 @@ def resolve_impl(impl: str = "auto", channels_per_head: int | None = None) -> st
 
 
 def short_conv(x, weight, segment_ids=None, *, heads: int = 1, normalize: bool = False,
-               eps: float = 1e-6, impl: str = "auto", interpret=False):
+               eps: float = 1e-6, scale: float = 1.0, impl: str = "auto", interpret=False):
     """SiLU(causal depthwise conv(x)), optionally L2-normalised per head.
 
     Args:
@@ -51,8 +51,11 @@ def short_conv(x, weight, segment_ids=None, *, heads: int = 1, normalize: bool =
     if segment_ids is not None and segment_ids.shape != x.shape[:2]:
         raise ValueError(f"short_conv: segment_ids must be [B,T]={x.shape[:2]}, got "
                          f"{segment_ids.shape}")
+    if scale != 1.0 and not normalize:
+        raise ValueError(f"short_conv: scale={scale} multiplies the normalised output; "
+                         f"pass normalize=True")
     impl = dispatch.record("short_conv", resolve_impl(impl, x.shape[2] // heads))
-    kw = dict(heads=heads, normalize=normalize, eps=eps)
+    kw = dict(heads=heads, normalize=normalize, eps=eps, scale=float(scale))
     if impl == "reference":
         return short_conv_reference(x, weight, segment_ids, **kw)
     km = sharding.current()

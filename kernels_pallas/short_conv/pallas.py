@@ -20,9 +20,10 @@ backward with the norm, 78 -> 52 and 128 -> 64 without; at the default 64, forwa
 on a CPU). The tap mask comes from the tokens since the document began (``doc_offsets``, clipped
 to W - 1), which also drops the rows before t = 0.
 
-With lag j, tap weight w_{W-1-j}, mask m_j(t) = [since(t) >= j], s = SiLU(z), n = s / |s|:
+With lag j, tap weight w_{W-1-j}, mask m_j(t) = [since(t) >= j], s = SiLU(z), n = s / |s|,
+y = c n with the scale c (y = s without the norm):
     forward   z(t)  = sum_j w_{W-1-j} m_j(t) x(t - j)
-    backward  ds    = (dy - n (dy . n)) / |s|          (ds = dy without the norm)
+    backward  ds    = (c dy - n (c dy . n)) / |s|      (ds = dy without the norm)
               dz    = ds SiLU'(z)                      (kernel; z recomputed from x)
               dw_{W-1-j} = sum_t m_j(t) x(t - j) dz(t)  (kernel, per tile; summed in XLA)
               dx(t) = sum_j w_{W-1-j} m_j(t + j) dz(t + j)   (second kernel)
@@ -58,6 +59,7 @@ class ConvConfig:
     normalize: bool
     eps: float
     interpret: object = False
+    scale: float = 1.0    # multiplies the normalised output
     num_warps: int = 4
 
 
@@ -102,7 +104,8 @@ def _fwd_kernel(x_ref, head_ref, m_ref, w_ref, y_ref, *, cfg):
         m = m_ref[...]
         s = jax.nn.silu(_conv(_taps(x_ref, head_ref, t0, BT, W, first), w_ref, m, W))
         if cfg.normalize:
-            s = s * jax.lax.rsqrt(jnp.sum(s * s, axis=1, keepdims=True) + cfg.eps)
+            r = jax.lax.rsqrt(jnp.sum(s * s, axis=1, keepdims=True) + cfg.eps)
+            s = s * (r * cfg.scale if cfg.scale != 1.0 else r)
         y_ref[...] = s.astype(y_ref.dtype)
 
     _per_tile(body)
@@ -120,6 +123,8 @@ def _bwd_kernel(x_ref, head_ref, m_ref, w_ref, dy_ref, dz_ref, dw_ref, *, cfg):
         sig = jax.nn.sigmoid(z)
         dy = dy_ref[...].astype(f32)
         if cfg.normalize:
+            if cfg.scale != 1.0:
+                dy = dy * cfg.scale
             s = z * sig
             r = jax.lax.rsqrt(jnp.sum(s * s, axis=1, keepdims=True) + cfg.eps)
             n = s * r
@@ -250,8 +255,8 @@ def _pow2(n):
 
 
 def short_conv_pallas(x, weight, segment_ids=None, *, heads: int = 1, normalize: bool = False,
-                      eps: float = 1e-6, block_t: int = 64, num_warps: int = 4,
-                      interpret=False):
+                      eps: float = 1e-6, scale: float = 1.0, block_t: int = 64,
+                      num_warps: int = 4, interpret=False):
     """``short_conv`` as the kernels above. x [B, T, C]; weight [W, C] (any float dtype, the
     gradient comes back in it); segment_ids [B, T] or None. T is padded to the tile.
     ``block_t`` 64: forward + backward 0.421 / 0.391 ms (with / without the norm) against 0.459 /
@@ -279,7 +284,7 @@ def short_conv_pallas(x, weight, segment_ids=None, *, heads: int = 1, normalize:
                          f"a tile of {bt}; use block_t >= {W - 1}")
     pad = (-T) % bt
     cfg = ConvConfig(width=W, block_t=bt, normalize=normalize, eps=eps, interpret=interpret,
-                     num_warps=num_warps)
+                     num_warps=num_warps, scale=float(scale))
     m = jnp.minimum(doc_offsets(segment_ids, B, T), W - 1).astype(f32)[..., None]
     Wp = 1 << (W - 1).bit_length()
     w = jnp.pad(weight.astype(f32), ((0, Wp - W), (0, 0)))

@@ -43,23 +43,27 @@ def causal_conv1d(x, weight, segment_ids=None):
     return y
 
 
-def l2_normalize(x, eps=1e-6):
+def l2_normalize(x, eps=1e-6, scale=1.0):
+    """x / sqrt(|x|^2 + eps) over the last axis, times ``scale``, in fp32, cast to x's dtype."""
     x32 = x.astype(jnp.float32)
-    return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, -1, keepdims=True) + eps)).astype(x.dtype)
+    r = jax.lax.rsqrt(jnp.sum(x32 * x32, -1, keepdims=True) + eps)
+    return (x32 * (r * scale if scale != 1.0 else r)).astype(x.dtype)
 
 
-def silu_norm(z, *, heads: int = 1, normalize: bool = False, eps: float = 1e-6):
-    """What follows the convolution: SiLU(z) [B, T, C], L2-normalised per head of C // heads if
-    ``normalize`` (also the GDN heads' one-token ``extend``)."""
+def silu_norm(z, *, heads: int = 1, normalize: bool = False, eps: float = 1e-6,
+              scale: float = 1.0):
+    """What follows the convolution: SiLU(z) [B, T, C], L2-normalised per head of C // heads
+    and times ``scale`` if ``normalize`` (also the GDN heads' one-token ``extend``)."""
     y = jax.nn.silu(z)
     if not normalize:
         return y
     B, T, C = y.shape
-    return l2_normalize(y.reshape(B, T, heads, C // heads), eps).reshape(B, T, C)
+    return l2_normalize(y.reshape(B, T, heads, C // heads), eps, scale).reshape(B, T, C)
 
 
 def short_conv_reference(x, weight, segment_ids=None, *, heads: int = 1,
-                         normalize: bool = False, eps: float = 1e-6):
-    """SiLU(causal_conv1d(x)) [B, T, C], L2-normalised per head of C // heads if ``normalize``."""
+                         normalize: bool = False, eps: float = 1e-6, scale: float = 1.0):
+    """SiLU(causal_conv1d(x)) [B, T, C], L2-normalised per head of C // heads and times
+    ``scale`` if ``normalize``."""
     return silu_norm(causal_conv1d(x, weight, segment_ids), heads=heads, normalize=normalize,
-                     eps=eps)
+                     eps=eps, scale=scale)
