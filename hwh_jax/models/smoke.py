@@ -5,7 +5,6 @@ import math
 import time
 
 import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 
