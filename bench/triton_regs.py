@@ -13,7 +13,7 @@ backward used 161 registers against 167 here (session 15). Needs ``pip install t
 dependency of the project); reads internals of JAX's Pallas Triton lowering (jaxlib <= 0.10.2,
 what pip gives on the project's CPU machines).
 
-  python bench/triton_regs.py --ops short_conv gdn [--out DIR]
+  python bench/triton_regs.py --ops short_conv gdn softmax_xent [--out DIR]
 """
 from __future__ import annotations
 
@@ -52,8 +52,17 @@ def _gdn():
     return f, (x, x, x, gate, gate, x)
 
 
+def _softmax_xent():
+    from kernels_pallas.cross_entropy import softmax_xent_pallas
+    n, v = 44 * 2048, 50304                # the 2K step's logits at 44 sequences, GPT-2's vocabulary
+    rows = jax.ShapeDtypeStruct((n,), jnp.float32)
+    return (softmax_xent_pallas,
+            (jax.ShapeDtypeStruct((n, v), jnp.bfloat16), jax.ShapeDtypeStruct((n,), jnp.int32),
+             rows, rows))
+
+
 OPS = {"short_conv": lambda: _short_conv(True), "short_conv_nonorm": lambda: _short_conv(False),
-       "gdn": _gdn}
+       "gdn": _gdn, "softmax_xent": _softmax_xent}
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from hwh_jax.layers.rope import PAIRINGS
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+LOSS_IMPLS = ("unfused", "auto", "reference", "pallas")   # "unfused" or softmax_xent's impls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,8 @@ class ModelConfig:
     gdn_impl: str = "auto"             # kernels_pallas.gated_delta_rule impl
     conv_impl: str = "auto"            # kernels_pallas.short_conv impl (GDN conv, SiLU, norm)
     norm_impl: str = "auto"            # kernels_pallas.rms_norm impl (RMSNorms, residual adds)
+    loss_impl: str = "unfused"         # training loss: "unfused" (autodiff through the logits)
+                                       # or kernels_pallas.softmax_xent's impl for head_loss
     gdn_chunk_size: int = 64
 
     def __post_init__(self):
@@ -68,6 +71,8 @@ class ModelConfig:
             if spec.num_fa % self.q_per_kv:
                 raise ValueError(f"layer {l}: {spec.num_fa} FA heads not divisible by "
                                  f"q_per_kv={self.q_per_kv}")
+        if self.loss_impl not in LOSS_IMPLS:
+            raise ValueError(f"loss_impl must be one of {LOSS_IMPLS}, got {self.loss_impl!r}")
         if self.rope_pairing not in PAIRINGS:
             raise ValueError(f"rope_pairing must be one of {PAIRINGS}, got {self.rope_pairing!r}")
         if any(s.fa_rope for s in self.layers) and self.head_dim % 2:

@@ -96,6 +96,13 @@ class HybridLM(nnx.Module):
         out = self.embed.attend(h) if self.lm_head is None else self.lm_head(h)
         return out if dtype is None else out.astype(dtype)
 
+    def head_weight(self):
+        """The LM head as a [d, vocab] matrix in the compute dtype (``logits(h)`` is h @ it):
+        the embedding transposed when tied. For ``training.head_loss``."""
+        if self.lm_head is None:
+            return self.embed.embedding[...].astype(self.cfg.compute_dtype).T
+        return self.lm_head.kernel[...].astype(self.cfg.compute_dtype)
+
     def __call__(self, tokens, positions=None, segment_ids=None):
         return self.logits(self.hidden(tokens, positions, segment_ids))
 

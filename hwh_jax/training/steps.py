@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from hwh_jax.training.head_loss import head_loss
+
 
 @jax.custom_vjp
 def token_nll(logits, targets):
@@ -56,12 +58,19 @@ def cross_entropy(logits, targets, mask, z_loss: float = 0.0):
 def model_loss(graphdef, params, batch, *, z_loss=0.0, document_mask=False,
                logits_dtype=jnp.float32):
     """``logits_dtype`` None: the logits stay in the compute dtype (training: the LM head's
-    output is the step's largest tensor, and token_nll upcasts inside its own passes); the
-    evaluation keeps fp32 logits."""
+    output is the step's largest tensor, and token_nll upcasts inside its own passes), and a
+    model whose ``loss_impl`` is not "unfused" takes the head and loss as one op
+    (``head_loss``); the evaluation keeps fp32 logits."""
     model = nnx.merge(graphdef, params)
     seg = batch["segment_ids"] if document_mask else None
     pos = batch["positions"] if document_mask else None
-    logits = model.logits(model.hidden(batch["inputs"], pos, seg), dtype=logits_dtype)
+    h = model.hidden(batch["inputs"], pos, seg)
+    if logits_dtype is None and model.cfg.loss_impl != "unfused":
+        total, loss, _, count = head_loss(h, model.head_weight(), batch["targets"],
+                                          batch["loss_mask"], z_loss=z_loss,
+                                          impl=model.cfg.loss_impl)
+        return total, (loss, count)
+    logits = model.logits(h, dtype=logits_dtype)
     loss, zl, count = cross_entropy(logits, batch["targets"], batch["loss_mask"], z_loss)
     return loss + zl, (loss, count)
 
