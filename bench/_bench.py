@@ -1,6 +1,7 @@
 """Small helpers shared by the bench scripts (run as ``python bench/<script>.py``)."""
 from __future__ import annotations
 
+import ast
 import json
 import statistics
 import tempfile
@@ -8,6 +9,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hwh_jax.training import profile
 
@@ -33,6 +35,28 @@ def write_jsonl(path: str, rows: list[dict]) -> None:
     if path:
         with open(path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def parse_impl(spec: str) -> tuple[str, dict]:
+    """An --impls entry: "pallas:block_v=32,fp32_dots=ieee" -> ("pallas", {"block_v": 32,
+    "fp32_dots": "ieee"}), each value a Python literal where it parses as one, else a string."""
+    name, _, rest = spec.partition(":")
+    opts = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise ValueError(f"--impls {spec!r}: options are KEY=VALUE, got {item!r}")
+        try:
+            opts[key] = ast.literal_eval(val)
+        except (ValueError, SyntaxError):
+            opts[key] = val
+    return name, opts
+
+
+def rel_err(a, b) -> float:
+    """|a - b| / |b| (Euclidean norms over all elements, in float64)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
 def median_ms(fn, *args, warmup=3, reps=20) -> float:

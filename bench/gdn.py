@@ -28,10 +28,9 @@ import json
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import _bench
-from _bench import median_ms
+from _bench import median_ms, rel_err
 from kernels_pallas.gdn import gated_delta_rule, gated_delta_rule_pallas
 from kernels_pallas.gdn import pallas as gdn_pallas
 from kernels_pallas.gdn import scan_kernels, wy_kernels
@@ -54,13 +53,8 @@ def inputs(B, T, H, K, V, dtype, seed=0):
 
 
 def parse_impl(spec):
-    """"pallas:fp32_dots=ieee,chunk_warps=8" -> ("pallas", {"fp32_dots": "ieee",
-    "chunk_warps": 8})."""
-    name, _, rest = spec.partition(":")
-    opts = {}
-    for item in filter(None, rest.split(",")):
-        key, _, val = item.partition("=")
-        opts[key] = int(val) if val.lstrip("-").isdigit() else val
+    """_bench.parse_impl, with options for the pallas path only."""
+    name, opts = _bench.parse_impl(spec)
     if opts and name != "pallas":
         raise ValueError(f"--impls {spec!r}: options are for the pallas path only")
     return name, opts
@@ -78,10 +72,6 @@ def fns(impl, **opts):
     return jax.jit(fwd), jax.jit(fwd_bwd)
 
 
-def rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
 
 def check(impl, shape, opts=None):
     B, T, H, K, V = shape
@@ -92,8 +82,8 @@ def check(impl, shape, opts=None):
     o16 = f16(*x16[:5])
     o32 = fns("chunk_reference")[0](*x32[:5])
     g16, g32 = fb16(*x16), fb32(*x32)
-    out = {"o": rel(o16, o32)}
-    out.update({f"d{n}": rel(a, b) for n, a, b in zip(("q", "k", "v", "g", "beta"), g16, g32)})
+    out = {"o": rel_err(o16, o32)}
+    out.update({f"d{n}": rel_err(a, b) for n, a, b in zip(("q", "k", "v", "g", "beta"), g16, g32)})
     return out
 
 

@@ -11,19 +11,15 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
+from _bench import rel_err
 import hwh_jax  # noqa: F401  (flax settings)
 import kernels_pallas
 from hwh_jax.models import HybridLM, model_config
 from kernels_pallas.attention import attention, attention_reference, resolve_impl
 
-
-def rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 def attention_checks():
@@ -46,9 +42,9 @@ def attention_checks():
         exact = attention_reference(*q32, window=w)
         row = {"check": "attention", "shape": [B, T, H, G, D], "window": w,
                "impl": resolve_impl(q, window=w),
-               "rel_o_fast_vs_fp32": rel(fast[0], exact),
-               "rel_o_ref_bf16_vs_fp32": rel(ref[0], exact),
-               **{f"rel_d{n}_fast_vs_ref": rel(a, b)
+               "rel_o_fast_vs_fp32": rel_err(fast[0], exact),
+               "rel_o_ref_bf16_vs_fp32": rel_err(ref[0], exact),
+               **{f"rel_d{n}_fast_vs_ref": rel_err(a, b)
                   for n, a, b in zip("qkv", fast[1:], ref[1:])}}
         out.append(row)
         print(json.dumps(row), flush=True)

@@ -15,22 +15,16 @@ error of the loss and gradients against the first impl listed.
 from __future__ import annotations
 
 import argparse
-import ast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import _bench
-from _bench import device_ms, median_ms
+from _bench import device_ms, median_ms, parse_impl, rel_err
 from hwh_jax.training.head_loss import head_loss
 from hwh_jax.training.steps import cross_entropy
 
-
-def parse_impl(spec):
-    name, _, opts = spec.partition(":")
-    kw = {k: ast.literal_eval(v) for k, v in (o.split("=") for o in opts.split(",") if o)}
-    return name, kw
 
 
 def loss_fn(impl, z_loss, **kw):
@@ -43,10 +37,6 @@ def loss_fn(impl, z_loss, **kw):
         return lambda h, w, t, m: head_loss(h, w, t, m, z_loss=z_loss, impl=impl, **kw)[0]
     raise ValueError(f"unknown impl {impl!r}; known: unfused, reference, pallas[:KEY=VALUE,...]")
 
-
-def rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
 def main():
@@ -84,7 +74,7 @@ def main():
                 "ms": median_ms(step, h, w, t, m, reps=args.reps), "device_ms": dev,
                 "gemm_ms_at_ceiling": gemm_ms,
                 "temp_gib": None if ma is None else ma.temp_size_in_bytes / 2 ** 30,
-                "rel_err": {k: rel(a, b) for k, a, b in zip(("loss", "dh", "dw"), flat, exact)},
+                "rel_err": {k: rel_err(a, b) for k, a, b in zip(("loss", "dh", "dw"), flat, exact)},
                 "kernels": kernels})
     ms = lambda v: f"{v:8.3f}" if v is not None else f"{'n/a':>8}"  # noqa: E731
     print(f"\n{'shape':>20} {'impl':>28} {'ms':>8} {'dev ms':>8} {'GEMMs':>8} {'temp GiB':>8}")

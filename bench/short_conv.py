@@ -17,7 +17,6 @@ num_warps).
 from __future__ import annotations
 
 import argparse
-import ast
 import functools
 
 import jax
@@ -25,14 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import _bench
-from _bench import device_ms, median_ms
+from _bench import device_ms, median_ms, parse_impl, rel_err
 from kernels_pallas.short_conv import short_conv_pallas, short_conv_reference
 
-
-def parse_impl(spec):
-    name, _, opts = spec.partition(":")
-    kw = {k: ast.literal_eval(v) for k, v in (o.split("=") for o in opts.split(",") if o)}
-    return name, kw
 
 
 def op(impl, heads, normalize, **kw):
@@ -52,10 +46,6 @@ def fns(f):
         return y, *vjp(dy)
     return fwd, fwd_bwd
 
-
-def rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
 def main():
@@ -95,7 +85,7 @@ def main():
                     "fwd_bwd_device_ms": d_fb,
                     "fwd_tbs": 2 * pass_bytes / (d_f or t_f) / 1e9,
                     "fwd_bwd_tbs": 5 * pass_bytes / (d_fb or t_fb) / 1e9, "copy_tbs": copy_tbs,
-                    "rel_err": {k: rel(a, b) for k, a, b in zip(("y", "dx", "dw"), out, exact)},
+                    "rel_err": {k: rel_err(a, b) for k, a, b in zip(("y", "dx", "dw"), out, exact)},
                     "kernels": kernels})
     ms = lambda v: f"{v:8.3f}" if v is not None else f"{'n/a':>8}"  # noqa: E731
     print(f"\n{'shape':>22} {'norm':>5} {'impl':>24} {'fwd ms':>8} {'f+b ms':>8} "
