@@ -37,6 +37,25 @@ def write_jsonl(path: str, rows: list[dict]) -> None:
             f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
+def literal(value: str):
+    """A command-line value as a Python literal where it parses as one, else the string."""
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value
+
+
+def parse_overrides(items) -> dict:
+    """--override FIELD=VALUE ... -> {FIELD: literal(VALUE)} (ModelConfig fields)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--override wants FIELD=VALUE, got {item!r}")
+        out[key] = literal(value)
+    return out
+
+
 def parse_impl(spec: str) -> tuple[str, dict]:
     """An --impls entry: "pallas:block_v=32,fp32_dots=ieee" -> ("pallas", {"block_v": 32,
     "fp32_dots": "ieee"}), each value a Python literal where it parses as one, else a string."""
@@ -46,10 +65,7 @@ def parse_impl(spec: str) -> tuple[str, dict]:
         key, sep, val = item.partition("=")
         if not sep:
             raise ValueError(f"--impls {spec!r}: options are KEY=VALUE, got {item!r}")
-        try:
-            opts[key] = ast.literal_eval(val)
-        except (ValueError, SyntaxError):
-            opts[key] = val
+        opts[key] = literal(val)
     return name, opts
 
 

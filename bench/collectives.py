@@ -32,6 +32,8 @@ def main():
     ap.add_argument("--seq_len", type=int, default=512)
     ap.add_argument("--vocab_size", type=int, default=0)
     ap.add_argument("--top", type=int, default=5)
+    ap.add_argument("--override", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="ModelConfig fields, e.g. loss_impl=reference (Python literals)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     if args.platform == "cpu":
@@ -47,7 +49,9 @@ def main():
     from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
     from hwh_jax.training.steps import make_train_step
 
-    over = {"vocab_size": args.vocab_size} if args.vocab_size else {}
+    from _bench import parse_overrides
+    over = {**parse_overrides(args.override),
+            **({"vocab_size": args.vocab_size} if args.vocab_size else {})}
     cfg = model_config(args.arch, args.size, dtype="bfloat16", **over)
     if args.layers:
         a, b = (int(x) for x in args.layers.split(":"))
@@ -68,6 +72,7 @@ def main():
             count[c.op] += 1
             size[c.op] += c.bytes
         row = {"mesh": dims, "arch": args.arch, "size": args.size, "layers": args.layers,
+               "override": args.override,
                "batch": B, "seq_len": T, "backend": jax.default_backend(),
                "count": dict(count), "mib": {k: v / 2 ** 20 for k, v in size.items()},
                "total_mib": sum(size.values()) / 2 ** 20}

@@ -32,7 +32,6 @@ read what a fusion in the profile does).
 from __future__ import annotations
 
 import argparse
-import ast
 import gzip
 import json
 import statistics
@@ -45,7 +44,7 @@ import numpy as np
 from flax import nnx
 
 import hwh_jax  # noqa: F401  (flax settings)
-from _bench import emit, is_oom, print_device, write_jsonl
+from _bench import emit, is_oom, parse_overrides, print_device, write_jsonl
 import kernels_pallas
 from hwh_jax.models import HybridLM, model_config
 from hwh_jax.models.params import count_params
@@ -177,15 +176,10 @@ def main():
                     help="ModelConfig fields, e.g. gdn_impl=chunk_reference (Python literals)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    overrides = {}
-    for item in args.override:
-        key, sep, value = item.partition("=")
-        if not sep:
-            ap.error(f"--override wants FIELD=VALUE, got {item!r}")
-        try:
-            overrides[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            overrides[key] = value
+    try:
+        overrides = parse_overrides(args.override)
+    except ValueError as e:
+        ap.error(str(e))
     print_device()
     rows = []
     for size in args.sizes:
