@@ -75,3 +75,38 @@ def test_triton_regs_keeps_each_kernels_triton_ir_on_cpu():
     got = mod.kernels("softmax_xent")                # the loss kernel: one launch, 8 warps
     assert [(name, warps) for name, warps, _ in got] == [("softmax_xent", 8)]
     assert "scf.for" in got[0][2]                    # the row's chunks as loops, not unrolled
+
+
+def test_head_loss_bench_rows(tmp_path):
+    """bench/head_loss.py (the next GPU call's loss bench) end to end on the CPU: a row per
+    impl, the one-op loss agreeing with autodiff through the logits."""
+    out = tmp_path / "rows.jsonl"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "head_loss.py"), "--shapes",
+                           "256,32,400", "--impls", "unfused", "reference",
+                           "pallas:block_v=64,interpret=True", "--reps", "1", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["impl"] for r in rows] == ["unfused", "reference",
+                                         "pallas:block_v=64,interpret=True"]
+    for r in rows[1:]:
+        assert max(r["rel_err"].values()) < 1e-2, r["rel_err"]
+        assert r["ms"] > 0 and r["device_ms"] is None           # no device trace on a CPU
+
+
+def test_bench_option_parsing():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import _bench
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert _bench.parse_impl("pallas:block_v=32,fp32_dots=ieee,interpret=True") == (
+        "pallas", {"block_v": 32, "fp32_dots": "ieee", "interpret": True})
+    assert _bench.parse_impl("reference") == ("reference", {})
+    assert _bench.parse_overrides(["loss_impl=auto", "gdn_chunk_size=32"]) == {
+        "loss_impl": "auto", "gdn_chunk_size": 32}
+    with pytest.raises(ValueError, match="KEY=VALUE, got 'block_v'"):
+        _bench.parse_impl("pallas:block_v")
+    with pytest.raises(ValueError, match="FIELD=VALUE, got 'loss_impl'"):
+        _bench.parse_overrides(["loss_impl"])
