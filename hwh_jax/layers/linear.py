@@ -37,14 +37,14 @@ def project(x, layers) -> list:
     return list(_project(x.astype(dtype), ws))
 
 
-def _dot_last(x, w):
+def dot_last(x, w):
     """x [..., d] @ w [d, n] -> [..., n]."""
     return jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
 
 
 @jax.custom_vjp
 def _project(x, ws):
-    return tuple(_dot_last(x, w) for w in ws)
+    return tuple(dot_last(x, w) for w in ws)
 
 
 def _project_fwd(x, ws):

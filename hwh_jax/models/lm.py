@@ -21,7 +21,7 @@ import math
 import jax.numpy as jnp
 from flax import nnx
 
-from hwh_jax.layers.linear import INIT_STD, dense
+from hwh_jax.layers.linear import INIT_STD, dense, dot_last
 from hwh_jax.layers.mixer import HeadwiseMixer
 from hwh_jax.layers.mlp import SwiGLU
 from hwh_jax.layers.norms import RMSNorm
@@ -93,12 +93,12 @@ class HybridLM(nnx.Module):
     def logits(self, h, dtype=jnp.float32):
         """[B, T, d] -> logits [B, T, vocab] in ``dtype`` (None: the compute dtype, as the
         training loss takes them)."""
-        out = self.embed.attend(h) if self.lm_head is None else self.lm_head(h)
+        out = dot_last(h.astype(self.cfg.compute_dtype), self.head_weight())
         return out if dtype is None else out.astype(dtype)
 
     def head_weight(self):
-        """The LM head as a [d, vocab] matrix in the compute dtype (``logits(h)`` is h @ it):
-        the embedding transposed when tied. For ``training.head_loss``."""
+        """The LM head as a [d, vocab] matrix in the compute dtype (``logits(h)`` is h @ it;
+        ``training.head_loss`` takes it): the embedding transposed when tied."""
         if self.lm_head is None:
             return self.embed.embedding[...].astype(self.cfg.compute_dtype).T
         return self.lm_head.kernel[...].astype(self.cfg.compute_dtype)

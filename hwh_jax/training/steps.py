@@ -14,6 +14,7 @@ import optax
 from flax import nnx
 
 from hwh_jax.training.head_loss import head_loss
+from kernels_pallas.cross_entropy.reference import xent_grad, xent_stats
 
 
 @jax.custom_vjp
@@ -28,19 +29,14 @@ def token_nll(logits, targets):
 
 
 def _token_nll_fwd(logits, targets):
-    l32 = logits.astype(jnp.float32)
-    logz = jax.nn.logsumexp(l32, axis=-1)
-    gold = jnp.take_along_axis(l32, targets[..., None], axis=-1)[..., 0]
-    return (logz - gold, logz), (logits, targets, logz)
+    nll, logz = xent_stats(logits, targets)
+    return (nll, logz), (logits, targets, logz)
 
 
 def _token_nll_bwd(res, cts):
     logits, targets, logz = res
     d_nll, d_logz = cts
-    p = jnp.exp(logits.astype(jnp.float32) - logz[..., None])
-    gold = jnp.arange(logits.shape[-1]) == targets[..., None]
-    d = p * (d_nll + d_logz)[..., None] - jnp.where(gold, d_nll[..., None], 0.0)
-    return d.astype(logits.dtype), None
+    return xent_grad(logits, targets, logz, d_nll, d_nll + d_logz), None
 
 
 token_nll.defvjp(_token_nll_fwd, _token_nll_bwd)

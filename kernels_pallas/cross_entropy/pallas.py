@@ -139,8 +139,6 @@ def softmax_xent_pallas(logits, targets, a, b, *, block_v: int = 4096, num_warps
     """logits [N, V], targets [N] int, a, b [N] -> (nll [N] fp32, logZ [N] fp32, d [N, V] in
     the logits' dtype); ``reference.py`` states the formulas. Not differentiable: d is the
     gradient the caller's VJP returns."""
-    N, V = logits.shape
-    cfg = plan(N, V, block_v=block_v, interpret=interpret, num_warps=num_warps,
+    cfg = plan(*logits.shape, block_v=block_v, interpret=interpret, num_warps=num_warps,
                num_stages=num_stages)
-    chunks(V, cfg.block_v)                                   # the vocabulary's check, eagerly
     return _call(cfg, logits, targets, a, b)

@@ -1,13 +1,15 @@
 """Softmax cross entropy of logit rows with the logits' gradient, in jnp (the specification).
 
-For rows of logits l [N, V], integer targets t [N] and per-row weights a, b [N] (fp32):
+For logits l [..., V], integer targets t [...] and weights a, b [...] (fp32):
 
     logZ = log sum_v exp(l_v)          nll = logZ - l_t
     d    = softmax(l) * (a + b logZ) - a * onehot(t)
 
-d is the gradient of sum_i (a_i nll_i + b_i logZ_i^2 / 2) with respect to l: a mean masked
-loss has a = mask / count, PaLM's z-loss z * mean(logZ^2) adds b = 2 z mask / count. The math is
-fp32 whatever the logits' dtype; d is returned in the logits' dtype.
+d is the gradient of sum (a nll + b logZ^2 / 2) with respect to l: a mean masked loss has
+a = mask / count, PaLM's z-loss z * mean(logZ^2) adds b = 2 z mask / count. The math is fp32
+whatever the logits' dtype; d is returned in the logits' dtype. ``xent_stats`` and
+``xent_grad`` are the two halves, which ``training.steps.token_nll`` (autodiff's loss) takes
+as its forward and backward.
 """
 from __future__ import annotations
 
@@ -17,13 +19,24 @@ import jax.numpy as jnp
 f32 = jnp.float32
 
 
-def softmax_xent_reference(logits, targets, a, b):
-    """logits [N, V], targets [N] int, a, b [N] -> (nll [N] fp32, logZ [N] fp32, d [N, V])."""
+def xent_stats(logits, targets):
+    """(nll, logZ) [...] fp32 of logits [..., V] and int targets [...]."""
     l32 = logits.astype(f32)
     logz = jax.nn.logsumexp(l32, axis=-1)
-    gold = jnp.take_along_axis(l32, targets[:, None], axis=-1)[:, 0]
-    p = jnp.exp(l32 - logz[:, None])
-    hit = jnp.arange(logits.shape[-1]) == targets[:, None]
-    c = (a + b * logz)[:, None]
-    d = p * c - jnp.where(hit, a[:, None], 0.0)
-    return logz - gold, logz, d.astype(logits.dtype)
+    gold = jnp.take_along_axis(l32, targets[..., None], axis=-1)[..., 0]
+    return logz - gold, logz
+
+
+def xent_grad(logits, targets, logz, a, c):
+    """softmax(logits) * c - a * onehot(targets) [..., V] in the logits' dtype (fp32 inside),
+    given logZ; a, c [...]."""
+    p = jnp.exp(logits.astype(f32) - logz[..., None])
+    hit = jnp.arange(logits.shape[-1]) == targets[..., None]
+    d = p * c[..., None] - jnp.where(hit, a[..., None], 0.0)
+    return d.astype(logits.dtype)
+
+
+def softmax_xent_reference(logits, targets, a, b):
+    """logits [N, V], targets [N] int, a, b [N] -> (nll [N] fp32, logZ [N] fp32, d [N, V])."""
+    nll, logz = xent_stats(logits, targets)
+    return nll, logz, xent_grad(logits, targets, logz, a, a + b * logz)
