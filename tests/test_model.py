@@ -208,6 +208,42 @@ def test_project_equals_each_layer_and_sums_gradients_new_product_first():
                                    param_dtype=jnp.float32, rngs=nnx.Rngs(9))])
 
 
+def test_project_takes_the_narrow_layers_as_one_product():
+    """Two or more layers whose widths are not a multiple of 8 (GDN's a and b) are one GEMM
+    forward and backward, whose product starts x's gradient sum: per layer the same outputs,
+    gradients within bf16 rounding of autodiff's, one add per wide layer, each with the new
+    product first, and no GEMM of a narrow layer alone."""
+    widths = (8, 15, 24, 15, 8)
+    layers = [dense(16, n, ("embed", "heads"), dtype=jnp.bfloat16, param_dtype=jnp.float32,
+                    rngs=nnx.Rngs(i)) for i, n in enumerate(widths)]
+    x = jax.random.normal(jax.random.key(5), (2, 6, 16), jnp.bfloat16)
+    cots = [jax.random.normal(jax.random.key(10 + i), (2, 6, n)) for i, n in enumerate(widths)]
+    graphdef, params = nnx.split(nnx.List(layers), nnx.Param)
+
+    def loss(p, x, how):
+        ls = nnx.merge(graphdef, p)
+        ys = project(x, list(ls)) if how == "project" else [layer(x) for layer in ls]
+        return sum((y.astype(jnp.float32) * c).sum() for y, c in zip(ys, cots))
+
+    for a, b in zip(project(x, layers), [layer(x) for layer in layers]):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=1e-2, atol=1e-2)
+    got = jax.grad(loss, argnums=(0, 1))(params, x, "project")
+    want = jax.grad(loss, argnums=(0, 1))(params, x, "autodiff")
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=2e-2, atol=2e-2)
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=1), static_argnums=2)(params, x, "project")
+    eqns = list(_eqns(jaxpr.jaxpr))
+    producer = {v: e.primitive.name for e in eqns for v in e.outvars}
+    adds = [e for e in eqns if e.primitive.name in ("add", "add_any")
+            and e.outvars[0].aval.shape == x.shape]
+    assert len(adds) == 3 and all(producer.get(e.invars[0]) == "dot_general" for e in adds)
+    dx_dots = [e for e in eqns if e.primitive.name == "dot_general"
+               and e.outvars[0].aval.shape == x.shape]
+    assert sorted(e.invars[1].aval.shape[1] for e in dx_dots) == [8, 8, 24, 30]
+
+
 def _eqns(jp):
     for eqn in jp.eqns:
         yield eqn

@@ -2,7 +2,11 @@
 projections of one input as a group (``project``)."""
 from __future__ import annotations
 
+import functools
+
 import jax
+import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 INIT_STD = 0.02  # GPT-2 / Llama-style init; output projections get INIT_STD / sqrt(2 L)
@@ -20,7 +24,8 @@ def dense(d_in: int, d_out: int, names: tuple[str, str], *, std: float = INIT_ST
 def project(x, layers) -> list:
     """[layer(x) for layer in layers] for bias-free ``dense`` layers of one compute dtype: the
     same products, with a backward that sums x's gradient product by product, each new product
-    the first operand of its sum.
+    the first operand of its sum, and the narrow layers (widths not a multiple of 8) as one
+    product.
 
     Autodiff sums the input gradients of several projections as ``add(sum so far, new
     product)``. XLA's GEMM rewriter folds such a sum into the new product's GEMM (beta = 1)
@@ -28,13 +33,19 @@ def project(x, layers) -> list:
     stayed a pass of its own: 70 adds of [90112, 1024] a step, 9.2 ms of HwH-380m's 2K step at
     44 sequences on an H200 (docs/benchmarks.md, session 18). Here each sum is
     ``add(new product, sum so far)``, in autodiff's order (the last projection's product
-    first), so the values are those of autodiff where nothing is folded (CPU)."""
+    first). A product whose contraction XLA pads (a width not a multiple of 8: GDN's a and b,
+    one column a head) is a GEMM that takes no sum folded in, so two of them left one add a
+    layer (22 a step, 2.9 ms, session 20); the narrow layers are therefore one GEMM over their
+    concatenated weights, forward, input gradient and weight gradient, and their product
+    starts the sum. Values: autodiff's where there is at most one narrow layer (bitwise on the
+    CPU); otherwise the narrow products' sum is taken in the GEMM's fp32 accumulator."""
     dtype = layers[0].dtype
     if any(layer.dtype != dtype or layer.bias is not None for layer in layers):
         raise ValueError("project: the layers must be bias-free and share one compute dtype, "
                          f"got {[(layer.dtype, layer.bias is not None) for layer in layers]}")
     ws = tuple(layer.kernel[...].astype(dtype) for layer in layers)
-    return list(_project(x.astype(dtype), ws))
+    narrow = tuple(i for i, w in enumerate(ws) if w.shape[1] % 8)
+    return list(_project(x.astype(dtype), ws, narrow if len(narrow) > 1 else ()))
 
 
 def dot_last(x, w):
@@ -42,23 +53,44 @@ def dot_last(x, w):
     return jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
 
 
-@jax.custom_vjp
-def _project(x, ws):
-    return tuple(dot_last(x, w) for w in ws)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _project(x, ws, narrow):
+    """Each w's product with x; the ``narrow`` ones (indices, static) as one product."""
+    ys = [None if i in narrow else dot_last(x, w) for i, w in enumerate(ws)]
+    if narrow:
+        y = dot_last(x, jnp.concatenate([ws[i] for i in narrow], axis=1))
+        for i, yi in zip(narrow, _split(y, [ws[i].shape[1] for i in narrow])):
+            ys[i] = yi
+    return tuple(ys)
 
 
-def _project_fwd(x, ws):
-    return _project(x, ws), (x, ws)
+def _split(y, widths):
+    return jnp.split(y, np.cumsum(widths)[:-1], axis=-1)
 
 
-def _project_bwd(res, dys):
+def _project_fwd(x, ws, narrow):
+    return _project(x, ws, narrow), (x, ws)
+
+
+def _project_bwd(narrow, res, dys):
     x, ws = res
-    dx = None
-    for w, dy in reversed(tuple(zip(ws, dys))):
-        d = jax.lax.dot_general(dy, w, (((dy.ndim - 1,), (1,)), ((), ())))
-        dx = d if dx is None else d + dx        # the new product first (docstring)
     rows = tuple(range(x.ndim - 1))
-    return dx, tuple(jax.lax.dot_general(x, dy, ((rows, rows), ((), ()))) for dy in dys)
+    dws = [None] * len(ws)
+    dx = None
+    if narrow:                                  # one product, the start of the sum (docstring)
+        dy = jnp.concatenate([dys[i] for i in narrow], axis=-1)
+        w = jnp.concatenate([ws[i] for i in narrow], axis=1)
+        dx = jax.lax.dot_general(dy, w, (((dy.ndim - 1,), (1,)), ((), ())))
+        dw = jax.lax.dot_general(x, dy, ((rows, rows), ((), ())))
+        for i, dwi in zip(narrow, _split(dw, [ws[i].shape[1] for i in narrow])):
+            dws[i] = dwi
+    for i in reversed(range(len(ws))):
+        if i in narrow:
+            continue
+        d = jax.lax.dot_general(dys[i], ws[i], (((dys[i].ndim - 1,), (1,)), ((), ())))
+        dx = d if dx is None else d + dx        # the new product first (docstring)
+        dws[i] = jax.lax.dot_general(x, dys[i], ((rows, rows), ((), ())))
+    return dx, tuple(dws)
 
 
 _project.defvjp(_project_fwd, _project_bwd)
