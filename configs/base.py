@@ -47,9 +47,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.gdn_impl = "auto"                    # kernels_pallas.gated_delta_rule impl
     m.conv_impl = "auto"                   # kernels_pallas.short_conv impl (GDN conv + norm)
     m.norm_impl = "auto"                   # kernels_pallas.rms_norm impl (norms + residual adds)
-    m.loss_impl = "unfused"                # training loss: "unfused", or the LM head + loss as one
-    #                                        op (training.head_loss) with kernels_pallas.softmax_xent
-    #                                        impl "auto" | "reference" | "pallas"
+    m.loss_impl = "auto"                   # training loss: the LM head + loss as one op
+    #                                        (training.head_loss) with kernels_pallas.softmax_xent
+    #                                        impl "auto" | "reference" | "pallas"; or "unfused"
     m.gdn_chunk_size = 64
     d = config.data = ml_collections.ConfigDict()
     d.source = "text"                      # "text" | "tfds" | "arrayrecord"

@@ -56,8 +56,8 @@ class ModelConfig:
     gdn_impl: str = "auto"             # kernels_pallas.gated_delta_rule impl
     conv_impl: str = "auto"            # kernels_pallas.short_conv impl (GDN conv, SiLU, norm)
     norm_impl: str = "auto"            # kernels_pallas.rms_norm impl (RMSNorms, residual adds)
-    loss_impl: str = "unfused"         # training loss: "unfused" (autodiff through the logits)
-                                       # or kernels_pallas.softmax_xent's impl for head_loss
+    loss_impl: str = "auto"            # training loss: kernels_pallas.softmax_xent's impl for
+                                       # head_loss, or "unfused" (autodiff through the logits)
     gdn_chunk_size: int = 64
 
     def __post_init__(self):
