@@ -171,15 +171,14 @@ def test_embedding_gradient_sums_colliding_rows_in_fp32():
     np.testing.assert_array_equal(model.embed_tokens(ids), x_embed)
 
 
-def test_project_equals_each_layer_and_sums_gradients_new_product_first():
-    """linear.project gives each layer's output and autodiff's gradients (bitwise on CPU: the
-    same sums in the same order), and every sum of x's gradient takes the new product as its
-    first operand, the form XLA's GEMM rewriter folds into that product's GEMM."""
+def _project_case(widths):
+    """bf16 dense layers [16 -> width] for ``widths``, an input x [2, 6, 16], their params and
+    loss(params, x, how) = sum of each output times a fixed cotangent, the outputs by
+    ``linear.project`` (how == "project") or one layer at a time (autodiff's sums)."""
     layers = [dense(16, n, ("embed", "heads"), dtype=jnp.bfloat16, param_dtype=jnp.float32,
-                    rngs=nnx.Rngs(i)) for i, n in enumerate((8, 24, 4, 8))]
+                    rngs=nnx.Rngs(i)) for i, n in enumerate(widths)]
     x = jax.random.normal(jax.random.key(5), (2, 6, 16), jnp.bfloat16)
-    cots = [jax.random.normal(jax.random.key(10 + i), (2, 6, layer.kernel.shape[1]))
-            for i, layer in enumerate(layers)]
+    cots = [jax.random.normal(jax.random.key(10 + i), (2, 6, n)) for i, n in enumerate(widths)]
     graphdef, params = nnx.split(nnx.List(layers), nnx.Param)
 
     def loss(p, x, how):
@@ -187,6 +186,14 @@ def test_project_equals_each_layer_and_sums_gradients_new_product_first():
         ys = project(x, list(ls)) if how == "project" else [layer(x) for layer in ls]
         return sum((y.astype(jnp.float32) * c).sum() for y, c in zip(ys, cots))
 
+    return layers, x, params, loss
+
+
+def test_project_equals_each_layer_and_sums_gradients_new_product_first():
+    """linear.project gives each layer's output and autodiff's gradients (bitwise on CPU: the
+    same sums in the same order), and every sum of x's gradient takes the new product as its
+    first operand, the form XLA's GEMM rewriter folds into that product's GEMM."""
+    layers, x, params, loss = _project_case((8, 24, 4, 8))
     for a, b in zip(project(x, layers), [layer(x) for layer in layers]):
         np.testing.assert_array_equal(a, b)
     got = jax.grad(loss, argnums=(0, 1))(params, x, "project")
@@ -213,18 +220,7 @@ def test_project_takes_the_narrow_layers_as_one_product():
     forward and backward, whose product starts x's gradient sum: per layer the same outputs,
     gradients within bf16 rounding of autodiff's, one add per wide layer, each with the new
     product first, and no GEMM of a narrow layer alone."""
-    widths = (8, 15, 24, 15, 8)
-    layers = [dense(16, n, ("embed", "heads"), dtype=jnp.bfloat16, param_dtype=jnp.float32,
-                    rngs=nnx.Rngs(i)) for i, n in enumerate(widths)]
-    x = jax.random.normal(jax.random.key(5), (2, 6, 16), jnp.bfloat16)
-    cots = [jax.random.normal(jax.random.key(10 + i), (2, 6, n)) for i, n in enumerate(widths)]
-    graphdef, params = nnx.split(nnx.List(layers), nnx.Param)
-
-    def loss(p, x, how):
-        ls = nnx.merge(graphdef, p)
-        ys = project(x, list(ls)) if how == "project" else [layer(x) for layer in ls]
-        return sum((y.astype(jnp.float32) * c).sum() for y, c in zip(ys, cots))
-
+    layers, x, params, loss = _project_case((8, 15, 24, 15, 8))
     for a, b in zip(project(x, layers), [layer(x) for layer in layers]):
         assert a.shape == b.shape
         np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=1e-2, atol=1e-2)
