@@ -10,6 +10,7 @@ import numpy as np
 from flax import nnx
 
 INIT_STD = 0.02  # GPT-2 / Llama-style init; output projections get INIT_STD / sqrt(2 L)
+GEMM_ALIGN = 8   # XLA pads a bf16 GEMM's dimension that is not a multiple of this (``project``)
 
 
 def dense(d_in: int, d_out: int, names: tuple[str, str], *, std: float = INIT_STD,
@@ -44,7 +45,7 @@ def project(x, layers) -> list:
         raise ValueError("project: the layers must be bias-free and share one compute dtype, "
                          f"got {[(layer.dtype, layer.bias is not None) for layer in layers]}")
     ws = tuple(layer.kernel[...].astype(dtype) for layer in layers)
-    narrow = tuple(i for i, w in enumerate(ws) if w.shape[1] % 8)
+    narrow = tuple(i for i, w in enumerate(ws) if w.shape[1] % GEMM_ALIGN)
     return list(_project(x.astype(dtype), ws, narrow if len(narrow) > 1 else ()))
 
 

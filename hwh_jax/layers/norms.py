@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kernels_pallas.rms_norm import norm_grads, rms_norm
+from kernels_pallas.rms_norm import norm_grads, rms_norm, rms_stats
 
 f32 = jnp.float32
 
@@ -50,8 +50,7 @@ def gated_rms_norm(x, gate, weight, eps: float, dtype):
 
 
 def _gated_fwd(x, gate, weight, eps, dtype):
-    x32 = x.astype(f32)
-    r = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    x32, r = rms_stats(x, eps)
     y = x32 * r * weight.astype(f32) * jax.nn.silu(gate.astype(f32))
     return y.astype(dtype), (x, gate, weight, r)
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from kernels_pallas import dispatch, sharding
 from kernels_pallas.rms_norm.pallas import rms_norm_pallas
 from kernels_pallas.rms_norm.reference import (add_rms_norm_reference, norm_grads,
-                                               rms_norm_reference)
+                                               rms_norm_reference, rms_stats)
 
 IMPLS = ("auto", "reference", "pallas")
 AUTO_IMPL = {"gpu": "pallas"}
@@ -66,4 +66,4 @@ def rms_norm(x, weight, delta=None, *, eps: float = 1e-6, dtype=None, impl: str 
 
 
 __all__ = ["rms_norm", "rms_norm_pallas", "rms_norm_reference", "add_rms_norm_reference",
-           "norm_grads", "resolve_impl", "IMPLS", "AUTO_IMPL"]
+           "norm_grads", "rms_stats", "resolve_impl", "IMPLS", "AUTO_IMPL"]

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 f32 = jnp.float32
 
 
-def _stats(x, eps):
+def rms_stats(x, eps):
+    """(x in fp32, r = 1 / sqrt(mean(x^2) + eps) [..., 1])."""
     x32 = x.astype(f32)
     return x32, jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
 
@@ -41,7 +42,7 @@ def rms_norm_reference(x, weight, eps: float, dtype):
 
 
 def _fwd(x, weight, eps, dtype):
-    x32, r = _stats(x, eps)
+    x32, r = rms_stats(x, eps)
     return (x32 * r * weight.astype(f32)).astype(dtype), (x, weight, r)
 
 
