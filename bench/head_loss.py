@@ -26,7 +26,6 @@ from hwh_jax.training.head_loss import head_loss
 from hwh_jax.training.steps import cross_entropy
 
 
-
 def loss_fn(impl, z_loss, **kw):
     if impl == "unfused":
         def f(h, w, t, m):
@@ -36,7 +35,6 @@ def loss_fn(impl, z_loss, **kw):
     if impl in ("reference", "pallas"):
         return lambda h, w, t, m: head_loss(h, w, t, m, z_loss=z_loss, impl=impl, **kw)[0]
     raise ValueError(f"unknown impl {impl!r}; known: unfused, reference, pallas[:KEY=VALUE,...]")
-
 
 
 def main():
