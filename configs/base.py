@@ -53,7 +53,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.gdn_chunk_size = 64
     d = config.data = ml_collections.ConfigDict()
     d.source = "text"                      # "text" | "tfds" | "arrayrecord"
-    d.paths = ("dickens/dickens.zip",)     # relative to data_dir unless absolute
+    d.paths = ("dickens/dickens.zip",)     # shipped data (hwh_jax/assets) or data_dir relative
     d.heldout_paths = ()                   # explicit held-out files (else the stream's tail)
     d.heldout_fraction = 0.01              # share of the token stream held out
     d.text_field = "text"                  # jsonl / TFDS field holding the text
@@ -64,7 +64,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     d.tokenizer = "train_sentencepiece" if size == "tiny" else "gpt2"
     d.sp_model = ""                        # a SentencePiece .model for tokenizer="sentencepiece"
     d.sp_vocab_size = 4096                 # vocabulary of the corpus-trained SentencePiece
-    d.data_dir = ""                        # default $HWH_DATA_DIR or ../shared/data
+    d.data_dir = ""                        # a folder of your own data; default $HWH_DATA_DIR
     d.retrieval_share = 0.0                # share of synthetic NIAH-format sequences
     #                                        (hwh_jax/data/retrieval.py)
     d.retrieval_answer_weight = 1.0        # loss weight of their answers' value tokens

@@ -2,8 +2,8 @@
 
 ``--config=configs/experiment.py:ARCH[,L]`` with ARCH one of transformer, gdn, layerwise, hwh,
 hwh_rope, hwh_uniform (the `small` size, parameters matched by hwh_jax.models.variants) and L the
-training length (default 512). Every experiment sees the same tokens: Project Gutenberg
-(``gutenberg/``, else Dickens) through a SentencePiece vocabulary trained on it, 600 steps of
+training length (default 512). Every experiment sees the same tokens: 67 public-domain books
+(the shipped ``gutenberg/``) through a SentencePiece vocabulary trained on it, 600 steps of
 64 sequences of 512 tokens (19.7M tokens), half of the sequences synthetic retrieval
 documents in RULER's NIAH format (1-8 needles, all asked for, the answers' value tokens
 weighted 50 in the loss), at most L long, with book haystacks (``hwh_jax/data/retrieval.py``):
@@ -14,7 +14,6 @@ single 1/2/3 at L, 2L and 4L (essay and noise haystacks, never trained on), MQAR
 perplexity by position up to 4L. Override any field on the command line.
 """
 from configs import base
-from hwh_jax.data.paths import data_dir
 
 ARCHS = ("transformer", "gdn", "layerwise", "hwh", "hwh_rope", "hwh_uniform")
 
@@ -28,9 +27,8 @@ def get_config(arg: str = "hwh"):
     L = int(length or 512)
     config.seq_len = L
     d = config.data
-    if (data_dir() / "gutenberg" / "gutenberg_train.txt.gz").exists():
-        d.paths = ("gutenberg/gutenberg_train.txt.gz",)
-        d.heldout_paths = ("gutenberg/gutenberg_valid.txt.gz",)
+    d.paths = ("gutenberg/gutenberg_train.txt.gz",)
+    d.heldout_paths = ("gutenberg/gutenberg_valid.txt.gz",)
     d.tokenizer = "train_sentencepiece"
     d.retrieval_share = 0.5    # synthetic NIAH-format sequences (hwh_jax/data/retrieval.py)
     d.retrieval_answer_weight = 50.0   # run 3 of docs/results.md; 1 (runs 1, 2): nothing learned

@@ -1,8 +1,7 @@
 r"""Frequency-intervention analysis of RoPE models (RFIS, RPD, GPBand, head taxonomy).
 
   python -m launch.analyze --checkpoint=runs/transformer_small_512,runs/transformer_small_1024
-  python -m launch.analyze --hf_checkpoint=/models/Qwen3-0.6B --data=wikitext2/test.txt \
-      --seq_len=4096 --train_len=32768
+  python -m launch.analyze --hf_checkpoint=/models/Qwen3-0.6B --seq_len=4096 --train_len=32768
 
 Writes under ``--out`` (default ``<first model>/analysis``), per model: ``analysis.json`` (RFIS,
 RPD, taxonomy, band, probes), ``counts.json`` ({"fa_heads": [...]}: retrieval heads per layer,
@@ -18,8 +17,10 @@ from launch import setup_logging
 
 flags.DEFINE_list("checkpoint", [], "launch.train workdir(s)")
 flags.DEFINE_list("hf_checkpoint", [], "Hugging Face folder(s) (config.json + safetensors)")
-flags.DEFINE_string("data", "heldout", "'heldout' (a run's held-out split), 'random' (uniform "
-                    "token ids), or a text file (absolute or under the data dir)")
+HF_HELDOUT = "wikitext2/test.txt.gz"   # the shipped text an imported model is scored on
+flags.DEFINE_string("data", "heldout", "'heldout' (a project run's held-out split; for an "
+                    f"imported model the shipped {HF_HELDOUT}), 'random' (uniform token ids), "
+                    "or a text file (shipped data, absolute, or under the data dir)")
 flags.DEFINE_integer("seq_len", 0, "tokens per sample (default: the run's seq_len; HF: 1024)")
 flags.DEFINE_integer("train_len", 0, "training length to mark (default: the run's seq_len; HF: "
                      "original_max_position_embeddings or max_position_embeddings)")
@@ -55,20 +56,21 @@ def _samples(tok, run, seq_len, n, rng, cfg):
     import numpy as np
     if FLAGS.data == "random":
         return rng.integers(0, cfg.vocab_size, (n, seq_len)).astype(np.int32)
-    if FLAGS.data == "heldout":
-        if run is None:
-            raise ValueError("--data=heldout needs a project run; give a text file for HF models")
+    data = FLAGS.data
+    if data == "heldout" and run is None:
+        data = HF_HELDOUT   # an imported model has no held-out split of its own
+    if data == "heldout":
         from hwh_jax.data.pipeline import build_splits
         from hwh_jax.training.trainer import run_specs
         data_spec = run_specs(run.config)[0]
         stream = np.asarray(build_splits(data_spec, run.config.seq_len).heldout.stream)
     else:
-        from hwh_jax.data.paths import data_dir
-        p = Path(FLAGS.data)
-        p = p if p.is_absolute() or p.exists() else data_dir() / p
+        from hwh_jax.data.paths import resolve
+        from hwh_jax.data.sources import read_text
+        p = resolve(data)
         if tok is None:
             raise ValueError(f"no tokenizer for this model to read {p}; use --data=random")
-        stream = np.asarray(tok.encode(p.read_text(encoding="utf-8", errors="replace")), np.int32)
+        stream = np.asarray(tok.encode(read_text(p)), np.int32)
     if len(stream) < n * seq_len:
         raise ValueError(f"{FLAGS.data}: {len(stream)} tokens < {n} samples x {seq_len}")
     starts = rng.choice(len(stream) // seq_len, n, replace=False) * seq_len

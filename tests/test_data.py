@@ -10,18 +10,18 @@ import pytest
 
 from hwh_jax.data import sources
 from hwh_jax.data.packing import PackedSequences, concat_documents
-from hwh_jax.data.paths import data_dir
+from hwh_jax.data.paths import resolve
 from hwh_jax.data.pipeline import DataSpec, build_splits, train_dataset
 from hwh_jax.data.retrieval import RetrievalMix
 from hwh_jax.data.ruler import WORDS
 from hwh_jax.data.tokenizers import GPT2BPE, SentencePieceTokenizer, train_sentencepiece
 
-SHAKESPEARE = data_dir() / "tinyshakespeare" / "input.txt"
+SHAKESPEARE = resolve("tinyshakespeare/input.txt.gz")
 
 
 @pytest.fixture(scope="module")
 def sp_model(tmp_path_factory):
-    text = SHAKESPEARE.read_text()[:300_000]
+    text = sources.read_text(SHAKESPEARE)[:300_000]
     return train_sentencepiece([text], 512, tmp_path_factory.mktemp("sp"), key="test")
 
 
@@ -112,14 +112,14 @@ def test_text_sources(tmp_path):
 
 
 def test_shipped_corpora_read():
-    dickens = list(sources.text_documents(data_dir() / "dickens" / "dickens.zip"))
+    dickens = list(sources.text_documents(resolve("dickens/dickens.zip")))
     assert len(dickens) == 1 and len(dickens[0]) > 9_900_000  # CRLF read as LF
-    valid = list(sources.text_documents(data_dir() / "gutenberg" / "gutenberg_valid.txt.gz"))
+    valid = list(sources.text_documents(resolve("gutenberg/gutenberg_valid.txt.gz")))
     assert len(valid) == 3
 
 
 def test_gpt2_bpe_known_ids():
-    tok = GPT2BPE(data_dir() / "gpt2_bpe")
+    tok = GPT2BPE(resolve("gpt2_bpe"))
     assert tok.encode("Hello world") == [15496, 995]
     assert tok.eos_id == 50256 and tok.vocab_size == 50257
     text = "Héllo  world\n\n it's 12345 ünïcode ✓"
@@ -185,6 +185,28 @@ def test_tfds_source_with_local_dataset(tmp_path, sp_model, monkeypatch):
     assert tok.decode([t for t in splits.heldout.stream if t != tok.eos_id]) == "zeta eta"
 
 
+def test_data_paths_resolve_shipped_first_then_the_users_folder(tmp_path, monkeypatch):
+    """Shipped data wins over a user's folder of the same name; a user's own file is found
+    through data.data_dir or $HWH_DATA_DIR; an unknown one names every place looked in."""
+    from hwh_jax.data.paths import ASSETS
+    (tmp_path / "dickens").mkdir()
+    (tmp_path / "dickens" / "dickens.zip").write_text("not the shipped one")
+    (tmp_path / "mine.txt").write_text("my corpus")
+    assert resolve("dickens/dickens.zip", str(tmp_path)) == ASSETS / "dickens" / "dickens.zip"
+    assert resolve("mine.txt", str(tmp_path)) == tmp_path / "mine.txt"
+    monkeypatch.setenv("HWH_DATA_DIR", str(tmp_path))
+    assert resolve("mine.txt") == tmp_path / "mine.txt"
+    monkeypatch.delenv("HWH_DATA_DIR")
+    with pytest.raises(FileNotFoundError, match=r"mine\.txt.*assets.*data\.data_dir"):
+        resolve("mine.txt")
+    for name in ("dickens/dickens.zip", "gutenberg/gutenberg_train.txt.gz", "gpt2_bpe/vocab.bpe",
+                 "pg_essays/PaulGrahamEssays", "evals/hellaswag", "wikitext2/test.txt.gz"):
+        assert (ASSETS / name).exists(), name
+    for folder in ASSETS.iterdir():
+        if folder.is_dir():
+            assert (folder / "PROVENANCE.txt").exists(), f"{folder.name} has no PROVENANCE.txt"
+
+
 def test_missing_path_is_named():
     with pytest.raises(FileNotFoundError, match="no_such_corpus.txt"):
         DataSpec(paths=("no_such_corpus.txt",)).validate()
@@ -194,11 +216,11 @@ def test_missing_path_is_named():
 
 @pytest.fixture(scope="module")
 def gpt2():
-    return GPT2BPE(data_dir() / "gpt2_bpe")
+    return GPT2BPE(resolve("gpt2_bpe"))
 
 
 def test_retrieval_mix_sequences(gpt2):
-    stream = np.asarray(gpt2.encode(SHAKESPEARE.read_text()[:60_000]), np.uint32)
+    stream = np.asarray(gpt2.encode(sources.read_text(SHAKESPEARE)[:60_000]), np.uint32)
     text = PackedSequences(stream, 256, eos_id=gpt2.eos_id, pad_id=gpt2.pad_id)
     mix = RetrievalMix(text, gpt2, 0.25)
     assert mix.num_text == len(text) and mix.num_synthetic == round(len(text) / 3)
@@ -253,7 +275,7 @@ def test_retrieval_template_is_the_evaluations():
 
 
 def test_retrieval_mix_share_in_batches_and_errors(gpt2):
-    stream = np.asarray(gpt2.encode(SHAKESPEARE.read_text()[:60_000]), np.uint32)
+    stream = np.asarray(gpt2.encode(sources.read_text(SHAKESPEARE)[:60_000]), np.uint32)
     text = PackedSequences(stream, 256, eos_id=gpt2.eos_id, pad_id=gpt2.pad_id)
     mix = RetrievalMix(text, gpt2, 0.2)
     it = iter(train_dataset(mix, global_batch=16, seed=0))
@@ -288,7 +310,7 @@ def test_retrieval_pieces_encode_as_the_whole_texts(which, gpt2, sp_model):
     chunk): for both tokenizers that equals encoding the whole text, and the value span holds
     exactly the value's tokens."""
     tok = gpt2 if which == "gpt2" else SentencePieceTokenizer(sp_model, use_seqio=False)
-    stream = np.asarray(tok.encode(SHAKESPEARE.read_text()[:20_000]), np.uint32)
+    stream = np.asarray(tok.encode(sources.read_text(SHAKESPEARE)[:20_000]), np.uint32)
     mix = RetrievalMix(PackedSequences(stream, 512, eos_id=tok.eos_id, pad_id=0), tok, 0.5)
     rng = np.random.default_rng(0)
     for kind, value in [("numbers", "1234567"), ("numbers", "9000001"),
@@ -307,7 +329,7 @@ def test_retrieval_pieces_encode_as_the_whole_texts(which, gpt2, sp_model):
 def test_worker_processes_give_the_same_batches_and_resume(gpt2):
     """data.workers > 0 builds batches in grain worker processes: the same batches in the same
     order as in-process, and a checkpointed iterator state resumes where it stopped."""
-    stream = np.asarray(gpt2.encode(SHAKESPEARE.read_text()[:60_000]), np.uint32)
+    stream = np.asarray(gpt2.encode(sources.read_text(SHAKESPEARE)[:60_000]), np.uint32)
 
     def mix():
         return RetrievalMix(PackedSequences(stream, 256, eos_id=gpt2.eos_id, pad_id=0), gpt2, 0.25)

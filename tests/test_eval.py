@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hwh_jax.data.paths import data_dir
+from hwh_jax.data.paths import resolve
+from hwh_jax.data.sources import read_text
 from hwh_jax.data.tokenizers import GPT2BPE
 from hwh_jax.eval import commonsense, mqar, niah
 from hwh_jax.eval.scoring import Scorer
@@ -16,7 +17,7 @@ from hwh_jax.models import HybridLM, model_config
 
 @pytest.fixture(scope="module")
 def gpt2():
-    return GPT2BPE(data_dir() / "gpt2_bpe")
+    return GPT2BPE(resolve("gpt2_bpe"))
 
 
 @pytest.mark.parametrize("task", list(niah.TASKS))
@@ -179,8 +180,8 @@ class _FixedScorer:
 
 def test_retrieval_probe_aggregates_answers_and_needles():
     from hwh_jax.eval.retrieval_probe import retrieval_probe
-    tok = GPT2BPE(data_dir() / "gpt2_bpe")
-    stream = np.asarray(tok.encode((data_dir() / "tinyshakespeare" / "input.txt").read_text()
+    tok = GPT2BPE(resolve("gpt2_bpe"))
+    stream = np.asarray(tok.encode(read_text(resolve("tinyshakespeare/input.txt.gz"))
                                    [:40_000]), np.uint32)
     right = _FixedScorer(-0.5, True)
     out = retrieval_probe(right, tok, stream, 256, num=10, log=lambda *_: None)

@@ -34,9 +34,10 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     figures); launch.generate decodes; launch.analyze analyses."""
     import json
 
-    from hwh_jax.data.paths import data_dir
+    from hwh_jax.data.paths import resolve
+    from hwh_jax.data.sources import read_text
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text((data_dir() / "tinyshakespeare" / "input.txt").read_text()[:150_000])
+    corpus.write_text(read_text(resolve("tinyshakespeare/input.txt.gz"))[:150_000])
     work = tmp_path / "run"
     out = run("launch.experiment", "--config=configs/hwh_tiny.py", f"--out={work}",
               "--config.seq_len=64", "--config.model.gdn_chunk_size=16",

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from configs import base
-from hwh_jax.data.paths import data_dir
+from hwh_jax.data.paths import resolve
+from hwh_jax.data.sources import read_text
 from hwh_jax.training.trainer import train_and_evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +25,7 @@ def corpus(tmp_path_factory):
     """A 200 kB slice of tinyshakespeare and a cache dir shared by this module's runs."""
     root = tmp_path_factory.mktemp("corpus")
     path = root / "shakespeare.txt"
-    path.write_text((data_dir() / "tinyshakespeare" / "input.txt").read_text()[:200_000])
+    path.write_text(read_text(resolve("tinyshakespeare/input.txt.gz"))[:200_000])
     os.environ["HWH_CACHE_DIR"] = str(root / "cache")
     return path
 

@@ -1,24 +1,41 @@
-"""Where the shared data and the project's caches live."""
+"""Where data files and the project's caches live.
+
+A relative data path names a file or folder of the shipped data (``hwh_jax/assets``, see its
+README) or, failing that, of the user's data folder (``data.data_dir`` or ``$HWH_DATA_DIR``).
+An absolute path, or one that exists from the working directory, is taken as given.
+"""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 
-def data_dir(override: str | None = None) -> Path:
-    """The shared data folder: ``override``, else $HWH_DATA_DIR, else ../shared/data beside the
-    checkout (also tried beside the working directory)."""
-    if override:
-        return Path(override)
-    if os.environ.get("HWH_DATA_DIR"):
-        return Path(os.environ["HWH_DATA_DIR"])
-    for root in (REPO_ROOT, Path.cwd()):
-        candidate = root.parent / "shared" / "data"
-        if candidate.is_dir():
+def user_data_dir(override: str | None = None) -> Path | None:
+    """The user's own data folder: ``override`` (``data.data_dir``), else $HWH_DATA_DIR."""
+    folder = override or os.environ.get("HWH_DATA_DIR")
+    return Path(folder) if folder else None
+
+
+def resolve(path: str | Path, data_dir: str | None = None) -> Path:
+    """The file or folder a data path names; FileNotFoundError saying where it looked."""
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        if not p.exists():
+            raise FileNotFoundError(f"data path {str(path)!r} not found")
+        return p
+    looked = [ASSETS / p]
+    user = user_data_dir(data_dir)
+    if user is not None:
+        looked.append(user / p)
+    for candidate in looked:
+        if candidate.exists():
             return candidate
-    return REPO_ROOT.parent / "shared" / "data"
+    raise FileNotFoundError(
+        f"data path {str(path)!r} not found (looked in {', '.join(str(c) for c in looked)}); "
+        "give an absolute path, or put it under the folder named by data.data_dir or "
+        "$HWH_DATA_DIR")
 
 
 def cache_dir() -> Path:
@@ -26,11 +43,3 @@ def cache_dir() -> Path:
     path = Path(os.environ.get("HWH_CACHE_DIR", Path.home() / ".cache" / "hwh_jax"))
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def resolve(path: str, base: str | None = None) -> Path:
-    """A data path as given if absolute or existing, else relative to the data folder."""
-    p = Path(path)
-    if p.is_absolute() or p.exists():
-        return p
-    return data_dir(base) / p

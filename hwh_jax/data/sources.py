@@ -68,6 +68,11 @@ def text_documents(path: Path, text_field: str = "text") -> Iterator[str]:
         raise ValueError(f"unsupported data file {path}: expected one of {TEXT_SUFFIXES}")
 
 
+def read_text(path: Path) -> str:
+    """The whole text of a ``.txt`` / ``.txt.gz`` file, or of a ``.zip``'s members joined."""
+    return "".join(text_documents(Path(path)))
+
+
 def expand(paths: list[Path]) -> list[Path]:
     """Folders expand to the supported files inside them, sorted."""
     out = []

@@ -13,27 +13,37 @@ continuation (``acc_norm``). Prompts follow the harness's task definitions:
                               scoring: only the shared continuation is scored)
     lambada_openai            "{context}" + " {last word}": acc = every token of the word greedy
 
-Files are those in ``../shared/data/evals`` (MosaicML eval-gauntlet JSONL; HellaSwag's 6-line
-text form). The HellaSwag context is the file's (its second sentence is not re-capitalised as
-the harness does from the raw ctx_a / ctx_b fields, which this file no longer separates).
+Files are the shipped ``evals/`` (``hwh_jax/assets``: MosaicML eval-gauntlet JSONL, gzipped;
+HellaSwag's 6-line text form). The HellaSwag context is the file's (its second sentence is not
+re-capitalised as the harness does from the raw ctx_a / ctx_b fields, which this file no longer
+separates).
 """
 from __future__ import annotations
 
 import bz2
+import gzip
 import json
 import re
 from pathlib import Path
 
 import numpy as np
 
-from hwh_jax.data.paths import data_dir
+from hwh_jax.data.paths import resolve
 
 TASKS = ("arc_easy", "arc_challenge", "piqa", "openbook_qa", "hellaswag", "winogrande",
          "lambada_openai")
 
 
-def _jsonl(path: Path):
-    with open(path, encoding="utf-8") as f:
+def _jsonl(root: Path, task: str):
+    """Rows of ``<task>.jsonl`` in ``root``, or of ``<task>.jsonl.gz`` (the shipped form)."""
+    path = root / f"{task}.jsonl"
+    if not path.exists() and path.with_suffix(".jsonl.gz").exists():
+        path = path.with_suffix(".jsonl.gz")
+    if not path.exists():
+        raise FileNotFoundError(f"commonsense task {task!r}: neither {path.name} nor "
+                                f"{path.name}.gz in {root}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
@@ -45,9 +55,9 @@ def _hellaswag_preprocess(text: str) -> str:
 
 def load_task(task: str, folder: str | Path | None = None, limit: int | None = None):
     """Examples {context(s), choices, gold} of ``task`` (first ``limit`` of them)."""
-    root = Path(folder) if folder else data_dir() / "evals"
+    root = Path(folder) if folder else resolve("evals")
     if task in ("arc_easy", "arc_challenge", "piqa", "openbook_qa"):
-        rows = _jsonl(root / f"{task}.jsonl")
+        rows = _jsonl(root, task)
         out = []
         for r in rows:
             q = r["query"]
@@ -68,10 +78,10 @@ def load_task(task: str, folder: str | Path | None = None, limit: int | None = N
                 "gold": int(lines[i + 1])} for i in range(0, len(lines), 6)]
     elif task == "winogrande":
         out = [{"contexts": r["context_options"], "continuation": " " + r["continuation"],
-                "gold": int(r["gold"])} for r in _jsonl(root / "winogrande.jsonl")]
+                "gold": int(r["gold"])} for r in _jsonl(root, "winogrande")]
     elif task == "lambada_openai":
         out = [{"context": r["context"], "continuation": " " + r["continuation"].strip()}
-               for r in _jsonl(root / "lambada_openai.jsonl")]
+               for r in _jsonl(root, "lambada_openai")]
     else:
         raise ValueError(f"unknown commonsense task {task!r}; known: {list(TASKS)}")
     for i, ex in enumerate(out):

@@ -36,7 +36,7 @@ import re
 import uuid
 from pathlib import Path
 
-from hwh_jax.data.paths import data_dir
+from hwh_jax.data.paths import resolve
 from hwh_jax.data.ruler import ANSWER_PREFIX, NEEDLE, NOISE, TEMPLATE, WORDS  # noqa: F401
 
 TASKS = {  # name -> (haystack, value type)
@@ -59,7 +59,7 @@ class NiahSample:
 
 @functools.lru_cache(maxsize=4)
 def essay_words(folder: str | None = None) -> tuple[str, ...]:
-    root = Path(folder) if folder else data_dir() / "pg_essays" / "PaulGrahamEssays"
+    root = Path(folder) if folder else resolve("pg_essays/PaulGrahamEssays")
     files = sorted(p for p in root.glob("*.txt") if p.name != "rss.txt")
     if not files:
         raise FileNotFoundError(f"no Paul Graham essays (*.txt) in {root}")
