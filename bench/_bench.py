@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hwh_jax.training import profile
+from hwh_jax.profiling import profile
 
 
 def print_device() -> None:
@@ -106,8 +106,8 @@ def device_ms(fn, *args, reps=20):
 
 def ceilings() -> dict:
     """This device's rates measured now: a bf16 8192^3 matmul (TFLOP/s) and a device-to-device
-    copy counting read + write (TB/s). Machines of one kind differ (H200s: 594-664 TFLOP/s over
-    sessions 12-13): rows timed on different machines compare through these."""
+    copy counting read + write (TB/s). Machines of one kind differ by several percent: rows timed
+    on different machines compare through these."""
     a = jax.random.normal(jax.random.key(0), (8192, 8192), jnp.bfloat16)
     mm = jax.jit(lambda x, y: x @ y)
     t = median_ms(mm, a, a, reps=10)

@@ -5,7 +5,7 @@ r"""What a sharded training step sends between devices, from its compiled HLO (n
 
 Compiles ``launch.train``'s step (``make_train_step`` under ``kernel_mesh`` with the trainer's
 parameter, optimizer and batch shardings) for each mesh and lists its collectives
-(``hwh_jax.training.sharding.collectives``): count and bytes per kind, per device and step,
+(``hwh_jax.profiling.hlo.collectives``): count and bytes per kind, per device and step,
 and the largest ones with the jax operation each came from. ``--platform cpu`` fakes --devices
 CPU devices; there the kernels are the jnp references, so the program is GSPMD's partitioning of
 the model, not the GPU's kernels. ``--layers a:b`` keeps that slice of the size's layers (the
@@ -33,7 +33,8 @@ def main():
     ap.add_argument("--vocab_size", type=int, default=0)
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--override", nargs="*", default=[], metavar="FIELD=VALUE",
-                    help="ModelConfig fields, e.g. loss_impl=reference (Python literals)")
+                    help="ModelConfig fields, e.g. gdn_impl=chunk_reference (Python literals)")
+    ap.add_argument("--loss_impl", default="auto", help="train.loss_impl")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     if args.platform == "cpu":
@@ -42,10 +43,11 @@ def main():
                                    f" --xla_force_host_platform_device_count={args.devices}")
     import jax
     import jax.numpy as jnp
-    import hwh_jax  # noqa: F401  (flax settings)
+
     from hwh_jax.models import model_config
+    from hwh_jax.profiling import hlo
     from hwh_jax.training import sharding as shd
-    from hwh_jax.training import trainer
+    from hwh_jax.training import state as train_state
     from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
     from hwh_jax.training.steps import make_train_step
 
@@ -63,16 +65,17 @@ def main():
     rows = []
     for dims in args.meshes:
         mesh = shd.make_mesh(tuple(int(d) for d in dims.split(",")))
-        graphdef, abstract_state, state_sh = trainer.train_state_shardings(cfg, tx, mesh)
-        step = trainer.jit_step(make_train_step(graphdef, tx, schedule), mesh, state_sh,
-                                out_shardings=(state_sh, None))
-        coll = shd.collectives(step.lower(abstract_state, batch).compile().as_text())
+        graphdef, abstract_state, state_sh = train_state.train_state_shardings(cfg, tx, mesh)
+        step = train_state.jit_step(
+            make_train_step(graphdef, tx, schedule, loss_impl=args.loss_impl), mesh, state_sh,
+            out_shardings=(state_sh, None))
+        coll = hlo.collectives(step.lower(abstract_state, batch).compile().as_text())
         count, size = collections.Counter(), collections.Counter()
         for c in coll:
             count[c.op] += 1
             size[c.op] += c.bytes
         row = {"mesh": dims, "arch": args.arch, "size": args.size, "layers": args.layers,
-               "override": args.override,
+               "override": args.override, "loss_impl": args.loss_impl,
                "batch": B, "seq_len": T, "backend": jax.default_backend(),
                "count": dict(count), "mib": {k: v / 2 ** 20 for k, v in size.items()},
                "total_mib": sum(size.values()) / 2 ** 20}

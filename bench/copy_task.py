@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 
-import hwh_jax  # noqa: F401  (flax settings)
 from _bench import emit, print_device
 from hwh_jax.eval.copy_task import train_copy
 

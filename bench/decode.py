@@ -11,8 +11,8 @@ over the cache). Then
 --decode_steps single tokens are decoded greedily: ``decode_ms`` is the median over
 --decode_reps runs of ``hwh_jax.inference.Generator``'s compiled decode loop (one
 ``fori_loop`` on the device, greedy), each run's wall time over the steps divided by their
-number (all runs in ``decode_ms_runs``: one run of 16 steps varied by ~10% between rows of one
-call in session 14), ``decode_call_ms`` the median of one jitted call per token from Python
+number (all runs in ``decode_ms_runs``: one run of 16 steps can vary by ~10% between rows),
+``decode_call_ms`` the median of one jitted call per token from Python
 (adds the host's dispatch of the parameter and cache pytrees: 500 parameter arrays for
 HwH-380m, 218 for the Transformer). The cache is allocated for the full context, so the latency
 is that of a step at the end of a ``context``-long sequence; its size comes from the cache's own
@@ -27,7 +27,7 @@ cache is allocated empty and its position set to ``context - decode_steps``, so 
 step costs what it costs at the end of a full context (cached attention computes over every
 allocated slot and masks by the slots' times, a GDN state costs the same whatever its values);
 prefill figures are then absent from the row. ``--profile DIR`` also traces one decode loop and
-prints where its device time goes (``hwh_jax.training.profile``).
+prints where its device time goes (``hwh_jax.profiling.profile``).
 """
 from __future__ import annotations
 
@@ -42,13 +42,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import hwh_jax  # noqa: F401  (flax settings)
 from _bench import emit, is_oom, print_device, write_jsonl
 import kernels_pallas
 from hwh_jax.inference import Generator
 from hwh_jax.inference.cache import cache_bytes
 from hwh_jax.models import HybridLM, model_config
-from hwh_jax.training import profile
+from hwh_jax.profiling import profile
 
 
 def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir="",

@@ -34,8 +34,8 @@ if [ "${PARALLEL:-0}" = 1 ]; then
   python -c "
 from configs.experiment import get_config
 from hwh_jax.data.pipeline import build_splits
-from hwh_jax.training.trainer import run_specs
-c = get_config('$first,$L'); print(build_splits(run_specs(c)[0], c.seq_len).train)"
+from hwh_jax.training.specs import run_specs
+c = get_config('$first,$L'); print(build_splits(run_specs(c).data, c.seq_len).train)"
   for run in "$@"; do run_one "$run" & done
   wait
 else

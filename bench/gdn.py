@@ -15,7 +15,7 @@ state-path gradients, WY backward).
 --tune times each Pallas kernel over its launch settings (the per-chunk kernels' warps, then the
 WY inverse's own, then the scans') and uses the best for the rows.
 An --impls entry "pallas:KEY=VALUE,..." is the Pallas path with those options of
-``gated_delta_rule_pallas`` (e.g. "pallas:fp32_dots=ieee,chunk_warps=8"), to compare variants
+``GDNSettings`` (e.g. "pallas:fp32_dots=ieee,chunk_warps=8"), to compare variants
 in one run.
 fla is timed by bench/fla_gdn_anchor.py in the same command (see
 docs/benchmarks.md). Results go to stdout as a table and to --out as JSON lines.
@@ -31,10 +31,10 @@ import jax.numpy as jnp
 
 import _bench
 from _bench import median_ms, rel_err
-from kernels_pallas.gdn import gated_delta_rule, gated_delta_rule_pallas
+from kernels_pallas.gdn import GDNSettings, gated_delta_rule, gated_delta_rule_pallas
 from kernels_pallas.gdn import pallas as gdn_pallas
 from kernels_pallas.gdn import scan_kernels, wy_kernels
-from kernels_pallas.gdn._common import KernelConfig
+from kernels_pallas.gdn.common import KernelConfig
 from kernels_pallas.gdn.chunk_reference import chunk_local_cumsum
 
 
@@ -61,10 +61,12 @@ def parse_impl(spec):
 
 
 def fns(impl, **opts):
+    settings = GDNSettings(impl=impl, **opts)
+
     def fwd(q, k, v, g, beta):
         if impl == "pallas":
-            return gated_delta_rule_pallas(q, k, v, g, beta, **opts)[0]
-        return gated_delta_rule(q, k, v, g, beta, impl=impl)[0]
+            return gated_delta_rule_pallas(q, k, v, g, beta, settings=settings)[0]
+        return gated_delta_rule(q, k, v, g, beta, settings=settings)[0]
 
     def fwd_bwd(q, k, v, g, beta, do):
         o, vjp = jax.vjp(fwd, q, k, v, g, beta)

@@ -15,10 +15,10 @@ import optax
 from flax import nnx
 
 from _bench import rel_err
-import hwh_jax  # noqa: F401  (flax settings)
 import kernels_pallas
 from hwh_jax.models import HybridLM, model_config
-from kernels_pallas.attention import attention, attention_reference, resolve_impl
+from kernels_pallas.attention import AttentionSettings, attention, attention_reference
+from kernels_pallas.attention.op import choose
 
 
 
@@ -33,7 +33,8 @@ def attention_checks():
         do = jax.random.normal(ks[3], (B, T, H, D), jnp.bfloat16)
 
         def grads(impl):
-            f = lambda q, k, v: attention(q, k, v, window=w, impl=impl)  # noqa: E731
+            f = lambda q, k, v: attention(q, k, v, window=w,  # noqa: E731
+                                          settings=AttentionSettings(impl=impl))
             o, vjp = jax.vjp(f, q, k, v)
             return (o, *vjp(do))
         fast = jax.jit(lambda: grads("auto"))()
@@ -41,7 +42,7 @@ def attention_checks():
         q32 = [x.astype(jnp.float32) for x in (q, k, v)]
         exact = attention_reference(*q32, window=w)
         row = {"check": "attention", "shape": [B, T, H, G, D], "window": w,
-               "impl": resolve_impl(q, window=w),
+               "impl": choose(AttentionSettings(), q, window=w),
                "rel_o_fast_vs_fp32": rel_err(fast[0], exact),
                "rel_o_ref_bf16_vs_fp32": rel_err(ref[0], exact),
                **{f"rel_d{n}_fast_vs_ref": rel_err(a, b)

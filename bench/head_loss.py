@@ -4,10 +4,10 @@ r"""Time the LM head + training loss: autodiff through the logits against ``head
       pallas:block_v=2048 pallas:num_warps=4 pallas:num_stages=2 --out results.jsonl
 
 For each (N tokens, d, V) on bf16 h [N, d] and w [d, V]: the loss's forward + the gradients of
-h and w, as the training step takes them (``steps.model_loss``'s two paths: "unfused" is
+h and w, as the training step takes them (``steps.train_loss``'s two paths: "unfused" is
 ``cross_entropy(h @ w)`` by autodiff, the rest ``head_loss`` with that
-``kernels_pallas.softmax_xent`` impl; "pallas:KEY=VALUE,..." passes block_v, num_warps,
-num_stages to the kernel). Per row: the wall median, the device time per call from a
+``kernels_pallas.softmax_xent`` impl; "pallas:KEY=VALUE,..." sets ``SoftmaxXentSettings``
+fields: block_v, num_warps, num_stages, interpret). Per row: the wall median, the device time per call from a
 profiler trace and its kernels (on a GPU), the three GEMMs' share at the 8192^3 product's rate
 measured beside them, the peak memory of the compiled program, and the largest relative
 error of the loss and gradients against the first impl listed.
@@ -22,8 +22,8 @@ import numpy as np
 
 import _bench
 from _bench import device_ms, median_ms, parse_impl, rel_err
-from hwh_jax.training.head_loss import head_loss
-from hwh_jax.training.steps import cross_entropy
+from hwh_jax.layers.loss import cross_entropy, head_loss
+from kernels_pallas import SoftmaxXentSettings
 
 
 def loss_fn(impl, z_loss, **kw):
@@ -33,7 +33,8 @@ def loss_fn(impl, z_loss, **kw):
             return loss + zl
         return f
     if impl in ("reference", "pallas"):
-        return lambda h, w, t, m: head_loss(h, w, t, m, z_loss=z_loss, impl=impl, **kw)[0]
+        settings = SoftmaxXentSettings(impl=impl, **kw)
+        return lambda h, w, t, m: head_loss(h, w, t, m, z_loss=z_loss, settings=settings)[0]
     raise ValueError(f"unknown impl {impl!r}; known: unfused, reference, pallas[:KEY=VALUE,...]")
 
 

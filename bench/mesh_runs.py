@@ -1,4 +1,5 @@
-r"""Issue #9 in one command: ``launch.train`` over device meshes of one host, against one device.
+r"""Scaling over devices in one command: ``launch.train`` over device meshes of one host, against
+one device.
 
   python bench/mesh_runs.py --devices 8 --config configs/hwh_380m.py --steps 20 \
       --set train.batch_size=16 --workdir /tmp/mesh --out $OUT/mesh.jsonl
@@ -19,7 +20,7 @@ script out), all at the same global batch and learning-rate schedule (--steps +
               accelerator device
 in that order, each row written to --out as it finishes (a time limit keeps the finished ones).
 All runs share one persistent compilation cache under --workdir. ``--runs`` picks a subset (a
-device call's time limit may not hold them all); without ``one``, ``--reference`` names an earlier
+job's time limit may not hold them all); without ``one``, ``--reference`` names an earlier
 --out file whose ``one`` row (same config, --steps and --resume_steps) is the reference; it is
 copied to this run's --out (with ``reference_file``) and table.
 Per run: tokens/s (median over its progress windows of 5 steps after the first, which holds

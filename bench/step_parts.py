@@ -10,11 +10,10 @@ its kernels, beside this device's matmul and copy rates measured in the same run
   (down(SiLU(gate(x)) * up(x)), autodiff); ``stacked``: gate and up as one product of their
   kernels stacked to [d, 2, H] and a hand-written backward that saves only that product;
   ``separate``: the two products and that backward.
-- ``loss``: the LM head (x @ E^T, bf16 logits) and ``hwh_jax.training.steps.cross_entropy``.
+- ``loss``: the LM head (x @ E^T, bf16 logits) and ``hwh_jax.layers.loss.cross_entropy``.
   ``shipped``: its log Z by ``jax.nn.logsumexp`` (a max pass, then a sum pass over the logits);
   ``one_pass``: log Z as one reduction of (max, sum of exp) pairs merged as online softmax does.
-The alternatives live here, not in the model: session 13 timed them no faster
-(docs/benchmarks.md).
+The alternatives live here, not in the model: none was faster (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ from flax import nnx
 import _bench
 from _bench import device_ms, median_ms
 from hwh_jax.layers.mlp import SwiGLU
-from hwh_jax.training import steps
+from hwh_jax.layers import loss as lm_loss
 
 bf16, f32 = jnp.bfloat16, jnp.float32
 
@@ -86,7 +85,7 @@ def loss_fn(variant):
 
     def f(emb, h, targets):
         logits = jnp.einsum("nd,vd->nv", h, emb.astype(bf16))
-        return steps.cross_entropy(logits, targets, jnp.ones(targets.shape, f32))[0]
+        return lm_loss.cross_entropy(logits, targets, jnp.ones(targets.shape, f32))[0]
 
     def g(*args):    # token_nll's forward reads jax.nn.logsumexp at trace time
         keep = jax.nn.logsumexp

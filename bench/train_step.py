@@ -25,7 +25,7 @@ peak counter is process-wide (the largest step so far), so it is only recorded a
 ``--profile DIR`` traces --profile_steps (3) more steps per row and prints where their device time
 goes: by category (GDN kernels, attention, matmuls, copies, fusions), the top kernels with the
 operation and source line each came from, how much of the step the device was busy, the first
-kernel to the last, and which kernels the idle gaps follow (``hwh_jax.training.profile``).
+kernel to the last, and which kernels the idle gaps follow (``hwh_jax.profiling.profile``).
 ``--hlo DIR`` writes each row's compiled program (XLA's fusions and the kernels' operands, to
 read what a fusion in the profile does).
 """
@@ -43,13 +43,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import hwh_jax  # noqa: F401  (flax settings)
 from _bench import emit, is_oom, parse_overrides, print_device, write_jsonl
 import kernels_pallas
 from hwh_jax.models import HybridLM, model_config
 from hwh_jax.models.params import count_params
 from hwh_jax.training.flops import flops_per_token, peak_flops
-from hwh_jax.training import host_gc, profile
+from hwh_jax.profiling import host_gc, profile
 from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
 from hwh_jax.training.steps import make_train_step
 
@@ -57,8 +56,8 @@ from hwh_jax.training.steps import make_train_step
 def sample_tokens(rng, vocab: int, shape, dist: str) -> np.ndarray:
     """Token ids: ``zipf``, rank r drawn with probability ~ 1/r as words are in text (the
     embedding's backward scatter-adds every occurrence into its token's row, and how often rows
-    collide sets its time: session 17 found it 46 ms of HwH-380m's 2K step on the shipped corpus,
-    next to nothing on ``uniform`` ids, which rows before that session used)."""
+    collide sets its time: tens of milliseconds of a 380m step on real text when done in bf16,
+    next to nothing on ``uniform`` ids)."""
     if dist == "uniform":
         return rng.integers(0, vocab, shape).astype(np.int32)
     if dist != "zipf":
@@ -68,7 +67,8 @@ def sample_tokens(rng, vocab: int, shape, dist: str) -> np.ndarray:
 
 
 def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", overrides=None,
-              profile_top=20, hlo_dir="", profile_steps=3, gc_mode="freeze", tokens="zipf"):
+              profile_top=20, hlo_dir="", profile_steps=3, gc_mode="freeze", tokens="zipf",
+              loss_impl="auto"):
     overrides = {**(overrides or {}), **({"vocab_size": vocab_size} if vocab_size else {})}
     cfg = model_config(arch, size, dtype=dtype, **overrides)
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
@@ -81,7 +81,8 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
         "segment_ids": np.ones((B, T), np.int32), "positions": np.tile(np.arange(T), (B, 1)),
         "loss_mask": np.ones((B, T), np.float32)})
     t0 = time.time()
-    step = jax.jit(make_train_step(graphdef, tx, schedule), donate_argnums=0).lower(
+    step = jax.jit(make_train_step(graphdef, tx, schedule, loss_impl=loss_impl),
+                   donate_argnums=0).lower(
         state, batch).compile()
     state, m = step(state, batch)
     jax.block_until_ready(m["loss"])
@@ -133,7 +134,7 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
     step_bytes = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
                   - ma.alias_size_in_bytes) if ma is not None else None
     return {"arch": arch, "size": size, "T": T, "B": B, "vocab_size": cfg.vocab_size,
-            **({"overrides": overrides} if overrides else {}),
+            **({"overrides": overrides} if overrides else {}), "loss_impl": loss_impl,
             "params": count_params(cfg),
             "tokens": tokens, "step_ms": ms, "step_latency_ms": latency_ms, "tokens_per_s": tps,
             "step_ms_runs": [round(1e3 * r, 2) for r in runs],
@@ -165,9 +166,10 @@ def main():
     ap.add_argument("--tokens", choices=("zipf", "uniform"), default="zipf",
                     help="token ids of the random batch (sample_tokens)")
     ap.add_argument("--gc", choices=("auto", "freeze"), default="freeze",
-                    help="freeze: hwh_jax.training.host_gc.freeze() after the warm-up steps, as "
-                         "launch.train does (auto: Python's collector as it comes, as rows "
-                         "before session 17 ran)")
+                    help="freeze: hwh_jax.profiling.host_gc.freeze() after the warm-up steps, as "
+                         "launch.train does (auto: Python's collector as it comes)")
+    ap.add_argument("--loss_impl", default="auto",
+                    help="train.loss_impl: unfused, or the LM head + loss op's softmax_xent impl")
     ap.add_argument("--profile_top", type=int, default=20,
                     help="with --profile: how many kernels to list (the rest count in categories)")
     ap.add_argument("--hlo", default="",
@@ -191,7 +193,8 @@ def main():
                         prof = f"{args.profile}/{arch}_{size}_{T}" if args.profile else ""
                         row = time_step(arch, size, T, B, args.steps, args.dtype,
                                         args.vocab_size, prof, overrides, args.profile_top,
-                                        args.hlo, args.profile_steps, args.gc, args.tokens)
+                                        args.hlo, args.profile_steps, args.gc, args.tokens,
+                                        args.loss_impl)
                         break
                     except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                         if not is_oom(e):

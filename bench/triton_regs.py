@@ -1,15 +1,14 @@
 """Registers per thread of this project's Triton kernels, on a machine without a GPU.
 
 An SM of an H100/H200 has 65,536 registers: a kernel of 4 warps at 161 registers a thread fits
-3 programs on an SM (18.75% occupancy), at 72 it fits 7. Nsight Compute reads this on a GPU
-(session 15 found the short convolution's backward at 161, 3 programs, latency-bound); this
-script reads it offline, so a kernel change can be judged for it before device time is spent.
+3 programs on an SM (18.75% occupancy), at 72 it fits 7. Nsight Compute reads this on a GPU;
+this script reads it offline, so a kernel change can be judged for it before a GPU is used.
 
 It lowers the op for CUDA on the CPU (``lower(lowering_platforms=("cuda",))``, the backend
 reported as "gpu" while tracing so that the ops take their Triton path), keeps each Pallas
 kernel's Triton IR, compiles it with the ``triton`` package for sm_90 and reads ptxas's report.
-The figures come from that Triton and ptxas, not jaxlib's: on the H200 the short convolution's
-backward used 161 registers against 167 here (session 15). Needs ``pip install triton`` (not a
+The figures come from that Triton and ptxas, not jaxlib's, and can differ from a GPU's by a few
+registers. Needs ``pip install triton`` (not a
 dependency of the project); reads internals of JAX's Pallas Triton lowering (jaxlib <= 0.10.2,
 what pip gives on the project's CPU machines).
 
@@ -53,7 +52,7 @@ def _gdn():
 
 
 def _softmax_xent():
-    from kernels_pallas.cross_entropy import softmax_xent_pallas
+    from kernels_pallas.softmax_xent import softmax_xent_pallas
     n, v = 44 * 2048, 50304                # the 2K step's logits at 44 sequences, GPT-2's vocabulary
     rows = jax.ShapeDtypeStruct((n,), jnp.float32)
     return (softmax_xent_pallas,

@@ -5,8 +5,11 @@ by ``hwh_jax.models.variants.model_config_from_dict(config.model)``.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 
+from hwh_jax.eval.suite import EvalSpec
 from hwh_jax.models.variants import ARCHS, SIZES
 
 
@@ -47,10 +50,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.gdn_impl = "auto"                    # kernels_pallas.gated_delta_rule impl
     m.conv_impl = "auto"                   # kernels_pallas.short_conv impl (GDN conv + norm)
     m.norm_impl = "auto"                   # kernels_pallas.rms_norm impl (norms + residual adds)
-    m.loss_impl = "auto"                   # training loss: the LM head + loss as one op
-    #                                        (training.head_loss) with kernels_pallas.softmax_xent
-    #                                        impl "auto" | "reference" | "pallas"; or "unfused"
     m.gdn_chunk_size = 64
+    m.kernel_platform = ""                 # kernels chosen for "cpu" | "gpu" | "tpu"; "" = this
+    #                                        process's backend (set it to export for another)
     d = config.data = ml_collections.ConfigDict()
     d.source = "text"                      # "text" | "tfds" | "arrayrecord"
     d.paths = ("dickens/dickens.zip",)     # shipped data (hwh_jax/assets) or data_dir relative
@@ -76,6 +78,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     t.stop_at_step = 0                     # stop (with a checkpoint) before `steps`; 0 = no
     t.batch_size = 16 if size == "tiny" else 256   # global batch, sequences
     t.grad_accum = 1                       # micro-batches per step
+    t.loss_impl = "auto"                   # the LM head + loss as one op (layers.loss.head_loss)
+    #                                        with softmax_xent impl "auto" | "reference" |
+    #                                        "pallas"; or "unfused" (autodiff through the logits)
     t.lr = 3e-3 if size == "tiny" else 3e-4
     t.min_lr_ratio = 0.1
     t.warmup_steps = 25 if size == "tiny" else 1000
@@ -95,16 +100,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     t.keep_checkpoints = 3
     t.peak_flops = 0.0                     # per-device peak for MFU; 0 = from the device kind
     t.profile_at = 0                       # trace the steps after this one (0 = never) into
-    t.profile_steps = 5                    # <workdir>/profile; hwh_jax.training.profile sums it
+    t.profile_steps = 5                    # <workdir>/profile; hwh_jax.profiling.profile sums it
 
-    e = config.eval = ml_collections.ConfigDict()  # hwh_jax.eval.EvalSpec, run after training
+    # The evaluation after training: every field of hwh_jax.eval.EvalSpec (its defaults and
+    # comments), plus at_end.
+    e = config.eval = ml_collections.ConfigDict(dataclasses.asdict(EvalSpec()))
     e.at_end = size == "tiny"              # evaluate the final model (writes <workdir>/eval)
-    e.suites = ("niah", "ppl")             # any of niah, mqar, ppl, commonsense
-    e.niah_tasks = ("niah_single_1", "niah_single_2", "niah_single_3")
-    e.niah_factors = (1, 2)                # NIAH lengths: multiples of seq_len
-    e.niah_depths = 3                      # evenly spaced needle depths
-    e.ppl_factor = 2                       # perplexity by position up to this x seq_len
-    e.batch_size = 8
-    e.commonsense_limit = 0                # first N examples per commonsense task (0 = all)
+    if size == "tiny":                     # the main job's evaluation: about a minute on a CPU
+        e.niah_factors, e.niah_depths, e.ppl_factor = (1, 2), 3, 2
     config.lock()
     return config

@@ -1,4 +1,4 @@
-"""The small-scale reproduction of docs/results.md (issue: paper's claims on one H200).
+"""The small-scale reproduction of docs/results.md: the paper's claims at the `small` size.
 
 ``--config=configs/experiment.py:ARCH[,L]`` with ARCH one of transformer, gdn, layerwise, hwh,
 hwh_rope, hwh_uniform (the `small` size, parameters matched by hwh_jax.models.variants) and L the
@@ -8,7 +8,7 @@ training length (default 512). Every experiment sees the same tokens: 67 public-
 documents in RULER's NIAH format (1-8 needles, all asked for, the answers' value tokens
 weighted 50 in the loss), at most L long, with book haystacks (``hwh_jax/data/retrieval.py``):
 retrieval does not emerge from 20M tokens of books, nor with unweighted synthetic documents
-(every model scored 0; docs/results.md, runs 1 and 2). It ends
+(every model scored 0; docs/results.md). It ends
 with the retrieval probe (teacher-forced, on synthetic documents from held-out books), NIAH
 single 1/2/3 at L, 2L and 4L (essay and noise haystacks, never trained on), MQAR and
 perplexity by position up to 4L. Override any field on the command line.
@@ -31,10 +31,10 @@ def get_config(arg: str = "hwh"):
     d.heldout_paths = ("gutenberg/gutenberg_valid.txt.gz",)
     d.tokenizer = "train_sentencepiece"
     d.retrieval_share = 0.5    # synthetic NIAH-format sequences (hwh_jax/data/retrieval.py)
-    d.retrieval_answer_weight = 50.0   # run 3 of docs/results.md; 1 (runs 1, 2): nothing learned
+    d.retrieval_answer_weight = 50.0   # unweighted answers: nothing learned (docs/results.md)
     d.retrieval_max_needles = 8
-    d.workers = 4              # batches in 4 processes: the loop was host-bound without (115-173k
-    #                            vs 442-502k tokens/s for hwh_uniform on an H200, docs/results.md)
+    d.workers = 4              # batches in 4 processes: one process cannot feed a GPU here
+    #                            (docs/results.md)
     config.model.vocab_size = 0
     t = config.train
     t.steps, t.batch_size = 600, 64 * 512 // L

@@ -1,9 +1,17 @@
-"""Kernels of hwh-jax: each op has a pure-jnp reference (the spec) and a dispatcher."""
-from kernels_pallas.attention import (attention, attention_reference, cached_attention,
-                                      cached_attention_blockwise)
-from kernels_pallas.dispatch import chosen
-from kernels_pallas.gdn import gated_delta_rule, gated_delta_rule_step
+"""Kernels of hwh-jax. Each op is a package: ``reference.py`` (the specification in jnp), its
+kernel file(s), ``settings.py`` (a frozen ``KernelSettings`` value: implementation, platform and
+launch settings) and ``op.py`` (the public entry: shapes checked, implementation dispatched).
+``chosen()`` tells which implementation each op ran."""
+from kernels_pallas.attention import (AttentionSettings, attention, attention_reference,
+                                      cached_attention, cached_attention_blockwise)
+from kernels_pallas.dispatch import KernelSettings, chosen
+from kernels_pallas.gdn import GDNSettings, gated_delta_rule, gated_delta_rule_step
+from kernels_pallas.rms_norm import RMSNormSettings, rms_norm
 from kernels_pallas.sharding import kernel_mesh
+from kernels_pallas.short_conv import ShortConvSettings, short_conv
+from kernels_pallas.softmax_xent import SoftmaxXentSettings, softmax_xent
 
-__all__ = ["attention", "attention_reference", "cached_attention", "cached_attention_blockwise",
-           "chosen", "gated_delta_rule", "gated_delta_rule_step", "kernel_mesh"]
+__all__ = ["AttentionSettings", "GDNSettings", "KernelSettings", "RMSNormSettings",
+           "ShortConvSettings", "SoftmaxXentSettings", "attention", "attention_reference",
+           "cached_attention", "cached_attention_blockwise", "chosen", "gated_delta_rule",
+           "gated_delta_rule_step", "kernel_mesh", "rms_norm", "short_conv", "softmax_xent"]

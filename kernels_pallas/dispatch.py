@@ -1,37 +1,77 @@
-"""How the kernel entry points pick an implementation, and how a user sees what they picked.
+"""How a kernel op picks its implementation, and how a user sees what it picked.
 
-Each op keeps a table {backend: preferred impl}; ``impl="auto"`` looks the backend up there.
-The choice is logged once per (op, impl, backend) and remembered in ``chosen()``.
+Each op takes its choices as one frozen settings value, a ``KernelSettings`` subclass (as JAX's
+own Pallas ops take a ``BlockSizes``):
+
+  impl       "auto" or one of the op's implementations (``IMPLS``);
+  interpret  run the op's Pallas kernel in an interpreter (True, or ``pltpu.InterpretParams()``
+             for TPU semantics) where it has no compiled lowering, e.g. on a CPU;
+  platform   the platform the program is compiled for, "cpu" | "gpu" | "tpu"; None: this
+             process's default backend. Naming it lets one host lower a program for another
+             (``jax.export`` for TPU from a CPU);
+
+plus the op's own launch settings. ``impl="auto"`` looks the platform up in the op's ``AUTO``
+table (``FALLBACK`` where it has no entry); the op may fall back further when a shape does not
+suit its kernel. Every choice is logged once and kept in ``chosen()``.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+from typing import Any, ClassVar
 
 import jax
 
 _log = logging.getLogger("kernels_pallas")
 _chosen: dict[str, str] = {}
+PLATFORMS = ("cpu", "gpu", "tpu")
 
 
-def backend() -> str:
-    """'cpu', 'gpu' or 'tpu' (the default backend of this process)."""
-    return jax.default_backend()
+@dataclasses.dataclass(frozen=True)
+class KernelSettings:
+    """The choices every kernel op takes; subclasses add their launch settings and set ``OP``,
+    ``IMPLS``, ``AUTO`` and ``FALLBACK``. Invalid values raise ``ValueError`` when built."""
+    impl: str = "auto"
+    interpret: Any = False
+    platform: str | None = None
+
+    OP: ClassVar[str] = "kernel"
+    IMPLS: ClassVar[tuple[str, ...]] = ("auto", "reference")
+    AUTO: ClassVar[dict[str, str]] = {}
+    FALLBACK: ClassVar[str] = "reference"
+
+    def __post_init__(self):
+        if self.impl not in self.IMPLS:
+            raise ValueError(f"{self.OP}: impl={self.impl!r} is not one of {self.IMPLS}")
+        if self.platform is not None and self.platform not in PLATFORMS:
+            raise ValueError(f"{self.OP}: platform={self.platform!r} is not one of "
+                             f"{PLATFORMS} (or None: the default backend)")
+
+    def target(self) -> str:
+        """The platform the op is compiled for."""
+        return self.platform or jax.default_backend()
+
+    def choose(self) -> str:
+        """``impl``, or for "auto" the target platform's entry of ``AUTO``."""
+        return self.AUTO.get(self.target(), self.FALLBACK) if self.impl == "auto" else self.impl
+
+    def replace(self, **changes) -> "KernelSettings":
+        return dataclasses.replace(self, **changes)
 
 
-def record(op: str, impl: str) -> str:
-    """Remember and log (once) which implementation `op` runs on this backend."""
-    key = f"{op}@{backend()}"
+def record(settings: KernelSettings, impl: str) -> str:
+    """Remember and log (once) which implementation ``settings.OP`` runs on its platform."""
+    key = f"{settings.OP}@{settings.target()}"
     if _chosen.get(key) != impl:
         _chosen[key] = impl
-        _log.info("kernels_pallas: %s runs impl=%r on backend %r", op, impl, backend())
+        _log.info("kernels_pallas: %s runs impl=%r on %r", settings.OP, impl, settings.target())
     return impl
 
 
 def chosen() -> dict[str, str]:
-    """{'op@backend': impl} for every op called so far in this process."""
+    """{'op@platform': impl} for every op called so far in this process."""
     return dict(_chosen)
 
 
-def check_impl(op: str, impl: str, allowed: tuple[str, ...]) -> None:
-    if impl not in allowed:
-        raise ValueError(f"{op}: impl={impl!r} is not one of {allowed}")
+def pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0

@@ -11,11 +11,9 @@ computed whole on each device of that axis: correct, only redundant).
 ``kernel_mesh`` is a context manager and a decorator; the context is read at trace time.
 
 ``constrain(x)`` pins an activation to that layout (rows over the batch axes, optionally its last
-dimension over the tensor axis) for GSPMD. Without such pins GSPMD partitioned an FSDP step's
-matmuls along the weights' sharded dimension and moved whole-batch activations instead of
-weights: 2,148 MiB of collectives per device and step against 269.5 with the pins (two layers of
-HwH-380m, 16 x 512 tokens, mesh 1,2,1; ``bench/collectives.py``, docs/training.md); on two H200s
-the unpinned FSDP step ran at 0.45 of linear scaling.
+dimension over the tensor axis) for GSPMD. Without such pins GSPMD partitions an FSDP step's
+matmuls along the weights' sharded dimension and moves whole-batch activations instead of
+weights, several times the bytes (``bench/collectives.py`` counts them; docs/training.md).
 """
 from __future__ import annotations
 
@@ -30,6 +28,9 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 @dataclasses.dataclass(frozen=True)
 class KernelMesh:
+    """The mesh the kernels run on per shard, with the axes a batch dimension is split over and
+    the axis heads are split over; ``*_spec`` give the axis for a dimension, None where it does
+    not divide."""
     mesh: Mesh
     batch_axes: tuple[str, ...] = ("data", "fsdp")
     head_axis: str | None = "tensor"

@@ -60,10 +60,7 @@ def _samples(tok, run, seq_len, n, rng, cfg):
     if data == "heldout" and run is None:
         data = HF_HELDOUT   # an imported model has no held-out split of its own
     if data == "heldout":
-        from hwh_jax.data.pipeline import build_splits
-        from hwh_jax.training.trainer import run_specs
-        data_spec = run_specs(run.config)[0]
-        stream = np.asarray(build_splits(data_spec, run.config.seq_len).heldout.stream)
+        stream = run.heldout_stream()
     else:
         from hwh_jax.data.paths import resolve
         from hwh_jax.data.sources import read_text

@@ -4,6 +4,7 @@ r"""Print a config's parameter count and per-layer FA/LA allocation, without all
   python -m launch.describe --config=configs/hwh_tiny.py --forward   # plus one jitted forward
   python -m launch.describe --table                                  # docs/models.md table
   python -m launch.describe --cache=380m        # decode-cache MiB per arch and context (bf16)
+  python -m launch.describe --plot=alloc.png --archs=transformer,layerwise,hwh --size=380m
 """
 from absl import app, flags
 from ml_collections import config_flags
@@ -16,6 +17,9 @@ flags.DEFINE_bool("table", False, "print the markdown table of every architectur
 flags.DEFINE_bool("forward", False, "also run one jitted forward pass on random tokens")
 flags.DEFINE_string("cache", "", "size: print the decode-cache table of every architecture")
 flags.DEFINE_list("contexts", ["2048", "8192", "32768", "65536"], "contexts of the cache table")
+flags.DEFINE_string("plot", "", "PNG path: the head allocation of --archs at --size, side by side")
+flags.DEFINE_list("archs", ["transformer", "layerwise", "hwh"], "architectures of --plot")
+flags.DEFINE_string("size", "380m", "size of --plot")
 FLAGS = flags.FLAGS
 
 
@@ -23,6 +27,12 @@ def main(argv):
     del argv
     if FLAGS.table:
         print(markdown_table())
+        return
+    if FLAGS.plot:
+        from hwh_jax.models.describe import plot_allocation
+        from hwh_jax.models.variants import model_config
+        plot_allocation({a: model_config(a, FLAGS.size) for a in FLAGS.archs}, FLAGS.plot)
+        print(f"wrote {FLAGS.plot}")
         return
     if FLAGS.cache:
         from hwh_jax.inference import cache_table

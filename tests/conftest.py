@@ -1,4 +1,4 @@
-"""Test-session setup: 8 fake CPU devices for mesh tests, absl flags marked parsed for grain."""
+"""Test setup: 8 fake CPU devices for mesh tests, absl flags marked parsed for grain."""
 import atexit
 import os
 import shutil
@@ -9,7 +9,7 @@ import tempfile
 XLA_TEST_FLAGS = "--xla_backend_optimization_level=0"
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {XLA_TEST_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# One persistent compilation cache per test session, inherited by the launcher subprocesses:
+# One persistent compilation cache per pytest run, inherited by the launcher subprocesses:
 # the trainer, eval and analysis programs that several tests compile are compiled once.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="hwh_jax_xla_cache_")

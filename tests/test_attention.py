@@ -4,7 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels_pallas import attention, attention_reference, dispatch
+from kernels_pallas import AttentionSettings, attention, attention_reference, dispatch
+
+SPLASH = AttentionSettings(impl="splash", interpret=True)
 
 # (B, T, H, G, D, window)
 SHAPES = [(2, 37, 4, 2, 16, None), (1, 64, 4, 1, 32, 9), (2, 50, 3, 3, 8, 1),
@@ -64,7 +66,7 @@ def test_splash_interpret_matches_reference(window):
     """The TPU path (splash attention) run by the Pallas interpreter on the CPU."""
     q, k, v = qkv(1, 256, 4, 2, 64, seed=3)
     ref = attention_reference(q, k, v, window=window)
-    out = attention(q, k, v, window=window, impl="splash", interpret=True)
+    out = attention(q, k, v, window=window, settings=SPLASH)
     np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
 
 
@@ -75,12 +77,15 @@ def test_bad_inputs_raise():
     q, k, v = qkv(1, 8, 2, 1, 8)
     with pytest.raises(ValueError, match="window"):
         attention(q, k, v, window=0)
+    with pytest.raises(ValueError, match="impl='flash'"):
+        AttentionSettings(impl="flash")
 
 
 def test_cudnn_refuses_segment_ids():
     q, k, v = qkv(1, 8, 2, 1, 8)
     with pytest.raises(ValueError, match="segment_ids"):
-        attention(q, k, v, segment_ids=jnp.zeros((1, 8), jnp.int32), impl="cudnn")
+        attention(q, k, v, segment_ids=jnp.zeros((1, 8), jnp.int32),
+                  settings=AttentionSettings(impl="cudnn"))
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS fakes them on CPU)")
@@ -98,7 +103,7 @@ def test_kernel_per_shard_under_a_mesh():
 
     def f(q, k, v):
         def loss(q, k, v):
-            return jnp.sum(attention(q, k, v, impl="splash", interpret=True) * dy)
+            return jnp.sum(attention(q, k, v, settings=SPLASH) * dy)
         return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
 
     ref = jax.jit(f)(q, k, v)

@@ -1,6 +1,5 @@
-"""The benchmark scripts issue #8 times on the GPU, run end to end on CPU at the tiny size with
-their profile path: a script that breaks (session 15's first decode call lost three rows to a
-name error in ``--profile``) fails here, not on the device."""
+"""The benchmark scripts run end to end on the CPU at the tiny size with their profile path: a
+script that breaks (a name error in ``--profile``, say) fails here, not on a GPU machine."""
 import json
 import os
 import statistics
@@ -78,7 +77,7 @@ def test_triton_regs_keeps_each_kernels_triton_ir_on_cpu():
 
 
 def test_head_loss_bench_rows(tmp_path):
-    """bench/head_loss.py (the next GPU call's loss bench) end to end on the CPU: a row per
+    """bench/head_loss.py (the LM head + loss bench) end to end on the CPU: a row per
     impl, the one-op loss agreeing with autodiff through the logits."""
     out = tmp_path / "rows.jsonl"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}

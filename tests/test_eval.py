@@ -196,16 +196,13 @@ def test_retrieval_probe_aggregates_answers_and_needles():
 
 def test_an_evaluation_cut_during_niah_keeps_what_it_measured(gpt2, tmp_path):
     """results.json is rewritten after every suite and NIAH length: an evaluation killed during
-    2L (a device call's time limit) leaves L's scores, marked unfinished, and the report shows
+    2L (a job's time limit) leaves L's scores, marked unfinished, and the report shows
     them with "-" for the rest and the run as partial."""
-    from types import SimpleNamespace
-
     from hwh_jax.eval.report import report
-    from hwh_jax.eval.suite import EvalSpec, run_suite
+    from hwh_jax.eval.suite import EvalModel, EvalSpec, run_suite
     cfg = model_config("transformer", "tiny", dtype="float32", vocab_size=gpt2.vocab_size)
-    run = SimpleNamespace(name="cut@x", step=3, workdir=tmp_path, tokenizer=gpt2, model_cfg=cfg,
-                          config=SimpleNamespace(seq_len=256),
-                          model=HybridLM(cfg, rngs=nnx.Rngs(0)))
+    run = EvalModel(HybridLM(cfg, rngs=nnx.Rngs(0)), gpt2, 256, "cut@x", arch=cfg.arch, step=3,
+                    workdir=str(tmp_path))
     spec = EvalSpec(suites=("niah",), niah_factors=(1, 2), niah_depths=1, batch_size=4)
 
     class TimeLimit(Exception):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels_pallas.gdn import gated_delta_rule, gated_delta_rule_pallas
+from kernels_pallas.gdn import GDNSettings, gated_delta_rule, gated_delta_rule_pallas
 from tests.test_gdn_reference import make_inputs
 
 MODES = {"generic": True, "tpu": pltpu.InterpretParams()}
@@ -45,12 +45,13 @@ def run(impl, mode, q, k, v, g, beta, h0, do, chunk):
             # fp32 inputs against fp32 tolerances: the WY backward's TF32 products (the GPU
             # default, for bf16 training; bench/gdn.py --check measures them) off.
             o, s = gated_delta_rule_pallas(q, k, v, g, beta, initial_state=h0,
-                                           output_final_state=True, chunk_size=chunk,
-                                           fp32_dots="ieee")
+                                           output_final_state=True,
+                                           settings=GDNSettings(chunk_size=chunk, fp32_dots="ieee"))
         else:
+            interpret = MODES[mode] if impl == "pallas" else False
             o, s = gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                    impl=impl, chunk_size=chunk,
-                                    **({"interpret": MODES[mode]} if impl == "pallas" else {}))
+                                    settings=GDNSettings(impl=impl, chunk_size=chunk,
+                                                         interpret=interpret))
         return jnp.sum(o.astype(jnp.float32) * do) + jnp.sum(s * s) * 0.1, (o, s)
 
     grads, (o, s) = jax.grad(loss, argnums=tuple(range(6)), has_aux=True)(q, k, v, g, beta, h0)
@@ -104,7 +105,7 @@ def test_backward_stores_follow_the_inputs_dtype_except_triton_wide_keys():
     """S_n, dS_{n+1}, v, dv are stored in the inputs' dtype (bf16 in training), fp32 under
     Triton at K > 128 (the bf16 stores exceeded the H200's shared memory there)."""
     from kernels_pallas.gdn import scan_kernels
-    from kernels_pallas.gdn._common import KernelConfig
+    from kernels_pallas.gdn.common import KernelConfig
     bf16, f32 = jnp.bfloat16, jnp.float32
     cfg = lambda layout: KernelConfig(chunk=64, layout=layout, block_v=64)  # noqa: E731
     assert scan_kernels.store_dtype(cfg("triton"), bf16, 128) == bf16
@@ -126,36 +127,36 @@ def test_fp32_dots_option_is_checked_and_both_settings_agree():
     and on the CPU (full fp32 either way) both settings give the same gradients."""
     q, k, v, g, beta, h0, do = make_inputs(1, 32, 2, 16, 16, seed=9)
     with pytest.raises(ValueError, match="fp32_dots must be"):
-        gated_delta_rule_pallas(q, k, v, g, beta, interpret=True, fp32_dots="bf16")
+        GDNSettings(interpret=True, fp32_dots="bf16")
     grads = []
     for mode in ("tf32", "ieee"):
+        settings = GDNSettings(chunk_size=16, interpret=True, fp32_dots=mode)
         f = lambda *a: jnp.sum(gated_delta_rule_pallas(  # noqa: E731
-            *a, chunk_size=16, interpret=True, fp32_dots=mode)[0] * do)
+            *a, settings=settings)[0] * do)
         grads.append(jax.grad(f, argnums=(0, 1, 2, 3, 4))(q, k, v, g, beta))
     for a, b in zip(*grads):
         assert rel(a, b) < 1e-6
 
 
-def test_pallas_without_a_lowering_names_interpret(monkeypatch):
-    """On a backend with no compiled lowering (CPU), and for a bad interpret value, the error
-    says what to pass (the backend is pinned to "cpu" so this runs on every machine)."""
+def test_pallas_without_a_lowering_names_interpret():
+    """On a platform with no compiled lowering (CPU), and for a bad interpret value, the error
+    says what to pass (the platform is named, so this runs on every machine)."""
     q, k, v, g, beta, _, _ = make_inputs(1, 16, 1, 16, 16)
-    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     with pytest.raises(ValueError, match="interpret=True"):
-        gated_delta_rule(q, k, v, g, beta, impl="pallas")
+        gated_delta_rule(q, k, v, g, beta, settings=GDNSettings(impl="pallas", platform="cpu"))
     with pytest.raises(ValueError, match="interpret must be"):
-        gated_delta_rule(q, k, v, g, beta, impl="pallas", interpret="yes")
+        gated_delta_rule(q, k, v, g, beta, settings=GDNSettings(impl="pallas", interpret="yes"))
 
 
 @pytest.mark.parametrize("K,C,name", [(80, 16, "K"), (16, 24, "chunk_size"), (8, 16, "K")])
-def test_gpu_lowering_names_the_shape_it_refuses(monkeypatch, K, C, name):
-    """The Triton kernels need K and the chunk powers of two >= 16; on a GPU backend (pinned
-    here, so this runs on every machine; the check comes before any lowering) the error names
-    the value."""
+def test_gpu_lowering_names_the_shape_it_refuses(K, C, name):
+    """The Triton kernels need K and the chunk powers of two >= 16; compiled for a GPU (named
+    as the platform, so this runs on every machine; the check comes before any lowering) the
+    error names the value."""
     q, k, v, g, beta, _, _ = make_inputs(1, 32, 1, K, 16)
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     with pytest.raises(ValueError, match=f"on GPU needs {name} a power of two >= 16, got "):
-        gated_delta_rule_pallas(q, k, v, g, beta, chunk_size=C)
+        gated_delta_rule_pallas(q, k, v, g, beta,
+                                settings=GDNSettings(chunk_size=C, platform="gpu"))
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (conftest's CPU devices)")
@@ -195,8 +196,8 @@ def test_identical_layers_share_one_lowering_of_each_kernel():
         def f(q):
             x = q
             for _ in range(n):
-                o, _ = gated_delta_rule(x, k, v, g, beta, impl="pallas", interpret=True,
-                                        chunk_size=16)
+                o, _ = gated_delta_rule(x, k, v, g, beta, settings=GDNSettings(
+                    impl="pallas", interpret=True, chunk_size=16))
                 x = x + o
             return x.sum()
         text = jax.jit(jax.grad(f)).lower(q).as_text()
@@ -218,7 +219,8 @@ def test_recompute_option_gives_the_same_result():
     for recompute in (False, True):
         def loss(*a):
             o, s = gated_delta_rule_pallas(*a, initial_state=h0, output_final_state=True,
-                                           chunk_size=16, interpret=True, recompute=recompute)
+                                           settings=GDNSettings(chunk_size=16, interpret=True,
+                                                                recompute=recompute))
             return jnp.sum(o * do) + jnp.sum(s)
         outs.append(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))(q, k, v, g, beta))
     (l0, g0), (l1, g1) = outs

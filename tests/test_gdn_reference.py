@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kernels_pallas import dispatch
-from kernels_pallas.gdn import gated_delta_rule, gated_delta_rule_step, resolve_impl
+from kernels_pallas.gdn import GDNSettings, gated_delta_rule, gated_delta_rule_step
 
 # (B, T, H, K, V, chunk)
 SHAPES = [(2, 75, 3, 32, 48, 16), (1, 64, 1, 16, 16, 64), (2, 130, 1, 32, 32, 64),
@@ -38,7 +38,7 @@ def rel(a, b):
 def run(impl, q, k, v, g, beta, h0, do, chunk):
     def loss(q, k, v, g, beta, h0):
         o, s = gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                impl=impl, chunk_size=chunk)
+                                settings=GDNSettings(impl=impl, chunk_size=chunk))
         return jnp.sum(o * do) + jnp.sum(s * s) * 0.1, (o, s)
 
     grads, (o, s) = jax.grad(loss, argnums=tuple(range(6)), has_aux=True)(q, k, v, g, beta, h0)
@@ -59,7 +59,8 @@ def test_chunk_reference_matches_recurrent(shape, with_h0):
 
 def test_no_initial_state_equals_zero_state():
     q, k, v, g, beta, h0, _ = make_inputs(1, 20, 2, 8, 8)
-    f = jax.jit(functools.partial(gated_delta_rule, output_final_state=True, chunk_size=8))
+    f = jax.jit(functools.partial(gated_delta_rule, output_final_state=True,
+                                  settings=GDNSettings(chunk_size=8)))
     a, sa = f(q, k, v, g, beta)
     b, sb = f(q, k, v, g, beta, initial_state=jnp.zeros_like(h0))
     np.testing.assert_array_equal(a, b)
@@ -70,8 +71,8 @@ def test_no_initial_state_equals_zero_state():
 def test_decode_step_reproduces_recurrent():
     B, T, H, K, V = 2, 19, 3, 16, 8
     q, k, v, g, beta, h0, _ = make_inputs(B, T, H, K, V, seed=3)
-    ref, ref_state = gated_delta_rule(q, k, v, g, beta, initial_state=h0,
-                                      output_final_state=True, impl="recurrent")
+    ref, ref_state = gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                      settings=GDNSettings(impl="recurrent"))
     state = h0
     step = jax.jit(gated_delta_rule_step)
     for t in range(T):
@@ -113,13 +114,16 @@ def test_bad_shapes_raise_naming_the_tensor():
     with pytest.raises(ValueError, match="initial_state"):
         gated_delta_rule(q, k, v, g, beta, initial_state=h0[:, :1])
     with pytest.raises(ValueError, match="impl"):
-        gated_delta_rule(q, k, v, g, beta, impl="fast")
+        gated_delta_rule(q, k, v, g, beta, settings=GDNSettings(impl="fast"))
 
 
 def test_auto_choice_is_visible():
     q, k, v, g, beta, _, _ = make_inputs(1, 8, 1, 4, 4)
     gated_delta_rule(q, k, v, g, beta)
-    assert dispatch.chosen()[f"gated_delta_rule@{jax.default_backend()}"] == resolve_impl()
+    assert dispatch.chosen()[f"gated_delta_rule@{jax.default_backend()}"] == \
+        GDNSettings().choose()
+    assert GDNSettings(platform="gpu").choose() == GDNSettings(platform="tpu").choose() == "pallas"
+    assert GDNSettings(platform="cpu").choose() == "chunk_reference"
 
 
 @pytest.mark.parametrize("C", [5, 16, 64, 48])

@@ -12,7 +12,7 @@ from flax import nnx
 from hwh_jax.models import ARCHS, HybridLM, count_params, count_params_whole, model_config
 from hwh_jax.layers.mixer import HeadwiseMixer  # noqa: I001  (after models: import cycle)
 from hwh_jax.layers.linear import dense, project
-from hwh_jax.models.config import LayerSpec
+from hwh_jax.layers.config import LayerSpec
 from hwh_jax.models.variants import model_config_from_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""hwh_jax.training.profile: device time by kernel from a Perfetto trace."""
+"""hwh_jax.profiling.profile: device time by kernel from a Perfetto trace."""
 import gzip
 import json
 
@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from hwh_jax.training import profile
+from hwh_jax.profiling import profile
 
 
 def _write_trace(root, events):

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from kernels_pallas.rms_norm import rms_norm
+from kernels_pallas.rms_norm import RMSNormSettings, rms_norm
+
+REFERENCE = RMSNormSettings(impl="reference")
 
 MODES = ["interpret"] + (["compiled"] if jax.default_backend() == "gpu" else [])
 
@@ -53,7 +55,7 @@ def test_reference_backward_matches_autodiff_of_the_formula(dtype, add):
     """Same values bitwise; gradients (the residual path's dh included) within fp32 rounding,
     bf16 within the rounding of the gradients to bf16."""
     x, d, w, dh, dy = make((2, 5, 48), dtype)
-    ref = value_and_grads(lambda x, w, d: rms_norm(x, w, d, impl="reference"), x, d, w, dh, dy,
+    ref = value_and_grads(lambda x, w, d: rms_norm(x, w, d, settings=REFERENCE), x, d, w, dh, dy,
                           add)
     want = value_and_grads(lambda x, w, d: formula(x, w, d) if d is not None else
                            formula(x, w)[1], x, d, w, dh, dy, add)
@@ -79,9 +81,9 @@ SHAPES = [(4, 256, 128), (3, 5, 32), (2, 3, 5, 64)]
 @pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
 def test_pallas_matches_reference(shape, dtype, add, mode):
     x, d, w, dh, dy = make(shape, dtype, seed=len(shape))
-    kw = dict(impl="pallas", interpret=mode == "interpret")
+    kw = dict(settings=RMSNormSettings(impl="pallas", interpret=mode == "interpret"))
     out = value_and_grads(lambda x, w, d: rms_norm(x, w, d, **kw), x, d, w, dh, dy, add)
-    ref = value_and_grads(lambda x, w, d: rms_norm(x, w, d, impl="reference"), x, d, w, dh, dy,
+    ref = value_and_grads(lambda x, w, d: rms_norm(x, w, d, settings=REFERENCE), x, d, w, dh, dy,
                           add)
     tol = 2e-6 if dtype == "float32" else 8e-3
     for name, a, b in zip(("y", "h", "dx", "dd", "dw"), out, ref):
@@ -100,22 +102,19 @@ def test_output_dtype_and_errors():
     with pytest.raises(ValueError, match="delta must have x's shape"):
         rms_norm(x, w, d[:, :2])
     with pytest.raises(ValueError, match="impl='bogus'"):
-        rms_norm(x, w, impl="bogus")
+        RMSNormSettings(impl="bogus")
     with pytest.raises(ValueError, match="power-of-two width, got 24"):
-        rms_norm(jnp.ones((2, 24)), jnp.ones(24), impl="pallas", interpret=True)
-    if jax.default_backend() != "gpu":
-        with pytest.raises(ValueError, match="Triton .GPU. lowering only"):
-            rms_norm(x, w, impl="pallas")
+        rms_norm(jnp.ones((2, 24)), jnp.ones(24),
+                 settings=RMSNormSettings(impl="pallas", interpret=True))
+    with pytest.raises(ValueError, match="Triton .GPU. lowering only"):
+        rms_norm(x, w, settings=RMSNormSettings(impl="pallas", platform="cpu"))
 
 
-def test_auto_takes_the_kernels_on_gpu_where_they_run(monkeypatch):
-    from kernels_pallas import dispatch
-    from kernels_pallas.rms_norm import resolve_impl
-    monkeypatch.setattr(dispatch, "backend", lambda: "gpu")
-    assert resolve_impl("auto", 1024) == "pallas"
-    assert resolve_impl("auto", 768) == "reference"
-    monkeypatch.setattr(dispatch, "backend", lambda: "tpu")
-    assert resolve_impl("auto", 1024) == "reference"
+def test_auto_takes_the_kernels_on_gpu_where_they_run():
+    from kernels_pallas.rms_norm.op import choose
+    assert choose(RMSNormSettings(platform="gpu"), 1024) == "pallas"
+    assert choose(RMSNormSettings(platform="gpu"), 768) == "reference"
+    assert choose(RMSNormSettings(platform="tpu"), 1024) == "reference"
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (conftest's CPU devices)")
@@ -131,7 +130,7 @@ def test_pallas_per_shard_under_a_mesh():
 
     def f(x, d, w, dh, dy):
         def loss(x, d, w):
-            h, y = rms_norm(x, w, d, impl="pallas", interpret=True)
+            h, y = rms_norm(x, w, d, settings=RMSNormSettings(impl="pallas", interpret=True))
             return jnp.sum(h * dh) + jnp.sum(y * dy)
         return jax.grad(loss, argnums=(0, 1, 2))(x, d, w)
 

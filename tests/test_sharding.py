@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import pytest
 
 from hwh_jax.models import model_config
+from hwh_jax.profiling import hlo
 from hwh_jax.training import sharding as shd
-from hwh_jax.training import trainer
+from hwh_jax.training import state as train_state
 from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
 from hwh_jax.training.steps import make_train_step
 
@@ -18,7 +19,7 @@ def test_collectives_reads_combined_and_single_results():
   %b = (f32[2]{0}, /*index=1*/bf16[3,4]{1,0}) all-reduce(%x, %y), to_apply=%add
   %c = f32[] add(%d, %e)
   %s = bf16[16]{0} all-gather-start(%q)'''
-    got = shd.collectives(text)
+    got = hlo.collectives(text)
     assert [(c.op, c.shapes, c.bytes) for c in got] == [
         ("all-gather", ((8, 4),), 128), ("all-reduce", ((2,), (3, 4)), 8 + 24),
         ("all-gather", ((16,),), 32)]
@@ -34,12 +35,12 @@ def test_fsdp_step_gathers_weights_not_activations():
     B, T = 16, 64
     tx, schedule = make_optimizer(OptimizerSpec(lr=1e-3, warmup_steps=1, total_steps=10))
     mesh = shd.make_mesh((1, 8, 1))
-    graphdef, state, state_sh = trainer.train_state_shardings(cfg, tx, mesh)
+    graphdef, state, state_sh = train_state.train_state_shardings(cfg, tx, mesh)
     batch = {k: jax.ShapeDtypeStruct((B, T), jnp.float32 if k == "loss_mask" else jnp.int32)
              for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask")}
-    step = trainer.jit_step(make_train_step(graphdef, tx, schedule), mesh, state_sh,
+    step = train_state.jit_step(make_train_step(graphdef, tx, schedule), mesh, state_sh,
                             out_shardings=(state_sh, None))
-    coll = shd.collectives(step.lower(state, batch).compile().as_text())
+    coll = hlo.collectives(step.lower(state, batch).compile().as_text())
     assert any(c.op == "all-gather" for c in coll)                 # the weights, per layer
     # (the embedding lookup's token ids, [B, T, 1] int32, may travel: 4 bytes a token)
     whole_batch = [c for c in coll for s in c.shapes

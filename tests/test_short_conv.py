@@ -8,7 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels_pallas.short_conv import doc_offsets, short_conv, short_conv_pallas
+from kernels_pallas.short_conv import ShortConvSettings, doc_offsets, short_conv, short_conv_pallas
+
+REFERENCE = ShortConvSettings(impl="reference")
 
 MODES = ["interpret"] + (["compiled"] if jax.default_backend() == "gpu" else [])
 
@@ -49,10 +51,11 @@ def value_and_grads(x, w, seg, dy, *, impl, heads, normalize, block_t=64, scale=
     def loss(x, w):
         if impl == "reference":
             y = short_conv(x, w, seg, heads=heads, normalize=normalize, scale=scale,
-                           impl="reference")
+                           settings=REFERENCE)
         else:
-            y = short_conv_pallas(x, w, seg, heads=heads, normalize=normalize, block_t=block_t,
-                                  scale=scale, interpret=impl == "interpret")
+            settings = ShortConvSettings(block_t=block_t, interpret=impl == "interpret")
+            y = short_conv_pallas(x, w, seg, heads=heads, normalize=normalize, scale=scale,
+                                  settings=settings)
         return jnp.sum(y.astype(jnp.float32) * dy), y
 
     (_, y), (dx, dw) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, w)
@@ -68,9 +71,9 @@ def rel(a, b):
 def test_reference_matches_token_loop(normalize):
     x, w, seg, _ = make(2, 23, 8, seed=1)
     seg = seg.at[1, 9:].set(0)          # an id change to a smaller id, too
-    y = short_conv(x, w, seg, heads=2, normalize=normalize, impl="reference")
+    y = short_conv(x, w, seg, heads=2, normalize=normalize, settings=REFERENCE)
     np.testing.assert_allclose(y, brute_force(x, w, seg, 2, normalize), rtol=2e-5, atol=2e-6)
-    y = short_conv(x, w, None, heads=2, normalize=normalize, impl="reference")
+    y = short_conv(x, w, None, heads=2, normalize=normalize, settings=REFERENCE)
     np.testing.assert_allclose(y, brute_force(x, w, None, 2, normalize), rtol=2e-5, atol=2e-6)
 
 
@@ -150,23 +153,20 @@ def test_errors():
     with pytest.raises(ValueError, match="weight"):
         short_conv(x, w[:, :8])
     with pytest.raises(ValueError, match="impl='bogus'"):
-        short_conv(x, w, impl="bogus")
-    if jax.default_backend() != "gpu":
-        with pytest.raises(ValueError, match="Triton .GPU. lowering only"):
-            short_conv(x, w, impl="pallas")
+        ShortConvSettings(impl="bogus")
+    with pytest.raises(ValueError, match="Triton .GPU. lowering only"):
+        short_conv(x, w, settings=ShortConvSettings(impl="pallas", platform="cpu"))
     with pytest.raises(ValueError, match="4 taps reach 3 rows back, past a tile of 2"):
-        short_conv_pallas(x, w, block_t=2, interpret=True)
+        short_conv_pallas(x, w, settings=ShortConvSettings(block_t=2, interpret=True))
 
 
-def test_auto_takes_the_kernels_on_gpu_where_they_run(monkeypatch):
-    from kernels_pallas import dispatch
-    from kernels_pallas.short_conv import resolve_impl
-    monkeypatch.setattr(dispatch, "backend", lambda: "gpu")
-    assert resolve_impl("auto", 64) == "pallas"
-    assert resolve_impl("auto", 48) == resolve_impl("auto", 8) == "reference"
-    assert resolve_impl("pallas", 48) == "pallas"          # asked for: its own error says why
-    monkeypatch.setattr(dispatch, "backend", lambda: "tpu")
-    assert resolve_impl("auto", 64) == "reference"
+def test_auto_takes_the_kernels_on_gpu_where_they_run():
+    from kernels_pallas.short_conv.op import choose
+    gpu = ShortConvSettings(platform="gpu")
+    assert choose(gpu, 64) == "pallas"
+    assert choose(gpu, 48) == choose(gpu, 8) == "reference"
+    assert choose(gpu.replace(impl="pallas"), 48) == "pallas"   # asked for: its own error says why
+    assert choose(ShortConvSettings(platform="tpu"), 64) == "reference"
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (conftest's CPU devices)")
@@ -182,7 +182,8 @@ def test_pallas_per_shard_under_a_mesh():
 
     def f(x, w, seg, dy):
         def loss(x, w):
-            y = short_conv(x, w, seg, heads=4, normalize=True, impl="pallas", interpret=True)
+            y = short_conv(x, w, seg, heads=4, normalize=True,
+                           settings=ShortConvSettings(impl="pallas", interpret=True))
             return jnp.sum(y * dy)
         return jax.grad(loss, argnums=(0, 1))(x, w)
 

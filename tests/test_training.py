@@ -134,9 +134,9 @@ def test_summary_is_written_before_the_closing_evaluation(corpus, tmp_path, monk
     from hwh_jax.training import trainer
 
     def killed(*args, **kw):
-        raise TimeoutError("the call's time limit")
+        raise TimeoutError("the job's time limit")
 
-    monkeypatch.setattr(trainer, "_final_suite", killed)
+    monkeypatch.setattr(trainer, "run_suite", killed)
     config = small_config(corpus, steps=2)
     config.eval.at_end = True
     with pytest.raises(TimeoutError):
@@ -265,7 +265,7 @@ def test_experiment_configs_match_parameters_and_tokens():
     and perplexity."""
     from configs import experiment
     from hwh_jax.models.params import count_params
-    from hwh_jax.training.trainer import model_from_config
+    from hwh_jax.training.specs import model_config
     params, tokens = {}, set()
     for arch in experiment.ARCHS:
         for L in (512, 1024):
@@ -274,7 +274,7 @@ def test_experiment_configs_match_parameters_and_tokens():
             assert tuple(config.eval.niah_factors) == (1, 2, 4)
             assert set(config.eval.suites) == {"retrieval", "niah", "mqar", "ppl"}
             assert 0 < config.data.retrieval_share < 1
-        params[arch] = count_params(model_from_config(config, 8192))
+        params[arch] = count_params(model_config(config, 8192))
     assert len(tokens) == 1, tokens
     spread = (max(params.values()) - min(params.values())) / min(params.values())
     assert spread <= 0.05, params
@@ -287,7 +287,7 @@ def test_cross_entropy_matches_autodiff_of_the_plain_formula(dtype):
     """token_nll's hand-written backward (d logits in the logits' dtype, one pass) against
     autodiff of the fp32 formula, with a mask and the z-loss; bf16 logits within bf16 rounding."""
     import jax.numpy as jnp
-    from hwh_jax.training.steps import cross_entropy
+    from hwh_jax.layers.loss import cross_entropy
 
     def plain(logits, targets, mask, z_loss):
         l32 = logits.astype(jnp.float32)
@@ -315,7 +315,7 @@ def test_host_gc_freeze_keeps_later_garbage_collectable_and_times_collections():
     import gc
     import weakref
 
-    from hwh_jax.training import host_gc
+    from hwh_jax.profiling import host_gc
 
     class Node:
         pass

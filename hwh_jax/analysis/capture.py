@@ -16,6 +16,8 @@ import jax.numpy as jnp
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class LayerQK:
+    """One FA layer's queries and keys as the attention sees them before rotation, with what
+    the RoPE decomposition needs (frequencies, pairing, scale, GQA grouping)."""
     layer: int = dataclasses.field(metadata=dict(static=True))
     q: jnp.ndarray            # [B, T, H, D] after q-norm, before rotation
     k: jnp.ndarray            # [B, T, G, D]

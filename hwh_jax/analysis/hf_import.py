@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hwh_jax.models.config import LayerSpec, ModelConfig
+from hwh_jax.layers.config import LayerSpec, ModelConfig
 from hwh_jax.models.lm import HybridLM
 
 SUPPORTED = ("qwen3", "llama")

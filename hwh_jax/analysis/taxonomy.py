@@ -25,6 +25,8 @@ import numpy as np
 
 @dataclasses.dataclass
 class Band:
+    """A band of RoPE frequency indices [lo, hi] (the GPBand), its peak and the rotation periods
+    at its ends, in tokens and, given the training length, as a share of it."""
     lo: int                   # first frequency index of the band (higher frequency end)
     hi: int                   # last frequency index (lower frequency end), inclusive
     peak: int

@@ -29,6 +29,8 @@ SOURCES = ("text", "tfds", "arrayrecord")
 
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
+    """Where the training text comes from and how it is tokenised and mixed; every field is the
+    ``data.*`` config key of the same name. ``validate`` checks them and that the files exist."""
     source: str = "text"                  # "text" | "tfds" | "arrayrecord"
     paths: tuple[str, ...] = ("dickens/dickens.zip",)  # text/arrayrecord files (data-dir relative)
     heldout_paths: tuple[str, ...] = ()   # explicit held-out files; else the stream's tail
@@ -140,6 +142,8 @@ def token_stream(spec: DataSpec, tokenizer, heldout: bool = False) -> np.ndarray
 
 @dataclasses.dataclass
 class Splits:
+    """The packed training sequences (with the synthetic retrieval mix, if any), the held-out
+    sequences (None without a held-out share) and the tokenizer that made them."""
     train: PackedSequences | RetrievalMix
     heldout: PackedSequences
     tokenizer: object

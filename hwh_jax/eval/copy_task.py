@@ -14,8 +14,8 @@ import numpy as np
 import optax
 from flax import nnx
 
+from hwh_jax.layers.loss import cross_entropy
 from hwh_jax.models import HybridLM, model_config
-from hwh_jax.training.steps import cross_entropy
 
 
 def copy_batch(rng, batch, length, vocab):

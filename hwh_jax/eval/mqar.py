@@ -17,6 +17,8 @@ IGNORE = -100
 
 @dataclasses.dataclass
 class MqarBatch:
+    """MQAR sequences and their labels: the value token at each query position, IGNORE
+    elsewhere."""
     inputs: np.ndarray   # [N, T] int32
     labels: np.ndarray   # [N, T] int32, IGNORE except at query positions
 

@@ -44,11 +44,12 @@ TASKS = {  # name -> (haystack, value type)
     "niah_single_2": ("essay", "numbers"),
     "niah_single_3": ("essay", "uuids"),
 }
-RULER_DEPTHS = [round(i * 100 / 39) for i in range(40)]  # 40 evenly spaced, as RULER
 
 
 @dataclasses.dataclass
 class NiahSample:
+    """One rendered NIAH prompt: its task, requested length and needle depth, the text, the
+    values the answer must contain, and the prompt's length in the model's tokens."""
     task: str
     length: int          # requested length in tokens (prompt + answer budget)
     depth: int           # percent

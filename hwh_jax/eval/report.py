@@ -14,7 +14,8 @@ import statistics
 from pathlib import Path
 
 from hwh_jax.eval.suite import compare
-from hwh_jax.training.metrics import read_metrics
+from hwh_jax.metrics import read_metrics
+from hwh_jax.plotting import finish_line_chart, pyplot
 
 
 def summarize(workdir: str | Path) -> dict:
@@ -114,7 +115,6 @@ def _eval_state(exp: dict | None) -> str:
 def loss_figure(rows: list[dict], path: Path, smooth: int = 25):
     """Training loss (running mean over ``smooth`` steps) of several runs against step."""
     import numpy as np
-    from hwh_jax.plotting import finish_line_chart, pyplot
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in rows:

@@ -14,6 +14,9 @@ from flax import nnx
 
 
 class Scorer:
+    """A model's per-token log-probabilities and greedy predictions over batches of token
+    sequences, jitted once per bucketed length (for perplexity, MQAR, commonsense, probes)."""
+
     def __init__(self, model, *, batch_size: int = 32, bucket: int = 64, max_len: int = 4096):
         self.graphdef, self.state = nnx.split(model)
         self.batch_size, self.bucket, self.max_len = batch_size, bucket, max_len

@@ -1,9 +1,12 @@
-"""The evaluation suite over one trained run: NIAH, MQAR, perplexity by position, the retrieval
-probe, commonsense.
+"""The evaluation suite over one trained model: NIAH, MQAR, perplexity by position, the
+retrieval probe, commonsense.
 
-``run_suite(run, spec, out_dir)`` evaluates a ``LoadedRun`` (``hwh_jax.training.restore``),
-writes ``results.json`` and its figures under ``out_dir`` and returns the results; ``compare``
-draws the cross-model figures (extrapolation chart, perplexity vs position).
+``run_suite(subject, spec, out_dir)`` evaluates an ``EvalModel`` (a model with its tokenizer,
+training length and held-out text; ``hwh_jax.training.restore.LoadedRun.eval_model()`` makes
+one from a workdir), writes ``results.json`` and its figures under ``out_dir`` and returns the
+results; ``compare`` draws the cross-model figures (extrapolation chart, perplexity vs
+position). ``EvalSpec`` holds every setting and its default (run configs' ``eval`` section and
+``launch.eval``'s flags are built from it).
 """
 from __future__ import annotations
 
@@ -11,19 +14,44 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from hwh_jax.eval import commonsense, mqar, niah, perplexity, plots
 from hwh_jax.eval.retrieval_probe import retrieval_probe
 from hwh_jax.eval.scoring import Scorer
+from hwh_jax.data.sources import read_text
 from hwh_jax.inference.generate import Generator
 
 SUITES = ("niah", "mqar", "ppl", "retrieval", "commonsense")
 
 
 @dataclasses.dataclass
+class EvalModel:
+    """What the suite evaluates: a model with its tokenizer, its training length (NIAH and
+    perplexity lengths are multiples of it), a name for tables and plots, and its held-out
+    token stream (an array, or a function that builds it on first use)."""
+    model: object                       # a HybridLM
+    tokenizer: object
+    train_len: int
+    name: str
+    arch: str = ""
+    step: int = 0
+    workdir: str = ""
+    heldout: np.ndarray | Callable[[], np.ndarray] | None = None
+
+    def heldout_stream(self) -> np.ndarray:
+        if self.heldout is None:
+            raise ValueError(f"{self.name} has no held-out text; set the eval spec's ppl_text")
+        if callable(self.heldout):
+            self.heldout = np.asarray(self.heldout())
+        return self.heldout
+
+
+@dataclasses.dataclass
 class EvalSpec:
+    """Which suites run and how; the one place the evaluation's defaults live."""
     suites: tuple = ("niah", "ppl")
     batch_size: int = 8
     niah_tasks: tuple = tuple(niah.TASKS)
@@ -60,38 +88,34 @@ def depth_grid(n: int) -> list[int]:
     return [0] if n == 1 else [round(i * 100 / (n - 1)) for i in range(n)]
 
 
-def _heldout_stream(run, spec: EvalSpec) -> np.ndarray:
+def _heldout_stream(subject: EvalModel, spec: EvalSpec) -> np.ndarray:
     if spec.ppl_text:
-        text = Path(spec.ppl_text).read_text(encoding="utf-8", errors="replace")
-        return np.asarray(run.tokenizer.encode(text), np.int32)
-    from hwh_jax.data.pipeline import build_splits
-    from hwh_jax.training.trainer import run_specs
-    data_spec, _ = run_specs(run.config)
-    splits = build_splits(data_spec, run.config.seq_len)
-    if splits.heldout is None:
-        raise ValueError("the run has no held-out split; pass ppl_text")
-    return np.asarray(splits.heldout.stream)
+        return np.asarray(subject.tokenizer.encode(read_text(Path(spec.ppl_text))), np.int32)
+    return subject.heldout_stream()
+
+
+def _tupled(value):
+    return tuple(_tupled(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def spec_from_config(e) -> EvalSpec:
-    """EvalSpec from a run config's ``eval`` section."""
-    return EvalSpec(suites=tuple(e.suites), batch_size=e.batch_size,
-                    niah_tasks=tuple(e.niah_tasks), niah_factors=tuple(e.niah_factors),
-                    niah_depths=e.niah_depths, ppl_factor=e.ppl_factor,
-                    commonsense_limit=e.commonsense_limit)
+    """EvalSpec from a run config's ``eval`` section (its fields, plus ``at_end``)."""
+    fields = {f.name for f in dataclasses.fields(EvalSpec)}
+    return EvalSpec(**{k: _tupled(v) for k, v in e.items() if k in fields})
 
 
-def run_suite(run, spec: EvalSpec, out_dir: str | Path, log=print,
-              heldout_stream: np.ndarray | None = None) -> dict:
+def run_suite(subject: EvalModel, spec: EvalSpec, out_dir: str | Path, log=print) -> dict:
+    """Every suite of ``spec`` on ``subject``; ``results.json`` is rewritten after each."""
     spec.validate()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    L = int(run.config.seq_len)
-    tok = run.tokenizer
-    results = {"model": run.name, "arch": run.model_cfg.arch, "step": run.step,
-               "workdir": str(run.workdir), "train_len": L, "spec": dataclasses.asdict(spec)}
+    L = int(subject.train_len)
+    tok = subject.tokenizer
+    results = {"model": subject.name, "arch": subject.arch, "step": subject.step,
+               "workdir": str(subject.workdir), "train_len": L,
+               "spec": dataclasses.asdict(spec)}
     max_len = int(L * max(max(spec.niah_factors), spec.ppl_factor))
-    scorer = Scorer(run.model, batch_size=spec.batch_size, max_len=max_len)
+    scorer = Scorer(subject.model, batch_size=spec.batch_size, max_len=max_len)
     t0 = time.time()
 
     def save(finished: bool):
@@ -111,8 +135,7 @@ def run_suite(run, spec: EvalSpec, out_dir: str | Path, log=print,
         save(False)
 
     if "ppl" in spec.suites or "retrieval" in spec.suites:
-        stream = heldout_stream if heldout_stream is not None and not spec.ppl_text else \
-            _heldout_stream(run, spec)
+        stream = _heldout_stream(subject, spec)
     if "retrieval" in spec.suites:   # first: one forward pass per batch, in the log at once
         results["retrieval"] = retrieval_probe(scorer, tok, stream, L,
                                                num=spec.retrieval_documents, log=log)
@@ -121,20 +144,20 @@ def run_suite(run, spec: EvalSpec, out_dir: str | Path, log=print,
         lengths = [int(f * L) for f in spec.niah_factors]
         # prompts padded to multiples of L, prefilled in chunks of L, one cache size for all
         # lengths: one compiled init, prefill and decode for the whole sweep
-        gen = Generator(run.model, eos_id=tok.eos_id, vocab=tok.vocab_size, pad_id=tok.pad_id,
+        gen = Generator(subject.model, eos_id=tok.eos_id, vocab=tok.vocab_size, pad_id=tok.pad_id,
                         prefill_chunk=L, length_multiple=L,
                         cache_len=-(-max(lengths) // L) * L + niah.answer_budget(spec.niah_tasks))
         rows = niah.run_niah(gen, tok, tasks=spec.niah_tasks, lengths=lengths,
                              depths=depth_grid(spec.niah_depths), samples=spec.niah_samples,
                              batch_size=spec.batch_size, log=log, on_length=niah_partial)
         for t in spec.niah_tasks:
-            plots.niah_heatmap(rows, t, f"{run.name}: {t}", out_dir / f"niah_{t}.png", L)
+            plots.niah_heatmap(rows, t, f"{subject.name}: {t}", out_dir / f"niah_{t}.png", L)
     if "ppl" in spec.suites:
         bucket = max(L // spec.ppl_buckets_per_train_len, 1)
         results["ppl"] = perplexity.ppl_by_position(
             scorer, stream, max_len=spec.ppl_factor * L, bucket=bucket,
             max_windows=spec.ppl_windows, log=log)
-        plots.ppl_chart({run.name: results["ppl"]}, out_dir / "ppl_by_position.png", L)
+        plots.ppl_chart({subject.name: results["ppl"]}, out_dir / "ppl_by_position.png", L)
         save(False)
     if "mqar" in spec.suites:
         vocab = spec.mqar_vocab or min(tok.vocab_size, 8192)

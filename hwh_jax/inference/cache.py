@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from hwh_jax.models.config import ModelConfig
+from hwh_jax.layers.config import ModelConfig
 from hwh_jax.models.lm import HybridLM
 
 

@@ -12,8 +12,7 @@ The Generator keeps its own copy of the model's matrices (every floating paramet
 more dimensions: projections, embedding, convolution kernels) in the compute dtype. Every layer
 casts them to that dtype before use, so the outputs are the same bit for bit, while a decode
 step at batch 1, bound by reading the weights, reads half the bytes of fp32 parameters and
-skips their conversion (HwH-380m at 32K on the H200: 3.32 -> 3.18 ms per token; the
-Transformer 3.30 -> 3.04; docs/benchmarks.md).
+skips their conversion (docs/benchmarks.md has the decode times).
 """
 from __future__ import annotations
 

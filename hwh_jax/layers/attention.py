@@ -19,28 +19,42 @@ from flax import nnx
 
 import kernels_pallas
 from hwh_jax.layers.linear import dense
-from hwh_jax.layers.nnx_compat import data
+from hwh_jax.layers.variables import data
+from kernels_pallas.attention import AttentionSettings
+from kernels_pallas.rms_norm import RMSNormSettings
 from hwh_jax.layers.norms import RMSNorm
 from hwh_jax.layers.rope import apply_rope, scaled_frequencies
 
 
 class FullAttentionHeads(nnx.Module):
+    """``num_heads`` softmax-attention heads of dim D over the normalised input x [B, T, d]
+    (module docstring):
+
+    1. Project: q [B, T, n*D], k, v [B, T, (n / q_per_kv)*D] (``projections()``).
+    2. Split heads; RMSNorm q and k per head if ``qk_norm``; RoPE on both if ``rope`` (NoPE
+       heads get no position signal at all).
+    3. Causal attention (a sliding ``window`` if set; within documents given segment ids)
+       through ``kernels_pallas.attention`` -> [B, T, n*D].
+    """
+
     def __init__(self, d_model: int, num_heads: int, head_dim: int, *, q_per_kv: int = 1,
                  rope: bool, rope_theta: float = 10000.0, rope_pairing: str = "half",
                  rope_scaling: tuple = (),
                  window: int | None = None, qk_norm: bool = False, norm_eps: float = 1e-6,
-                 impl: str = "auto", norm_impl: str = "auto", dtype, param_dtype,
+                 settings: AttentionSettings | None = None,
+                 norm_settings: RMSNormSettings | None = None, dtype, param_dtype,
                  rngs: nnx.Rngs):
         self.num_heads, self.head_dim = num_heads, head_dim
         self.num_kv = num_heads // q_per_kv
         self.rope, self.rope_theta, self.rope_pairing = rope, rope_theta, rope_pairing
         self.rope_scaling = tuple(rope_scaling)
-        self.window, self.impl, self.dtype = window, impl, dtype
+        self.window, self.dtype = window, dtype
+        self.settings = AttentionSettings() if settings is None else settings
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.q_proj = dense(d_model, num_heads * head_dim, ("embed", "heads"), **kw)
         self.k_proj = dense(d_model, self.num_kv * head_dim, ("embed", "kv_heads"), **kw)
         self.v_proj = dense(d_model, self.num_kv * head_dim, ("embed", "kv_heads"), **kw)
-        norm_kw = dict(eps=norm_eps, dtype=dtype, param_dtype=param_dtype, impl=norm_impl)
+        norm_kw = dict(eps=norm_eps, dtype=dtype, param_dtype=param_dtype, settings=norm_settings)
         self.q_norm = data(RMSNorm(head_dim, **norm_kw) if qk_norm else None)
         self.k_norm = data(RMSNorm(head_dim, **norm_kw) if qk_norm else None)
 
@@ -77,7 +91,7 @@ class FullAttentionHeads(nnx.Module):
             kw = dict(pairing=self.rope_pairing, frequencies=self.frequencies())
             q, k = apply_rope(q, positions, **kw), apply_rope(k, positions, **kw)
         o = kernels_pallas.attention(q, k, v, causal=True, window=self.window,
-                                     segment_ids=segment_ids, impl=self.impl)
+                                     segment_ids=segment_ids, settings=self.settings)
         return o.reshape(B, T, self.num_heads * self.head_dim)
 
     # ------------------------------------------------------------ inference
@@ -123,7 +137,7 @@ class FullAttentionHeads(nnx.Module):
         if fresh:
             o = self._fresh_attention(q, k, v, start)
         else:   # prefill chunks: blockwise over the cache (O(Tn x block) memory, the cache's
-            # dtype in the products); a decode step (Tn = 1): the fp32 reference (session 10)
+            # dtype in the products); a decode step (Tn = 1): the fp32 reference
             attend = (kernels_pallas.cached_attention_blockwise if Tn > 1
                       else kernels_pallas.cached_attention)
             o = attend(q, keys, vals, q_time=times, k_time=k_time, k_start=start,
@@ -142,6 +156,6 @@ class FullAttentionHeads(nnx.Module):
         front = jnp.minimum(t + start[:, None], Tn - 1)
         o = kernels_pallas.attention(roll(q.astype(k.dtype), front), roll(k, front),
                                      roll(v, front), causal=True, window=self.window,
-                                     impl=self.impl)
+                                     settings=self.settings)
         o = roll(o, jnp.maximum(t - start[:, None], 0))
         return jnp.where((t >= start[:, None])[..., None, None], o, 0).astype(q.dtype)

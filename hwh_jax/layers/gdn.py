@@ -30,24 +30,30 @@ from flax import nnx
 import kernels_pallas
 from hwh_jax.layers.linear import dense
 from hwh_jax.layers.norms import GatedRMSNorm
-from kernels_pallas.short_conv import causal_conv1d, short_conv, silu_norm
+from hwh_jax.layers.variables import partitioned
+from kernels_pallas.gdn import GDNSettings
+from kernels_pallas.short_conv import ShortConvSettings, causal_conv1d, short_conv, silu_norm
 
 RESET_LOG_DECAY = -80.0  # g at a document start: alpha = e^-80 ~ 2e-35 wipes the state
 
 
 class ShortConv(nnx.Module):
-    def __init__(self, channels: int, width: int, *, impl: str = "auto", param_dtype,
-                 rngs: nnx.Rngs):
-        init = nnx.with_partitioning(_conv_init, ("conv", "heads"))
+    """A causal depthwise convolution of ``width`` taps over ``channels``, its SiLU and, for q
+    and k, the per-head L2 norm: one ``kernels_pallas.short_conv`` op, weight [width, channels].
+    """
+
+    def __init__(self, channels: int, width: int, *, settings: ShortConvSettings | None = None,
+                 param_dtype, rngs: nnx.Rngs):
+        init = partitioned(_conv_init, ("conv", "heads"))
         self.kernel = nnx.Param(init(rngs.params(), (width, channels), param_dtype))
-        self.impl = impl
+        self.settings = ShortConvSettings() if settings is None else settings
 
     def __call__(self, x, segment_ids=None, *, heads: int = 1, normalize: bool = False,
                  scale: float = 1.0):
         """SiLU(conv(x)) [B, T, C], L2-normalised per head and times ``scale`` if ``normalize``
         (``kernels_pallas.short_conv``)."""
         return short_conv(x, self.kernel[...], segment_ids, heads=heads, normalize=normalize,
-                          scale=scale, impl=self.impl)
+                          scale=scale, settings=self.settings)
 
 def _conv_init(key, shape, dtype):
     bound = 1.0 / math.sqrt(shape[0])  # PyTorch Conv1d default for a depthwise kernel
@@ -66,12 +72,28 @@ def _a_log_init(key, shape, dtype):
 
 
 class GatedDeltaNetHeads(nnx.Module):
+    """``num_heads`` Gated DeltaNet heads over the normalised input x [B, T, d] (module
+    docstring for the formulas), n heads, key dim K, value dim V:
+
+    1. Project: q, k [B, T, n*K], v, gate [B, T, n*V], a, b [B, T, n] (``projections()``; the
+       mixer computes them for all its heads at once).
+    2. Short convolutions with SiLU: q and k L2-normalised per head, q times K**-0.5
+       (``ShortConv``) -> q, k [B, T, n, K], v [B, T, n, V].
+    3. Gates (``gates``): beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias) [B, T, n],
+       g set to -80 at a document's first token (the state restarts).
+    4. The gated delta rule over time (``kernels_pallas.gated_delta_rule``, the state
+       [B, n, K, V] in fp32) -> o [B, T, n, V].
+    5. Gated norm: RMSNorm(o) * SiLU(gate) per head over V -> [B, T, n*V].
+    """
+
     def __init__(self, d_model: int, num_heads: int, key_dim: int, value_dim: int, *,
-                 conv_size: int = 4, norm_eps: float = 1e-6, impl: str = "auto",
-                 conv_impl: str = "auto", chunk_size: int = 64, dtype, param_dtype,
+                 conv_size: int = 4, norm_eps: float = 1e-6,
+                 settings: GDNSettings | None = None,
+                 conv_settings: ShortConvSettings | None = None, dtype, param_dtype,
                  rngs: nnx.Rngs):
         self.num_heads, self.key_dim, self.value_dim = num_heads, key_dim, value_dim
-        self.impl, self.chunk_size, self.dtype = impl, chunk_size, dtype
+        self.settings = GDNSettings() if settings is None else settings
+        self.dtype = dtype
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.q_proj = dense(d_model, num_heads * key_dim, ("embed", "heads"), **kw)
         self.k_proj = dense(d_model, num_heads * key_dim, ("embed", "heads"), **kw)
@@ -79,12 +101,12 @@ class GatedDeltaNetHeads(nnx.Module):
         self.g_proj = dense(d_model, num_heads * value_dim, ("embed", "heads"), **kw)
         self.a_proj = dense(d_model, num_heads, ("embed", "heads"), **kw)
         self.b_proj = dense(d_model, num_heads, ("embed", "heads"), **kw)
-        conv_kw = dict(impl=conv_impl, param_dtype=param_dtype, rngs=rngs)
+        conv_kw = dict(settings=conv_settings, param_dtype=param_dtype, rngs=rngs)
         self.q_conv = ShortConv(num_heads * key_dim, conv_size, **conv_kw)
         self.k_conv = ShortConv(num_heads * key_dim, conv_size, **conv_kw)
         self.v_conv = ShortConv(num_heads * value_dim, conv_size, **conv_kw)
-        a_init = nnx.with_partitioning(_a_log_init, ("heads",))
-        dt_init = nnx.with_partitioning(_dt_bias_init, ("heads",))
+        a_init = partitioned(_a_log_init, ("heads",))
+        dt_init = partitioned(_dt_bias_init, ("heads",))
         self.A_log = nnx.Param(a_init(rngs.params(), (num_heads,), param_dtype))
         self.dt_bias = nnx.Param(dt_init(rngs.params(), (num_heads,), param_dtype))
         self.o_norm = GatedRMSNorm(value_dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype)
@@ -115,14 +137,14 @@ class GatedDeltaNetHeads(nnx.Module):
         B, T, _ = q.shape
         n, K, V = self.num_heads, self.key_dim, self.value_dim
         # the query scale K**-0.5 is applied by q's normalising pass, not by a pass of its own
-        # in the GDN op (2.2 ms of HwH-380m's 2K step at 44 sequences on the H200, session 18)
+        # in the GDN op
         q = self.q_conv(q, segment_ids, heads=n, normalize=True, scale=K ** -0.5)
         q = q.reshape(B, T, n, K)
         k = self.k_conv(k, segment_ids, heads=n, normalize=True).reshape(B, T, n, K)
         v = self.v_conv(v, segment_ids, heads=n).reshape(B, T, n, V)
         beta, g = self.gates(a, b, segment_ids)
-        o, _ = kernels_pallas.gated_delta_rule(q, k, v, g, beta, scale=1.0, impl=self.impl,
-                                               chunk_size=self.chunk_size)
+        o, _ = kernels_pallas.gated_delta_rule(q, k, v, g, beta, scale=1.0,
+                                               settings=self.settings)
         return self.o_norm(o, gate.reshape(B, T, n, V)).reshape(B, T, n * V)
 
     # ------------------------------------------------------------ inference
@@ -139,9 +161,8 @@ class GatedDeltaNetHeads(nnx.Module):
         q, k and v share one convolution window (the last W-1 inputs, [B, W-1, n*(2K+V)]): one
         concatenation and one convolution where there were three (the convolution is depthwise,
         so the values are those of three). The barrier keeps XLA from fusing the projection
-        into the window's concatenation: at one token it did, as a reduction one thread per
-        column, and the decode step of HwH-380m took 4.18 ms instead of 3.32 (H200,
-        docs/benchmarks.md)."""
+        into the window's concatenation, which at one token it does as a slow reduction of one
+        thread per column (docs/benchmarks.md)."""
         q, k, v, b, a, gate = proj
         B, Tn, _ = q.shape
         n, K, V = self.num_heads, self.key_dim, self.value_dim
@@ -164,6 +185,6 @@ class GatedDeltaNetHeads(nnx.Module):
         else:
             o, state = kernels_pallas.gated_delta_rule(
                 q, k, v, g, beta, initial_state=cache["state"], output_final_state=True,
-                impl=self.impl, chunk_size=self.chunk_size)
+                settings=self.settings)
         out = self.o_norm(o, gate.reshape(B, Tn, n, V)).reshape(B, Tn, n * V)
         return out, {"state": state, "conv": xp[:, xp.shape[1] - window.shape[1]:]}

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from hwh_jax.layers.variables import partitioned
+
 INIT_STD = 0.02  # GPT-2 / Llama-style init; output projections get INIT_STD / sqrt(2 L)
 GEMM_ALIGN = 8   # XLA pads a bf16 GEMM's dimension that is not a multiple of this (``project``)
 
@@ -18,8 +20,8 @@ def dense(d_in: int, d_out: int, names: tuple[str, str], *, std: float = INIT_ST
     """nnx.Linear [d_in, d_out] with normal(std) init and logical axis names ``names``."""
     return nnx.Linear(
         d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
-        kernel_init=nnx.with_partitioning(nnx.initializers.normal(std), names),
-        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (names[1],)))
+        kernel_init=partitioned(nnx.initializers.normal(std), names),
+        bias_init=partitioned(nnx.initializers.zeros_init(), (names[1],)))
 
 
 def project(x, layers) -> list:
@@ -31,14 +33,12 @@ def project(x, layers) -> list:
     Autodiff sums the input gradients of several projections as ``add(sum so far, new
     product)``. XLA's GEMM rewriter folds such a sum into the new product's GEMM (beta = 1)
     only when the first GEMM it matches has none folded yet, so in a chain every other sum
-    stayed a pass of its own: 70 adds of [90112, 1024] a step, 9.2 ms of HwH-380m's 2K step at
-    44 sequences on an H200 (docs/benchmarks.md, session 18). Here each sum is
-    ``add(new product, sum so far)``, in autodiff's order (the last projection's product
-    first). A product whose contraction XLA pads (a width not a multiple of 8: GDN's a and b,
-    one column a head) is a GEMM that takes no sum folded in, so two of them left one add a
-    layer (22 a step, 2.9 ms, session 20); the narrow layers are therefore one GEMM over their
-    concatenated weights, forward, input gradient and weight gradient, and their product
-    starts the sum. Values: autodiff's where there is at most one narrow layer (bitwise on the
+    stayed a pass of its own (docs/benchmarks.md). Here each sum is ``add(new product, sum so
+    far)``, in autodiff's order (the last projection's product first). A product whose
+    contraction XLA pads (a width not a multiple of 8: GDN's a and b, one column a head) is a
+    GEMM that takes no sum folded in, so two of them would leave one add a layer; the narrow
+    layers are therefore one GEMM over their concatenated weights, forward, input gradient and
+    weight gradient, and their product starts the sum. Values: autodiff's where there is at most one narrow layer (bitwise on the
     CPU); otherwise the narrow products' sum is taken in the GEMM's fp32 accumulator."""
     dtype = layers[0].dtype
     if any(layer.dtype != dtype or layer.bias is not None for layer in layers):

@@ -10,10 +10,9 @@ GDN layer n_fa = 0, a layer-wise hybrid alternates the two, HwH mixes them insid
 Inference (``extend``) computes the input projections of both branches (FA: q, k, v; GDN: q, k,
 v, b, a, gate) as one matmul over their weights concatenated at each call; the parameters stay
 separate, so checkpoints and imports do not change. Decoding one token is a string of small
-kernels, and one where there were up to nine took HwH-380m's decode step at 32K from 3.18 to
-2.73 ms on the H200. Training keeps one matmul per projection: fused there, the step's device
-time rose from 231 to 241 ms (HwH-380m, 2K; the concatenated widths got slower GEMM kernels and
-the output gradients have to be concatenated again). Both in docs/benchmarks.md.
+kernels, and one GEMM where there were up to nine shortens it. Training keeps one matmul per
+projection (``linear.project``): fused there, the concatenated widths get slower GEMM kernels
+and the output gradients have to be concatenated again (docs/benchmarks.md has both timings).
 """
 from __future__ import annotations
 
@@ -25,14 +24,25 @@ import numpy as np
 from flax import nnx
 
 from hwh_jax.layers.attention import FullAttentionHeads
+from hwh_jax.layers.config import LayerSpec, ModelConfig
 from hwh_jax.layers.gdn import GatedDeltaNetHeads
 from hwh_jax.layers.linear import INIT_STD, dense, project
-from hwh_jax.layers.nnx_compat import data
-from hwh_jax.models.config import LayerSpec, ModelConfig
+from hwh_jax.layers.variables import data
 from kernels_pallas.sharding import constrain
 
 
 class HeadwiseMixer(nnx.Module):
+    """One layer's token mixer: ``spec.num_fa`` FA heads and ``spec.num_la`` GDN heads side by
+    side over the same input x [B, T, d] (module docstring).
+
+    1. Project x for every head of both branches (``project``: FA q, k, v; GDN q, k, v, b, a,
+       gate), each kept [B, T, width] with rows over the batch axes.
+    2. FA branch: attention over its q, k, v -> [B, T, n_fa * D].
+    3. GDN branch: short convolutions, gates, the gated delta rule, the gated norm
+       -> [B, T, n_la * V].
+    4. Concatenate the two along the last axis and apply ``o_proj`` -> [B, T, d].
+    """
+
     def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, rngs: nnx.Rngs):
         kw = dict(dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, rngs=rngs)
         self.fa = data(None if not spec.num_fa else FullAttentionHeads(
@@ -40,12 +50,11 @@ class HeadwiseMixer(nnx.Module):
                 rope=spec.fa_rope, rope_theta=cfg.rope_theta, rope_pairing=cfg.rope_pairing,
                 rope_scaling=cfg.rope_scaling,
                 window=spec.window, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
-                impl=cfg.attn_impl, norm_impl=cfg.norm_impl, **kw))
+                settings=cfg.attention_settings(), norm_settings=cfg.norm_settings(), **kw))
         self.la = data(None if not spec.num_la else GatedDeltaNetHeads(
                 cfg.d_model, spec.num_la, cfg.la_key_dim, cfg.la_value_dim,
-                conv_size=cfg.conv_size, norm_eps=cfg.norm_eps, impl=cfg.gdn_impl,
-                conv_impl=cfg.conv_impl,
-                chunk_size=cfg.gdn_chunk_size, **kw))
+                conv_size=cfg.conv_size, norm_eps=cfg.norm_eps, settings=cfg.gdn_settings(),
+                conv_settings=cfg.conv_settings(), **kw))
         self.dtype = cfg.compute_dtype
         width = spec.num_fa * cfg.head_dim + spec.num_la * cfg.la_value_dim
         self.o_proj = dense(width, cfg.d_model, ("heads", "embed"),

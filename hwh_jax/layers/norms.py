@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kernels_pallas.rms_norm import norm_grads, rms_norm, rms_stats
+from hwh_jax.layers.variables import partitioned
+from kernels_pallas.rms_norm import RMSNormSettings, norm_grads, rms_norm, rms_stats
 
 f32 = jnp.float32
 
@@ -25,22 +26,24 @@ class RMSNorm(nnx.Module):
     """y = x / rms(x) * weight, over the last axis; statistics in fp32 (Zhang & Sennrich 2019)."""
 
     def __init__(self, dim: int, *, eps: float = 1e-6, dtype=jnp.float32,
-                 param_dtype=jnp.float32, axis_name: str = "norm", impl: str = "auto"):
-        ones = nnx.with_partitioning(nnx.initializers.ones_init(), (axis_name,))
+                 param_dtype=jnp.float32, axis_name: str = "norm",
+                 settings: RMSNormSettings | None = None):
+        ones = partitioned(nnx.initializers.ones_init(), (axis_name,))
         self.weight = nnx.Param(ones(jax.random.key(0), (dim,), param_dtype))
         self.eps = eps
         self.dtype = dtype
-        self.impl = impl
+        self.settings = RMSNormSettings() if settings is None else settings
 
     def __call__(self, x):
-        return rms_norm(x, self.weight[...], eps=self.eps, dtype=self.dtype, impl=self.impl)
+        return rms_norm(x, self.weight[...], eps=self.eps, dtype=self.dtype,
+                        settings=self.settings)
 
     def add(self, x, delta):
         """(h, self(h)) with h = x + delta (x's dtype), in one pass; delta None: (x, self(x))."""
         if delta is None:
             return x, self(x)
         return rms_norm(x, self.weight[...], delta, eps=self.eps, dtype=self.dtype,
-                        impl=self.impl)
+                        settings=self.settings)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))

@@ -1,5 +1,5 @@
 """Model family: config, schedules, sizes, the LM itself and parameter counting."""
-from hwh_jax.models.config import LayerSpec, ModelConfig
+from hwh_jax.layers.config import LayerSpec, ModelConfig
 from hwh_jax.models.lm import HybridLM
 from hwh_jax.models.params import count_params, count_params_whole, param_table
 from hwh_jax.models.variants import ARCHS, SIZES, model_config

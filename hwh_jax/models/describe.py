@@ -1,20 +1,12 @@
 """Human-readable summaries of a ModelConfig: parameter counts and the per-layer allocation."""
 from __future__ import annotations
 
-from hwh_jax.models.config import ModelConfig
+import numpy as np
+
+from hwh_jax.layers.config import ModelConfig
 from hwh_jax.models.params import param_table
 from hwh_jax.models.variants import ARCHS, SIZES, model_config
-
-
-def allocation_string(cfg: ModelConfig) -> str:
-    """e.g. 'FA 0,3,3,0 | LA 8,5,5,8' plus RoPE/window markers."""
-    fa = ",".join(str(n) for n in cfg.fa_heads)
-    la = ",".join(str(n) for n in cfg.la_heads)
-    rope = {s.fa_rope for s in cfg.layers if s.num_fa}
-    windows = sorted({s.window for s in cfg.layers if s.num_fa and s.window})
-    pe = "RoPE" if rope == {True} else "NoPE" if rope == {False} else "RoPE+NoPE" if rope else "-"
-    extra = f", window {windows[0]}" if windows else ""
-    return f"FA {fa} | LA {la} (FA {pe}{extra})"
+from hwh_jax.plotting import pyplot
 
 
 def describe(cfg: ModelConfig) -> str:
@@ -47,3 +39,34 @@ def markdown_table(sizes=tuple(SIZES), archs=ARCHS) -> str:
                         f"| {cfg.mlp_hidden} | {cfg.fa_share:.3f} | "
                         f"{','.join(map(str, cfg.fa_heads))} |")
     return "\n".join(rows)
+
+
+def plot_allocation(configs: dict, path) -> None:
+    """One panel per ``{name: ModelConfig}``: layers (rows, first at the top) x head slots, each
+    head coloured by kind (FA with RoPE, FA without position encoding, sliding-window FA,
+    Gated DeltaNet)."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+    kinds = [("GDN head", "#d9e6f2"), ("FA, NoPE", "#c0392b"), ("FA, RoPE", "#f0a030"),
+             ("FA, sliding window", "#8e7cc3")]
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(configs), figsize=(2.6 * len(configs) + 0.4, 4.6),
+                             squeeze=False)
+    for ax, (name, cfg) in zip(axes[0], configs.items()):
+        width = max(s.num_fa + s.num_la for s in cfg.layers)
+        grid = np.zeros((cfg.num_layers, width))
+        for l, s in enumerate(cfg.layers):
+            kind = 3 if s.window else 2 if s.fa_rope else 1
+            grid[l, :s.num_fa] = kind
+        ax.imshow(grid, cmap=ListedColormap([c for _, c in kinds]), vmin=0, vmax=3,
+                  aspect="auto", interpolation="nearest")
+        ax.set_xticks([])
+        ax.set_yticks(range(0, cfg.num_layers, 4))
+        ax.set_title(f"{name}\nFA share {cfg.fa_share:.2f}", fontsize=9)
+        ax.set_xlabel(f"{width} heads a layer", fontsize=8)
+    axes[0][0].set_ylabel("layer")
+    fig.legend(handles=[Patch(color=c, label=k) for k, c in kinds], loc="lower center",
+               ncol=len(kinds), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -21,19 +21,23 @@ import math
 import jax.numpy as jnp
 from flax import nnx
 
+from hwh_jax.layers.config import LayerSpec, ModelConfig
 from hwh_jax.layers.linear import INIT_STD, dense, dot_last
 from hwh_jax.layers.mixer import HeadwiseMixer
 from hwh_jax.layers.mlp import SwiGLU
 from hwh_jax.layers.norms import RMSNorm
-from hwh_jax.layers.nnx_compat import data
-from hwh_jax.models.config import LayerSpec, ModelConfig
+from hwh_jax.layers.variables import data, partitioned
 from kernels_pallas.sharding import constrain
 
 
 class Block(nnx.Module):
+    """One pre-norm residual layer [B, T, d] -> [B, T, d]:
+    h = x + Mixer(RMSNorm(x)), then h + SwiGLU(RMSNorm(h)); the mixer is the ``LayerSpec``'s
+    head-wise mixer. ``residual`` defers each add to the norm after it (one pass on a GPU)."""
+
     def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, rngs: nnx.Rngs):
         norm_kw = dict(eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
-                       impl=cfg.norm_impl)
+                       settings=cfg.norm_settings())
         self.mixer_norm = RMSNorm(cfg.d_model, **norm_kw)
         self.mixer = HeadwiseMixer(cfg, spec, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg.d_model, **norm_kw)
@@ -59,14 +63,25 @@ class Block(nnx.Module):
 
 
 class HybridLM(nnx.Module):
+    """The decoder-only LM of a ``ModelConfig`` (module docstring), tokens [B, T] -> logits
+    [B, T, vocab] fp32:
+
+    1. ``embed_tokens``: rows of the fp32 table, cast to the compute dtype -> [B, T, d].
+    2. For each layer's ``Block`` (its ``LayerSpec``): x + Mixer(RMSNorm(x)), then
+       + SwiGLU(RMSNorm(.)); each add is carried into the next norm (``Block.residual``).
+    3. ``final_norm`` -> h [B, T, d] (``hidden``); ``logits``: h @ the head (the embedding
+       transposed when tied, ``head_weight``).
+
+    Inference: ``init_cache`` and ``extend`` (prompt chunks or single tokens over a cache)."""
+
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        init = nnx.with_partitioning(nnx.initializers.normal(INIT_STD), ("vocab", "embed"))
+        init = partitioned(nnx.initializers.normal(INIT_STD), ("vocab", "embed"))
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype,
                                param_dtype=cfg.weight_dtype, embedding_init=init, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, spec, rngs=rngs) for spec in cfg.layers])
         self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=cfg.compute_dtype,
-                                  param_dtype=cfg.weight_dtype, impl=cfg.norm_impl)
+                                  param_dtype=cfg.weight_dtype, settings=cfg.norm_settings())
         self.lm_head = data(None if cfg.tie_embeddings else dense(
             cfg.d_model, cfg.vocab_size, ("embed", "vocab"), dtype=cfg.compute_dtype,
             param_dtype=cfg.weight_dtype, rngs=rngs))
@@ -75,9 +90,9 @@ class HybridLM(nnx.Module):
         """tokens [...] int -> their rows of the embedding table [..., d] in the compute dtype,
         gathered from the table in its own dtype and cast after. ``nnx.Embed`` casts the whole
         table first, so its backward scatter-adds the rows' gradients in the compute dtype: in
-        bf16 that sums thousands of a frequent token's rows in bf16, and on the H200 such a
-        scatter of real text (where tokens collide) took 46 ms of HwH-380m's 2K step
-        (docs/benchmarks.md, session 17). Gathered first, the scatter-add runs in fp32."""
+        bf16 that sums thousands of a frequent token's rows in bf16, slowly and inexactly, on
+        real text (where tokens collide; docs/benchmarks.md). Gathered first, the scatter-add
+        runs in fp32."""
         rows = jnp.take(self.embed.embedding[...], tokens, axis=0)
         return rows.astype(self.cfg.compute_dtype)
 
@@ -91,14 +106,13 @@ class HybridLM(nnx.Module):
         return self.final_norm.add(x, delta)[1]
 
     def logits(self, h, dtype=jnp.float32):
-        """[B, T, d] -> logits [B, T, vocab] in ``dtype`` (None: the compute dtype, as the
-        training loss takes them)."""
+        """[B, T, d] -> logits [B, T, vocab] in ``dtype`` (None: the compute dtype)."""
         out = dot_last(h.astype(self.cfg.compute_dtype), self.head_weight())
         return out if dtype is None else out.astype(dtype)
 
     def head_weight(self):
         """The LM head as a [d, vocab] matrix in the compute dtype (``logits(h)`` is h @ it;
-        ``training.head_loss`` takes it): the embedding transposed when tied."""
+        ``hwh_jax.layers.loss.head_loss`` takes it): the embedding transposed when tied."""
         if self.lm_head is None:
             return self.embed.embedding[...].astype(self.cfg.compute_dtype).T
         return self.lm_head.kernel[...].astype(self.cfg.compute_dtype)

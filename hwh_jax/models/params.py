@@ -11,7 +11,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from hwh_jax.models.config import LayerSpec, ModelConfig
+from hwh_jax.layers.config import LayerSpec, ModelConfig
+from hwh_jax.layers.mixer import HeadwiseMixer
+from hwh_jax.models.lm import HybridLM
 
 
 def _count(abstract_module) -> int:
@@ -22,7 +24,6 @@ def _count(abstract_module) -> int:
 @functools.lru_cache(maxsize=512)
 def mixer_params(cfg: ModelConfig, spec: LayerSpec) -> int:
     """Parameters of one layer's token mixer (FA heads, GDN heads, output projection)."""
-    from hwh_jax.layers.mixer import HeadwiseMixer
     return _count(nnx.eval_shape(lambda: HeadwiseMixer(cfg, spec, rngs=nnx.Rngs(0))))
 
 
@@ -33,7 +34,6 @@ def count_params(cfg: ModelConfig) -> int:
 
 def count_params_whole(cfg: ModelConfig) -> int:
     """The same count from one eval_shape of the whole model (slower; the check of the above)."""
-    from hwh_jax.models.lm import HybridLM
     return _count(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))
 
 

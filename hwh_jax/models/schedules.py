@@ -14,7 +14,7 @@ import json
 import math
 import os
 
-from hwh_jax.models.config import LayerSpec
+from hwh_jax.layers.config import LayerSpec
 
 HWH_FA_SHARE = 0.1875  # 3/16 of all heads are FA: below the paper's 1:3 ceiling (25%)
 

@@ -9,7 +9,7 @@ import optax
 from flax import nnx
 
 import kernels_pallas
-from hwh_jax.models.config import ModelConfig
+from hwh_jax.layers.config import ModelConfig
 from hwh_jax.models.lm import HybridLM
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from hwh_jax.layers.config import ModelConfig
 from hwh_jax.models import schedules
-from hwh_jax.models.config import ModelConfig
+from hwh_jax.models.params import mixer_params
 
 
 @dataclasses.dataclass(frozen=True)
 class Size:
+    """One row of the sizes table: the widths every architecture of that size shares."""
     d_model: int
     num_layers: int
     num_heads: int
@@ -63,7 +65,6 @@ def build_layers(arch: str, num_layers: int, num_heads: int, *, fa_share=None, c
 
 def matched_mlp_hidden(cfg: ModelConfig, base: ModelConfig, multiple: int = 64) -> int:
     """SwiGLU width that gives ``cfg`` the parameter count of ``base`` (same d and L)."""
-    from hwh_jax.models.params import mixer_params
     extra = (sum(mixer_params(cfg, s) for s in cfg.layers)
              - sum(mixer_params(base, s) for s in base.layers))
     hidden = base.mlp_hidden - extra / (3 * cfg.d_model * cfg.num_layers)

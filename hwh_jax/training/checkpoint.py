@@ -19,6 +19,9 @@ log = logging.getLogger(__name__)
 
 
 class Checkpointer:
+    """The run's Orbax checkpoints under ``<workdir>/checkpoints``: ``save`` (synchronous) and
+    ``restore`` of the newest readable step, falling back past unreadable ones (module
+    docstring)."""
     def __init__(self, workdir: str | Path, *, keep: int = 3):
         self.directory = Path(workdir).resolve() / "checkpoints"
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,

@@ -12,7 +12,7 @@ MFU = FLOPs/token * tokens/s / (peak FLOP/s of all devices).
 """
 from __future__ import annotations
 
-from hwh_jax.models.config import ModelConfig
+from hwh_jax.layers.config import ModelConfig
 from hwh_jax.models.params import param_table
 
 # Dense bf16 peak per device, FLOP/s (datasheets). Unknown kinds (CPU) report no MFU.

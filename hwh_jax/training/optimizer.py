@@ -12,6 +12,8 @@ SCHEDULES = ("cosine", "wsd", "constant")
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerSpec:
+    """AdamW's settings with its learning-rate schedule (warmup, then cosine / WSD / constant),
+    global-norm clipping and weight decay; ``validate`` names the bad ``train.*`` key."""
     lr: float = 3e-4
     min_lr_ratio: float = 0.1       # final lr / peak lr
     warmup_steps: int = 100

@@ -7,16 +7,12 @@ A weight dimension that a mesh axis does not divide stays replicated along that 
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-import re
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
-from hwh_jax.training import hlo_shapes
 
 log = logging.getLogger(__name__)
 
@@ -98,30 +94,3 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def data_parallel_size(mesh: Mesh) -> int:
     return mesh.shape["data"] * mesh.shape["fsdp"]
-
-
-# ---------------------------------------------------------------- what a compiled step sends
-_COLLECTIVE = re.compile(r"= (.*?) (all-gather|all-reduce|reduce-scatter|all-to-all|"
-                         r"collective-permute)(?:-start)?\(")
-
-
-@dataclasses.dataclass(frozen=True)
-class Collective:
-    op: str                  # all-gather, all-reduce, reduce-scatter, all-to-all, ...
-    shapes: tuple            # the result's array shapes (several for a combined collective)
-    bytes: int               # the result's bytes on one device
-    source: str              # the jax operation it came from (HLO metadata op_name)
-
-
-def collectives(hlo_text: str) -> list[Collective]:
-    """The collectives of a compiled program (``jitted.lower(...).compile().as_text()``)."""
-    out = []
-    for line in hlo_text.splitlines():
-        m = _COLLECTIVE.search(line)
-        if not m:
-            continue
-        shapes = tuple(shape for _, shape in hlo_shapes.arrays(m.group(1)))
-        src = re.search(r'op_name="([^"]*)"', line)
-        out.append(Collective(m.group(2), shapes, hlo_shapes.nbytes(m.group(1)),
-                              src.group(1) if src else ""))
-    return out

@@ -1,4 +1,4 @@
-"""Loss, the jitted train step (with gradient accumulation and non-finite guard) and eval step.
+"""The jitted train step (with gradient accumulation and a non-finite guard) and eval step.
 
 The train state is a plain dict {params, opt_state, step, rng, bad_step} of arrays, so that
 Orbax saves it and shardings map onto it directly; the model is rebuilt inside the step from
@@ -13,72 +13,57 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from hwh_jax.training.head_loss import head_loss
-from kernels_pallas.cross_entropy.reference import xent_grad, xent_stats
+from hwh_jax.layers.loss import LOSS_IMPLS, cross_entropy, head_loss
+from kernels_pallas import SoftmaxXentSettings
 
 
-@jax.custom_vjp
-def token_nll(logits, targets):
-    """logits [..., V] (any float dtype, the math in fp32), int targets [...] -> (negative log
-    likelihood, log Z), both fp32 [...].
-
-    The backward writes d logits in the logits' dtype in one pass (softmax - one-hot, scaled by
-    the cotangents) from the saved logits and log Z: no fp32 [..., V] array is stored or written,
-    which for the bf16 logits of a 50k vocabulary is the training step's largest tensor."""
-    return _token_nll_fwd(logits, targets)[0]
-
-
-def _token_nll_fwd(logits, targets):
-    nll, logz = xent_stats(logits, targets)
-    return (nll, logz), (logits, targets, logz)
-
-
-def _token_nll_bwd(res, cts):
-    logits, targets, logz = res
-    d_nll, d_logz = cts
-    return xent_grad(logits, targets, logz, d_nll, d_nll + d_logz), None
-
-
-token_nll.defvjp(_token_nll_fwd, _token_nll_bwd)
-
-
-def cross_entropy(logits, targets, mask, z_loss: float = 0.0):
-    """Mean masked token cross entropy (+ z_loss * mean log(Z)^2, PaLM) and token count."""
-    nll, logz = token_nll(logits, targets)
-    count = jnp.maximum(mask.sum(), 1.0)
-    loss = (nll * mask).sum() / count
-    zl = z_loss * ((logz ** 2) * mask).sum() / count if z_loss else 0.0
-    return loss, zl, mask.sum()
-
-
-def model_loss(graphdef, params, batch, *, z_loss=0.0, document_mask=False,
-               logits_dtype=jnp.float32):
-    """``logits_dtype`` None: the logits stay in the compute dtype (training: the LM head's
-    output is the step's largest tensor, and token_nll upcasts inside its own passes), and a
-    model whose ``loss_impl`` is not "unfused" takes the head and loss as one op
-    (``head_loss``); the evaluation keeps fp32 logits."""
-    model = nnx.merge(graphdef, params)
+def _hidden(model, batch, document_mask):
     seg = batch["segment_ids"] if document_mask else None
     pos = batch["positions"] if document_mask else None
-    h = model.hidden(batch["inputs"], pos, seg)
-    if logits_dtype is None and model.cfg.loss_impl != "unfused":
-        total, loss, _, count = head_loss(h, model.head_weight(), batch["targets"],
-                                          batch["loss_mask"], z_loss=z_loss,
-                                          impl=model.cfg.loss_impl)
-        return total, (loss, count)
-    logits = model.logits(h, dtype=logits_dtype)
-    loss, zl, count = cross_entropy(logits, batch["targets"], batch["loss_mask"], z_loss)
-    return loss + zl, (loss, count)
+    return model.hidden(batch["inputs"], pos, seg)
+
+
+def train_loss(graphdef, params, batch, *, loss_impl: str = "auto", z_loss: float = 0.0,
+               document_mask: bool = False):
+    """(loss + z-loss, (mean masked nll, tokens)) of a batch, as the training step takes it.
+
+    ``loss_impl``: "unfused" takes the logits in the compute dtype (the step's largest tensor;
+    ``token_nll`` upcasts inside its own passes) and autodiff through them; any other value is
+    the ``softmax_xent`` kernel's impl for ``head_loss``, the LM head and loss as one op."""
+    if loss_impl not in LOSS_IMPLS:
+        raise ValueError(f"train.loss_impl must be one of {LOSS_IMPLS}, got {loss_impl!r}")
+    model = nnx.merge(graphdef, params)
+    h = _hidden(model, batch, document_mask)
+    if loss_impl == "unfused":
+        logits = model.logits(h, dtype=None)
+        loss, zl, count = cross_entropy(logits, batch["targets"], batch["loss_mask"], z_loss)
+        return loss + zl, (loss, count)
+    settings = SoftmaxXentSettings(impl=loss_impl, platform=model.cfg.kernel_platform or None)
+    total, loss, _, count = head_loss(h, model.head_weight(), batch["targets"],
+                                      batch["loss_mask"], z_loss=z_loss, settings=settings)
+    return total, (loss, count)
+
+
+def eval_loss(graphdef, params, batch, *, document_mask: bool = False):
+    """(mean masked nll, tokens) of a batch from fp32 logits (the held-out evaluation)."""
+    model = nnx.merge(graphdef, params)
+    logits = model.logits(_hidden(model, batch, document_mask), dtype=jnp.float32)
+    loss, _, count = cross_entropy(logits, batch["targets"], batch["loss_mask"])
+    return loss, count
 
 
 def _split_micro(batch, n):
     return jax.tree.map(lambda x: x.reshape(n, x.shape[0] // n, *x.shape[1:]), batch)
 
 
-def make_train_step(graphdef, tx, schedule, *, grad_accum=1, z_loss=0.0, document_mask=False):
-    """train_step(state, batch) -> (state, metrics); batch leading dim = global batch."""
-    loss_fn = functools.partial(model_loss, graphdef, z_loss=z_loss, document_mask=document_mask,
-                                logits_dtype=None)
+def make_train_step(graphdef, tx, schedule, *, grad_accum=1, z_loss=0.0, document_mask=False,
+                    loss_impl: str = "auto"):
+    """train_step(state, batch) -> (state, metrics); batch leading dim = global batch, split into
+    ``grad_accum`` micro-batches whose gradients are summed weighted by their tokens (the
+    update equals the whole batch's). ``loss_impl``, ``z_loss``, ``document_mask``: see
+    ``train_loss``."""
+    loss_fn = functools.partial(train_loss, graphdef, loss_impl=loss_impl, z_loss=z_loss,
+                                document_mask=document_mask)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def train_step(state, batch):
@@ -117,7 +102,8 @@ def make_train_step(graphdef, tx, schedule, *, grad_accum=1, z_loss=0.0, documen
 
 
 def make_eval_step(graphdef, *, document_mask=False):
+    """eval_step(params, batch) -> (summed nll, tokens)."""
     def eval_step(params, batch):
-        _, (loss, count) = model_loss(graphdef, params, batch, document_mask=document_mask)
+        loss, count = eval_loss(graphdef, params, batch, document_mask=document_mask)
         return loss * count, count
     return eval_step

@@ -1,103 +1,16 @@
-"""Causal / sliding-window / GQA softmax attention behind one entry point.
+"""Causal / sliding-window / GQA softmax attention, and attention over a KV cache.
 
-  reference  ``reference.py`` (XLA einsum + softmax, fp32 inside): the specification.
-  cudnn      ``jax.nn.dot_product_attention(implementation="cudnn")`` on GPU (bf16/fp16, D<=128).
-  splash     splash attention from ``jax.experimental.pallas.ops.tpu`` on TPU (T % 128 == 0).
-``impl="auto"`` takes the fast path of the backend when the inputs suit it, else the reference,
-and records the choice (``kernels_pallas.dispatch.chosen()``).
-
-Over a KV cache (inference): ``cached_attention`` (the reference; decode steps) and
-``cached_attention_blockwise`` (``cached.py``, online softmax over the cache's blocks; prefill
-chunks after a prompt's first, which attends over itself through ``attention``).
-
-Under ``kernels_pallas.kernel_mesh`` the two kernels run per shard (``shard_map``: batch rows over
-the batch axes, heads over the tensor axis), as the Pallas kernels do: left to GSPMD, cuDNN's
-partitioner rejects the step of an FSDP mesh ("Query, key and value should have same sharding",
-HwH-380m on two H200s). The reference is plain XLA and stays with GSPMD.
+  reference.py  XLA einsum + softmax, fp32 inside: the specification (training and decode)
+  tpu.py        JAX's splash attention kernel (Pallas/Mosaic) on TPU
+  cached.py     a chunk of queries over a KV cache block by block (online softmax; prefill)
+  settings.py   ``AttentionSettings``
+  op.py         ``attention``: shapes checked, reference / cuDNN / splash dispatched
 """
-from __future__ import annotations
-
-import functools
-
-import jax
-import jax.numpy as jnp
-
-from kernels_pallas import dispatch, sharding
 from kernels_pallas.attention.cached import cached_attention_blockwise
+from kernels_pallas.attention.op import attention
 from kernels_pallas.attention.reference import (attention_mask, attention_reference,
                                                 cached_attention)
+from kernels_pallas.attention.settings import AttentionSettings
 
-IMPLS = ("auto", "reference", "cudnn", "splash")
-
-
-def _cudnn_ok(q, window, segment_ids):
-    return (q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] <= 128
-            and q.shape[-1] % 8 == 0 and segment_ids is None)
-
-
-def resolve_impl(q, *, window=None, segment_ids=None, impl="auto") -> str:
-    dispatch.check_impl("attention", impl, IMPLS)
-    if impl != "auto":
-        return impl
-    backend = dispatch.backend()
-    if backend == "gpu" and _cudnn_ok(q, window, segment_ids):
-        return "cudnn"
-    if backend == "tpu" and segment_ids is None:
-        from kernels_pallas.attention import tpu
-        if tpu.supported(q.shape[1], q.shape[-1]):
-            return "splash"
-    return "reference"
-
-
-def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None,
-              impl="auto", interpret=False):
-    """Multi-head attention with grouped kv heads.
-
-    Args:
-      q: [B, T, H, D]; k, v: [B, T, G, D] with H % G == 0.
-      causal: mask keys after the query; window: keys in [t - window + 1, t] only (SWA).
-      scale: logit scale, default D**-0.5; segment_ids: [B, T] ints, attend within a segment.
-      impl: "auto" | "reference" | "cudnn" | "splash"; interpret: run splash in interpret mode.
-    Returns: [B, T, H, D] in q's dtype.
-    """
-    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
-        raise ValueError(f"attention: need q [B,T,H,D], k=v [B,T,G,D]; got {q.shape}, "
-                         f"{k.shape}, {v.shape}")
-    B, T, H, D = q.shape
-    G = k.shape[2]
-    if k.shape[0] != B or k.shape[3] != D or k.shape[1] != T:
-        raise ValueError(f"attention: k shape {k.shape} does not match q shape {q.shape}")
-    if H % G:
-        raise ValueError(f"attention: {H} query heads not divisible by {G} kv heads")
-    if window is not None and window < 1:
-        raise ValueError(f"attention: window must be >= 1, got {window}")
-    impl = dispatch.record("attention", resolve_impl(q, window=window, segment_ids=segment_ids,
-                                                     impl=impl))
-    if impl == "reference":
-        return attention_reference(q, k, v, causal=causal, window=window, scale=scale,
-                                   segment_ids=segment_ids)
-    if segment_ids is not None:
-        raise ValueError(f"attention: impl={impl!r} does not take segment_ids here (auto picks "
-                         f"the reference for them)")
-    kernel = functools.partial(_kernel, impl, causal=causal, window=window, scale=scale,
-                               interpret=interpret)
-    km = sharding.current()
-    if km is None:
-        return kernel(q, k, v)
-    h = km.head_spec(G) if km.head_spec(H) else None     # q and kv heads split alike or not at all
-    qkv = sharding.P(km.batch_spec(B), None, h, None)
-    return sharding.per_shard(kernel, km, (qkv,) * 3, qkv)(q, k, v)
-
-
-def _kernel(impl, q, k, v, *, causal, window, scale, interpret):
-    if impl == "cudnn":
-        return jax.nn.dot_product_attention(
-            q, k, v, scale=scale, is_causal=causal, implementation="cudnn",
-            local_window_size=None if window is None else (window - 1, 0))
-    from kernels_pallas.attention.tpu import splash_attention
-    return splash_attention(q, k, v, causal=causal, window=window, scale=scale,
-                            interpret=interpret)
-
-
-__all__ = ["attention", "attention_reference", "attention_mask", "cached_attention",
-           "cached_attention_blockwise", "resolve_impl", "IMPLS"]
+__all__ = ["AttentionSettings", "attention", "attention_mask", "attention_reference",
+           "cached_attention", "cached_attention_blockwise"]

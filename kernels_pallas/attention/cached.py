@@ -12,8 +12,7 @@ half the attention work of walking every block. Plain XLA: every backend.
 
 Used for the prefill chunks after a prompt's first (``FullAttentionHeads.extend`` with more than
 one new token; a first chunk, ``fresh``, attends over itself through the training attention); a
-decode step (one query) keeps the reference, whose speed session 10 measured. Timed in session
-13: HwH-380m's 32K prompt in chunks of 2048, 0.75 s on an H200 (docs/benchmarks.md).
+decode step (one query) keeps the reference.
 """
 from __future__ import annotations
 

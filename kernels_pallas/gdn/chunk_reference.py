@@ -1,7 +1,7 @@
 """Gated DeltaNet in chunked WY/UT form, pure jnp: the plain-XLA fast path and the kernel's model.
 
 Within a chunk of C tokens with local cumulative log decay G_i = sum_{j<=i} g_j and incoming
-state S0 [K, V], unrolling the recurrence of ``naive.py`` gives for the corrected values U':
+state S0 [K, V], unrolling the recurrence of ``reference.py`` gives for the corrected values U':
 
     (I + A) U' = beta*V - (beta*exp(G)*K) S0,    A_ij = beta_i exp(G_i - G_j) k_i.k_j  (j < i)
 
@@ -30,7 +30,7 @@ _HI = jax.lax.Precision.HIGHEST
 _NEG = -1e30  # stands for -inf before exp; finite so that 0 * it stays 0 in gradients
 
 
-def _pad_time(x, pad):
+def pad_time(x, pad):
     if pad == 0:
         return x
     widths = [(0, 0)] * x.ndim
@@ -109,7 +109,7 @@ def gated_delta_rule_chunk_reference(q, k, v, g, beta, *, scale=None, initial_st
     f32 = jnp.float32
     out_dtype = v.dtype
     pad = (-T) % C
-    q, k, v, g, beta = (_pad_time(a.astype(f32), pad) for a in (q, k, v, g, beta))
+    q, k, v, g, beta = (pad_time(a.astype(f32), pad) for a in (q, k, v, g, beta))
     Tp = T + pad
     N = Tp // C
     g_cum = chunk_local_cumsum(g, C)

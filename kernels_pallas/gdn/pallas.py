@@ -10,20 +10,21 @@ Six kernels under one ``jax.custom_vjp`` (notation of ``chunk_reference.py``):
                                              dbeta.
 Saved between the passes: the inputs, the initial state, X, w, QK, the chunk states S_n and the
 corrected values v (in the inputs' dtype: 640 bytes per token and head at K = V = 64 in bf16).
-With ``recompute=True`` only X is saved and the backward recomputes w, QK (``wy_forward`` given
-X) and S_n, v (``scan_forward(store=True)``), as fla does: 128 bytes per token and head, two
-kernels more (0.55 and 0.51 ms alone at HwH-380m's layer shape on an H200; saving instead took
-9.8 ms per step off the GDN kernels of HwH-380m's 2K training step, session 12). Padding T to the
-chunk, the chunk-local cumulative sum of g and its transpose are XLA. Memory is O(T).
+With ``GDNSettings.recompute`` only X is saved and the backward recomputes w, QK
+(``wy_forward`` given X) and S_n, v (``scan_forward(store=True)``), as fla does: 128 bytes per
+token and head, two kernels more (docs/benchmarks.md compares the two). Padding T to the chunk,
+the chunk-local cumulative sum of g and its transpose are XLA. Memory is O(T).
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.gdn._common import KernelConfig
-from kernels_pallas.gdn.chunk_reference import _pad_time, chunk_local_cumsum
+from kernels_pallas.dispatch import pow2
 from kernels_pallas.gdn import scan_kernels, wy_kernels
+from kernels_pallas.gdn.chunk_reference import chunk_local_cumsum, pad_time
+from kernels_pallas.gdn.common import KernelConfig
+from kernels_pallas.gdn.settings import GDNSettings
 
 f32 = jnp.float32
 
@@ -93,16 +94,16 @@ def _op(cfg, scale):
     return op
 
 
-def _layout(interpret):
+def layout(settings: GDNSettings) -> str:
+    """"triton" or "tpu": the kernels' memory layout and lowering for ``settings``."""
+    interpret = settings.interpret
     if interpret is False or interpret is None:
-        backend = jax.default_backend()
-        if backend == "gpu":
-            return "triton"
-        if backend == "tpu":
-            return "tpu"
-        raise ValueError(f"gated_delta_rule(impl='pallas') has no compiled lowering on backend "
-                         f"{backend!r}: pass interpret=True (generic interpreter) or "
-                         f"interpret=pltpu.InterpretParams() (TPU semantics)")
+        platform = settings.target()
+        if platform in ("gpu", "tpu"):
+            return "triton" if platform == "gpu" else "tpu"
+        raise ValueError(f"gated_delta_rule(impl='pallas') has no compiled lowering on platform "
+                         f"{platform!r}: set interpret=True (generic interpreter) or "
+                         f"interpret=pltpu.InterpretParams() (TPU semantics) in GDNSettings")
     if interpret is True:
         return "triton"
     from jax.experimental.pallas import tpu as pltpu
@@ -110,10 +111,6 @@ def _layout(interpret):
         return "tpu"
     raise ValueError(f"gated_delta_rule: interpret must be False, True or a "
                      f"pltpu.InterpretParams, got {interpret!r}")
-
-
-def _pow2(n):
-    return n > 0 and n & (n - 1) == 0
 
 
 def default_block_v(layout, B, H, K, V, programs=128):
@@ -130,37 +127,28 @@ def default_block_v(layout, B, H, K, V, programs=128):
 
 
 def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,
-                            output_final_state=False, chunk_size=64, interpret=False,
-                            block_v=None, num_warps=4, num_stages=2, chunk_warps=4,
-                            inverse_warps=1, fp32_dots="tf32", recompute=False):
-    """Same contract as ``gated_delta_rule``; see the module docstring for the split.
-    ``fp32_dots``: precision of the WY backward's fp32 x fp32 products on GPU, "tf32" (tensor
-    cores) or "ieee". ``recompute``: save only X for the backward and recompute the rest (less
-    memory, more time; module docstring). Launch settings (GPU): ``num_warps``/``num_stages`` of the sequential
-    scans, ``chunk_warps`` of the per-chunk kernels, ``inverse_warps`` of the WY inverse among
-    them: its time is the latency of dependent row reductions, which one warp does without
-    shared memory (1 warp: 1.18 ms forward against 1.68 with 4 at (32, 2048, 13, 64, 64) on an
-    H200, session 12, docs/benchmarks.md)."""
-    if fp32_dots not in ("tf32", "ieee"):
-        raise ValueError(f"gated_delta_rule(impl='pallas'): fp32_dots must be 'tf32' or 'ieee', "
-                         f"got {fp32_dots!r}")
+                            output_final_state=False, settings: GDNSettings = GDNSettings()):
+    """Same contract as ``gated_delta_rule``, as the kernels of the module docstring, launched
+    as ``settings`` says (its ``impl`` is not read)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    layout = _layout(interpret)
-    bv = default_block_v(layout, B, H, K, V) if block_v is None else block_v
+    C = settings.chunk_size
+    lay = layout(settings)
+    bv = default_block_v(lay, B, H, K, V) if settings.block_v is None else settings.block_v
     if V % bv:
         raise ValueError(f"gated_delta_rule(impl='pallas'): block_v={bv} does not divide V={V}")
-    if layout == "triton" and interpret is not True:
-        for name, n in (("K", K), ("block_v", bv), ("chunk_size", chunk_size)):
-            if not _pow2(n) or n < 16 and name != "block_v":
+    if lay == "triton" and settings.interpret is not True:
+        for name, n in (("K", K), ("block_v", bv), ("chunk_size", C)):
+            if not pow2(n) or n < 16 and name != "block_v":
                 raise ValueError(f"gated_delta_rule(impl='pallas') on GPU needs {name} a power "
                                  f"of two >= 16, got {n}")
-    cfg = KernelConfig(chunk=chunk_size, layout=layout, block_v=bv, interpret=interpret,
-                     num_warps=num_warps, num_stages=num_stages, chunk_warps=chunk_warps,
-                     inverse_warps=inverse_warps, fp32_dots=fp32_dots, recompute=recompute)
+    cfg = KernelConfig(chunk=C, layout=lay, block_v=bv, interpret=settings.interpret,
+                       num_warps=settings.num_warps, num_stages=settings.num_stages,
+                       chunk_warps=settings.chunk_warps, inverse_warps=settings.inverse_warps,
+                       fp32_dots=settings.fp32_dots, recompute=settings.recompute)
     scale = K ** -0.5 if scale is None else float(scale)
-    pad = (-T) % chunk_size
+    pad = (-T) % C
     S0 = (jnp.zeros((B, H, K, V), f32) if initial_state is None
           else initial_state.astype(f32))
-    o, S = _op(cfg, scale)(*(_pad_time(x, pad) for x in (q, k, v, g, beta)), S0)
+    o, S = _op(cfg, scale)(*(pad_time(x, pad) for x in (q, k, v, g, beta)), S0)
     return o[:, :T].astype(v.dtype), (S if output_final_state else None)

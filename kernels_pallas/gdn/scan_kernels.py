@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels_pallas.gdn._common import chunk_call, col_blocks, compiler_params, dot, dot_nt, f32
+from kernels_pallas.gdn.common import chunk_call, col_blocks, compiler_params, dot, dot_nt, f32
 
 
 # ---------------------------------------------------------------- per-chunk bodies (values)

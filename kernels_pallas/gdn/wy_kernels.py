@@ -28,8 +28,8 @@ The backward kernel takes the cotangents dw, du, dQK and returns dq, dk, dv, dbe
           M = dA o A,   P = dQK o QK
 Masks are applied to the exponent (before ``exp``), so no masked entry can overflow. Wide
 operands are walked in 64-column blocks so that few [C, 64] fp32 tiles are live at once. The two
-fp32 products X^T dX X^T run in TF32 on GPU by default (``KernelConfig.fp32_dots``): 2.4-2.7x
-faster than IEEE products on an H200 at unchanged bf16 error (docs/benchmarks.md).
+fp32 products X^T dX X^T run in TF32 on GPU by default (``GDNSettings.fp32_dots``): faster than
+IEEE products at unchanged bf16 error (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels_pallas.gdn._common import chunk_call, col_blocks, dot, dot_nt, f32
+from kernels_pallas.gdn.common import chunk_call, col_blocks, dot, dot_nt, f32
 _NEG = -1e30
 
 

@@ -3,11 +3,7 @@
 Same contract and formulas as ``reference.py``. Written with jnp, XLA runs each direction as
 several passes (a row reduction, then the elementwise product; the backward's row reduction,
 dx and the column sum of dw each read x and dy again, and each re-reads the summands of dy when
-it is a sum of several projections' gradients): HwH-380m's 2K step spent 37 of its 441 ms in
-norm fusions (H200, docs/benchmarks.md). Here (session 11 reverted these kernels when the sums of
-the mixer's projection gradients became passes of their own; since ``linear.project`` folds
-those into GEMMs, they took HwH-380m's 2K step at 44 sequences from 557.6 to 550.6 ms, session
-18):
+it is a sum of several projections' gradients). Here:
 
   forward   one kernel: reads x (and d), writes h = x + d, y and r [N, 1] fp32
   backward  one kernel: reads h, r, dy (and dh), writes dh + dx and per-program partial sums
@@ -27,11 +23,15 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels_pallas.dispatch import pow2
+from kernels_pallas.rms_norm.settings import RMSNormSettings
+
 f32 = jnp.float32
 
 
 @dataclasses.dataclass(frozen=True)
 class NormConfig:
+    """How the norm kernels are launched for one shape (``plan``)."""
     eps: float
     block_rows: int         # rows per program (forward) and per loop step (backward)
     steps: int              # loop steps per backward program
@@ -173,18 +173,20 @@ def _ops(cfg, dtype):
     return norm, add_norm
 
 
-def rms_norm_pallas(x, weight, delta=None, *, eps: float = 1e-6, dtype=None, interpret=False):
+def rms_norm_pallas(x, weight, delta=None, *, eps: float = 1e-6, dtype=None,
+                    settings: RMSNormSettings = RMSNormSettings()):
     """``kernels_pallas.rms_norm`` as the kernels above: y, or (h, y) given ``delta``.
     x (and delta, in x's dtype) [..., D] with D a power of two; weight [D]."""
-    if interpret is False and jax.default_backend() != "gpu":
+    interpret = settings.interpret
+    if interpret is False and settings.target() != "gpu":
         raise ValueError(f"rms_norm(impl='pallas') has a Triton (GPU) lowering only; on "
-                         f"backend {jax.default_backend()!r} use impl='reference' or "
+                         f"platform {settings.target()!r} use impl='reference' or "
                          f"interpret=True")
     if interpret is not False and interpret is not True:
         raise ValueError(f"rms_norm(impl='pallas'): interpret must be False or True (the "
                          f"generic interpreter; there is no TPU layout), got {interpret!r}")
     D = x.shape[-1]
-    if D < 1 or D & (D - 1):
+    if not pow2(D):
         raise ValueError(f"rms_norm(impl='pallas') needs a power-of-two width, got {D}")
     N = x.size // D
     br, steps, warps = plan(N, D)

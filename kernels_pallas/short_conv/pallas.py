@@ -1,24 +1,19 @@
 """The GDN short convolution + SiLU + per-head L2 norm as Pallas (Triton) kernels, fwd and bwd.
 
 Same contract as ``reference.short_conv_reference``. Written with jnp, the op is a string of
-elementwise passes and their gradients (the profile of HwH-380m's 2K training step on an H200
-charged ~21 ms of its 232 to ``causal_conv1d``, ``ShortConv`` and ``l2_normalize``); here the
-forward is one kernel (reads x, writes y) and the backward two: one reads x and dy and writes dz
-and per-tile partial sums of dw, one reads dz and writes dx (its transposed convolution).
+elementwise passes and their gradients; here the forward is one kernel (reads x, writes y) and
+the backward two: one reads x and dy and writes dz and per-tile partial sums of dw, one reads dz
+and writes dx (its transposed convolution).
 
 One program per (batch row, tile of ``block_t`` tokens, head). x is passed whole along time and
 each program reads the rows its taps need at their offsets (lag j reads rows t - j), so no halo
 is copied. Only the first tile can reach before row 0: it reads its taps from a copy of its rows
 behind W - 1 zero rows (``_head``, 2 block_t rows a sequence), in its own branch; the transposed
 convolution reaches ahead instead (rows t + j), and its last tile reads from a copy of its rows
-ahead of zero rows (``_tail``). Registers per thread decide how many programs an SM holds
-(65,536 a SM; 4 warps at 161 registers: 3 programs, Nsight Compute, session 15): the first tile
-used to shift its rows by 0/1 selection matmuls and the backward kept the W taps live across the
-norm's reductions for dw; without both, at tiles of 32, 80 -> 72 registers forward and 167 -> 72
-backward with the norm, 78 -> 52 and 128 -> 64 without; at the default 64, forward / backward
-72 / 128 with and 80 / 112 without (``bench/triton_regs.py``: Triton 3.9 and ptxas for sm_90a,
-on a CPU). The tap mask comes from the tokens since the document began (``doc_offsets``, clipped
-to W - 1), which also drops the rows before t = 0.
+ahead of zero rows (``_tail``). Registers per thread decide how many programs an SM holds, so
+the taps are loaded where they are used and not kept live across the norm's reductions
+(``bench/triton_regs.py`` counts them without a GPU). The tap mask comes from the tokens since
+the document began (``doc_offsets``, clipped to W - 1), which also drops the rows before t = 0.
 
 With lag j, tap weight w_{W-1-j}, mask m_j(t) = [since(t) >= j], s = SiLU(z), n = s / |s|,
 y = c n with the scale c (y = s without the norm):
@@ -28,15 +23,7 @@ y = c n with the scale c (y = s without the norm):
               dw_{W-1-j} = sum_t m_j(t) x(t - j) dz(t)  (kernel, per tile; summed in XLA)
               dx(t) = sum_j w_{W-1-j} m_j(t + j) dz(t + j)   (second kernel)
 Arithmetic is fp32 inside; dz is stored in x's dtype. GPU only (Triton) and the generic
-interpreter; TPU runs the jnp reference (``AUTO_IMPL``).
-
-As one XLA fusion, dx ran at 1.9 TB/s, as the second kernel at ~2.2: one convolution of
-HwH-380m's 2K step (44, 2048, 832 channels, 13 heads), forward + backward 0.572 -> 0.537 ms with
-the norm, 0.531 -> 0.496 without (H200, session 18, docs/benchmarks.md). Forming dx in the
-backward kernel instead (dz recomputed on 16 rows past each tile, rows shifted by 0/1 matmuls,
-so dz is never stored) was slower on the H200: 0.639 against 0.504 ms forward+backward with
-the norm, 1.303 against 0.456 without, and the 2K training step 443.8 against 425.2 ms
-(session 13; ``docs/runs/s13/dropped_fuse_dx.patch.txt``).
+interpreter; TPU runs the jnp reference (``ShortConvSettings.AUTO``).
 """
 from __future__ import annotations
 
@@ -47,13 +34,16 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels_pallas.dispatch import pow2
 from kernels_pallas.short_conv.reference import doc_offsets
+from kernels_pallas.short_conv.settings import ShortConvSettings
 
 f32 = jnp.float32
 
 
 @dataclasses.dataclass(frozen=True)
 class ConvConfig:
+    """The convolution's static shape and launch settings, the key of its jitted kernels."""
     width: int            # W, the taps
     block_t: int          # tokens per program
     normalize: bool
@@ -250,32 +240,26 @@ def _op(cfg, heads):
     return op
 
 
-def _pow2(n):
-    return n > 0 and n & (n - 1) == 0
-
-
 def short_conv_pallas(x, weight, segment_ids=None, *, heads: int = 1, normalize: bool = False,
-                      eps: float = 1e-6, scale: float = 1.0, block_t: int = 64,
-                      num_warps: int = 4, interpret=False):
-    """``short_conv`` as the kernels above. x [B, T, C]; weight [W, C] (any float dtype, the
-    gradient comes back in it); segment_ids [B, T] or None. T is padded to the tile.
-    ``block_t`` 64: forward + backward 0.421 / 0.391 ms (with / without the norm) against 0.459 /
-    0.414 at 32 and 0.540 / 0.528 at 16 for (32, 2048, 832, 13 heads) on an H200 (device time,
-    session 16, one run each; the kernels before ``_head`` and the looped dw: 0.501 / 0.448 at
-    32, 0.522 / 0.482 at 64; docs/benchmarks.md)."""
+                      eps: float = 1e-6, scale: float = 1.0,
+                      settings: ShortConvSettings = ShortConvSettings()):
+    """``short_conv`` as the kernels above, launched as ``settings`` says (its ``impl`` is not
+    read). x [B, T, C]; weight [W, C] (any float dtype, the gradient comes back in it);
+    segment_ids [B, T] or None. T is padded to the tile."""
     B, T, C = x.shape
     W = weight.shape[0]
+    interpret, block_t = settings.interpret, settings.block_t
     if interpret is not False and interpret is not True:
         raise ValueError(f"short_conv(impl='pallas'): interpret must be False or True (the "
                          f"generic interpreter; there is no TPU layout), got {interpret!r}")
-    if interpret is False and jax.default_backend() != "gpu":
+    if interpret is False and settings.target() != "gpu":
         raise ValueError(f"short_conv(impl='pallas') has a Triton (GPU) lowering only; on "
-                         f"backend {jax.default_backend()!r} use impl='reference' or "
+                         f"platform {settings.target()!r} use impl='reference' or "
                          f"interpret=True")
     X = C // heads
     if interpret is False:
         for name, n in (("channels per head", X), ("block_t", block_t)):
-            if not _pow2(n) or n < 16:
+            if not pow2(n) or n < 16:
                 raise ValueError(f"short_conv(impl='pallas') on GPU needs {name} a power of "
                                  f"two >= 16, got {n}")
     bt = min(block_t, max(16, 1 << (T - 1).bit_length()))       # short sequences: one tile
@@ -284,7 +268,7 @@ def short_conv_pallas(x, weight, segment_ids=None, *, heads: int = 1, normalize:
                          f"a tile of {bt}; use block_t >= {W - 1}")
     pad = (-T) % bt
     cfg = ConvConfig(width=W, block_t=bt, normalize=normalize, eps=eps, interpret=interpret,
-                     num_warps=num_warps, scale=float(scale))
+                     num_warps=settings.num_warps, scale=float(scale))
     m = jnp.minimum(doc_offsets(segment_ids, B, T), W - 1).astype(f32)[..., None]
     Wp = 1 << (W - 1).bit_length()
     w = jnp.pad(weight.astype(f32), ((0, Wp - W), (0, 0)))

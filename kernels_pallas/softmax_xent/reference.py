@@ -8,7 +8,7 @@ For logits l [..., V], integer targets t [...] and weights a, b [...] (fp32):
 d is the gradient of sum (a nll + b logZ^2 / 2) with respect to l: a mean masked loss has
 a = mask / count, PaLM's z-loss z * mean(logZ^2) adds b = 2 z mask / count. The math is fp32
 whatever the logits' dtype; d is returned in the logits' dtype. ``xent_stats`` and
-``xent_grad`` are the two halves, which ``training.steps.token_nll`` (autodiff's loss) takes
+``xent_grad`` are the two halves, which ``hwh_jax.layers.loss.token_nll`` (the unfused loss) takes
 as its forward and backward.
 """
 from __future__ import annotations

@@ -7,6 +7,8 @@ import math
 import time
 from pathlib import Path
 
+from hwh_jax.plotting import finish_line_chart, pyplot
+
 log = logging.getLogger(__name__)
 
 
@@ -68,7 +70,6 @@ def read_metrics(path: Path) -> list[dict]:
 def plot_loss(metrics_path: Path, out_png: Path, *, title: str = "",
               reference: dict[str, float] | None = None) -> Path:
     """Train and held-out loss against step; horizontal lines for reference levels."""
-    from hwh_jax.plotting import finish_line_chart, pyplot
     plt = pyplot()
     rows = read_metrics(metrics_path)
     fig, ax = plt.subplots(figsize=(7, 4.2))

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import jax
 
-from hwh_jax.training import hlo_shapes
+from hwh_jax.profiling import hlo
 
 # (category, pattern on the lower-cased kernel name), first match wins.
 CATEGORIES = (
@@ -128,8 +128,8 @@ def hlo_bytes(hlo_text: str) -> dict[str, int]:
         shapes[name] = shape
         if opcode in ("fusion", "custom-call"):
             ops[name] = (shape, re.findall(r"%([\w.\-]+)", operands))
-    return {name.replace(".", "_"): hlo_shapes.nbytes(shape) +
-            sum(hlo_shapes.nbytes(shapes.get(o, "")) for o in operands)
+    return {name.replace(".", "_"): hlo.nbytes(shape) +
+            sum(hlo.nbytes(shapes.get(o, "")) for o in operands)
             for name, (shape, operands) in ops.items()}
 
 

@@ -4,8 +4,8 @@ A jitted step's call returns while the device still has the step's last kernels 
 launch queue holds about a thousand), so the host is only tens of milliseconds ahead of the
 device; any host pause longer than that leaves the device idle. Python's full collection
 (generation 2) walks every object the process holds, and after setup that is jax's and flax's
-modules, traced programs and compile caches: docs/benchmarks.md (session 17) measures what such
-a pause costs HwH-380m's 2K step on the H200.
+modules, traced programs and compile caches: docs/benchmarks.md measures what such a pause
+costs a training step.
 
     freeze()            # after the step is compiled: later collections skip everything alive now
     with GcPauses() as pauses:

@@ -3,15 +3,12 @@
 Same contract and formulas as ``reference.py``. In XLA the training loss of a 50k vocabulary
 is three passes over the [N, V] logits, each of the step's largest tensor: the forward's row
 max and its row sum of exp (two reductions: XLA does not fuse a reduction into the one whose
-result it needs), and the backward's softmax - one-hot. In HwH-380m's 2K step at 44 sequences
-on the H200 they took 2.4 + 3.4 + 6.4 ms (docs/benchmarks.md, session 18's call 4 profile).
+result it needs), and the backward's softmax - one-hot.
 
 Here one program takes ``block_rows`` rows and reads each twice in chunks of columns: once for
 the running max and sum of exp (online, as flash attention's softmax), once to write d. A row
-of 50,304 bf16 logits is 98 KiB, meant to be found in L2 by the second read. On the H200 the
-kernel took 7.8-8.0 ms at [90112, 50304] with 4 warps, where XLA's passes took 2.4 + 3.3 + 6.2
-ms in the same step (docs/benchmarks.md, session 20): 2.3 TB/s counting one read and one write,
-below HBM's rate; how much of the second read L2 serves was not measured. With
+of 50,304 bf16 logits is 98 KiB, meant to be found in L2 by the second read (docs/benchmarks.md
+has the kernel's time against XLA's passes). With
 ``input_output_aliases`` d overwrites the logits (a chunk is read before it is written, and
 every read of a row's first pass precedes its second pass), so the step holds one [N, V] array
 where autodiff held the logits and their gradient.
@@ -30,12 +27,15 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels_pallas.softmax_xent.settings import SoftmaxXentSettings
+
 f32 = jnp.float32
 MIN_WIDTH = 16          # the narrowest chunk; V must be a multiple of it
 
 
 @dataclasses.dataclass(frozen=True)
 class XentConfig:
+    """How the loss kernel is launched for one shape (``plan``)."""
     block_rows: int         # rows per program
     block_v: int            # the widest chunk of columns (a power of two)
     num_warps: int
@@ -73,7 +73,7 @@ def plan(n_rows: int, vocab: int, *, block_v: int = 4096, target: int = 4096,
     br = 1
     while br * 2 * bv <= target and n_rows % (br * 2) == 0:
         br *= 2
-    warps = num_warps or 4    # 7.94 ms vs 9.06 with 8 at [90112, 50304] (H200, session 20)
+    warps = num_warps or 4    # faster than 8 at the 380m step's shape (docs/benchmarks.md)
     return XentConfig(br, bv, warps, num_stages, interpret)
 
 
@@ -137,11 +137,15 @@ def _call(cfg, logits, targets, a, b):
     return nll[:, 0], logz[:, 0], d
 
 
-def softmax_xent_pallas(logits, targets, a, b, *, block_v: int = 4096, num_warps=None,
-                        num_stages: int = 1, interpret=False):
+def softmax_xent_pallas(logits, targets, a, b, *,
+                        settings: SoftmaxXentSettings = SoftmaxXentSettings()):
     """logits [N, V], targets [N] int, a, b [N] -> (nll [N] fp32, logZ [N] fp32, d [N, V] in
     the logits' dtype); ``reference.py`` states the formulas. Not differentiable: d is the
-    gradient the caller's VJP returns."""
-    cfg = plan(*logits.shape, block_v=block_v, interpret=interpret, num_warps=num_warps,
-               num_stages=num_stages)
+    gradient the caller's VJP returns. Launched as ``settings`` says (its ``impl`` not read)."""
+    if settings.interpret is False and settings.target() != "gpu":
+        raise ValueError(f"softmax_xent(impl='pallas') has a Triton (GPU) lowering only; on "
+                         f"platform {settings.target()!r} use impl='reference' or "
+                         f"interpret=True")
+    cfg = plan(*logits.shape, block_v=settings.block_v, interpret=settings.interpret,
+               num_warps=settings.num_warps, num_stages=settings.num_stages)
     return _call(cfg, logits, targets, a, b)

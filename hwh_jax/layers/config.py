@@ -1,8 +1,10 @@
-"""The frozen model description every module receives: sizes plus a per-layer head allocation.
+"""The frozen model description the layers receive: sizes, a per-layer head allocation and the
+kernel settings.
 
 Every architecture of the study is a tuple of ``LayerSpec``: how many full-attention (FA) and
-Gated DeltaNet (LA) heads layer l has, whether its FA heads use RoPE, and their window.
-Named schedules that build these tuples live in ``schedules.py``; sizes in ``variants.py``.
+Gated DeltaNet (LA) heads layer l has, whether its FA heads use RoPE, and their window. Named
+schedules that build these tuples live in ``hwh_jax.models.schedules``; sizes in
+``hwh_jax.models.variants``. It sits below the layers that read it (the mixer, the blocks).
 """
 from __future__ import annotations
 
@@ -11,13 +13,16 @@ import dataclasses
 import jax.numpy as jnp
 
 from hwh_jax.layers.rope import PAIRINGS
+from kernels_pallas import AttentionSettings, GDNSettings, RMSNormSettings, ShortConvSettings
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-LOSS_IMPLS = ("unfused", "auto", "reference", "pallas")   # "unfused" or softmax_xent's impls
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerSpec:
+    """One layer's token mixer: ``num_fa`` full-attention query heads beside ``num_la`` Gated
+    DeltaNet heads (either may be 0, not both), RoPE or NoPE on the FA heads, and their sliding
+    window (None: global)."""
     num_fa: int              # full-attention query heads in this layer
     num_la: int              # Gated DeltaNet heads in this layer
     fa_rope: bool = False    # RoPE on this layer's FA heads (False = NoPE)
@@ -33,6 +38,10 @@ class LayerSpec:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
+    """Everything that defines a ``HybridLM``: widths, the layers' head allocation
+    (``layers``), FA head options (GQA, q/k norm, RoPE), dtypes and the kernel implementations
+    (``*_impl``: each op's ``impl`` setting, checked here, turned into the op's settings value
+    by ``*_settings()``). Values are checked when it is built; errors name the field."""
     vocab_size: int
     d_model: int
     num_heads: int                     # head slots per layer (FA + LA) of the named size
@@ -56,9 +65,9 @@ class ModelConfig:
     gdn_impl: str = "auto"             # kernels_pallas.gated_delta_rule impl
     conv_impl: str = "auto"            # kernels_pallas.short_conv impl (GDN conv, SiLU, norm)
     norm_impl: str = "auto"            # kernels_pallas.rms_norm impl (RMSNorms, residual adds)
-    loss_impl: str = "auto"            # training loss: kernels_pallas.softmax_xent's impl for
-                                       # head_loss, or "unfused" (autodiff through the logits)
     gdn_chunk_size: int = 64
+    kernel_platform: str = ""          # platform the kernels are chosen and lowered for
+                                       # ("cpu" | "gpu" | "tpu"); "" = the default backend
 
     def __post_init__(self):
         if not self.layers:
@@ -71,8 +80,11 @@ class ModelConfig:
             if spec.num_fa % self.q_per_kv:
                 raise ValueError(f"layer {l}: {spec.num_fa} FA heads not divisible by "
                                  f"q_per_kv={self.q_per_kv}")
-        if self.loss_impl not in LOSS_IMPLS:
-            raise ValueError(f"loss_impl must be one of {LOSS_IMPLS}, got {self.loss_impl!r}")
+        for name in ("attention_settings", "gdn_settings", "conv_settings", "norm_settings"):
+            try:
+                getattr(self, name)()
+            except ValueError as e:
+                raise ValueError(f"ModelConfig: {e}") from None
         if self.rope_pairing not in PAIRINGS:
             raise ValueError(f"rope_pairing must be one of {PAIRINGS}, got {self.rope_pairing!r}")
         if any(s.fa_rope for s in self.layers) and self.head_dim % 2:
@@ -81,6 +93,21 @@ class ModelConfig:
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"ModelConfig.{name} must be one of {list(DTYPES)}, "
                                  f"got {getattr(self, name)!r}")
+
+    def _kernel(self, cls, impl: str, **kw):
+        return cls(impl=impl, platform=self.kernel_platform or None, **kw)
+
+    def attention_settings(self) -> AttentionSettings:
+        return self._kernel(AttentionSettings, self.attn_impl)
+
+    def gdn_settings(self) -> GDNSettings:
+        return self._kernel(GDNSettings, self.gdn_impl, chunk_size=self.gdn_chunk_size)
+
+    def conv_settings(self) -> ShortConvSettings:
+        return self._kernel(ShortConvSettings, self.conv_impl)
+
+    def norm_settings(self) -> RMSNormSettings:
+        return self._kernel(RMSNormSettings, self.norm_impl)
 
     @property
     def num_layers(self) -> int:

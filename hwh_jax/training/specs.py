@@ -1,0 +1,76 @@
+"""A run config read into the frozen specs the pieces of a run take, every field checked before
+anything is compiled or loaded (errors name the config key and the value)."""
+from __future__ import annotations
+
+import dataclasses
+
+from hwh_jax.data.pipeline import DataSpec
+from hwh_jax.eval.suite import EvalSpec, spec_from_config
+from hwh_jax.layers.config import ModelConfig
+from hwh_jax.layers.loss import LOSS_IMPLS
+from hwh_jax.models.variants import model_config_from_dict
+from hwh_jax.training.optimizer import OptimizerSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpecs:
+    """What a run config asks for: data, optimizer and (when it evaluates at the end) the
+    evaluation; the model is built by ``model_config`` once the tokenizer's vocabulary is
+    known."""
+    data: DataSpec
+    optimizer: OptimizerSpec
+    eval: EvalSpec | None
+
+
+def model_config(config, tokenizer_vocab: int) -> ModelConfig:
+    """The run's ModelConfig; ``model.vocab_size`` 0 takes the tokenizer's, padded to 64."""
+    m = config.model.to_dict()
+    if not m.get("vocab_size"):
+        m["vocab_size"] = -(-tokenizer_vocab // 64) * 64
+    cfg = model_config_from_dict(m)
+    if cfg.vocab_size < tokenizer_vocab:
+        raise ValueError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's "
+                         f"vocabulary ({tokenizer_vocab})")
+    if cfg.attn_impl == "splash" and config.seq_len % 128:
+        raise ValueError(f"seq_len={config.seq_len}: model.attn_impl='splash' needs a multiple "
+                         f"of 128")
+    return cfg
+
+
+def run_specs(config) -> RunSpecs:
+    """Every section of a run config checked; the model with a provisional vocabulary (its
+    kernel choices and allocation), so a bad model field fails before the data is read."""
+    c = config.train
+    data = DataSpec(**{k: (tuple(v) if isinstance(v, (list, tuple)) else v)
+                       for k, v in config.data.to_dict().items()})
+    data.validate()
+    opt = OptimizerSpec(lr=c.lr, min_lr_ratio=c.min_lr_ratio, warmup_steps=c.warmup_steps,
+                        total_steps=c.steps, schedule=c.schedule, decay_fraction=c.decay_fraction,
+                        weight_decay=c.weight_decay, b1=c.b1, b2=c.b2, eps=c.eps,
+                        clip_norm=c.clip_norm)
+    opt.validate()
+    model_config(config, tokenizer_vocab=1)
+    if c.loss_impl not in LOSS_IMPLS:
+        raise ValueError(f"train.loss_impl must be one of {LOSS_IMPLS}, got {c.loss_impl!r}")
+    evaluation = None
+    if config.get("eval") is not None and config.eval.at_end:
+        evaluation = spec_from_config(config.eval)
+        evaluation.validate()
+    if c.log_every < 1:
+        raise ValueError(f"train.log_every must be >= 1, got {c.log_every}")
+    if c.profile_at and c.profile_steps < 1:
+        raise ValueError(f"train.profile_steps must be >= 1 with train.profile_at, got "
+                         f"{c.profile_steps}")
+    if c.profile_at and c.profile_at + c.profile_steps > (c.stop_at_step or c.steps):
+        raise ValueError(f"train.profile_at={c.profile_at} + train.profile_steps="
+                         f"{c.profile_steps} runs past the last step "
+                         f"{c.stop_at_step or c.steps}")
+    for name in ("eval_every", "checkpoint_every", "stop_at_step", "eval_batches", "profile_at"):
+        if getattr(c, name) < 0:
+            raise ValueError(f"train.{name} must be >= 0, got {getattr(c, name)}")
+    if config.seq_len < 2:
+        raise ValueError(f"seq_len must be >= 2, got {config.seq_len}")
+    if c.batch_size < 1 or c.grad_accum < 1 or c.batch_size % c.grad_accum:
+        raise ValueError(f"train.batch_size={c.batch_size} must be a positive multiple of "
+                         f"train.grad_accum={c.grad_accum}")
+    return RunSpecs(data, opt, evaluation)

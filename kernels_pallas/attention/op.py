@@ -1,0 +1,87 @@
+"""``attention``: the public entry, which checks shapes and runs the implementation its
+``AttentionSettings`` choose. Under ``kernel_mesh`` the cuDNN and splash kernels run per shard
+(``shard_map``: batch rows over the batch axes, heads over the tensor axis): left to GSPMD,
+cuDNN's partitioner rejects an FSDP step ("Query, key and value should have same sharding").
+The reference is plain XLA and stays with GSPMD."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from kernels_pallas import dispatch, sharding
+from kernels_pallas.attention.reference import attention_reference
+from kernels_pallas.attention.settings import AttentionSettings
+
+
+def _cudnn_ok(q, window, segment_ids):
+    return (q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] <= 128
+            and q.shape[-1] % 8 == 0 and segment_ids is None)
+
+
+def choose(settings: AttentionSettings, q, *, window=None, segment_ids=None) -> str:
+    """The implementation ``attention`` runs for these inputs."""
+    if settings.impl != "auto":
+        return settings.impl
+    platform = settings.target()
+    if platform == "gpu" and _cudnn_ok(q, window, segment_ids):
+        return "cudnn"
+    if platform == "tpu" and segment_ids is None:
+        from kernels_pallas.attention import tpu
+        if tpu.supported(q.shape[1], q.shape[-1]):
+            return "splash"
+    return "reference"
+
+
+def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None,
+              settings: AttentionSettings | None = None):
+    """Multi-head attention with grouped kv heads.
+
+    Args:
+      q: [B, T, H, D]; k, v: [B, T, G, D] with H % G == 0.
+      causal: mask keys after the query; window: keys in [t - window + 1, t] only (SWA).
+      scale: logit scale, default D**-0.5; segment_ids: [B, T] ints, attend within a segment.
+      settings: which implementation (default ``AttentionSettings()``).
+    Returns: [B, T, H, D] in q's dtype.
+    """
+    settings = AttentionSettings() if settings is None else settings
+    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
+        raise ValueError(f"attention: need q [B,T,H,D], k=v [B,T,G,D]; got {q.shape}, "
+                         f"{k.shape}, {v.shape}")
+    B, T, H, D = q.shape
+    G = k.shape[2]
+    if k.shape[0] != B or k.shape[3] != D or k.shape[1] != T:
+        raise ValueError(f"attention: k shape {k.shape} does not match q shape {q.shape}")
+    if H % G:
+        raise ValueError(f"attention: {H} query heads not divisible by {G} kv heads")
+    if window is not None and window < 1:
+        raise ValueError(f"attention: window must be >= 1, got {window}")
+    impl = dispatch.record(settings, choose(settings, q, window=window,
+                                            segment_ids=segment_ids))
+    if impl == "reference":
+        return attention_reference(q, k, v, causal=causal, window=window, scale=scale,
+                                   segment_ids=segment_ids)
+    if segment_ids is not None:
+        raise ValueError(f"attention: impl={impl!r} does not take segment_ids here (auto picks "
+                         f"the reference for them)")
+    kernel = functools.partial(_kernel, impl, causal=causal, window=window, scale=scale,
+                               interpret=settings.interpret)
+    km = sharding.current()
+    if km is None:
+        return kernel(q, k, v)
+    h = km.head_spec(G) if km.head_spec(H) else None     # q and kv heads split alike or not at all
+    qkv = sharding.P(km.batch_spec(B), None, h, None)
+    return sharding.per_shard(kernel, km, (qkv,) * 3, qkv)(q, k, v)
+
+
+def _kernel(impl, q, k, v, *, causal, window, scale, interpret):
+    if impl == "cudnn":
+        return jax.nn.dot_product_attention(
+            q, k, v, scale=scale, is_causal=causal, implementation="cudnn",
+            local_window_size=None if window is None else (window - 1, 0))
+    from kernels_pallas.attention.tpu import splash_attention
+    return splash_attention(q, k, v, causal=causal, window=window, scale=scale,
+                            interpret=interpret)
+
+

@@ -1,0 +1,54 @@
+"""``GDNSettings``: how ``gated_delta_rule`` runs, as one frozen value."""
+from __future__ import annotations
+
+import dataclasses
+
+from kernels_pallas.dispatch import KernelSettings
+
+FP32_DOTS = ("tf32", "ieee")
+
+
+@dataclasses.dataclass(frozen=True)
+class GDNSettings(KernelSettings):
+    """Implementation and launch settings of ``gated_delta_rule``.
+
+    impl: "auto" | "recurrent" (``reference.py``, token by token) | "chunk_reference" (the
+    chunked form in XLA) | "pallas" (the chunked form as Pallas kernels: Triton on GPU, Mosaic
+    on TPU); "auto" takes the kernels on GPU and TPU, the XLA chunked form elsewhere.
+    chunk_size: C of the chunked forms. The rest concern the Pallas kernels only:
+    block_v: value columns per program of the sequential scans (None: ``default_block_v``);
+    num_warps / num_stages: the scans' launch on GPU; chunk_warps: the per-chunk kernels';
+    inverse_warps: the WY inverse's among them (its time is the latency of dependent row
+    reductions, which one warp does without shared memory); fp32_dots: precision of the WY
+    backward's fp32 x fp32 products on GPU, "tf32" (tensor cores) or "ieee";
+    recompute: save only X for the backward and recompute w, QK, S_n, v there (less memory,
+    two kernels more).
+    """
+    chunk_size: int = 64
+    block_v: int | None = None
+    num_warps: int = 4
+    num_stages: int = 2
+    chunk_warps: int = 4
+    inverse_warps: int = 1
+    fp32_dots: str = "tf32"
+    recompute: bool = False
+
+    OP = "gated_delta_rule"
+    IMPLS = ("auto", "recurrent", "chunk_reference", "pallas")
+    AUTO = {"gpu": "pallas", "tpu": "pallas"}
+    FALLBACK = "chunk_reference"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.chunk_size < 1:
+            raise ValueError(f"gated_delta_rule: chunk_size must be >= 1, got {self.chunk_size}")
+        if self.fp32_dots not in FP32_DOTS:
+            raise ValueError(f"gated_delta_rule: fp32_dots must be one of {FP32_DOTS}, got "
+                             f"{self.fp32_dots!r}")
+        for name in ("num_warps", "num_stages", "chunk_warps", "inverse_warps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"gated_delta_rule: {name} must be >= 1, got "
+                                 f"{getattr(self, name)}")
+        if self.block_v is not None and self.block_v < 1:
+            raise ValueError(f"gated_delta_rule: block_v must be >= 1 or None, got "
+                             f"{self.block_v}")

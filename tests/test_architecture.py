@@ -1,0 +1,68 @@
+"""The code's shape: imports point down the layers of pyproject.toml (import-linter), the picture
+in docs/architecture.md is the code's, every public class says what it is, docstrings carry no
+timings, and importing the project changes no global setting."""
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("hwh_jax", "kernels_pallas", "launch", "configs")
+
+
+def _sources():
+    for package in PACKAGES:
+        yield from sorted((ROOT / package).rglob("*.py"))
+
+
+def test_imports_point_down_the_layers():
+    """import-linter's contracts (pyproject.toml) hold; a violation prints the import chain."""
+    from importlinter.cli import lint_imports
+    assert lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True) == 0
+
+
+def test_the_architecture_picture_is_the_codes():
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "architecture.py"), "--check"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_every_public_class_has_a_docstring():
+    missing = [f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"
+               for path in _sources() for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.ClassDef) and not node.name.startswith("_")
+               and not ast.get_docstring(node)]
+    assert not missing, missing
+
+
+TIMING = re.compile(r"\b\d[\d,.]*\s?(ms|TB/s|TFLOP/s|tokens/s)\b|\bsession \d", re.IGNORECASE)
+
+
+def test_no_docstring_quotes_a_timing():
+    """Timings live in docs/benchmarks.md with their date, device and command."""
+    found = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                 ast.AsyncFunctionDef)):
+                text = ast.get_docstring(node) or ""
+                if TIMING.search(text):
+                    found.append(f"{path.relative_to(ROOT)}: {TIMING.search(text).group(0)!r}")
+    assert not found, found
+
+
+@pytest.mark.parametrize("module", ["hwh_jax", "hwh_jax.models", "hwh_jax.training.trainer",
+                                    "launch.train"])
+def test_importing_changes_no_global_setting(module):
+    """Importing the project leaves Flax's and JAX's configuration as it found it."""
+    code = ("import flax, jax; before = (flax.config.flax_always_shard_variable, "
+            "jax.config.jax_threefry_gpu_kernel_lowering); "
+            f"import {module}; "
+            "after = (flax.config.flax_always_shard_variable, "
+            "jax.config.jax_threefry_gpu_kernel_lowering); "
+            "assert before == after, (before, after)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
