@@ -7,14 +7,15 @@
 #       steplong   the 380m step at 8K and 32K, HwH and the Transformer, 65,536 tokens a step
 #       decode     prefill-free decode at 32K, batch 1 and 32, HwH and the Transformer
 # Each part writes OUT_DIR/PART.jsonl (rows as the scripts print them) and OUT_DIR/PART.log.
-# The step and decode parts set the settings docs/training.md measured fastest on an H200
-# (command buffers off, cuBLAS for every product, 95% of the GPU's memory) unless XLA_FLAGS /
-# XLA_PYTHON_CLIENT_MEM_FRACTION are set already.
+# The step parts set the XLA flags docs/training.md measured fastest for training on an H200
+# (command buffers off, cuBLAS for every product) unless XLA_FLAGS is set; decode keeps XLA's
+# defaults (its command buffers replay a step's hundreds of small kernels as one graph). Every
+# part lets JAX take 95% of the GPU's memory unless XLA_PYTHON_CLIENT_MEM_FRACTION is set.
 set -uo pipefail
 OUT=$1; shift
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-export XLA_FLAGS=${XLA_FLAGS:-"--xla_gpu_enable_command_buffer= --xla_gpu_enable_triton_gemm=false"}
+TRAIN_FLAGS=${XLA_FLAGS:-"--xla_gpu_enable_command_buffer= --xla_gpu_enable_triton_gemm=false"}
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}
 SHAPES="8,2048,16,128,128 2,8192,16,128,128 32,2048,13,64,64"
 
@@ -25,10 +26,10 @@ for part in "$@"; do
       python3 bench/gdn.py --shapes $SHAPES --impls pallas --out "$OUT/gdn.jsonl"
       python3 bench/fla_gdn_anchor.py $SHAPES | tee "$OUT/gdn_fla.jsonl" ;;
     step2k)
-      python3 bench/train_step.py --sizes 380m --contexts 2048 --tokens_per_step 90112 \
+      XLA_FLAGS=$TRAIN_FLAGS python3 bench/train_step.py --sizes 380m --contexts 2048 --tokens_per_step 90112 \
         --steps 8 --archs hwh transformer --out "$OUT/step2k.jsonl" ;;
     steplong)
-      python3 bench/train_step.py --sizes 380m --contexts 8192 32768 --tokens_per_step 65536 \
+      XLA_FLAGS=$TRAIN_FLAGS python3 bench/train_step.py --sizes 380m --contexts 8192 32768 --tokens_per_step 65536 \
         --steps 6 --archs hwh transformer --out "$OUT/steplong.jsonl" ;;
     decode)
       python3 bench/decode.py --size 380m --archs hwh transformer --contexts 32768 \
