@@ -1,0 +1,109 @@
+"""Every command shown in README.md and docs/*.md runs as written: each `python -m launch.X` line's
+flags and `--config.*` overrides parse against the real flags and config (absl's
+`--only_check_args`: nothing runs), each `python bench/X.py` / `tools/X.py` line names only
+options its parser knows, and each script it names exists."""
+import concurrent.futures
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+FENCE = re.compile(r"```(?:bash|sh|shell)\n(.*?)```", re.S)
+PYTHON = re.compile(r"(^|/)python3?$")
+
+
+def commands():
+    """(doc, line, kind, target, args): kind "launch" (target a module), "script" (a .py path)
+    or "shell" (a .sh path), for every command of every fenced shell block."""
+    out = []
+    for doc in DOCS:
+        for block in FENCE.findall(doc.read_text()):
+            for line in block.replace("\\\n", "").splitlines():   # bash's line continuation
+                try:
+                    words = shlex.split(line, comments=True)
+                except ValueError as e:
+                    raise AssertionError(f"{doc.name}: cannot parse {line!r}: {e}") from None
+                segment = []
+                for w in words + [";"]:
+                    if w in ("&&", "||", ";", "|"):
+                        found = _command(segment)
+                        if found:
+                            out.append((doc.name, line.strip(), *found))
+                        segment = []
+                    else:
+                        segment.append(w)
+    return out
+
+
+def _command(words):
+    words = [w for w in words if not re.match(r"^[A-Z_][A-Z0-9_]*=", w)]  # env assignments
+    for i, w in enumerate(words):
+        if PYTHON.search(w):
+            rest = words[i + 1:]
+            if rest[:1] == ["-m"] and len(rest) > 1 and rest[1].startswith("launch."):
+                return "launch", rest[1], rest[2:]
+            if rest and rest[0].endswith(".py"):
+                return "script", rest[0], rest[1:]
+        if w == "bash" and i + 1 < len(words) and words[i + 1].endswith(".sh"):
+            return "shell", words[i + 1], words[i + 2:]
+    return None
+
+
+COMMANDS = commands()
+
+
+def test_the_docs_show_commands():
+    kinds = {kind for _, _, kind, _, _ in COMMANDS}
+    assert kinds == {"launch", "script", "shell"}, kinds
+    assert sum(kind == "launch" for _, _, kind, _, _ in COMMANDS) >= 15
+
+
+def _check_launch(module, args):
+    proc = subprocess.run([sys.executable, "-m", module, *args, "--only_check_args"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return proc.returncode, (proc.stderr or proc.stdout)[-1500:]
+
+
+def test_launch_commands_parse():
+    """Each launcher command with its flags and config overrides, as the docs write it."""
+    todo = [(doc, line, target, args) for doc, line, kind, target, args in COMMANDS
+            if kind == "launch"]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda c: _check_launch(c[2], c[3]), todo))
+    bad = [f"{doc}: {line}\n  -> {err}" for (doc, line, _, _), (rc, err) in zip(todo, results)
+           if rc != 0]
+    assert not bad, "\n".join(bad)
+
+
+def _options(script: str) -> set[str]:
+    proc = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, f"{script} --help: {proc.stderr[-1000:]}"
+    return set(re.findall(r"(--[a-z][a-z0-9_]*)", proc.stdout))
+
+
+@pytest.mark.parametrize("script", sorted({t for _, _, k, t, _ in COMMANDS if k == "script"}))
+def test_script_commands_name_known_options(script):
+    if script.endswith("fla_gdn_anchor.py"):   # needs PyTorch with CUDA and fla: positional only
+        assert (ROOT / script).exists()
+        return
+    assert (ROOT / script).exists(), script
+    known = _options(script)
+    for doc, line, kind, target, args in COMMANDS:
+        if kind == "script" and target == script:
+            used = {a.split("=")[0] for a in args if a.startswith("--")}
+            assert used <= known, f"{doc}: {line}: unknown {sorted(used - known)}"
+
+
+def test_shell_commands_name_scripts_that_exist():
+    for doc, line, kind, target, args in COMMANDS:
+        if kind == "shell":
+            assert (ROOT / target).exists(), f"{doc}: {line}"
+            if target.endswith("tables.sh"):
+                parts = {"gdn", "step2k", "steplong", "decode"}
+                assert set(args[1:]) <= parts, f"{doc}: {line}"
