@@ -59,6 +59,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     d.heldout_paths = ()                   # explicit held-out files (else the stream's tail)
     d.heldout_fraction = 0.01              # share of the token stream held out
     d.text_field = "text"                  # jsonl / TFDS field holding the text
+    d.decode_errors = "replace"            # invalid UTF-8 in text files: "replace" (read as
+    #                                        U+FFFD, a warning names file and line) or "strict"
     d.tfds_name = ""                       # e.g. "fineweb_edu" (prepared under tfds_data_dir)
     d.tfds_split = "train"
     d.tfds_heldout_split = ""
@@ -76,6 +78,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     t = config.train = ml_collections.ConfigDict()
     t.steps = 250 if size == "tiny" else 20000
     t.stop_at_step = 0                     # stop (with a checkpoint) before `steps`; 0 = no
+    t.accept_changes = ""                  # bound keys (model.*, data.*, seq_len, seed,
+    #                                        train.batch_size) this start may change in a
+    #                                        workdir made by another config: "a.b,c" or "all"
     t.batch_size = 16 if size == "tiny" else 256   # global batch, sequences
     t.grad_accum = 1                       # micro-batches per step
     t.loss_impl = "auto"                   # the LM head + loss as one op (layers.loss.head_loss)

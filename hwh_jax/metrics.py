@@ -45,6 +45,18 @@ class MetricsWriter:
                 self.tb.add_scalar(f"{split}/{k}", float(v), int(step))
             self.tb.flush()
 
+    def truncate(self, step: int) -> int:
+        """Drop the rows after ``step`` (a run resuming there repeats them); returns how many."""
+        if not self.enabled or not self.path.exists():
+            return 0
+        rows = self.path.read_text().splitlines()
+        keep = [r for r in rows if r.strip() and json.loads(r)["step"] <= step]
+        if len(keep) != len(rows):
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(r + "\n" for r in keep))
+            tmp.replace(self.path)
+        return len(rows) - len(keep)
+
     def close(self):
         if self.tb is not None:
             self.tb.close()

@@ -1,8 +1,73 @@
-"""Thin absl entry points; the logic lives in hwh_jax and is tested there."""
+"""Thin absl entry points; the logic lives in hwh_jax and is tested there.
+
+Exit statuses of every launcher (docs/training.md, "Faults"): 0 done, or stopped by SIGTERM /
+SIGINT with a complete checkpoint; 1 the run failed and says what is kept (a non-finite loss,
+a checkpoint that could not be written); 2 the run was refused before it started (a bad config
+value, data that cannot be read, a workdir made by another config). A failure prints one line;
+the traceback goes to the log file (a launcher's workdir's ``<name>.log``) and, with
+``--verbosity=1``, to the console.
+"""
+import contextlib
 import logging
+import sys
+from pathlib import Path
+
+EXIT_FAILED, EXIT_REFUSED = 1, 2
+_log = logging.getLogger("launch")
 
 
-def setup_logging() -> None:
-    """INFO from the project's loggers; absl (Orbax's per-save chatter) only from WARNING."""
-    logging.getLogger().setLevel(logging.INFO)
-    logging.getLogger("absl").setLevel(logging.WARNING)
+NOISY = ("asyncio", "orbax", "etils", "absl")   # library detail: the log file, not the console
+
+
+def setup_logging(log_file: str | Path | None = None) -> None:
+    """INFO from the project's loggers on the console (libraries' records only with
+    ``--verbosity=1``); with ``log_file``, every record from DEBUG on into that file."""
+    from absl import flags
+    from absl import logging as absl_logging
+    verbose = flags.FLAGS.is_parsed() and flags.FLAGS.verbosity >= 1
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG if log_file else logging.INFO)
+    console = absl_logging.get_absl_handler()
+    console.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if not verbose:
+        console.addFilter(_Quiet())
+    if log_file:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(log_file)
+        handler.setLevel(logging.DEBUG)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+
+
+class _Quiet(logging.Filter):
+    """Keeps the libraries' records (``NOISY``) off the console."""
+
+    def filter(self, record):
+        return not record.name.startswith(NOISY)
+
+
+@contextlib.contextmanager
+def one_line_errors():
+    """Known failures as one line on stderr and the documented exit status (module docstring);
+    the traceback to the log, and to the console with ``--verbosity=1``."""
+    from absl import flags
+
+    from hwh_jax.training.checkpoint import CheckpointWriteError
+    verbose = flags.FLAGS.is_parsed() and flags.FLAGS.verbosity >= 1
+    try:
+        yield
+    except (FloatingPointError, CheckpointWriteError) as e:
+        _fail(e, EXIT_FAILED, verbose)
+    except (ValueError, KeyError, FileNotFoundError, NotADirectoryError) as e:
+        _fail(e, EXIT_REFUSED, verbose)
+    except OSError as e:
+        _fail(e, EXIT_FAILED, verbose)
+
+
+def _fail(e: BaseException, status: int, verbose: bool):
+    _log.debug("failed", exc_info=True)
+    if verbose:
+        raise e
+    message = str(e) if not isinstance(e, KeyError) else str(e.args[0]) if e.args else repr(e)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(status)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from launch import setup_logging
+from launch import one_line_errors, setup_logging
 
 flags.DEFINE_list("checkpoint", None, "launch.train workdir(s), comma-separated")
 flags.DEFINE_string("out", "", "output folder (default <first checkpoint>/eval)")
@@ -39,6 +39,11 @@ SPEC_FLAGS = {"suite": ("suites", tuple), "niah_tasks": ("niah_tasks", tuple),
 
 def main(argv):
     del argv
+    with one_line_errors():
+        evaluate()
+
+
+def evaluate():
     setup_logging()
     from hwh_jax.eval import suite
     from hwh_jax.training.restore import load_run
@@ -49,10 +54,10 @@ def main(argv):
     out = Path(FLAGS.out or Path(FLAGS.checkpoint[0]) / "eval")
     results = []
     for i, ckpt in enumerate(FLAGS.checkpoint):
-        run = load_run(ckpt, FLAGS.step)
-        print(f"== {run.name} (step {run.step})", flush=True)
-        results.append(suite.run_suite(run.eval_model(), spec,
-                                       out / f"{i}_{run.name.replace('@', '_')}"))
+        loaded = load_run(ckpt, FLAGS.step)
+        print(f"== {loaded.name} (step {loaded.step})", flush=True)
+        results.append(suite.run_suite(loaded.eval_model(), spec,
+                                       out / f"{i}_{loaded.name.replace('@', '_')}"))
     suite.compare(results, out)
     (out / "summary.json").write_text(json.dumps(
         [{k: r[k] for k in r if k not in ("niah",)} for r in results], indent=2))

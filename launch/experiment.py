@@ -15,7 +15,7 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
-from launch import setup_logging
+from launch import one_line_errors, setup_logging
 
 config_flags.DEFINE_config_file("config", None, "run config file (e.g. configs/experiment.py:hwh)")
 flags.DEFINE_string("out", None, "the run's workdir (--config) or the report's folder (--report)")
@@ -26,7 +26,12 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    setup_logging()
+    with one_line_errors():
+        experiment()
+
+
+def experiment():
+    setup_logging(os.path.join(FLAGS.out, "train.log") if FLAGS.config is not None else None)
     from hwh_jax.eval.report import report, summarize
     if FLAGS.report:
         print(report(FLAGS.report, FLAGS.out))

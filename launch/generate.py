@@ -7,9 +7,10 @@ continuations, prefill and decode timings, and the decode cache's memory at this
 
 from absl import app, flags
 
-from launch import setup_logging
+from launch import one_line_errors, setup_logging
 
 flags.DEFINE_string("checkpoint", None, "launch.train workdir")
+flags.DEFINE_integer("step", None, "checkpoint step (default: the newest that proves itself)")
 flags.DEFINE_multi_string("prompt", ["It was"], "prompt text (repeat for a batch)")
 flags.DEFINE_integer("max_new_tokens", 64, "tokens to generate per prompt")
 flags.DEFINE_float("temperature", 0.0, "0 = greedy")
@@ -23,17 +24,24 @@ FLAGS = flags.FLAGS
 def main(argv):
     del argv
     setup_logging()
+    with one_line_errors():
+        generate()
+
+
+def generate():
     from hwh_jax.inference import Generator, cache_bytes
     from hwh_jax.training.restore import load_run
-    run = load_run(FLAGS.checkpoint)
+    run = load_run(FLAGS.checkpoint, FLAGS.step)
+    print(f"== {run.name} (step {run.step})", flush=True)
     tok = run.tokenizer
     gen = Generator(run.model, eos_id=tok.eos_id, vocab=tok.vocab_size, pad_id=tok.pad_id,
                     prefill_chunk=FLAGS.prefill_chunk)
     prompts = [tok.encode(p) for p in FLAGS.prompt]
     outs, timing = gen.generate(prompts, FLAGS.max_new_tokens, temperature=FLAGS.temperature,
                                 top_p=FLAGS.top_p, seed=FLAGS.seed)
-    for text, out in zip(FLAGS.prompt, outs):
-        print(f"--- {text!r}\n{text}{tok.decode(out)}\n")
+    for text, ids, out in zip(FLAGS.prompt, prompts, outs):
+        # decoded with its prompt, so the tokenizer places the space between them
+        print(f"--- {text!r}\n{text}{continuation(tok, ids, list(out))}\n")
     length = timing["padded_prompt"] + FLAGS.max_new_tokens
     mem = cache_bytes(run.model_cfg, len(prompts), length)
     steps = FLAGS.max_new_tokens
@@ -41,6 +49,14 @@ def main(argv):
           f"{len(prompts)}), decode {timing['decode_s']:.3f}s for {steps} steps "
           f"(incl. compile on first use); cache {mem['total'] / 2**20:.2f} MiB at length "
           f"{length} (FA {mem['fa'] / 2**20:.2f}, GDN {mem['la'] / 2**20:.2f})", flush=True)
+
+
+def continuation(tok, prompt_ids, out_ids) -> str:
+    """The text ``out_ids`` add after the prompt (SentencePiece drops a leading space when a
+    continuation is decoded alone: "It was" + "the" -> "It wasthe")."""
+    prompt = tok.decode(prompt_ids)
+    full = tok.decode(list(prompt_ids) + out_ids)
+    return full[len(prompt):] if full.startswith(prompt) else tok.decode(out_ids)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,14 @@ r"""Pretrain a model: ``python -m launch.train --config=configs/hwh_tiny.py --wo
 
 Intentionally short: the logic is ``hwh_jax.training.trainer.train_and_evaluate``. Any config
 field can be overridden, e.g. ``--config.train.steps=100 --config.train.mesh=1,2,4``. On a
-multi-host TPU slice or GPU cluster every process runs this same command.
+multi-host TPU slice or GPU cluster every process runs this same command. Exit statuses and the
+log file (``<workdir>/train.log``): ``launch/__init__.py``.
 """
 import os
 
 from absl import app, flags
 
-from launch import setup_logging
+from launch import one_line_errors, setup_logging
 from ml_collections import config_flags
 
 config_flags.DEFINE_config_file("config", None, "run config file", lock_config=True)
@@ -23,9 +24,10 @@ def main(argv):
     if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("TPU_WORKER_HOSTNAMES") \
             or int(os.environ.get("SLURM_NTASKS", "1")) > 1:
         jax.distributed.initialize()
-    setup_logging()
-    from hwh_jax.training.trainer import train_and_evaluate
-    train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    setup_logging(os.path.join(FLAGS.workdir, "train.log"))
+    with one_line_errors():
+        from hwh_jax.training.trainer import train_and_evaluate
+        train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 
 if __name__ == "__main__":

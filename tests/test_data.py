@@ -287,9 +287,9 @@ def test_retrieval_mix_share_in_batches_and_errors(gpt2):
         RetrievalMix(PackedSequences(stream, 64, eos_id=gpt2.eos_id, pad_id=0), gpt2, 0.2)
     with pytest.raises(ValueError, match="retrieval_share"):
         DataSpec(retrieval_share=-0.1).validate()
-    with pytest.raises(ValueError, match="retrieval_answer_weight must be >= 1, got 0.5"):
+    with pytest.raises(ValueError, match="retrieval_answer_weight must be a finite number >= 1, got 0.5"):
         DataSpec(retrieval_answer_weight=0.5).validate()
-    with pytest.raises(ValueError, match="retrieval_max_needles must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="retrieval_max_needles must be an integer >= 1, got 0"):
         DataSpec(retrieval_max_needles=0).validate()
 
 
@@ -346,5 +346,5 @@ def test_worker_processes_give_the_same_batches_and_resume(gpt2):
     for a, b in zip(want, got):
         for key in ("inputs", "loss_mask", "index"):
             np.testing.assert_array_equal(a[key], b[key])
-    with pytest.raises(ValueError, match="data.workers must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="data.workers must be an integer >= 0, got -1"):
         DataSpec(workers=-1).validate()

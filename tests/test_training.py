@@ -168,6 +168,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes(corpus, tmp_path):
     workdir = tmp_path / "run"
     args = [sys.executable, "-m", "launch.train", "--config=configs/hwh_tiny.py",
             f"--workdir={workdir}", "--config.seq_len=32", "--config.model.dtype=float32",
+            "--config.model.gdn_chunk_size=16", "--config.data.heldout_fraction=0.05",
             f"--config.data.paths=('{corpus}',)", "--config.data.sp_vocab_size=512",
             "--config.train.steps=100000", "--config.train.batch_size=4",
             "--config.train.log_every=1", "--config.train.eval_every=0",

@@ -56,7 +56,20 @@ def _rope_scaling(hf: dict) -> tuple:
     return () if kind == "default" else tuple(sorted(keep.items()))
 
 
+class _Keys(dict):
+    """A config.json whose missing key names the file and the key."""
+
+    def __init__(self, data: dict, where: str):
+        super().__init__(data)
+        self.where = where
+
+    def __missing__(self, key):
+        raise KeyError(f"{self.where}: no {key!r} (a {self.get('model_type', '?')} config needs "
+                       f"it)")
+
+
 def config_from_hf(hf: dict, *, dtype: str = "float32") -> ModelConfig:
+    hf = hf if isinstance(hf, _Keys) else _Keys(hf, "config.json")
     kind = hf.get("model_type")
     if kind not in SUPPORTED:
         raise ValueError(f"model_type {kind!r} is not supported; supported: {SUPPORTED}")
@@ -85,7 +98,11 @@ def _tensors(folder: Path):
     for name in files:
         if not (folder / name).exists():
             raise FileNotFoundError(f"{folder / name} (listed by the checkpoint) is missing")
-        with safe_open(folder / name, framework="flax") as f:
+        try:
+            handle = safe_open(folder / name, framework="flax")
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+            raise ValueError(f"{folder / name}: not a readable safetensors file ({e})") from None
+        with handle as f:
             for key in f.keys():
                 yield key, f.get_tensor(key)
 
@@ -106,9 +123,16 @@ def _path_str(path) -> str:
 def load_hf_checkpoint(folder: str | Path, *, dtype: str = "float32"):
     """(HybridLM with the checkpoint's weights, its ModelConfig, the HF config dict)."""
     folder = Path(folder)
-    if not (folder / "config.json").exists():
+    path = folder / "config.json"
+    if not path.exists():
         raise FileNotFoundError(f"no config.json in {folder}")
-    hf = json.loads((folder / "config.json").read_text())
+    try:
+        hf = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    hf = _Keys(hf, str(path))
     cfg = config_from_hf(hf, dtype=dtype)
     abstract = nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)

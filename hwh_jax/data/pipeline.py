@@ -16,7 +16,9 @@ from pathlib import Path
 import grain
 import numpy as np
 
+from hwh_jax import checks
 from hwh_jax.data import sources
+from hwh_jax.data.sources import DECODE_ERRORS
 from hwh_jax.data.packing import PackedSequences, concat_documents
 from hwh_jax.data.paths import cache_dir, resolve
 from hwh_jax.data.retrieval import RetrievalMix
@@ -40,6 +42,8 @@ class DataSpec:
     tfds_split: str = "train"
     tfds_heldout_split: str = ""
     tfds_data_dir: str = ""
+    decode_errors: str = "replace"        # invalid UTF-8 in text: "replace" (read as U+FFFD,
+    #                                       with a warning naming file and line) | "strict"
     tokenizer: str = "train_sentencepiece"  # "gpt2" | "sentencepiece" | "train_sentencepiece"
     sp_model: str = ""                    # .model path for tokenizer="sentencepiece"
     sp_vocab_size: int = 4096             # vocabulary of the trained SentencePiece model
@@ -54,18 +58,16 @@ class DataSpec:
             raise ValueError(f"data.source must be one of {SOURCES}, got {self.source!r}")
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"data.tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
-        if not 0 <= self.heldout_fraction < 1:
-            raise ValueError(f"data.heldout_fraction must lie in [0, 1), got {self.heldout_fraction}")
-        if not 0 <= self.retrieval_share < 1:
-            raise ValueError(f"data.retrieval_share must lie in [0, 1), got {self.retrieval_share}")
-        if self.retrieval_answer_weight < 1:
-            raise ValueError(f"data.retrieval_answer_weight must be >= 1, got "
-                             f"{self.retrieval_answer_weight}")
-        if self.workers < 0:
-            raise ValueError(f"data.workers must be >= 0, got {self.workers}")
-        if self.retrieval_max_needles < 1:
-            raise ValueError(f"data.retrieval_max_needles must be >= 1, got "
-                             f"{self.retrieval_max_needles}")
+        checks.number("data.heldout_fraction", self.heldout_fraction, lo=0, hi=1, hi_open=True)
+        checks.number("data.retrieval_share", self.retrieval_share, lo=0, hi=1, hi_open=True)
+        checks.number("data.retrieval_answer_weight", self.retrieval_answer_weight, lo=1)
+        checks.number("data.workers", self.workers, lo=0, integer=True)
+        checks.number("data.retrieval_max_needles", self.retrieval_max_needles, lo=1,
+                      integer=True)
+        checks.number("data.sp_vocab_size", self.sp_vocab_size, lo=16, integer=True)
+        if self.decode_errors not in DECODE_ERRORS:
+            raise ValueError(f"data.decode_errors must be one of {DECODE_ERRORS}, got "
+                             f"{self.decode_errors!r}")
         if self.source in ("text", "arrayrecord"):
             if not self.paths:
                 raise ValueError("data.paths is empty")
@@ -87,12 +89,14 @@ def _documents(spec: DataSpec, heldout: bool):
         return sources.tfds_documents(spec.tfds_name, split, data_dir=spec.tfds_data_dir or None,
                                       text_field=spec.text_field)
     paths = spec.heldout_paths if heldout else spec.paths
-    return (doc for f in _files(spec, paths) for doc in sources.text_documents(f, spec.text_field))
+    return (doc for f in _files(spec, paths)
+            for doc in sources.text_documents(f, spec.text_field, spec.decode_errors))
 
 
 def _fingerprint(spec: DataSpec, paths) -> str:
     fields = dataclasses.asdict(spec)
-    for name in ("retrieval_share", "retrieval_answer_weight", "retrieval_max_needles", "workers"):
+    for name in ("retrieval_share", "retrieval_answer_weight", "retrieval_max_needles", "workers",
+                 "decode_errors"):
         fields.pop(name)  # mixed in / batched after tokenisation: same tokenizer, same tokens
     h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     if spec.source != "tfds":
@@ -112,7 +116,7 @@ def load_tokenizer(spec: DataSpec):
     model = train_sentencepiece(_documents(spec, heldout=False), spec.sp_vocab_size,
                                 cache_dir() / "tokenizers",
                                 key=_fingerprint(dataclasses.replace(spec, heldout_paths=()),
-                                                 spec.paths))
+                                                 spec.paths), where=f"data.paths {spec.paths}")
     return SentencePieceTokenizer(model, use_seqio=False)  # ours: no TensorFlow import
 
 
@@ -129,6 +133,9 @@ def token_stream(spec: DataSpec, tokenizer, heldout: bool = False) -> np.ndarray
     else:
         docs = (tokenizer.encode(text) for text in _documents(spec, heldout))
     stream = concat_documents(docs, tokenizer.eos_id)
+    if not len(stream):
+        key = "data.heldout_paths" if heldout else "data.paths"
+        raise ValueError(f"{key} {tuple(paths)} holds no text (0 tokens); give files with text")
     if len(stream) and int(stream.max()) >= 2 ** 32 - 1:
         raise ValueError("token id does not fit uint32")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +173,10 @@ def build_splits(spec: DataSpec, seq_len: int) -> Splits:
             raise ValueError(f"held-out share {spec.heldout_fraction} of {len(stream)} tokens "
                              f"leaves no training data at seq_len {seq_len}")
         stream, heldout = stream[:len(stream) - n_held], stream[len(stream) - n_held:]
+    for name, s in (("the training split", stream), ("the held-out split", heldout)):
+        if 0 < len(s) < seq_len + 1:
+            raise ValueError(f"{name} has {len(s)} tokens, fewer than one sequence of "
+                             f"seq_len + 1 = {seq_len + 1}: give more text or a smaller seq_len")
     train = PackedSequences(stream, seq_len, **kw)
     if spec.retrieval_share:
         train = RetrievalMix(train, tok, spec.retrieval_share,

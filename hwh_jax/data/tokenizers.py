@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
+import re
 from pathlib import Path
 
 import regex
@@ -126,9 +128,10 @@ class SentencePieceTokenizer:
 
 
 def train_sentencepiece(documents, vocab_size: int, out_dir: Path, *, key: str,
-                        max_sentences: int = 300_000) -> Path:
+                        max_sentences: int = 300_000, where: str = "the corpus") -> Path:
     """Train (once, then cached under ``out_dir/key``) a BPE SentencePiece model with byte
-    fallback, pad=0, eos=1, unk=2, bos=3, on lines of ``documents`` (an iterable of str)."""
+    fallback, pad=0, eos=1, unk=2, bos=3, on lines of ``documents`` (an iterable of str).
+    A corpus too small for ``vocab_size`` pieces is refused naming ``data.sp_vocab_size``."""
     import sentencepiece as spm
     prefix = out_dir / f"spm_{key}_{vocab_size}"
     model = prefix.with_suffix(".model")
@@ -136,12 +139,22 @@ def train_sentencepiece(documents, vocab_size: int, out_dir: Path, *, key: str,
         return model
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = (line for doc in documents for line in doc.splitlines() if line.strip())
+    first = next(lines, None)
+    if first is None:
+        raise ValueError(f"{where} holds no text to train the SentencePiece vocabulary on")
     tmp = prefix.with_suffix(".partial")
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=lines, model_prefix=str(tmp), vocab_size=vocab_size,
-        model_type="bpe", byte_fallback=True, character_coverage=1.0,
-        input_sentence_size=max_sentences, shuffle_input_sentence=True,
-        pad_id=0, eos_id=1, unk_id=2, bos_id=3, num_threads=2, minloglevel=2)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=itertools.chain([first], lines), model_prefix=str(tmp),
+            vocab_size=vocab_size, model_type="bpe", byte_fallback=True, character_coverage=1.0,
+            input_sentence_size=max_sentences, shuffle_input_sentence=True,
+            pad_id=0, eos_id=1, unk_id=2, bos_id=3, num_threads=2, minloglevel=2)
+    except RuntimeError as e:
+        most = re.search(r"<= (\d+)", str(e))
+        hint = f" (at most {most.group(1)} here)" if most else ""
+        raise ValueError(f"{where}: too little text for a SentencePiece vocabulary of "
+                         f"data.sp_vocab_size={vocab_size} pieces{hint}; set a smaller "
+                         f"--config.data.sp_vocab_size or give more text") from None
     tmp.with_suffix(".partial.model").rename(model)
     tmp.with_suffix(".partial.vocab").rename(prefix.with_suffix(".vocab"))
     return model

@@ -1,62 +1,192 @@
-"""Orbax checkpoints of the train state plus the data iterator's state and run metadata.
+"""Orbax checkpoints of the train state, the data iterator's state and the run's metadata, each
+proving itself when restored.
 
 Layout under ``<workdir>/checkpoints/<step>/``: ``state`` (params, optimizer state, step, rng;
 sharded arrays, restorable onto any mesh), ``data`` (Grain iterator state, JSON) and ``meta``
-(JSON: config, tokens seen). Restore walks back from the newest step: a step that cannot be
-read is reported, moved aside (``<step>.unreadable.<time>``, kept for inspection) and the
-previous one is tried.
+(JSON: config, step, the run's wall time so far and the state's ``fingerprint``).
+
+The fingerprint is, per array of the state, a 32-bit sum of its elements' bits, each multiplied
+by an odd hash of the element's position, computed on the devices at save (modular sums do not
+depend on the order of summation, so the value is the same on any mesh). Any single changed bit
+changes it. Restore walks back from the newest step and tries each in turn:
+
+- a step that cannot be read is moved aside (``<step>.unreadable.<time>``);
+- a step whose restored state does not match its fingerprint is moved aside
+  (``<step>.corrupt.<time>``);
+- a step marked suspect (``<step>.suspect``: a run that continued from it met a non-finite loss)
+  is skipped; delete the marker to use it again;
+
+each with one log line (the library's traceback goes to the debug log), and the next older step
+is tried.
 """
 from __future__ import annotations
 
+import errno
+import json
 import logging
 import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 log = logging.getLogger(__name__)
+_GOLDEN = np.uint32(2654435761)          # Knuth's multiplicative hash constant (odd)
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, read-only, ...): the previous one stays."""
+
+
+def _bits(x):
+    """x's elements as uint32 words (narrow types widened, 8-byte types as two words)."""
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    width = x.dtype.itemsize
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
+    if width in unsigned:
+        return jax.lax.bitcast_convert_type(x, unsigned[width]).astype(jnp.uint32)
+    return jax.lax.bitcast_convert_type(x, jnp.uint32)
+
+
+@jax.jit
+def _fingerprints(leaves):
+    out = []
+    for x in leaves:
+        words = _bits(x).reshape(-1)
+        weight = jnp.arange(words.size, dtype=jnp.uint32) * _GOLDEN | jnp.uint32(1)
+        out.append(jnp.sum(words * weight, dtype=jnp.uint32))
+    return out
+
+
+def fingerprint(state) -> dict[str, int]:
+    """{path of each array: its 32-bit fingerprint} of a state tree (see the module docstring)."""
+    paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(state)[0])
+    values = _fingerprints(list(leaves))     # replicated scalars: any local copy is the value
+    return {jax.tree_util.keystr(p): int(np.asarray(v.addressable_data(0)))
+            for p, v in zip(paths, values)}
 
 
 class Checkpointer:
-    """The run's Orbax checkpoints under ``<workdir>/checkpoints``: ``save`` (synchronous) and
-    ``restore`` of the newest readable step, falling back past unreadable ones (module
-    docstring)."""
-    def __init__(self, workdir: str | Path, *, keep: int = 3):
+    """The run's checkpoints under ``<workdir>/checkpoints``: ``save`` (synchronous, with the
+    state's fingerprint), ``restore`` of the newest step that proves itself (module docstring),
+    and ``mark_suspect``."""
+
+    def __init__(self, workdir: str | Path, *, keep: int = 3, writer: bool = True):
+        """``writer``: the training run's own (it clears the temporary folders a save cut off
+        by a crash left); False for readers (eval, generate), which must leave a running
+        training's writes alone."""
         self.directory = Path(workdir).resolve() / "checkpoints"
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                               enable_async_checkpointing=False)
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=writer,
+                                               enable_async_checkpointing=False,
+                                               cleanup_tmp_directories=writer)
         self.manager = ocp.CheckpointManager(self.directory, options=options,
                                              item_names=("state", "data", "meta"))
 
-    def save(self, step: int, state, data_state: dict, meta: dict) -> None:
-        self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
-            meta=ocp.args.JsonSave(meta)), force=True)
-        self.manager.wait_until_finished()
+    def save(self, step: int, state, data_state: dict, meta: dict) -> bool:
+        """Write the checkpoint of ``step``; False (nothing written) if it exists already.
+        ``CheckpointWriteError`` names the OS's reason when the write fails."""
+        if step in self.steps():
+            return False
+        meta = {**meta, "fingerprint": fingerprint(state)}
+        try:
+            self.manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
+                meta=ocp.args.JsonSave(meta)), force=True)
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - Orbax wraps the OS error in its own types
+            os_error = _os_error(e)
+            if os_error is None:
+                raise
+            log.debug("writing checkpoint %d failed", step, exc_info=True)
+            previous = [s for s in self.steps() if s != step]
+            raise CheckpointWriteError(
+                f"cannot write the checkpoint of step {step} to {self.directory}: "
+                f"{os_error.strerror or os_error}; "
+                + (f"the checkpoint of step {previous[-1]} stays" if previous
+                   else "no earlier checkpoint exists")) from None
+        return True
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
 
-    def restore(self, abstract_state):
-        """(step, state, data_state, meta) of the newest readable checkpoint, or None."""
-        for step in reversed(self.steps()):
+    def suspect(self, step: int) -> Path:
+        return self.directory / f"{step}.suspect"
+
+    def mark_suspect(self, step: int, reason: str) -> Path:
+        """Mark ``step`` so that restores skip it; returns the marker's path."""
+        marker = self.suspect(step)
+        marker.write_text(json.dumps({"step": step, "reason": reason, "time": time.time()}))
+        return marker
+
+    def read_meta(self, step: int) -> dict:
+        return self.manager.restore(step, args=ocp.args.Composite(
+            meta=ocp.args.JsonRestore()))["meta"]
+
+    def restore(self, abstract_state, *, step: int | None = None, with_data: bool = True):
+        """(step, state, data_state, meta) of the newest checkpoint that reads, matches its
+        fingerprint and is not marked suspect (of ``step`` alone, if given), or None."""
+        candidates = [step] if step is not None else list(reversed(self.steps()))
+        for s in candidates:
+            if self.suspect(s).exists():
+                log.warning("skipping the checkpoint of step %d: marked suspect (%s; delete that "
+                            "file to use it again)", s, self.suspect(s))
+                continue
+            items = dict(state=ocp.args.StandardRestore(abstract_state),
+                         meta=ocp.args.JsonRestore())
+            if with_data:
+                items["data"] = ocp.args.JsonRestore()
             try:
-                out = self.manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
-                    meta=ocp.args.JsonRestore()))
-                return step, out["state"], out["data"], out["meta"]
+                out = self.manager.restore(s, args=ocp.args.Composite(**items))
             except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: fall back
-                aside = self.directory / f"{step}.unreadable.{int(time.time())}"
-                log.error("checkpoint at step %d in %s is unreadable (%s: %s); moved to %s, "
-                          "trying the previous one", step, self.directory, type(e).__name__, e,
-                          aside.name)
-                (self.directory / str(step)).rename(aside)
-                self.manager.reload()
+                log.debug("restoring checkpoint %d failed", s, exc_info=True)
+                self._set_aside(s, "unreadable", f"{type(e).__name__}: {_first_line(e)}")
+                continue
+            saved = out["meta"].get("fingerprint")
+            if saved is None:
+                log.warning("the checkpoint of step %d has no fingerprint (written by an older "
+                            "version): restored unverified", s)
+            else:
+                got = fingerprint(out["state"])
+                differ = [k for k in saved if got.get(k) != saved[k]] + \
+                         [k for k in got if k not in saved]
+                if differ:
+                    self._set_aside(s, "corrupt", f"{len(differ)} of {len(got)} arrays differ "
+                                    f"from what was saved, e.g. {differ[0]}")
+                    continue
+            return s, out["state"], out.get("data"), out["meta"]
         return None
+
+    def _set_aside(self, step: int, why: str, detail: str):
+        aside = self.directory / f"{step}.{why}.{int(time.time())}"
+        (self.directory / str(step)).rename(aside)
+        self.manager.reload()
+        log.error("the checkpoint of step %d is %s (%s): moved to %s; trying the previous one",
+                  step, why, detail, aside)
 
     def close(self):
         self.manager.close()
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The OSError in ``e``'s chain of causes, if any (disk full, read-only, permissions)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES,
+                                                   errno.EDQUOT, errno.EIO, errno.EPERM):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else ""
 
 
 def abstract_with_shardings(state, shardings):

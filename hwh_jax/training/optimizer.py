@@ -6,6 +6,8 @@ import dataclasses
 import jax
 import optax
 
+from hwh_jax import checks
+
 NO_DECAY_NAMES = ("A_log", "dt_bias", "bias", "weight")  # norms' scale is called "weight"
 SCHEDULES = ("cosine", "wsd", "constant")
 
@@ -27,13 +29,19 @@ class OptimizerSpec:
     clip_norm: float = 1.0          # 0 = no clipping
 
     def validate(self):
+        """Every field finite and in range; errors name the ``train.*`` key."""
         if self.schedule not in SCHEDULES:
             raise ValueError(f"train.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.lr <= 0 or self.total_steps < 1 or self.warmup_steps < 0:
-            raise ValueError(f"need lr > 0, steps >= 1, warmup >= 0; got lr={self.lr}, "
-                             f"steps={self.total_steps}, warmup={self.warmup_steps}")
-        if not 0 < self.decay_fraction <= 1:
-            raise ValueError(f"train.decay_fraction must lie in (0, 1], got {self.decay_fraction}")
+        checks.number("train.lr", self.lr, lo=0, lo_open=True)
+        checks.number("train.steps", self.total_steps, lo=1, integer=True)
+        checks.number("train.warmup_steps", self.warmup_steps, lo=0, integer=True)
+        checks.number("train.min_lr_ratio", self.min_lr_ratio, lo=0, hi=1)
+        checks.number("train.decay_fraction", self.decay_fraction, lo=0, hi=1, lo_open=True)
+        checks.number("train.weight_decay", self.weight_decay, lo=0)
+        checks.number("train.b1", self.b1, lo=0, hi=1, hi_open=True)
+        checks.number("train.b2", self.b2, lo=0, hi=1, hi_open=True)
+        checks.number("train.eps", self.eps, lo=0, lo_open=True)
+        checks.number("train.clip_norm", self.clip_norm, lo=0)
 
 
 def learning_rate_schedule(spec: OptimizerSpec) -> optax.Schedule:

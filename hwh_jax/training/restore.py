@@ -7,24 +7,25 @@ identically), the model from its ModelConfig, and the parameters are restored on
 from __future__ import annotations
 
 import dataclasses
-import json
+import logging
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
 
 from hwh_jax.data.pipeline import build_splits, load_tokenizer
 from hwh_jax.eval.suite import EvalModel
 from hwh_jax.layers.config import ModelConfig
 from hwh_jax.models.lm import HybridLM
-from hwh_jax.training.checkpoint import abstract_with_shardings
+from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
 from hwh_jax.training.optimizer import make_optimizer
 from hwh_jax.training.specs import model_config, run_specs
 from hwh_jax.training.state import init_train_state
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -57,36 +58,46 @@ class LoadedRun:
 
 
 def load_run(workdir: str | Path, step: int | None = None) -> LoadedRun:
+    """The run in ``workdir`` at ``step`` (default: the newest checkpoint that proves itself;
+    ``hwh_jax.training.checkpoint``: unreadable or corrupt ones are moved aside, with one log
+    line each, and the previous one is taken)."""
     workdir = Path(workdir)
     directory = (workdir / "checkpoints").resolve()
     if not directory.is_dir():
         raise FileNotFoundError(f"no checkpoints/ under {workdir} (is it a launch.train workdir?)")
-    manager = ocp.CheckpointManager(directory, item_names=("state", "data", "meta"))
-    steps = sorted(manager.all_steps())
-    if not steps:
-        raise FileNotFoundError(f"no checkpoint in {directory}")
-    if step is None:
-        step = steps[-1]
-    elif step not in steps:
-        raise ValueError(f"step {step} not in {directory} (have {steps})")
-    meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    config = ml_collections.ConfigDict(meta["config"])
-    specs = run_specs(config)
-    tokenizer = load_tokenizer(specs.data)
-    cfg = model_config(config, tokenizer.vocab_size)
-    tx, _ = make_optimizer(specs.optimizer)
-    abstract = jax.eval_shape(lambda s: init_train_state(cfg, tx, s), jnp.int32(config.seed))
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = abstract_with_shardings(abstract, jax.tree.map(lambda _: device, abstract))
-    state = manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract)))["state"]
-    manager.close()
+    ckpt = Checkpointer(workdir, writer=False)
+    try:
+        steps = ckpt.steps()
+        if not steps:
+            raise FileNotFoundError(f"no checkpoint in {directory}")
+        if step is not None and step not in steps:
+            raise ValueError(f"step {step} not in {directory} (have {steps})")
+        meta = None
+        for s in ([step] if step is not None else reversed(steps)):
+            try:
+                meta = ckpt.read_meta(s)
+                break
+            except Exception as e:  # noqa: BLE001 - its meta unreadable: the state is checked below
+                log.debug("meta of step %d unreadable: %s", s, e)
+        if meta is None:
+            raise ValueError(f"no checkpoint in {directory} has readable metadata")
+        config = ml_collections.ConfigDict(meta["config"])
+        specs = run_specs(config)
+        tokenizer = load_tokenizer(specs.data)
+        cfg = model_config(config, tokenizer.vocab_size)
+        tx, _ = make_optimizer(specs.optimizer)
+        abstract = jax.eval_shape(lambda s: init_train_state(cfg, tx, s), jnp.int32(config.seed))
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        abstract = abstract_with_shardings(abstract, jax.tree.map(lambda _: device, abstract))
+        restored = ckpt.restore(abstract, step=step, with_data=False)
+    finally:
+        ckpt.close()
+    if restored is None:
+        raise ValueError(f"no checkpoint in {directory} could be restored"
+                         + (f" at step {step}" if step is not None else "")
+                         + " (the lines above say why)")
+    step, state = restored[0], restored[1]
     model = nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, _, rest = nnx.split(model, nnx.Param, ...)
     model = nnx.merge(graphdef, state["params"], rest)
     return LoadedRun(model, cfg, tokenizer, config, step, workdir)
-
-
-def describe(run: LoadedRun) -> str:
-    return json.dumps({"arch": run.model_cfg.arch, "step": run.step, "workdir": str(run.workdir),
-                       "seq_len": run.config.seq_len, "tokenizer": run.tokenizer.name})

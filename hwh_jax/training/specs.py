@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from hwh_jax import checks
 from hwh_jax.data.pipeline import DataSpec
 from hwh_jax.eval.suite import EvalSpec, spec_from_config
 from hwh_jax.layers.config import ModelConfig
@@ -56,21 +57,25 @@ def run_specs(config) -> RunSpecs:
     if config.get("eval") is not None and config.eval.at_end:
         evaluation = spec_from_config(config.eval)
         evaluation.validate()
-    if c.log_every < 1:
-        raise ValueError(f"train.log_every must be >= 1, got {c.log_every}")
-    if c.profile_at and c.profile_steps < 1:
-        raise ValueError(f"train.profile_steps must be >= 1 with train.profile_at, got "
-                         f"{c.profile_steps}")
+    for key in ("log_every", "profile_steps", "keep_checkpoints", "batch_size", "grad_accum"):
+        checks.number(f"train.{key}", c[key], lo=1, integer=True)
+    for key in ("eval_every", "checkpoint_every", "eval_batches", "profile_at"):
+        checks.number(f"train.{key}", c[key], lo=0, integer=True)
+    checks.number("train.stop_at_step", c.stop_at_step, lo=0, hi=c.steps, integer=True)
+    checks.number("train.z_loss", c.z_loss, lo=0)
+    checks.number("train.peak_flops", c.peak_flops, lo=0)
+    checks.number("seq_len", config.seq_len, lo=2, integer=True)
+    checks.number("seed", config.seed, lo=0, integer=True)
+    mesh = tuple(c.mesh)
+    if len(mesh) != 3 or any(not isinstance(d, int) or isinstance(d, bool) or (d < 1 and d != -1)
+                             for d in mesh) or mesh.count(-1) > 1:
+        raise ValueError(f"train.mesh must be three sizes (data, fsdp, tensor), each >= 1 or one "
+                         f"of them -1 (the remaining devices), got {mesh!r}")
     if c.profile_at and c.profile_at + c.profile_steps > (c.stop_at_step or c.steps):
         raise ValueError(f"train.profile_at={c.profile_at} + train.profile_steps="
                          f"{c.profile_steps} runs past the last step "
                          f"{c.stop_at_step or c.steps}")
-    for name in ("eval_every", "checkpoint_every", "stop_at_step", "eval_batches", "profile_at"):
-        if getattr(c, name) < 0:
-            raise ValueError(f"train.{name} must be >= 0, got {getattr(c, name)}")
-    if config.seq_len < 2:
-        raise ValueError(f"seq_len must be >= 2, got {config.seq_len}")
-    if c.batch_size < 1 or c.grad_accum < 1 or c.batch_size % c.grad_accum:
-        raise ValueError(f"train.batch_size={c.batch_size} must be a positive multiple of "
+    if c.batch_size % c.grad_accum:
+        raise ValueError(f"train.batch_size={c.batch_size} must be a multiple of "
                          f"train.grad_accum={c.grad_accum}")
     return RunSpecs(data, opt, evaluation)

@@ -26,6 +26,7 @@ from hwh_jax.eval.suite import EvalModel, run_suite
 from hwh_jax.models.params import param_table
 from hwh_jax.profiling import host_gc, profile
 from hwh_jax.training import sharding as shd
+from hwh_jax.training import workdir as workdir_lib
 from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
 from hwh_jax.training.flops import flops_per_token, peak_flops
 from hwh_jax.metrics import MetricsWriter, format_duration, plot_loss, progress_line
@@ -50,16 +51,19 @@ class RunResult:
 
 
 def train_and_evaluate(config, workdir: str | Path) -> RunResult:
-    """Train ``config`` in ``workdir`` (resuming from its newest checkpoint), then evaluate."""
-    run = Run(config, workdir)
-    run.make_mesh()
-    run.load_data()
-    run.build_model_and_optimizer()
-    run.restore_or_initialise()
-    run.compile_steps()
-    run.train()
-    run.evaluate_final()
-    return run.finish()
+    """Train ``config`` in ``workdir`` (resuming from its newest checkpoint), then evaluate.
+    SIGTERM / SIGINT at any point end the run with a complete checkpoint of the last step
+    trained (docs/training.md, "Faults")."""
+    with _Stop() as stop:
+        run = Run(config, workdir, stop)
+        run.make_mesh()
+        run.load_data()
+        run.build_model_and_optimizer()
+        run.restore_or_initialise()
+        run.compile_steps()
+        run.train()
+        run.evaluate_final()
+        return run.finish()
 
 
 def unigram_entropy(stream: np.ndarray) -> float:
@@ -73,12 +77,14 @@ def unigram_entropy(stream: np.ndarray) -> float:
 class Run:
     """The state of one pretraining run between the steps of ``train_and_evaluate``."""
 
-    def __init__(self, config, workdir: str | Path):
+    def __init__(self, config, workdir: str | Path, stop=None):
         self.config, self.c = config, config.train
+        self.stop = stop or _Stop()
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.specs = run_specs(config)
-        self.t0 = time.time()
+        workdir_lib.bind(self.workdir, config, write=jax.process_index() == 0)
+        self.t0, self.wall_before = time.time(), 0.0
         self.losses, self.batch_ids, self.heldout = {}, {}, {}
         self.stopped_early = False
         self.final = None
@@ -130,6 +136,7 @@ class Run:
     def restore_or_initialise(self):
         self.ckpt = Checkpointer(self.workdir, keep=self.c.keep_checkpoints)
         restored = self.ckpt.restore(abstract_with_shardings(self.abstract_state, self.state_sh))
+        self.writer = MetricsWriter(self.workdir, enabled=jax.process_index() == 0)
         if restored is None:
             cfg, tx = self.cfg, self.tx
             with threefry_kernel():
@@ -140,9 +147,14 @@ class Run:
             log.info("initialised the train state in %.1fs", time.time() - t)
             self.start = 0
         else:
-            self.start, self.state, data_state, _ = restored
+            self.start, self.state, data_state, meta = restored
             self.train_iter.set_state(data_state)
-            log.info("resumed from step %d in %s", self.start, self.ckpt.directory)
+            self.wall_before = float(meta.get("wall_s", 0.0))
+            dropped = self.writer.truncate(self.start)
+            log.info("resumed from step %d in %s%s", self.start, self.ckpt.directory,
+                     f" ({dropped} metrics rows past it dropped)" if dropped else "")
+        if self.start == 0:
+            self.writer.truncate(0)                  # a fresh start keeps no older rows
 
     # ------------------------------------------------------------ steps
     def compile_steps(self):
@@ -174,60 +186,77 @@ class Run:
     # ------------------------------------------------------------ the loop
     def train(self):
         c = self.c
-        self.writer = MetricsWriter(self.workdir, enabled=jax.process_index() == 0)
         loop = _Loop(self)
         tracer = _Tracer(c.profile_at, c.profile_steps, self.workdir / "profile")
         if c.profile_at and c.profile_at <= self.start:
             log.warning("train.profile_at=%d is not after step %d, where this run resumes: "
                         "nothing will be traced", c.profile_at, self.start)
         stop_at = c.stop_at_step or c.steps
-        with _Stop() as stop:
-            step = self.start
-            while step < stop_at:
-                t_data = time.time()
-                batch = next(self.train_iter)
-                loop.data_wait += time.time() - t_data
-                ids = batch["index"].tolist()
-                self.state, m = self.train_step(self.state, self.put(batch))
-                step += 1
-                if step == self.start + 1:   # compiled: later collections skip what setup built
-                    log.info("froze %d objects out of the garbage collector's walks (host_gc)",
-                             host_gc.freeze())
-                tracing = tracer.step(step, self.state)
-                loop.pending.append((step, m, ids))
-                if (step % c.log_every == 0 or step == stop_at) and not tracing:
-                    loop.flush(step)
-                if c.eval_every and step % c.eval_every == 0 and step < c.steps:
-                    loop.flush(step)
-                    self._record_heldout(step, self.heldout_loss(self.state["params"]),
-                                         echo=True)
-                if c.checkpoint_every and step % c.checkpoint_every == 0:
-                    loop.flush(step)
-                    self.save(step)
-                if stop.signal:
-                    loop.flush(step)
-                    self.save(step)
-                    self.stopped_early = True
-                    print(f"stopped by {stop.signal} at step {step}; checkpoint saved",
-                          flush=True)
-                    break
-            loop.flush(step)
-            if step == stop_at and step not in self.ckpt.steps():
+        stop = self.stop
+        step = self.start
+        while step < stop_at and not stop.signal:
+            t_data = time.time()
+            batch = next(self.train_iter)
+            loop.data_wait += time.time() - t_data
+            ids = batch["index"].tolist()
+            self.state, m = self.train_step(self.state, self.put(batch))
+            step += 1
+            if step == self.start + 1:   # compiled: later collections skip what setup built
+                log.info("froze %d objects out of the garbage collector's walks (host_gc)",
+                         host_gc.freeze())
+            tracing = tracer.step(step, self.state)
+            loop.pending.append((step, m, ids))
+            if (step % c.log_every == 0 or step == stop_at) and not tracing:
+                loop.flush(step)
+            if c.eval_every and step % c.eval_every == 0 and step < c.steps:
+                loop.flush(step)
+                self._record_heldout(step, self.heldout_loss(self.state["params"]),
+                                     echo=True)
+            if c.checkpoint_every and step % c.checkpoint_every == 0:
+                loop.flush(step)
                 self.save(step)
-            self.stopped_early = self.stopped_early or step < c.steps
+            if stop.signal:
+                loop.flush(step)
+                self.save(step)              # no-op when this step's checkpoint exists
+                self.stopped_early = True
+                print(f"stopped by {stop.signal} at step {step}; checkpoint saved",
+                      flush=True)
+                break
+        loop.flush(step)
+        if stop.signal and step == self.start:
+            self.stopped_early = True
+            print(f"stopped by {stop.signal} before the first step; nothing new to save",
+                  flush=True)
+        if step == stop_at and step not in self.ckpt.steps():
+            self.save(step)
+        self.stopped_early = self.stopped_early or step < c.steps
         host_gc.unfreeze()   # what the run built can be collected again once it is dropped
         self.step = step
 
-    def check_finite(self, during: str):
+    def check_finite(self):
+        """Stop at a step whose loss or gradient was not finite (its update was skipped): the
+        newest checkpoint is marked suspect, so the next start does not simply repeat it."""
         bad = int(self.state["bad_step"])
-        if bad >= 0:
-            raise FloatingPointError(f"non-finite loss or gradient at step {bad}{during}; the "
-                                     f"last good checkpoint stays in {self.ckpt.directory}")
+        if bad < 0:
+            return
+        steps = self.ckpt.steps()
+        where = "no checkpoint was written"
+        if steps and jax.process_index() == 0:
+            marker = self.ckpt.mark_suspect(steps[-1], f"non-finite loss or gradient at step "
+                                            f"{bad + 1} of a run that continued from it")
+            earlier = [s for s in steps[:-1] if not self.ckpt.suspect(s).exists()]
+            where = (f"the checkpoint of step {steps[-1]}, which led to it, is marked suspect "
+                     f"({marker.name}) and the next start skips it"
+                     + (f" (then resumes from step {earlier[-1]})" if earlier else
+                        " (then starts from scratch)")
+                     + "; change what caused it (train.lr, the data) or delete the marker")
+        raise FloatingPointError(f"non-finite loss or gradient at step {bad + 1} (its update "
+                                 f"was skipped); {where}")
 
     def save(self, step: int):
-        self.check_finite("")
+        self.check_finite()
         meta = {"config": json.loads(self.config.to_json_best_effort()), "arch": self.cfg.arch,
-                "step": step}
+                "step": step, "wall_s": self.wall_before + time.time() - self.t0}
         self.ckpt.save(step, self.state, self.train_iter.get_state(), meta)
 
     def _record_heldout(self, step: int, loss: float | None, echo: bool = False):
@@ -241,7 +270,7 @@ class Run:
 
     # ------------------------------------------------------------ final evaluation
     def evaluate_final(self):
-        if self.step < self.c.steps:
+        if self.step < self.c.steps or self.stop.signal:
             return
         if self.c.final_eval:
             self.final = self.heldout_loss(self.state["params"])
@@ -258,7 +287,18 @@ class Run:
                 else np.asarray(self.splits.heldout.stream))
             print(f"evaluating the final model: {', '.join(spec.suites)} -> "
                   f"{self.workdir / 'eval'}", flush=True)
-            self.evaluation = run_suite(subject, spec, self.workdir / "eval")
+
+            def log_or_stop(line):
+                print(line, flush=True)
+                if self.stop.signal:
+                    raise _Stopped(self.stop.signal)
+            try:
+                self.evaluation = run_suite(subject, spec, self.workdir / "eval", log=log_or_stop)
+            except _Stopped as s:
+                print(f"stopped by {s} during the evaluation; the checkpoint of step {self.step} "
+                      f"is complete (python -m launch.eval --checkpoint={self.workdir} evaluates "
+                      f"it)", flush=True)
+                return
             if "niah_summary" in self.evaluation:
                 print("NIAH: " + ", ".join(f"{k} {v:.0f}" for k, v in
                                            self.evaluation["niah_summary"].items()), flush=True)
@@ -271,7 +311,7 @@ class Run:
             "tokens": self.step * tokens_per_step, "final_heldout_loss": self.final,
             "unigram_entropy": self.entropy,
             "last_train_loss": self.losses[max(self.losses)] if self.losses else None,
-            "wall_s": time.time() - self.t0,
+            "wall_s": self.wall_before + time.time() - self.t0,   # over every start of the run
             "devices": f"{jax.device_count()} x {self.device_kind}",
             "mesh": dict(self.mesh.shape), "flops_per_token": self.flops,
         }
@@ -320,7 +360,7 @@ class _Loop:
             run.losses[s] = float(m["loss"])
             run.batch_ids[s] = ids
             run.writer.write(s, "train", {k: m[k] for k in ("loss", "grad_norm", "lr")})
-        run.check_finite(" (the update was skipped)")
+        run.check_finite()
         if self.pending:
             dt = time.time() - self.t_last
             tps = c.batch_size * run.config.seq_len * (step - self.step_last) / max(dt, 1e-9)
@@ -333,6 +373,10 @@ class _Loop:
                                             **({"mfu": mfu} if mfu else {})})
             self.t_last, self.step_last, self.data_wait = time.time(), step, 0.0
         self.pending.clear()
+
+
+class _Stopped(Exception):
+    """Raised inside the closing evaluation when a stop signal arrived."""
 
 
 class _Stop:

@@ -1,0 +1,112 @@
+"""A run's programs lowered for a platform this host need not have (``jax.export``).
+
+``export_train_step(config, platform=, mesh=)`` lowers the training step exactly as
+``launch.train`` builds it (``train_state_shardings``, ``make_train_step``, ``jit_step``: the
+kernels per device shard, the batch over the data axes) with the model's kernels chosen for
+``platform`` (``model.kernel_platform``). ``export_inference_steps`` lowers a prompt's prefill
+and one decode step. Lowering runs the platform's own checks (Pallas' Mosaic lowering for TPU,
+Triton's for GPU) and needs only as many devices of any kind as the mesh has: on a CPU,
+``XLA_FLAGS=--xla_force_host_platform_device_count=N`` gives N. ``summarize`` reads what a
+lowered program holds: its size, its custom calls (the Pallas kernels by name, cuDNN's
+attention) and its input shardings.
+"""
+from __future__ import annotations
+
+import collections
+import re
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import export as jax_export
+
+from hwh_jax.models.lm import HybridLM
+from hwh_jax.models.variants import SIZES
+from hwh_jax.training import sharding as shd
+from hwh_jax.training.optimizer import make_optimizer
+from hwh_jax.training.specs import model_config, run_specs
+from hwh_jax.training.state import jit_step, train_state_shardings
+from hwh_jax.training.steps import make_train_step
+
+PLATFORMS = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}   # ours -> jax.export's names
+
+
+def run_model_config(config, platform: str):
+    """The run's ModelConfig with its kernels chosen for ``platform``; the vocabulary is the
+    config's or, where the tokenizer would set it, the size's default."""
+    if platform not in PLATFORMS:
+        raise ValueError(f"platform must be one of {tuple(PLATFORMS)}, got {platform!r}")
+    config = config.copy_and_resolve_references()
+    config.model.kernel_platform = platform
+    vocab = config.model.vocab_size or SIZES[config.model.size].vocab_size
+    return model_config(config, vocab)
+
+
+def export_train_step(config, *, platform: str, mesh: tuple[int, int, int],
+                      devices=None) -> jax_export.Exported:
+    """The training step of ``config`` lowered for ``platform`` over a (data, fsdp, tensor)
+    mesh of that many devices (``devices``, default all of this host's)."""
+    run_specs(config)
+    cfg = run_model_config(config, platform)
+    c = config.train
+    tx, schedule = make_optimizer(run_specs(config).optimizer)
+    mesh = shd.make_mesh(tuple(mesh), devices)
+    graphdef, abstract_state, state_sh = train_state_shardings(cfg, tx, mesh)
+    step = jit_step(make_train_step(graphdef, tx, schedule, grad_accum=c.grad_accum,
+                                    z_loss=c.z_loss, document_mask=c.document_mask,
+                                    loss_impl=c.loss_impl),
+                    mesh, state_sh, out_shardings=(state_sh, None), donate_argnums=(0,))
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                         abstract_state, state_sh)
+    rows = shd.batch_sharding(mesh)
+    shape = (c.batch_size, config.seq_len)
+    batch = {k: jax.ShapeDtypeStruct(shape, jnp.float32 if k == "loss_mask" else jnp.int32,
+                                     sharding=rows)
+             for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask")}
+    return jax_export.export(step, platforms=[PLATFORMS[platform]])(state, batch)
+
+
+def export_inference_steps(cfg, *, platform: str, batch: int, context: int,
+                           prompt: int | None = None) -> dict[str, jax_export.Exported]:
+    """{"prefill": a prompt of ``prompt`` tokens (default ``context // 2``) into an empty
+    cache of ``context`` slots, "decode": one token over it}, lowered for ``platform`` on one
+    device, parameters in the compute dtype as ``Generator`` holds them."""
+    cfg = cfg.replace(kernel_platform=platform)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, cfg.compute_dtype if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating)
+        else x.dtype), state)
+    cache = jax.eval_shape(lambda s: nnx.merge(graphdef, s).init_cache(batch, context), state)
+    prompt = prompt or context // 2
+
+    def prefill(state, tokens, cache):
+        logits, cache = nnx.merge(graphdef, state).extend(tokens, cache, fresh=True,
+                                                          last_only=True)
+        return logits[:, -1], cache
+
+    def decode(state, token, cache):
+        logits, cache = nnx.merge(graphdef, state).extend(token[:, None], cache)
+        return logits[:, 0], cache
+
+    lower = lambda f, *args: jax_export.export(jax.jit(f), platforms=[PLATFORMS[platform]])(  # noqa
+        *args)
+    tokens = jax.ShapeDtypeStruct((batch, prompt), jnp.int32)
+    token = jax.ShapeDtypeStruct((batch,), jnp.int32)
+    return {"prefill": lower(prefill, state, tokens, cache),
+            "decode": lower(decode, state, token, cache)}
+
+
+_CALL = re.compile(r"stablehlo\.custom_call @([\w$.\-]+)\(")
+_KERNEL = re.compile(r'kernel_name = "([^"]+)"')
+_TRITON = re.compile(r'\\22name\\22: \\22([^\\]+)\\22')
+
+
+def summarize(exported: jax_export.Exported) -> dict:
+    """Size, custom calls and input shardings of a lowered program."""
+    text = exported.mlir_module()
+    calls = collections.Counter(_CALL.findall(text))
+    kernels = collections.Counter(_KERNEL.findall(text))
+    shardings = collections.Counter(str(s) for s in exported.in_shardings_hlo)
+    return {"platforms": list(exported.platforms), "devices": exported.nr_devices,
+            "module_bytes": len(text), "custom_calls": dict(calls),
+            "mosaic_kernels": dict(kernels), "input_shardings": dict(shardings.most_common())}

@@ -1,0 +1,290 @@
+"""Faults injected into runs and inputs, each asserting what is kept, what is said and the exit
+status (docs/training.md, "Faults"): a signal inside the save window, flipped bytes in a
+checkpoint, a truncated one, a full disk, a non-finite loss, a workdir reused by another config,
+bad config values, bad data, a broken Hugging Face config."""
+import errno
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from configs import base
+from hwh_jax.data.paths import resolve
+from hwh_jax.data.sources import read_text
+from hwh_jax.training import checkpoint as ckpt_lib
+from hwh_jax.training.trainer import train_and_evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    path = root / "shakespeare.txt"
+    path.write_text(read_text(resolve("tinyshakespeare/input.txt.gz"))[:200_000])
+    os.environ["HWH_CACHE_DIR"] = str(root / "cache")
+    return path
+
+
+def tiny(corpus, arch="hwh", **train):
+    config = base.get_config(f"{arch}_tiny")
+    config.seq_len = 32
+    config.model.dtype = "float32"
+    config.model.gdn_chunk_size = 16
+    config.data.paths = (str(corpus),)
+    config.data.sp_vocab_size = 512
+    config.data.heldout_fraction = 0.05
+    t = config.train
+    t.steps, t.batch_size, t.lr, t.warmup_steps = 6, 8, 3e-3, 2
+    t.log_every, t.eval_every, t.checkpoint_every, t.eval_batches = 1, 0, 2, 2
+    t.mesh = (1, 1, 1)
+    config.eval.at_end = False
+    for k, v in train.items():
+        setattr(t, k, v)
+    return config
+
+
+def saved_steps(workdir):
+    return sorted(int(p.name) for p in (Path(workdir) / "checkpoints").iterdir()
+                  if p.name.isdigit())
+
+
+def test_signal_inside_the_save_window_ends_with_one_checkpoint(corpus, tmp_path, monkeypatch):
+    """SIGTERM arriving while a periodic checkpoint is written: the save completes, the stop
+    saves nothing twice, the run returns (status 0 in launch.train) and resumes exactly."""
+    real_save = ckpt_lib.Checkpointer.save
+
+    def save_with_signal(self, step, *args, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)       # delivered while the save runs
+        return real_save(self, step, *args, **kw)
+
+    monkeypatch.setattr(ckpt_lib.Checkpointer, "save", save_with_signal)
+    first = train_and_evaluate(tiny(corpus), tmp_path)
+    assert first.stopped_early and first.final_step == 2 and saved_steps(tmp_path) == [2]
+    monkeypatch.setattr(ckpt_lib.Checkpointer, "save", real_save)
+    straight = train_and_evaluate(tiny(corpus), tmp_path / "straight")
+    second = train_and_evaluate(tiny(corpus), tmp_path)
+    assert {**first.losses, **second.losses} == straight.losses   # bitwise
+    rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in rows if r["split"] == "train"]
+    assert train_steps == sorted(set(train_steps)) == list(range(1, 7))  # no step twice
+    assert json.loads((tmp_path / "summary.json").read_text())["wall_s"] > \
+        second.summary["wall_s"] - 1e-9 > 0
+
+
+def _flip(path: Path, count: int = 4096):
+    data = bytearray(path.read_bytes())
+    start = max(len(data) // 2 - count // 2, 0)
+    for i in range(start, min(start + count, len(data))):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_flipped_bytes_are_caught_and_the_previous_checkpoint_taken(corpus, tmp_path, caplog):
+    train_and_evaluate(tiny(corpus, steps=4), tmp_path)
+    files = sorted((p for p in (tmp_path / "checkpoints" / "4" / "state").rglob("*")
+                    if p.is_file()), key=lambda p: p.stat().st_size)
+    size = files[-1].stat().st_size
+    _flip(files[-1])
+    assert files[-1].stat().st_size == size
+    res = train_and_evaluate(tiny(corpus, steps=5), tmp_path)
+    assert sorted(res.losses) == [3, 4, 5] and all(np.isfinite(list(res.losses.values())))
+    said = [r.getMessage() for r in caplog.records if "checkpoint of step 4" in r.getMessage()]
+    assert len(said) == 1 and ("corrupt" in said[0] or "unreadable" in said[0]), said
+    assert any(p.name.startswith("4.") for p in (tmp_path / "checkpoints").iterdir())
+
+
+def test_fingerprint_sees_one_changed_bit_on_any_mesh():
+    import jax.numpy as jnp
+    state = {"w": jnp.arange(1000, dtype=jnp.float32).reshape(10, 100), "s": jnp.int32(3),
+             "h": jnp.ones((7,), jnp.bfloat16)}
+    a = ckpt_lib.fingerprint(state)
+    flipped = np.asarray(state["w"]).copy()
+    flipped.view(np.uint32)[3, 7] ^= 1 << 13
+    b = ckpt_lib.fingerprint({**state, "w": jnp.asarray(flipped)})
+    assert a["['w']"] != b["['w']"] and a["['s']"] == b["['s']"] and a["['h']"] == b["['h']"]
+    swapped = np.asarray(state["w"]).copy()
+    swapped[0, :2] = swapped[0, 1::-1]
+    assert ckpt_lib.fingerprint({**state, "w": jnp.asarray(swapped)})["['w']"] != a["['w']"]
+
+
+def test_generate_and_eval_fall_back_past_a_corrupt_checkpoint(corpus, tmp_path, caplog):
+    from hwh_jax.training.restore import load_run
+    train_and_evaluate(tiny(corpus, steps=4), tmp_path)
+    for f in (tmp_path / "checkpoints" / "4" / "state").rglob("*"):
+        if f.is_file() and f.stat().st_size > 1000:
+            _flip(f)
+    run = load_run(tmp_path)
+    assert run.step == 2
+    assert "checkpoint of step 4" in caplog.text
+    with pytest.raises(ValueError, match="step 4 not in"):
+        load_run(tmp_path, step=4)
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint_and_says_why(corpus, tmp_path, monkeypatch,
+                                                                capsys):
+    import orbax.checkpoint as ocp
+    real = ocp.CheckpointManager.save
+    calls = []
+
+    def full(self, step, *args, **kw):
+        calls.append(step)
+        if step == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, step, *args, **kw)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full)
+    with pytest.raises(ckpt_lib.CheckpointWriteError,
+                       match="No space left on device; the checkpoint of step 2 stays"):
+        train_and_evaluate(tiny(corpus, steps=4), tmp_path)
+    assert saved_steps(tmp_path) == [2]
+    from launch import one_line_errors
+    with pytest.raises(SystemExit) as exit_info, one_line_errors():
+        raise ckpt_lib.CheckpointWriteError("cannot write ...")
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err.strip() == "error: cannot write ..."
+
+
+def test_non_finite_marks_the_newest_checkpoint_suspect_and_the_next_start_skips_it(
+        corpus, tmp_path, caplog):
+    config = tiny(corpus, steps=30, lr=1e12, clip_norm=0.0, warmup_steps=0, checkpoint_every=1,
+                  weight_decay=0.0)
+    with pytest.raises(FloatingPointError, match=r"at step (\d+) .*marked suspect") as e:
+        train_and_evaluate(config, tmp_path)
+    rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    nan_steps = [r["step"] for r in rows if r["split"] == "train" and not np.isfinite(r["loss"])]
+    bad = int(e.value.args[0].split("at step ")[1].split()[0])
+    assert nan_steps and nan_steps[0] == bad               # the metrics' step, 1-based
+    marked = [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.endswith(".suspect")]
+    assert marked == [f"{bad - 1}.suspect"]
+    with pytest.raises(FloatingPointError):
+        train_and_evaluate(config, tmp_path)
+    assert f"skipping the checkpoint of step {bad - 1}: marked suspect" in caplog.text
+
+
+def test_a_workdir_refuses_another_model_or_data_config(corpus, tmp_path):
+    from hwh_jax.training.workdir import WorkdirMismatch
+    train_and_evaluate(tiny(corpus, steps=2), tmp_path)
+    other = tiny(corpus, arch="transformer", steps=2)
+    with pytest.raises(WorkdirMismatch, match=r"model.arch: 'hwh' -> 'transformer'.*"
+                                              r"--config.train.accept_changes=.*model.arch"):
+        train_and_evaluate(other, tmp_path)
+    longer = tiny(corpus, steps=3)
+    longer.seq_len = 64
+    with pytest.raises(WorkdirMismatch, match="seq_len: 32 -> 64"):
+        train_and_evaluate(longer, tmp_path)
+    assert saved_steps(tmp_path) == [2]
+    more = tiny(corpus, steps=3, lr=1e-3)                  # steps and lr may change
+    assert sorted(train_and_evaluate(more, tmp_path).losses) == [3]
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("lr", float("nan"), "train.lr must be a finite number > 0, got nan"),
+    ("lr", float("inf"), "train.lr must be a finite number > 0, got inf"),
+    ("b1", 1.5, "train.b1 must be a finite number >= 0 and < 1, got 1.5"),
+    ("stop_at_step", 9, "train.stop_at_step must be an integer >= 0 and <= 6, got 9"),
+    ("mesh", ("a", "b"), "train.mesh must be three sizes"),
+    ("clip_norm", -1.0, "train.clip_norm must be a finite number >= 0"),
+    ("warmup_steps", -1, "train.warmup_steps"),
+    ("z_loss", float("nan"), "train.z_loss"),
+])
+def test_config_values_are_checked_before_anything_compiles(corpus, tmp_path, key, value, match):
+    config = tiny(corpus)
+    setattr(config.train, key, value)
+    with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
+        train_and_evaluate(config, tmp_path)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("content,match", [
+    (b"", "holds no text"),
+    (b"Too short.\n", "fewer than one sequence of seq_len"),
+    (b"text\x00\x01\x02binary", r"bad.txt:1: not text \(a NUL byte"),
+    (b"line one\nline two \xff\xfe here\n", r"bad.txt:2:10: invalid UTF-8 \(byte 0xff\).*"
+                                            r"data.decode_errors='replace'"),
+], ids=["empty", "short", "binary", "utf8"])
+def test_bad_text_is_named_with_file_line_and_the_key_to_change(tmp_path, content, match):
+    from hwh_jax.data.pipeline import DataSpec, build_splits
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(content * (1 if content != b"Too short.\n" else 30))
+    spec = DataSpec(paths=(str(bad),), tokenizer="gpt2", heldout_fraction=0.0,
+                    decode_errors="strict")
+    with pytest.raises(ValueError, match=match):
+        build_splits(spec, 256)
+
+
+def test_invalid_utf8_in_jsonl_stops_or_is_replaced_with_a_warning(tmp_path, caplog):
+    from hwh_jax.data import sources
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "fine \xef\xbf\xbd"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2:\d+: invalid UTF-8"):
+        list(sources.text_documents(bad, errors="strict"))
+    assert list(sources.text_documents(bad))[1] == "caf\ufffd"        # the default: replace
+    assert re.search(r"bad.jsonl: 1 invalid UTF-8 byte sequence\(s\) read as U\+FFFD, the "
+                     r"first at line 2, column \d+ \(data.decode_errors='strict'", caplog.text)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "a"}\n{"text": \n')
+    with pytest.raises(ValueError, match=r"broken.jsonl:2: not a JSON object"):
+        list(sources.text_documents(broken))
+
+
+def test_a_vocabulary_too_large_for_the_corpus_names_the_key(tmp_path):
+    from hwh_jax.data.tokenizers import train_sentencepiece
+    docs = ["a small corpus of a few words, repeated."] * 20
+    with pytest.raises(ValueError, match=r"data.sp_vocab_size=4096.*smaller"):
+        train_sentencepiece(docs, 4096, tmp_path, key="tiny", where="data.paths ('x',)")
+
+
+def test_hf_config_errors_name_the_file_and_key(tmp_path):
+    from hwh_jax.analysis.hf_import import load_hf_checkpoint
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3",\n "hidden_size": }')
+    with pytest.raises(ValueError, match=r"config.json:2:\d+: not valid JSON"):
+        load_hf_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3", "hidden_size": 64}')
+    with pytest.raises(KeyError, match=r"config.json: no 'num_attention_heads'"):
+        load_hf_checkpoint(tmp_path)
+
+
+def test_generate_places_the_space_after_the_prompt(tmp_path):
+    from hwh_jax.data.tokenizers import SentencePieceTokenizer, train_sentencepiece
+    from launch.generate import continuation
+    text = read_text(resolve("tinyshakespeare/input.txt.gz"))[:200_000].split("\n\n")
+    tok = SentencePieceTokenizer(train_sentencepiece(text, 512, tmp_path, key="gen"),
+                                 use_seqio=False)
+    prompt, rest = tok.encode("It was"), tok.encode("It was the best")[len(tok.encode("It was")):]
+    assert continuation(tok, prompt, rest) == " the best"
+
+
+def test_a_truncated_checkpoint_costs_one_line_and_status_0(corpus, tmp_path):
+    """launch.train over a workdir whose newest checkpoint is truncated: one line says so, the
+    previous one is taken, the library's tracebacks go to train.log, not the console."""
+    args = [sys.executable, "-m", "launch.train", "--config=configs/hwh_tiny.py",
+            f"--workdir={tmp_path}", "--config.seq_len=32", "--config.model.dtype=float32",
+            "--config.model.gdn_chunk_size=16", f"--config.data.paths=('{corpus}',)",
+            "--config.data.sp_vocab_size=512", "--config.train.batch_size=4",
+            "--config.train.log_every=1", "--config.train.eval_every=0",
+            "--config.train.checkpoint_every=2", "--config.train.mesh=1,1,1",
+            "--config.eval.at_end=False", "--config.train.final_eval=False"]
+    from conftest import XLA_TEST_FLAGS
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": XLA_TEST_FLAGS}
+    first = subprocess.run(args + ["--config.train.steps=4"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    for f in (tmp_path / "checkpoints" / "4" / "state").rglob("*"):
+        if f.is_file() and f.stat().st_size > 100:
+            f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+    second = subprocess.run(args + ["--config.train.steps=5"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    console = second.stdout + second.stderr
+    assert "resumed from step 2" in console
+    mentions = [line for line in console.splitlines() if "checkpoint of step 4" in line]
+    assert len(mentions) == 1, mentions
+    assert "Traceback" not in console and len(console.splitlines()) < 60, console[-3000:]
+    assert "Traceback" in (tmp_path / "train.log").read_text()
