@@ -29,6 +29,14 @@ from hwh_jax.training.state import jit_step, train_state_shardings
 from hwh_jax.training.steps import make_train_step
 
 PLATFORMS = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}   # ours -> jax.export's names
+# Custom calls jax.export keeps no compatibility promise for: allowed here, since the programs
+# are lowered to be inspected and run by this JAX version, not stored for later ones.
+UNVERSIONED = ("__gpu$xla.gpu.triton", "cu_threefry2x32")
+
+
+def _export(fn, platform: str):
+    checks = [jax_export.DisabledSafetyCheck.custom_call(t) for t in UNVERSIONED]
+    return jax_export.export(fn, platforms=[PLATFORMS[platform]], disabled_checks=checks)
 
 
 def run_model_config(config, platform: str):
@@ -63,7 +71,7 @@ def export_train_step(config, *, platform: str, mesh: tuple[int, int, int],
     batch = {k: jax.ShapeDtypeStruct(shape, jnp.float32 if k == "loss_mask" else jnp.int32,
                                      sharding=rows)
              for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask")}
-    return jax_export.export(step, platforms=[PLATFORMS[platform]])(state, batch)
+    return _export(step, platform)(state, batch)
 
 
 def export_inference_steps(cfg, *, platform: str, batch: int, context: int,
@@ -88,8 +96,7 @@ def export_inference_steps(cfg, *, platform: str, batch: int, context: int,
         logits, cache = nnx.merge(graphdef, state).extend(token[:, None], cache)
         return logits[:, 0], cache
 
-    lower = lambda f, *args: jax_export.export(jax.jit(f), platforms=[PLATFORMS[platform]])(  # noqa
-        *args)
+    lower = lambda f, *args: _export(jax.jit(f), platform)(*args)  # noqa: E731
     tokens = jax.ShapeDtypeStruct((batch, prompt), jnp.int32)
     token = jax.ShapeDtypeStruct((batch,), jnp.int32)
     return {"prefill": lower(prefill, state, tokens, cache),
@@ -97,16 +104,24 @@ def export_inference_steps(cfg, *, platform: str, batch: int, context: int,
 
 
 _CALL = re.compile(r"stablehlo\.custom_call @([\w$.\-]+)\(")
-_KERNEL = re.compile(r'kernel_name = "([^"]+)"')
-_TRITON = re.compile(r'\\22name\\22: \\22([^\\]+)\\22')
+_KERNEL = re.compile(r'kernel_name = "([^"]+)"'           # Mosaic (TPU)
+                     r'|name = "([\w\-]+)", num_stages')   # Triton (GPU)
+_MESH = re.compile(r"sdy\.mesh @\w+ = <\[([^\]]*)\]>")
+_ARG = re.compile(r"%arg\d+: tensor<[^>]*> \{[^}]*?sdy\.sharding = #sdy\.sharding<@\w+, (\[[^>]*\])")
 
 
 def summarize(exported: jax_export.Exported) -> dict:
-    """Size, custom calls and input shardings of a lowered program."""
+    """Size, custom calls (the Pallas kernels by name, Mosaic or Triton) and the mesh and input
+    shardings of a lowered program."""
     text = exported.mlir_module()
-    calls = collections.Counter(_CALL.findall(text))
-    kernels = collections.Counter(_KERNEL.findall(text))
-    shardings = collections.Counter(str(s) for s in exported.in_shardings_hlo)
+    main = text[text.find("func.func public @main"):]
+    main = main[:main.find("\n")]
+    mesh = _MESH.search(text)
+    shardings = collections.Counter(_ARG.findall(main)) or collections.Counter(
+        str(s) for s in exported.in_shardings_hlo)
     return {"platforms": list(exported.platforms), "devices": exported.nr_devices,
-            "module_bytes": len(text), "custom_calls": dict(calls),
-            "mosaic_kernels": dict(kernels), "input_shardings": dict(shardings.most_common())}
+            "module_bytes": len(text),
+            "mesh": mesh.group(1) if mesh else None,
+            "custom_calls": dict(collections.Counter(_CALL.findall(text))),
+            "kernels": dict(collections.Counter(a or b for a, b in _KERNEL.findall(text))),
+            "input_shardings": dict(shardings.most_common())}

@@ -1,0 +1,79 @@
+"""The training step, prefill and decode lowered for TPU (and the training step for CUDA) on this
+CPU host through ``jax.export``: the Pallas kernels must be in the program where they are meant
+to run (Mosaic custom calls on TPU, Triton ones on GPU), lowered with their platform's checks,
+and the weights' shardings over an 8-device FSDP mesh must be in the module."""
+import jax
+import pytest
+
+from configs import base
+from hwh_jax.models import model_config
+from hwh_jax.training import export
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8,
+                                reason="needs 8 devices (conftest's CPU devices)")
+
+GDN_TRAIN = {"gdn_wy_inverse", "gdn_wy_apply", "gdn_scan_fwd", "gdn_scan_bwd",
+             "gdn_state_grads", "gdn_wy_bwd"}
+SPLASH_TRAIN = {"splash_mqa_fwd_residuals", "splash_mqa_dkv_no_residuals",
+                "splash_mqa_dq_no_residuals"}
+
+
+def config_380m(arch, **model):
+    config = base.get_config(f"{arch}_380m")
+    config.train.batch_size = 16
+    config.train.mesh = (1, 8, 1)
+    for k, v in model.items():
+        setattr(config.model, k, v)
+    return config
+
+
+@pytest.mark.parametrize("arch,kernels", [("hwh", GDN_TRAIN | SPLASH_TRAIN),
+                                          ("transformer", SPLASH_TRAIN)])
+def test_the_380m_training_step_lowers_for_tpu_with_its_mosaic_kernels(arch, kernels):
+    summary = export.summarize(export.export_train_step(
+        config_380m(arch), platform="tpu", mesh=(1, 8, 1)))
+    assert summary["platforms"] == ["tpu"] and summary["devices"] == 8
+    assert set(summary["kernels"]) == kernels, summary["kernels"]
+    assert summary["custom_calls"] == {"tpu_custom_call": sum(summary["kernels"].values())}
+    assert '"fsdp"=8' in summary["mesh"]
+    sharded = sum(n for spec, n in summary["input_shardings"].items() if '"fsdp"' in spec)
+    assert sharded > 100                      # the weights and their moments over fsdp
+
+
+def test_prefill_and_decode_lower_for_tpu():
+    steps = export.export_inference_steps(model_config("hwh", "380m"), platform="tpu", batch=2,
+                                          context=4096)
+    prefill, decode = (export.summarize(steps[k]) for k in ("prefill", "decode"))
+    assert set(prefill["kernels"]) == {"gdn_wy_inverse", "gdn_wy_apply", "gdn_scan_fwd",
+                                       "splash_mqa_fwd_no_residuals"}
+    assert decode["kernels"] == {} and decode["platforms"] == ["tpu"]   # one token: XLA
+
+
+def test_the_training_step_lowers_for_cuda_with_its_triton_kernels():
+    # cuDNN's attention checks its library at trace time, which this host lacks
+    summary = export.summarize(export.export_train_step(
+        config_380m("hwh", attn_impl="reference"), platform="gpu", mesh=(1, 8, 1)))
+    assert summary["platforms"] == ["cuda"]
+    assert GDN_TRAIN | {"short_conv_fwd", "short_conv_bwd", "short_conv_dx", "rms_norm_fwd",
+                        "rms_norm_bwd", "softmax_xent"} == set(summary["kernels"])
+
+
+def test_a_kernel_taken_off_the_tpu_path_or_a_bad_block_fails_the_export(monkeypatch):
+    """What the tests above would see if the TPU path lost its GDN kernels, and that Mosaic's
+    block-shape check runs here (a value block of 96 columns is not a multiple of 128)."""
+    from kernels_pallas import GDNSettings
+    monkeypatch.setattr(GDNSettings, "AUTO", {"gpu": "pallas"})
+    summary = export.summarize(export.export_train_step(
+        config_380m("hwh"), platform="tpu", mesh=(1, 8, 1)))
+    assert not GDN_TRAIN & set(summary["kernels"])
+    monkeypatch.undo()
+    import jax.numpy as jnp
+    from kernels_pallas import gated_delta_rule
+    x = jax.ShapeDtypeStruct((1, 128, 2, 128), jnp.bfloat16)
+    gate = jax.ShapeDtypeStruct((1, 128, 2), jnp.float32)
+    bad = GDNSettings(impl="pallas", platform="tpu", block_v=96)
+    with pytest.raises(ValueError, match="divisible by 8 and 128"):
+        jax.export.export(jax.jit(lambda *a: gated_delta_rule(*a, settings=bad)[0]),
+                          platforms=["tpu"])(x, x, jax.ShapeDtypeStruct((1, 128, 2, 192),
+                                                                        jnp.bfloat16),
+                                             gate, gate)
