@@ -54,7 +54,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.kernel_platform = ""                 # kernels chosen for "cpu" | "gpu" | "tpu"; "" = this
     #                                        process's backend (set it to export for another)
     d = config.data = ml_collections.ConfigDict()
-    d.source = "text"                      # "text" | "tfds" | "arrayrecord"
+    d.source = "text"                      # "text" | "tfds" | "arrayrecord" | "shards" (a folder
+    #                                        python -m launch.prepare_data made)
     d.paths = ("dickens/dickens.zip",)     # shipped data (hwh_jax/assets) or data_dir relative
     d.heldout_paths = ()                   # explicit held-out files (else the stream's tail)
     d.heldout_fraction = 0.01              # share of the token stream held out

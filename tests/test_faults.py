@@ -100,6 +100,37 @@ def test_flipped_bytes_are_caught_and_the_previous_checkpoint_taken(corpus, tmp_
     assert any(p.name.startswith("4.") for p in (tmp_path / "checkpoints").iterdir())
 
 
+def test_deleted_metadata_falls_back_with_one_line(corpus, tmp_path, caplog):
+    train_and_evaluate(tiny(corpus, steps=4), tmp_path)
+    import shutil
+    shutil.rmtree(tmp_path / "checkpoints" / "4" / "meta")
+    res = train_and_evaluate(tiny(corpus, steps=5), tmp_path)
+    assert sorted(res.losses) == [3, 4, 5]
+    said = [r.getMessage() for r in caplog.records if "checkpoint of step 4" in r.getMessage()]
+    assert len(said) == 1 and "unreadable" in said[0], said
+
+
+def test_a_signal_during_the_closing_evaluation_ends_cleanly(corpus, tmp_path, monkeypatch,
+                                                              capsys):
+    """SIGTERM while the final model is evaluated: the evaluation stops at its next log line,
+    the run returns (status 0 in launch.train) with the last step's checkpoint complete."""
+    from hwh_jax.training import trainer
+
+    def evaluate(subject, spec, out_dir, log=print):
+        os.kill(os.getpid(), signal.SIGTERM)
+        log("niah_single_1 @ 64: scoring")
+        raise AssertionError("the evaluation went on after the signal")
+
+    monkeypatch.setattr(trainer, "run_suite", evaluate)
+    config = tiny(corpus, steps=3)
+    config.eval.at_end = True
+    res = train_and_evaluate(config, tmp_path)
+    assert res.final_step == 3 and saved_steps(tmp_path) == [2, 3]
+    assert "stopped by SIGTERM during the evaluation; the checkpoint of step 3 is complete" in \
+        capsys.readouterr().out
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 3
+
+
 def test_fingerprint_sees_one_changed_bit_on_any_mesh():
     import jax.numpy as jnp
     state = {"w": jnp.arange(1000, dtype=jnp.float32).reshape(10, 100), "s": jnp.int32(3),

@@ -10,14 +10,14 @@ import dataclasses
 import hashlib
 import json
 import logging
-import time
+import os
 from pathlib import Path
 
 import grain
 import numpy as np
 
 from hwh_jax import checks
-from hwh_jax.data import sources
+from hwh_jax.data import shards, sources
 from hwh_jax.data.sources import DECODE_ERRORS
 from hwh_jax.data.packing import PackedSequences, concat_documents
 from hwh_jax.data.paths import cache_dir, resolve
@@ -26,14 +26,14 @@ from hwh_jax.data.tokenizers import GPT2BPE, SentencePieceTokenizer, train_sente
 
 log = logging.getLogger(__name__)
 TOKENIZERS = ("gpt2", "sentencepiece", "train_sentencepiece")
-SOURCES = ("text", "tfds", "arrayrecord")
+SOURCES = ("text", "tfds", "arrayrecord", "shards")
 
 
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
     """Where the training text comes from and how it is tokenised and mixed; every field is the
     ``data.*`` config key of the same name. ``validate`` checks them and that the files exist."""
-    source: str = "text"                  # "text" | "tfds" | "arrayrecord"
+    source: str = "text"                  # "text" | "tfds" | "arrayrecord" | "shards" (prepared)
     paths: tuple[str, ...] = ("dickens/dickens.zip",)  # text/arrayrecord files (data-dir relative)
     heldout_paths: tuple[str, ...] = ()   # explicit held-out files; else the stream's tail
     heldout_fraction: float = 0.01        # share of the stream held out when no heldout_paths
@@ -53,7 +53,8 @@ class DataSpec:
     retrieval_max_needles: int = 4        # needles per synthetic document: 1..this (all asked)
     workers: int = 0                      # grain worker processes building training batches
 
-    def validate(self):
+    def validate(self, files: bool = True):
+        """Every field checked; with ``files``, that the paths exist too."""
         if self.source not in SOURCES:
             raise ValueError(f"data.source must be one of {SOURCES}, got {self.source!r}")
         if self.tokenizer not in TOKENIZERS:
@@ -68,11 +69,18 @@ class DataSpec:
         if self.decode_errors not in DECODE_ERRORS:
             raise ValueError(f"data.decode_errors must be one of {DECODE_ERRORS}, got "
                              f"{self.decode_errors!r}")
-        if self.source in ("text", "arrayrecord"):
+        if self.source in ("text", "arrayrecord", "shards"):
             if not self.paths:
                 raise ValueError("data.paths is empty")
-            for p in self.paths + self.heldout_paths:
-                resolve(p, self.data_dir or None)  # FileNotFoundError naming where it looked
+            for p in (self.paths + self.heldout_paths) if files else ():
+                try:
+                    resolve(p, self.data_dir or None)  # FileNotFoundError naming where it looked
+                except FileNotFoundError as e:
+                    if self.source != "shards":
+                        raise
+                    raise FileNotFoundError(f"{e}; a shards folder is made by python -m "
+                                            f"launch.prepare_data --input=TEXT --out=FOLDER "
+                                            f"(docs/training.md, 'Data at scale')") from None
         if self.source == "tfds" and not self.tfds_name:
             raise ValueError("data.source='tfds' needs data.tfds_name")
         if self.tokenizer == "sentencepiece" and not Path(self.sp_model).exists():
@@ -111,8 +119,9 @@ def load_tokenizer(spec: DataSpec):
         return GPT2BPE(resolve("gpt2_bpe", spec.data_dir or None))
     if spec.tokenizer == "sentencepiece":
         return SentencePieceTokenizer(spec.sp_model)
-    if spec.source == "arrayrecord":
-        raise ValueError("pre-tokenised ArrayRecord data needs tokenizer 'gpt2' or 'sentencepiece'")
+    if spec.source in ("arrayrecord", "shards"):
+        raise ValueError(f"pre-tokenised data (data.source={spec.source!r}) needs "
+                         f"data.tokenizer 'gpt2' or 'sentencepiece', the one it was made with")
     model = train_sentencepiece(_documents(spec, heldout=False), spec.sp_vocab_size,
                                 cache_dir() / "tokenizers",
                                 key=_fingerprint(dataclasses.replace(spec, heldout_paths=()),
@@ -120,31 +129,59 @@ def load_tokenizer(spec: DataSpec):
     return SentencePieceTokenizer(model, use_seqio=False)  # ours: no TensorFlow import
 
 
-def token_stream(spec: DataSpec, tokenizer, heldout: bool = False) -> np.ndarray:
-    """The (cached) uint32 token stream of the train or explicit held-out documents."""
+AUTO_WORKERS_ABOVE = 256 << 20    # bytes of text above which preparation uses every core
+
+
+def token_stream(spec: DataSpec, tokenizer, heldout: bool = False):
+    """The token stream of the train or explicit held-out documents: for text and TFDS
+    sources a ``TokenStream`` over shards prepared once into the cache (``shards.prepare``;
+    in parallel above 256 MiB of text), for ``shards`` the prepared folder named in
+    ``data.paths``, for pre-tokenised ArrayRecord documents an array in memory."""
     paths = spec.heldout_paths if heldout else spec.paths
-    key = f"{_fingerprint(spec, paths)}_{tokenizer.name}_{'heldout' if heldout else 'train'}"
-    path = cache_dir() / "tokens" / f"{key}.npy"
-    if path.exists():
-        return np.load(path, mmap_mode="r")
-    t0 = time.time()
+    key_name = "data.heldout_paths" if heldout else "data.paths"
+    if spec.source == "shards":
+        if len(paths) != 1:
+            raise ValueError(f"{key_name} must name one prepared folder, got {tuple(paths)}")
+        stream = shards.TokenStream(resolve(paths[0], spec.data_dir or None))
+        want, have = shards.tokenizer_fingerprint(tokenizer), stream.manifest["tokenizer"]
+        if want != have:
+            raise ValueError(f"{stream.folder} was prepared with tokenizer {have['name']} "
+                             f"({have['sha256'][:12]}), this run uses {want['name']} "
+                             f"({want['sha256'][:12]}): prepare it again or set data.tokenizer")
+        return stream
     if spec.source == "arrayrecord":
         docs = sources.arrayrecord_tokens([resolve(p, spec.data_dir or None) for p in paths])
-    else:
-        docs = (tokenizer.encode(text) for text in _documents(spec, heldout))
-    stream = concat_documents(docs, tokenizer.eos_id)
-    if not len(stream):
-        key = "data.heldout_paths" if heldout else "data.paths"
-        raise ValueError(f"{key} {tuple(paths)} holds no text (0 tokens); give files with text")
-    if len(stream) and int(stream.max()) >= 2 ** 32 - 1:
-        raise ValueError("token id does not fit uint32")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".partial.npy")
-    np.save(tmp, stream)
-    tmp.rename(path)
-    log.info("tokenised %s: %d tokens in %.1fs (cached at %s)", "held-out" if heldout else "train",
-             len(stream), time.time() - t0, path)
-    return stream
+        stream = concat_documents(docs, tokenizer.eos_id)
+        if not len(stream):
+            raise ValueError(f"{key_name} {tuple(paths)} holds no tokens")
+        return stream
+    key = f"{_fingerprint(spec, paths)}_{tokenizer.name}_{'heldout' if heldout else 'train'}"
+    folder = cache_dir() / "shards" / key
+    if not shards.is_prepared(folder):
+        size = None
+        if spec.source != "tfds":
+            size = sum(f.stat().st_size for f in _files(spec, paths))
+        workers = (os.cpu_count() or 1) if size and size > AUTO_WORKERS_ABOVE else 0
+        source = ({"tfds": spec.tfds_name, "split": spec.tfds_heldout_split if heldout
+                   else spec.tfds_split} if spec.source == "tfds"
+                  else {"paths": [str(f) for f in _files(spec, paths)]})
+        try:
+            shards.prepare(_documents(spec, heldout), tokenizer, folder, source=source,
+                           workers=workers, total_chars=size, echo=log.info)
+        except ValueError as e:
+            if "holds no text" in str(e):
+                raise ValueError(f"{key_name} {tuple(paths)} holds no text (0 tokens); give "
+                                 f"files with text") from None
+            raise
+    return shards.TokenStream(folder)
+
+
+def split_tail(stream, n: int):
+    """(stream without its last n tokens, those n tokens), as views of a TokenStream."""
+    cut = len(stream) - n
+    if isinstance(stream, shards.TokenStream):
+        return stream.view(0, cut), stream.view(cut, len(stream))
+    return stream[:cut], stream[cut:]
 
 
 @dataclasses.dataclass
@@ -172,7 +209,7 @@ def build_splits(spec: DataSpec, seq_len: int) -> Splits:
         if n_held >= len(stream):
             raise ValueError(f"held-out share {spec.heldout_fraction} of {len(stream)} tokens "
                              f"leaves no training data at seq_len {seq_len}")
-        stream, heldout = stream[:len(stream) - n_held], stream[len(stream) - n_held:]
+        stream, heldout = split_tail(stream, n_held)
     for name, s in (("the training split", stream), ("the held-out split", heldout)):
         if 0 < len(s) < seq_len + 1:
             raise ValueError(f"{name} has {len(s)} tokens, fewer than one sequence of "

@@ -1,7 +1,8 @@
 """Document sources: local text files, TFDS datasets, pre-tokenised ArrayRecord files.
 
 Text files: ``.txt``, ``.txt.gz``, ``.zip`` (every member), ``.jsonl`` (one document per line,
-``text_field`` holds the text; ``.jsonl.gz`` too). Within a text file, a line holding only
+``text_field`` holds the text; ``.jsonl.gz`` too), ``.parquet`` (the ``text_field`` column,
+read row group by row group; needs pyarrow). Within a text file, a line holding only
 ``<|endoftext|>`` separates documents (the shipped Gutenberg corpus uses it); otherwise a file
 (or zip member) is one document. Text must be UTF-8: invalid bytes stop the read with the file,
 line and column with ``errors="strict"``, or are read as U+FFFD with a warning that counts them
@@ -20,7 +21,7 @@ from typing import Iterator
 
 log = logging.getLogger(__name__)
 END_OF_TEXT = "<|endoftext|>"
-TEXT_SUFFIXES = (".txt", ".txt.gz", ".zip", ".jsonl", ".jsonl.gz")
+TEXT_SUFFIXES = (".txt", ".txt.gz", ".zip", ".jsonl", ".jsonl.gz", ".parquet")
 DECODE_ERRORS = ("strict", "replace")
 
 
@@ -52,8 +53,40 @@ def decode(data: bytes, where: str, errors: str = "replace") -> str:
 
 
 def _split_documents(text: str) -> Iterator[str]:
+    yield from _split_lines(io.StringIO(text.replace("\r\n", "\n")))
+
+
+def _decoded_lines(f, where: str, errors: str) -> Iterator[str]:
+    """A binary file's lines as text (CRLF as LF), with ``decode``'s checks line by line: a NUL
+    byte refused, invalid UTF-8 stopping (``strict``) or replaced and counted in one warning."""
+    replaced, first = 0, None
+    for n, raw in enumerate(f, 1):
+        nul = raw.find(b"\x00")
+        if nul >= 0:
+            raise ValueError(f"{where}:{n}: not text (a NUL byte at column {nul + 1}: binary "
+                             f"data); remove it from data.paths")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if errors == "strict":
+                raise ValueError(f"{where}:{n}:{e.start + 1}: invalid UTF-8 (byte "
+                                 f"0x{raw[e.start]:02x}); fix the file, or set "
+                                 f"data.decode_errors='replace' to read such bytes as U+FFFD") \
+                    from None
+            line = raw.decode("utf-8", errors="replace")
+            replaced += line.count("\ufffd") - raw.decode("utf-8", "ignore").count("\ufffd")
+            first = first or (n, e.start + 1)
+        yield line[:-2] + "\n" if line.endswith("\r\n") else line
+    if replaced:
+        log.warning("%s: %d invalid UTF-8 byte sequence(s) read as U+FFFD, the first at line %d, "
+                    "column %d (data.decode_errors='strict' stops instead)", where, replaced,
+                    *first)
+
+
+def _split_lines(lines) -> Iterator[str]:
+    """Documents of a text file's lines: a line holding only <|endoftext|> separates them."""
     doc = []
-    for line in io.StringIO(text.replace("\r\n", "\n")):
+    for line in lines:
         if line.strip() == END_OF_TEXT:
             if doc:
                 yield "".join(doc)
@@ -99,14 +132,30 @@ def text_documents(path: Path, text_field: str = "text",
                     yield from _split_documents(data)
     elif name.endswith((".jsonl", ".jsonl.gz", ".txt", ".txt.gz")):
         opener = gzip.open if name.endswith(".gz") else open
-        with opener(path, "rb") as f:
-            data = decode(f.read(), str(path), errors)
-        if name.endswith((".jsonl", ".jsonl.gz")):
-            yield from _jsonl_documents(data.splitlines(), text_field, str(path))
-        else:
-            yield from _split_documents(data)
+        with opener(path, "rb") as f:                  # line by line: any size of file
+            lines = _decoded_lines(f, str(path), errors)
+            if name.endswith((".jsonl", ".jsonl.gz")):
+                yield from _jsonl_documents(lines, text_field, str(path))
+            else:
+                yield from _split_lines(lines)
+    elif name.endswith(".parquet"):
+        yield from _parquet_documents(path, text_field)
     else:
         raise ValueError(f"unsupported data file {path}: expected one of {TEXT_SUFFIXES}")
+
+
+def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
+    """The ``text_field`` column of a Parquet file, row group by row group (pyarrow)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+    table = pq.ParquetFile(path)
+    if text_field not in table.schema_arrow.names:
+        raise KeyError(f"{path}: no column {text_field!r} (columns: {table.schema_arrow.names}); "
+                       f"set data.text_field")
+    for batch in table.iter_batches(columns=[text_field], batch_size=4096):
+        yield from (t for t in batch.column(0).to_pylist() if t is not None)
 
 
 def read_text(path: Path) -> str:

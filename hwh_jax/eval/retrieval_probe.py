@@ -27,7 +27,7 @@ def retrieval_probe(scorer, tokenizer, stream: np.ndarray, seq_len: int, *, num:
                     log=print) -> dict:
     if num < 1:
         raise ValueError(f"retrieval probe: num must be >= 1, got {num}")
-    text = PackedSequences(np.asarray(stream), seq_len, eos_id=tokenizer.eos_id,
+    text = PackedSequences(stream, seq_len, eos_id=tokenizer.eos_id,
                            pad_id=tokenizer.pad_id)
     mix = RetrievalMix(text, tokenizer, 0.5)
     nll = {"answer": [], "needle": []}

@@ -39,13 +39,15 @@ class EvalModel:
     arch: str = ""
     step: int = 0
     workdir: str = ""
+    # the held-out token stream (an array or a lazily read ``TokenStream``: the suites slice it),
+    # or a function making it on first use
     heldout: np.ndarray | Callable[[], np.ndarray] | None = None
 
     def heldout_stream(self) -> np.ndarray:
         if self.heldout is None:
             raise ValueError(f"{self.name} has no held-out text; set the eval spec's ppl_text")
         if callable(self.heldout):
-            self.heldout = np.asarray(self.heldout())
+            self.heldout = self.heldout()
         return self.heldout
 
 

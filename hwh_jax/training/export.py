@@ -54,10 +54,10 @@ def export_train_step(config, *, platform: str, mesh: tuple[int, int, int],
                       devices=None) -> jax_export.Exported:
     """The training step of ``config`` lowered for ``platform`` over a (data, fsdp, tensor)
     mesh of that many devices (``devices``, default all of this host's)."""
-    run_specs(config)
+    specs = run_specs(config, data_files=False)
     cfg = run_model_config(config, platform)
     c = config.train
-    tx, schedule = make_optimizer(run_specs(config).optimizer)
+    tx, schedule = make_optimizer(specs.optimizer)
     mesh = shd.make_mesh(tuple(mesh), devices)
     graphdef, abstract_state, state_sh = train_state_shardings(cfg, tx, mesh)
     step = jit_step(make_train_step(graphdef, tx, schedule, grad_accum=c.grad_accum,

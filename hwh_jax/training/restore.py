@@ -44,11 +44,12 @@ class LoadedRun:
         return f"{self.model_cfg.arch}@{self.workdir.name}"
 
     def heldout_stream(self) -> np.ndarray:
-        """The run's held-out tokens, rebuilt from its data config."""
+        """The run's held-out tokens, rebuilt from its data config (sliceable; read lazily
+        from prepared shards)."""
         splits = build_splits(run_specs(self.config).data, self.config.seq_len)
         if splits.heldout is None:
             raise ValueError(f"{self.workdir}: the run has no held-out split")
-        return np.asarray(splits.heldout.stream)
+        return splits.heldout.stream
 
     def eval_model(self) -> EvalModel:
         """The run as the evaluation suite takes it (held-out text built on first use)."""
@@ -82,7 +83,7 @@ def load_run(workdir: str | Path, step: int | None = None) -> LoadedRun:
         if meta is None:
             raise ValueError(f"no checkpoint in {directory} has readable metadata")
         config = ml_collections.ConfigDict(meta["config"])
-        specs = run_specs(config)
+        specs = run_specs(config, data_files=False)   # the data is read only if asked for
         tokenizer = load_tokenizer(specs.data)
         cfg = model_config(config, tokenizer.vocab_size)
         tx, _ = make_optimizer(specs.optimizer)

@@ -38,13 +38,14 @@ def model_config(config, tokenizer_vocab: int) -> ModelConfig:
     return cfg
 
 
-def run_specs(config) -> RunSpecs:
+def run_specs(config, data_files: bool = True) -> RunSpecs:
     """Every section of a run config checked; the model with a provisional vocabulary (its
-    kernel choices and allocation), so a bad model field fails before the data is read."""
+    kernel choices and allocation), so a bad model field fails before the data is read. With
+    ``data_files=False`` the data paths need not exist (programs lowered without data)."""
     c = config.train
     data = DataSpec(**{k: (tuple(v) if isinstance(v, (list, tuple)) else v)
                        for k, v in config.data.to_dict().items()})
-    data.validate()
+    data.validate(files=data_files)
     opt = OptimizerSpec(lr=c.lr, min_lr_ratio=c.min_lr_ratio, warmup_steps=c.warmup_steps,
                         total_steps=c.steps, schedule=c.schedule, decay_fraction=c.decay_fraction,
                         weight_decay=c.weight_decay, b1=c.b1, b2=c.b2, eps=c.eps,

@@ -66,10 +66,12 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
         return run.finish()
 
 
-def unigram_entropy(stream: np.ndarray) -> float:
+def unigram_entropy(stream) -> float:
     """Entropy (nats/token) of the corpus' unigram distribution: the loss of a model that
-    ignores context, which a language model must beat."""
-    counts = np.bincount(np.asarray(stream, np.int64))
+    ignores context, which a language model must beat (a prepared stream's histogram is read,
+    not recounted)."""
+    counts = stream.counts() if hasattr(stream, "counts") else \
+        np.bincount(np.asarray(stream, np.int64))
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
 
@@ -283,8 +285,7 @@ class Run:
                 nnx.merge(self.graphdef, self.state["params"]), self.splits.tokenizer,
                 int(self.config.seq_len), f"{self.cfg.arch}@{self.workdir.name}",
                 arch=self.cfg.arch, step=self.step, workdir=str(self.workdir),
-                heldout=None if self.splits.heldout is None
-                else np.asarray(self.splits.heldout.stream))
+                heldout=None if self.splits.heldout is None else self.splits.heldout.stream)
             print(f"evaluating the final model: {', '.join(spec.suites)} -> "
                   f"{self.workdir / 'eval'}", flush=True)
 

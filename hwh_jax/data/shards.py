@@ -1,0 +1,336 @@
+"""Token shards: a corpus tokenised once, in parallel, into ArrayRecord files that training reads
+lazily as one token stream.
+
+A prepared folder holds
+
+  manifest.json            the tokenizer (name, vocabulary, EOS, SHA-256 of its files), the
+                           source, the date, the documents and tokens, the shards, ``complete``
+  tokens-NNNNN.array_record  consecutive blocks of ``block`` uint32 (little-endian) tokens of the
+                           stream, one block a record, a new file every ``shard_blocks`` blocks
+  counts.npy               the stream's token-id histogram (the unigram entropy without a pass)
+  progress.json            while preparing: what the finished shards hold (resume point)
+
+The stream is every document's ids followed by EOS, in input order: exactly what
+``packing.concat_documents`` builds in memory, so a run reads the same windows from either.
+``prepare`` tokenises documents in chunks on a pool of worker processes (in order), writes a
+shard at a time and records after each one where it is, so a stopped preparation resumes from
+its last finished shard. ``TokenStream`` reads any token range by the blocks it spans, opening
+the files lazily in each process that reads them (Grain's workers included); its memory does not
+grow with the corpus.
+"""
+from __future__ import annotations
+
+import collections
+import datetime
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+BLOCK = 65536                  # tokens a record
+SHARD_BLOCKS = 2048            # records a file: 134M tokens, 512 MiB
+CHUNK_CHARS = 4 << 20          # characters of text a worker tokenises at a time
+
+
+def _shard_name(i: int) -> str:
+    return f"tokens-{i:05d}.array_record"
+
+
+class TokenStream:
+    """The prepared stream of ``folder`` (tokens [start, stop)) as a read-only 1-D array:
+    ``len()``, ``stream[a:b]`` (an np.ndarray of those tokens, read from their blocks),
+    ``view(a, b)`` (a TokenStream of a sub-range) and ``np.asarray(stream)`` (all of it)."""
+
+    def __init__(self, folder: str | Path, start: int = 0, stop: int | None = None):
+        self.folder = Path(folder)
+        self.manifest = read_manifest(self.folder)
+        total = int(self.manifest["tokens"])
+        self.start, self.stop = start, total if stop is None else stop
+        if not 0 <= self.start <= self.stop <= total:
+            raise ValueError(f"TokenStream range [{start}, {stop}) outside [0, {total})")
+        self.block = int(self.manifest["block"])
+        self.dtype = np.dtype(np.uint32)
+        self._source = None
+
+    def __getstate__(self):                     # readers are reopened in each process
+        return {k: v for k, v in self.__dict__.items() if k != "_source"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _source=None)
+
+    def _records(self):
+        if self._source is None:
+            from array_record.python.array_record_data_source import ArrayRecordDataSource
+            files = [str(self.folder / s["file"]) for s in self.manifest["shards"]]
+            self._source = ArrayRecordDataSource(files)
+        return self._source
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def shape(self):
+        return (len(self),)
+
+    def view(self, start: int, stop: int) -> "TokenStream":
+        return TokenStream(self.folder, self.start + start, self.start + stop)
+
+    def __getitem__(self, key) -> np.ndarray:
+        if isinstance(key, (int, np.integer)):
+            i = int(key) + (len(self) if key < 0 else 0)
+            if not 0 <= i < len(self):
+                raise IndexError(f"token {key} outside a stream of {len(self)}")
+            return self[i:i + 1][0]
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("TokenStream takes an index or a contiguous slice (stream[a:b])")
+        a, b, _ = key.indices(len(self))
+        if b <= a:
+            return np.zeros((0,), np.uint32)
+        a, b = a + self.start, b + self.start
+        first, last = a // self.block, (b - 1) // self.block
+        source = self._records()
+        blocks = [np.frombuffer(source[r], dtype="<u4") for r in range(first, last + 1)]
+        data = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
+        return data[a - first * self.block:b - first * self.block].astype(np.uint32)
+
+    def __iter__(self):
+        step = self.block * 16
+        for a in range(0, len(self), step):
+            yield from self[a:a + step]
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[0:len(self)]
+        return out if dtype is None else out.astype(dtype)
+
+    def counts(self) -> np.ndarray:
+        """Token-id histogram of this range (the whole stream's from counts.npy, less what
+        lies outside the range, read from its blocks)."""
+        counts = np.load(self.folder / "counts.npy").astype(np.int64)
+        total = int(self.manifest["tokens"])
+        for a, b in ((0, self.start), (self.stop, total)):
+            for lo in range(a, b, 1 << 24):
+                outside = TokenStream(self.folder, lo, min(b, lo + (1 << 24)))
+                np.subtract.at(counts, np.asarray(outside).astype(np.int64), 1)
+        return counts
+
+    def __repr__(self):
+        return f"TokenStream({self.folder}, tokens {self.start}..{self.stop})"
+
+
+def read_manifest(folder: str | Path) -> dict:
+    path = Path(folder) / "manifest.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{folder}: no manifest.json (not a prepared token folder; "
+                                f"python -m launch.prepare_data makes one)")
+    manifest = json.loads(path.read_text())
+    if not manifest.get("complete"):
+        raise ValueError(f"{folder}: its preparation did not finish (run it again to resume)")
+    return manifest
+
+
+def is_prepared(folder: str | Path) -> bool:
+    path = Path(folder) / "manifest.json"
+    return path.exists() and json.loads(path.read_text()).get("complete", False)
+
+
+def tokenizer_fingerprint(tokenizer) -> dict:
+    """What identifies a tokenizer's ids: name, vocabulary, EOS, and the SHA-256 of its files."""
+    files = []
+    if hasattr(tokenizer, "folder"):
+        files = [tokenizer.folder / "encoder.json", tokenizer.folder / "vocab.bpe"]
+    elif hasattr(tokenizer, "model_path"):
+        files = [tokenizer.model_path]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(Path(f).read_bytes())
+    return {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size,
+            "eos_id": tokenizer.eos_id, "sha256": h.hexdigest()}
+
+
+# ---------------------------------------------------------------- preparing
+_WORKER_TOKENIZER = None
+
+
+def _init_worker(tokenizer):
+    global _WORKER_TOKENIZER
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")   # one process, one core
+    _WORKER_TOKENIZER = tokenizer
+
+
+def _tokenize(texts: list[str]) -> list[np.ndarray]:
+    return [np.asarray(ids, np.uint32) for ids in _WORKER_TOKENIZER.encode_batch(texts)]
+
+
+def _chunks(documents, chars: int):
+    """Lists of documents of about ``chars`` characters."""
+    chunk, size = [], 0
+    for doc in documents:
+        chunk.append(doc)
+        size += len(doc)
+        if size >= chars:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+class _Writer:
+    """Appends tokens to the stream as blocks in shard files. A shard is closed (and the resume
+    point recorded) at the end of the first chunk of documents that fills it, so the documents
+    counted and the tokens pending always agree; shards hold ``shard_blocks`` blocks or a chunk
+    more."""
+
+    def __init__(self, folder: Path, block: int, shard_blocks: int, state: dict):
+        self.folder, self.block, self.shard_blocks = folder, block, shard_blocks
+        self.shards = state.get("shards", [])
+        self.pending = np.asarray(state.get("pending", []), np.uint32)
+        self.documents = state.get("documents", 0)
+        self.tokens = state.get("tokens", 0)
+        self.counts = state.get("counts")
+        self.writer, self.blocks_in_shard = None, 0
+
+    def add_chunk(self, ids: np.ndarray, documents: int):
+        """A chunk of whole documents' ids (EOS after each), in stream order."""
+        self.documents += documents
+        self.tokens += len(ids)
+        data = np.concatenate([self.pending, ids])
+        full = len(data) // self.block * self.block
+        for a in range(0, full, self.block):
+            self._write_block(data[a:a + self.block])
+        self.pending = data[full:]
+        if self.blocks_in_shard >= self.shard_blocks:
+            self._close_shard()
+            self.save_progress()
+
+    def finish(self):
+        if len(self.pending):
+            self._write_block(self.pending)
+            self.pending = self.pending[:0]
+        self._close_shard()
+
+    def _write_block(self, block: np.ndarray):
+        if self.writer is None:
+            from array_record.python.array_record_module import ArrayRecordWriter
+            self.current = _shard_name(len(self.shards))
+            self.writer = ArrayRecordWriter(str(self.folder / self.current), "group_size:1")
+        self.writer.write(block.astype("<u4").tobytes())
+        self.blocks_in_shard += 1
+
+    def _close_shard(self):
+        if self.writer is None:
+            return
+        self.writer.close()
+        self.shards.append({"file": self.current, "blocks": self.blocks_in_shard})
+        self.writer, self.blocks_in_shard = None, 0
+
+    def save_progress(self):
+        """The resume point: finished shards, documents and tokens consumed, the tokens not yet
+        in a written block, the histogram so far."""
+        np.save(self.folder / "progress_counts.npy", self.counts)
+        state = {"shards": self.shards, "documents": self.documents, "tokens": self.tokens,
+                 "pending": self.pending.tolist()}
+        tmp = self.folder / "progress.json.tmp"
+        tmp.write_text(json.dumps(state))
+        tmp.replace(self.folder / "progress.json")
+
+
+def prepare(documents, tokenizer, out: str | Path, *, source: dict, workers: int = 0,
+            block: int = BLOCK, shard_blocks: int = SHARD_BLOCKS, chunk_chars: int = CHUNK_CHARS,
+            total_chars: int | None = None, log_every_s: float = 10.0, echo=print) -> Path:
+    """Tokenise ``documents`` (an iterable of str, in a fixed order) into a prepared folder
+    ``out`` (module docstring) on ``workers`` processes (0: this one); resumes a stopped
+    preparation of the same source and tokenizer. ``total_chars`` (the corpus' size, if known)
+    gives the progress lines an ETA. Returns ``out``."""
+    out = Path(out)
+    if is_prepared(out):
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"tokenizer": tokenizer_fingerprint(tokenizer), "source": source}
+    started = out / "started.json"
+    if started.exists() and json.loads(started.read_text()) != meta:
+        raise ValueError(f"{out} holds an unfinished preparation of another source or tokenizer "
+                         f"({started}); remove the folder or choose another --out")
+    started.write_text(json.dumps(meta))
+    state = {}
+    if (out / "progress.json").exists():
+        state = json.loads((out / "progress.json").read_text())
+        state["counts"] = np.load(out / "progress_counts.npy")
+        echo(f"resuming {out}: {len(state['shards'])} shards, {state['documents']:,} documents "
+             f"done")
+    for f in out.glob("tokens-*.array_record"):
+        if f.name not in {s["file"] for s in state.get("shards", [])}:
+            f.unlink()                          # a shard cut off before it finished
+    writer = _Writer(out, block, shard_blocks, state)
+    if writer.counts is None:
+        writer.counts = np.zeros(tokenizer.vocab_size, np.int64)
+    skip = writer.documents
+    eos = np.array([tokenizer.eos_id], np.uint32)
+    t0 = t_log = time.time()
+    chars = chars_skipped = 0                   # characters read: tokenised, and skipped over
+
+    def docs():
+        nonlocal chars, chars_skipped
+        for i, d in enumerate(documents):
+            if i < skip:
+                chars_skipped += len(d)
+                continue
+            chars += len(d)
+            yield d
+
+    def results():
+        chunks = _chunks(docs(), chunk_chars)
+        if not workers:
+            _init_worker(tokenizer)
+            for chunk in chunks:
+                yield _tokenize(chunk)
+            return
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer,)) as pool:
+            inflight = collections.deque()
+            for chunk in chunks:                   # at most 2 x workers chunks in flight
+                inflight.append(pool.apply_async(_tokenize, (chunk,)))
+                if len(inflight) >= 2 * workers:
+                    yield inflight.popleft().get()
+            while inflight:
+                yield inflight.popleft().get()
+
+    tokens_at_start = writer.tokens
+    for encoded in results():
+        if encoded:
+            writer.counts += np.bincount(np.concatenate(encoded).astype(np.int64),
+                                         minlength=len(writer.counts))[:len(writer.counts)]
+        writer.counts[tokenizer.eos_id] += len(encoded)
+        writer.add_chunk(np.concatenate([x for ids in encoded for x in (ids, eos)] or [eos[:0]]),
+                         len(encoded))
+        now = time.time()
+        if now - t_log >= log_every_s:
+            t_log = now
+            rate = (writer.tokens - tokens_at_start) / max(now - t0, 1e-9)
+            speed = chars / max(now - t0, 1e-9)
+            left = max(total_chars - chars - chars_skipped, 0) if total_chars else 0
+            eta = (f", ETA {datetime.timedelta(seconds=int(left / speed))}"
+                   if total_chars and speed else "")
+            echo(f"prepare: {writer.documents:,} documents, {writer.tokens:,} tokens, "
+                 f"{rate / 1e3:,.0f}k tokens/s, {speed / 2**20:.1f} MiB/s of text{eta}")
+    writer.finish()
+    if not writer.tokens:
+        raise ValueError(f"{source}: holds no text (0 documents)")
+    np.save(out / "counts.npy", writer.counts)
+    elapsed = time.time() - t0
+    manifest = {**meta, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                "documents": writer.documents, "tokens": writer.tokens, "block": block,
+                "shards": writer.shards, "workers": workers, "seconds": round(elapsed, 1),
+                "complete": True}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    for f in ("progress.json", "progress_counts.npy", "started.json"):
+        (out / f).unlink(missing_ok=True)
+    echo(f"prepared {out}: {writer.documents:,} documents, {writer.tokens:,} tokens in "
+         f"{len(writer.shards)} shard(s), {elapsed:.1f}s "
+         f"({(writer.tokens - tokens_at_start) / max(elapsed, 1e-9) / 1e3:,.0f}k tokens/s)")
+    return out
