@@ -148,6 +148,39 @@ def test_a_stopped_preparation_resumes_to_the_same_stream(gpt2, tmp_path):
         shards.TokenStream(out)
 
 
+def test_processes_preparing_one_folder_at_once_wait_for_the_first(gpt2, tmp_path):
+    """Two processes start preparing one folder while a third holds its lock: both wait, then
+    one prepares and the other takes its result."""
+    import fcntl
+    script = (
+        "import sys, numpy as np\n"
+        "from hwh_jax.data import shards\n"
+        "from hwh_jax.data.paths import resolve\n"
+        "from hwh_jax.data.tokenizers import GPT2BPE\n"
+        "rng = np.random.default_rng(7)\n"
+        "docs = [' '.join(map(str, rng.integers(0, 10**6, 50))) for _ in range(500)]\n"
+        "shards.prepare(docs, GPT2BPE(resolve('gpt2_bpe')), sys.argv[1], source={},\n"
+        "               block=997, shard_blocks=3, chunk_chars=20000)\n")
+    with open(tmp_path / "p.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        procs = [subprocess.Popen([sys.executable, "-u", "-c", script, str(tmp_path / "p")],
+                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                 for _ in range(2)]
+        for proc in procs:                      # each says it waits before the lock is freed
+            line = proc.stdout.readline()
+            while line and not line.startswith("waiting"):
+                line = proc.stdout.readline()
+            assert line.startswith(f"waiting for another process preparing {tmp_path / 'p'}")
+    said = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], said
+    assert sum("prepared" in s for s in said) == 1, said       # one did the work
+    rng = np.random.default_rng(7)
+    docs = [" ".join(map(str, rng.integers(0, 10**6, 50))) for _ in range(500)]
+    np.testing.assert_array_equal(np.asarray(shards.TokenStream(tmp_path / "p")),
+                                  _expected(gpt2, docs))
+
+
 def test_text_sources_are_prepared_on_first_use_and_streamed(gpt2, tmp_path, monkeypatch):
     monkeypatch.setenv("HWH_CACHE_DIR", str(tmp_path / "cache"))
     docs = _documents(seed=4)

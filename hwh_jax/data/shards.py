@@ -6,7 +6,8 @@ A prepared folder holds
   manifest.json            the tokenizer (name, vocabulary, EOS, SHA-256 of its files), the
                            source, the date, the documents and tokens, the shards, ``complete``
   tokens-NNNNN.array_record  consecutive blocks of ``block`` uint32 (little-endian) tokens of the
-                           stream, one block a record, a new file every ``shard_blocks`` blocks
+                           stream, one block a record; a file is closed after the chunk of
+                           documents that brings it to ``shard_blocks`` blocks
   counts.npy               the stream's token-id histogram (the unigram entropy without a pass)
   progress.json            while preparing: what the finished shards hold (resume point)
 
@@ -14,7 +15,8 @@ The stream is every document's ids followed by EOS, in input order: exactly what
 ``packing.concat_documents`` builds in memory, so a run reads the same windows from either.
 ``prepare`` tokenises documents in chunks on a pool of worker processes (in order), writes a
 shard at a time and records after each one where it is, so a stopped preparation resumes from
-its last finished shard. ``TokenStream`` reads any token range by the blocks it spans, opening
+its last finished shard; processes preparing the same folder at once wait for the first (a
+lock file beside it). ``TokenStream`` reads any token range by the blocks it spans, opening
 the files lazily in each process that reads them (Grain's workers included); its memory does not
 grow with the corpus.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import fcntl
 import hashlib
 import json
 import logging
@@ -250,6 +253,23 @@ def prepare(documents, tokenizer, out: str | Path, *, source: dict, workers: int
     out = Path(out)
     if is_prepared(out):
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # one preparer a folder: the processes of a run on one host start together, and wait
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            echo(f"waiting for another process preparing {out}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_prepared(out):
+            return out
+        return _prepare(documents, tokenizer, out, source=source, workers=workers, block=block,
+                        shard_blocks=shard_blocks, chunk_chars=chunk_chars,
+                        total_chars=total_chars, log_every_s=log_every_s, echo=echo)
+
+
+def _prepare(documents, tokenizer, out: Path, *, source, workers, block, shard_blocks,
+             chunk_chars, total_chars, log_every_s, echo) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"tokenizer": tokenizer_fingerprint(tokenizer), "source": source}
     started = out / "started.json"
