@@ -193,7 +193,7 @@ def test_text_sources_are_prepared_on_first_use_and_streamed(gpt2, tmp_path, mon
     n_held = len(splits.heldout.stream)
     np.testing.assert_array_equal(np.asarray(splits.train.stream), want[:-n_held])
     np.testing.assert_array_equal(np.asarray(splits.heldout.stream), want[-n_held:])
-    prepared = list((tmp_path / "cache" / "shards").iterdir())
+    prepared = [p for p in (tmp_path / "cache" / "shards").iterdir() if p.is_dir()]
     assert len(prepared) == 1 and shards.is_prepared(prepared[0])
     # the prepared folder as a source of its own, and the tokenizer it was made with checked
     same = build_splits(DataSpec(source="shards", paths=(str(prepared[0]),), tokenizer="gpt2",
