@@ -46,6 +46,7 @@ def get_config(arg: str = "hwh"):
     e.niah_factors = (1, 2, 4)
     e.niah_depths = 5
     e.ppl_factor = 4
-    e.batch_size = 16          # the 15 NIAH prompts of a length in one batch
+    e.niah_samples = 20        # 100 prompts a (task, length) cell: intervals of about +-10 points
+    e.batch_size = 16
     config.lock()
     return config

@@ -105,7 +105,8 @@ def analyze():
             prompts, spans = [], []
             for s in range(FLAGS.qr_samples):
                 smp = niah.make_sample("niah_single_2", seq_len, round(100 * s / max(
-                    FLAGS.qr_samples - 1, 1)), tok, max_new_tokens=0, seed=s)
+                    FLAGS.qr_samples - 1, 1)), tok, max_new_tokens=0, seed=s,
+                    reserve=0)
                 ids = tok.encode(smp.prompt)
                 at = smp.prompt.index(smp.expected[0])   # the needle value, in tokens:
                 lo = len(tok.encode(smp.prompt[:at]))     # prefix lengths (one token of slack

@@ -237,17 +237,17 @@ def test_retrieval_mix_sequences(gpt2):
         doc = gpt2.decode(window.tolist()).split("<|endoftext|>")[0]
         found = re.findall(needle_re, doc)
         kinds = {f[0] for f in found}
-        assert len(kinds) == 1 and doc.startswith(f"Some special magic {kinds.pop()} are hidden")
+        kind = kinds.pop()
+        assert len(found) and doc.startswith(f"A special magic {kind[:-1]} is hidden")
         pairs = {key: value for _, key, value in found}
         assert len(pairs) == len(found) and 1 <= len(found) <= 4
         counts.add(len(found))
-        kind = found[0][0]
-        asked = re.findall(rf"What are all the special magic {kind} for (\S+) mentioned in the "
+        asked = re.findall(rf"What is the special magic {kind[:-1]} for (\S+) mentioned in the "
                            rf"provided text\? The special magic {kind[:-1]} for \1 mentioned in "
                            rf"the provided text is (\S+)\.", doc)
         assert dict(asked) == pairs                     # every needle asked, answered right
         last_needle = max(doc.index(f"for {k} is:") for k in pairs)
-        assert last_needle < doc.index("What are all")
+        assert last_needle < doc.index("What is the")
         assert all(len(v) == (7 if kind == "numbers" else 36) for v in pairs.values())
     assert counts == {1, 2, 3}          # up to 4 drawn, fewer where 256 tokens cannot hold them
     for j in range(20):                 # the probe's masks cover exactly the values

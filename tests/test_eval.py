@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from hwh_jax.data import ruler
 from hwh_jax.data.paths import resolve
 from hwh_jax.data.sources import read_text
 from hwh_jax.data.tokenizers import GPT2BPE
@@ -27,13 +28,15 @@ def test_niah_prompt_follows_ruler_template_length_and_depth(gpt2, task, length)
     for depth in (0, 50, 100):
         s = niah.make_sample(task, length, depth, gpt2, max_new_tokens=new, seed=1)
         n = len(gpt2.encode(s.prompt))
-        assert n == s.prompt_tokens and length - new - 40 <= n <= length - new, n
+        kept = niah.TOKENS_TO_GENERATE                   # RULER's generation budget
+        assert n == s.prompt_tokens and length - kept - 40 <= n <= length - kept, n
         kind = niah.TASKS[task][1]
+        one = kind[:-1]
         m = re.fullmatch(
-            rf"Some special magic {kind} are hidden within the following text\. Make sure to "
-            rf"memorize it\. I will quiz you about the {kind} afterwards\.\n(.*)\nWhat are all "
-            rf"the special magic {kind} for ([a-z]+-[a-z]+) mentioned in the provided text\? The "
-            rf"special magic {kind[:-1]} for \2 mentioned in the provided text is", s.prompt,
+            rf"A special magic {one} is hidden within the following text\. Make sure to "
+            rf"memorize it\. I will quiz you about the {one} afterwards\.\n(.*)\nWhat is "
+            rf"the special magic {one} for ([a-z]+-[a-z]+) mentioned in the provided text\? The "
+            rf"special magic {one} for \2 mentioned in the provided text is", s.prompt,
             flags=re.S)
         assert m, s.prompt[:200]
         context, key = m.group(1), m.group(2)
@@ -54,6 +57,39 @@ def test_niah_prompt_follows_ruler_template_length_and_depth(gpt2, task, length)
         else:  # at a sentence boundary of the essays
             before = context[:context.index(needle)].rstrip()
             assert before == "" or before[-1] in ".!?\"')]", before[-30:]
+
+
+def test_niah_renders_rulers_strings():
+    """RULER's niah.py for one key and one value (num_needle_q * num_needle_v == 1) turns its
+    plural template singular; these are the strings it renders for fixed keys and values."""
+    assert niah.render("niah_single_2", "CONTEXT", "lucky-anchor") == (
+        "A special magic number is hidden within the following text. Make sure to memorize it. "
+        "I will quiz you about the number afterwards.\nCONTEXT\nWhat is the special magic "
+        "number for lucky-anchor mentioned in the provided text? The special magic number for "
+        "lucky-anchor mentioned in the provided text is")
+    assert niah.render("niah_single_3", "CONTEXT", "odd-owl") == (
+        "A special magic uuid is hidden within the following text. Make sure to memorize it. "
+        "I will quiz you about the uuid afterwards.\nCONTEXT\nWhat is the special magic uuid "
+        "for odd-owl mentioned in the provided text? The special magic uuid for odd-owl "
+        "mentioned in the provided text is")
+    # several values asked: RULER's plural template, untouched
+    assert ruler.prompt_template(2).format(type_needle_v="numbers", context="C", query="a, and b") \
+        == ("Some special magic numbers are hidden within the following text. Make sure to "
+            "memorize it. I will quiz you about the numbers afterwards.\nC\nWhat are all the "
+            "special magic numbers for a, and b mentioned in the provided text? The special "
+            "magic numbers for a, and b mentioned in the provided text are")
+    assert niah.NEEDLE.format(type_needle_v="numbers", key="k", value="1234567") == \
+        "One of the special magic numbers for k is: 1234567."
+
+
+def test_essays_repeat_for_a_longer_haystack(gpt2, tmp_path):
+    """RULER concatenates the essays and repeats them when a longer haystack is needed."""
+    (tmp_path / "a.txt").write_text("Alpha beta gamma delta. Epsilon zeta eta theta. " * 20)
+    words = niah.essay_words(str(tmp_path))
+    s = niah.make_sample("niah_single_2", 2048, 50, gpt2, max_new_tokens=16,
+                         essay_folder=str(tmp_path))
+    assert s.prompt.count("Epsilon zeta eta theta.") > 2 * 20      # repeated, not refused
+    assert s.prompt_tokens <= 2048 - niah.TOKENS_TO_GENERATE and len(words) == 160
 
 
 def test_niah_rejects_bad_requests(gpt2):
@@ -203,7 +239,8 @@ def test_an_evaluation_cut_during_niah_keeps_what_it_measured(gpt2, tmp_path):
     cfg = model_config("transformer", "tiny", dtype="float32", vocab_size=gpt2.vocab_size)
     run = EvalModel(HybridLM(cfg, rngs=nnx.Rngs(0)), gpt2, 256, "cut@x", arch=cfg.arch, step=3,
                     workdir=str(tmp_path))
-    spec = EvalSpec(suites=("niah",), niah_factors=(1, 2), niah_depths=1, batch_size=4)
+    spec = EvalSpec(suites=("niah",), niah_factors=(1, 2), niah_depths=1, niah_samples=2,
+                    batch_size=4)
 
     class TimeLimit(Exception):
         pass
@@ -218,6 +255,9 @@ def test_an_evaluation_cut_during_niah_keeps_what_it_measured(gpt2, tmp_path):
     assert res["finished"] is False
     assert set(res["niah_summary"]) == {f"{t}@256" for t in niah.TASKS}
     assert {r["length"] for r in res["niah"]} == {256}
+    assert {k: v["n"] for k, v in res["niah_intervals"].items()} == \
+        {f"{t}@256": 2 for t in niah.TASKS}
+    assert all(0 <= v["lo"] <= v["hi"] <= 100 for v in res["niah_intervals"].values())
     res["niah_summary"] |= {f"{t}@512": 0.0 for t in niah.TASKS}   # a finished run's keys
     done = tmp_path / "done"
     (done / "eval").mkdir(parents=True)
@@ -233,3 +273,24 @@ def test_an_evaluation_cut_during_niah_keeps_what_it_measured(gpt2, tmp_path):
     row = next(line for line in text.splitlines() if line.startswith(f"| {tmp_path.name} | "))
     assert row.count(" - ") == 3      # 512 of the three tasks: not measured
     assert "partial (cut during it)" in text and "| 3 | 6.0000 (last 3) | - | - | yes |" in text
+
+
+@pytest.mark.parametrize("right,n", [(0, 10), (5, 10), (10, 10), (37, 100), (1, 3)])
+def test_wilson_interval_is_the_score_tests_acceptance_region(right, n):
+    """Wilson's interval = the p whose score test |p_hat - p| <= z sqrt(p (1 - p) / n) accepts
+    the observed share: found here by scanning p, against the closed form."""
+    from hwh_jax.eval import stats
+    lo, hi = stats.wilson(right, n)
+    p = np.linspace(0, 1, 200_001)
+    accepted = p[np.abs(right / n - p) <= stats.Z95 * np.sqrt(p * (1 - p) / n)]
+    assert abs(lo - accepted.min()) < 1e-4 and abs(hi - accepted.max()) < 1e-4
+    cell = stats.share([100.0] * right + [0.0] * (n - right))
+    assert (cell["n"], cell["right"]) == (n, right)
+    assert abs(cell["lo"] - 100 * lo) < 1e-9 and abs(cell["mean"] - 100 * right / n) < 1e-9
+
+
+def test_bootstrap_interval_of_a_mean():
+    from hwh_jax.eval import stats
+    assert stats.bootstrap_mean([3.0, 3.0, 3.0]) == (3.0, 3.0, 3.0)
+    mean, lo, hi = stats.bootstrap_mean(np.random.default_rng(0).normal(10, 1, 400))
+    assert lo < mean < hi and 0.15 < hi - lo < 0.25     # ~ 2 x 1.96 / sqrt(400) = 0.196

@@ -48,7 +48,7 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
               "--config.train.mesh=1,1,1",
               "--config.eval.niah_factors=(8,)", "--config.eval.niah_depths=2",
               "--config.eval.niah_tasks=('niah_single_1','niah_single_3')")
-    assert "NIAH: niah_single_1@512" in out and "experiment run (hwh" in out
+    assert "NIAH (mean score" in out and "niah_single_1@512 " in out and "experiment run (hwh" in out
     exp = json.loads((work / "experiment.json").read_text())
     assert exp["tokens"] == 4 * 4 * 64 and exp["tokens_per_s"] > 0
     assert set(exp["niah"]) == {"niah_single_1@512", "niah_single_3@512"}
@@ -60,6 +60,7 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     ev = tmp_path / "ev"
     out = run("launch.eval", f"--checkpoint={work}", f"--out={ev}",
               "--suite=niah,mqar,ppl,commonsense", "--niah_factors=4", "--niah_depths=1",
+              "--niah_samples=2",
               "--niah_tasks=niah_single_2", "--ppl_factor=2", "--commonsense_limit=3",
               "--mqar_examples=4", "--batch_size=4")
     assert "lambada_openai: acc" in out and "mqar seq 256 pairs 16" in out

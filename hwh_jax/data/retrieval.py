@@ -33,7 +33,7 @@ import uuid
 import numpy as np
 
 from hwh_jax.data.packing import PackedSequences, segments_and_positions
-from hwh_jax.data.ruler import ANSWER_PREFIX, NEEDLE, TEMPLATE, WORDS
+from hwh_jax.data.ruler import NEEDLE, WORDS, prompt_template, value_type
 
 KINDS = ("numbers", "uuids")
 
@@ -68,14 +68,16 @@ class RetrievalMix:
 
     @staticmethod
     def pieces(kind: str, keys: list[str], values: list[str]) -> tuple[str, list[str], list[str]]:
-        """Header, needles and question-answer texts of one document (k = len(keys))."""
-        header, rest = TEMPLATE.split("{context}")
+        """Header, needles and question-answer texts of one document (k = len(keys)). Each
+        question asks for one key's one value, so the template is RULER's singular (as its
+        niah_multikey tasks render it with several needles and one query)."""
+        header, rest = prompt_template(1).split("{context}")
+        one = value_type(kind, 1)
         needles = [" " + NEEDLE.format(type_needle_v=kind, key=k, value=v) + " "
                    for k, v in zip(keys, values)]
-        answers = [rest.format(type_needle_v=kind, query=k)
-                   + ANSWER_PREFIX.format(type_needle_v1=kind[:-1], query=k) + f" {v}."
+        answers = [rest.format(type_needle_v=one, query=k) + f" {v}."
                    for k, v in zip(keys, values)]
-        return header.format(type_needle_v=kind), needles, answers
+        return header.format(type_needle_v=one), needles, answers
 
     def __getstate__(self):   # to grain's worker processes: without the fragment cache
         return {k: v for k, v in self.__dict__.items() if k != "_cache"} | {"_cache": {}}

@@ -1,12 +1,13 @@
 """RULER-style needle-in-a-haystack: niah_single_1/2/3 (Hsieh et al., 2024).
 
 Templates are RULER's (``scripts/data/synthetic/constants.py`` and ``niah.py``; kept in
-``hwh_jax.data.ruler``, which the synthetic retrieval training documents share):
+``hwh_jax.data.ruler``, which the synthetic retrieval training documents share), rendered as
+RULER renders them for one key and one value (the singular):
 
-    Some special magic {numbers} are hidden within the following text. Make sure to memorize
-    it. I will quiz you about the {numbers} afterwards.\n{context}\nWhat are all the special
-    magic {numbers} for {key} mentioned in the provided text? The special magic {number} for
-    {key} mentioned in the provided text is
+    A special magic {number} is hidden within the following text. Make sure to memorize it.
+    I will quiz you about the {number} afterwards.\n{context}\nWhat is the special magic
+    {number} for {key} mentioned in the provided text? The special magic {number} for {key}
+    mentioned in the provided text is
 
 with the needle "One of the special magic {numbers} for {key} is: {value}." inserted into the
 haystack at the requested depth. Tasks:
@@ -17,8 +18,11 @@ haystack at the requested depth. Tasks:
                    value: 7-digit number
     niah_single_3  essays, key: word, value: UUID
 
-The haystack is the longest that keeps prompt + ``max_new_tokens`` within the requested length
-in the model's tokens (binary search, as RULER does). Needles sit at sentence boundaries of the
+The haystack is the longest that keeps prompt + RULER's generation budget (128 tokens, a quarter
+of the length below 512, ``max_new_tokens`` if larger) within the requested length in the model's tokens (binary search,
+as RULER does); the essays, concatenated, repeat when a longer haystack is needed, as RULER's.
+Answers are generated for ``max_new_tokens`` (16, or 48 with UUIDs: the value and its prefix
+fit; RULER's longer budget only costs decode steps). Needles sit at sentence boundaries of the
 essays (depth = share of sentences before the needle); in the noise haystack, between repeats.
 Score = 100 x share of expected values found in the greedy answer (RULER's string_match_all).
 
@@ -37,7 +41,9 @@ import uuid
 from pathlib import Path
 
 from hwh_jax.data.paths import resolve
-from hwh_jax.data.ruler import ANSWER_PREFIX, NEEDLE, NOISE, TEMPLATE, WORDS  # noqa: F401
+from hwh_jax.eval.stats import share
+from hwh_jax.data.ruler import (NEEDLE, NOISE, TOKENS_TO_GENERATE, WORDS, prompt_template,
+                                value_type)
 
 TASKS = {  # name -> (haystack, value type)
     "niah_single_1": ("noise", "numbers"),
@@ -87,20 +93,32 @@ def build_context(haystack: str, size: int, needle: str, depth: int, essay=None)
         sentences = [NOISE] * size
         sentences.insert(round(size * depth / 100), needle)
         return "\n".join(sentences)
-    sents = split_sentences(" ".join(essay[:size]))
+    sents = split_sentences(" ".join(_repeat(essay, size)))
     at = int(len(sents) * depth / 100)
     return " ".join(sents[:at] + [needle] + sents[at:])
 
 
+def _repeat(words, size: int):
+    """The first ``size`` words of the essays, repeated from the start as often as needed."""
+    if size <= len(words):
+        return words[:size]
+    return (words * (size // len(words) + 1))[:size]
+
+
 def render(task: str, context: str, key: str) -> str:
+    """The prompt as RULER renders it for one key and one value."""
     kind = TASKS[task][1]
-    return (TEMPLATE.format(type_needle_v=kind, context=context, query=key)
-            + ANSWER_PREFIX.format(type_needle_v1=kind[:-1], query=key))
+    return prompt_template(1).format(type_needle_v=value_type(kind, 1), context=context,
+                                     query=key)
 
 
 def make_sample(task: str, length: int, depth: int, tokenizer, *, max_new_tokens: int,
-                seed: int = 0, essay_folder: str | None = None) -> NiahSample:
-    """One prompt of at most ``length - max_new_tokens`` tokens with its expected answer."""
+                seed: int = 0, essay_folder: str | None = None,
+                reserve: int = TOKENS_TO_GENERATE) -> NiahSample:
+    """One prompt of at most ``length - max(kept, max_new_tokens)`` tokens with its expected
+    answer, ``kept`` = ``reserve`` (RULER's generation budget) but at most a quarter of
+    ``length`` (the tiny models' contexts of a few hundred tokens); ``reserve=0`` fills
+    ``length`` but for ``max_new_tokens``."""
     if task not in TASKS:
         raise ValueError(f"unknown NIAH task {task!r}; known: {list(TASKS)}")
     if not 0 <= depth <= 100:
@@ -110,7 +128,8 @@ def make_sample(task: str, length: int, depth: int, tokenizer, *, max_new_tokens
     key, value = rng.choice(WORDS), _value(kind, rng)
     needle = NEEDLE.format(type_needle_v=kind, key=key, value=value)
     essay = essay_words(essay_folder) if haystack == "essay" else None
-    budget = length - max_new_tokens
+    kept = max(min(reserve, length // 4), max_new_tokens)
+    budget = length - kept
 
     def n_tokens(size):
         return len(tokenizer.encode(render(task, build_context(haystack, size, needle, depth,
@@ -118,12 +137,9 @@ def make_sample(task: str, length: int, depth: int, tokenizer, *, max_new_tokens
 
     if n_tokens(0) > budget:
         raise ValueError(f"{task}: length {length} leaves no room for a haystack (the template "
-                         f"alone is {n_tokens(0)} tokens + {max_new_tokens} to generate)")
+                         f"alone is {n_tokens(0)} tokens + {kept} kept for the answer)")
     # every word / sentence costs at least one token: ``budget`` units is an upper bound
-    lo, hi = 0, min(len(essay), budget) if essay is not None else budget
-    if essay is not None and hi == len(essay) and n_tokens(hi) <= budget:
-        raise ValueError(f"{task}: the essays ({len(essay)} words) are shorter than {length} "
-                         f"tokens")
+    lo, hi = 0, budget
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if n_tokens(mid) <= budget:
@@ -173,9 +189,9 @@ def run_niah(generator, tokenizer, *, tasks, lengths, depths, samples: int = 1,
                              "score": string_match_all(pred, b.expected), "prediction": pred,
                              "expected": b.expected, "prompt_tokens": b.prompt_tokens})
         for t in tasks:
-            scores = [r["score"] for r in rows if r["task"] == t and r["length"] == length]
-            log(f"niah {t} @ {length}: {sum(scores) / len(scores):.1f} over {len(scores)} "
-                f"samples")
+            cell = share([r["score"] for r in rows if r["task"] == t and r["length"] == length])
+            log(f"niah {t} @ {length}: {cell['mean']:.1f} over {cell['n']} prompts ({cell['right']} "
+                f"right, 95% interval {cell['lo']:.0f}-{cell['hi']:.0f}%)")
         if on_length is not None:
             on_length(list(rows))
     return rows

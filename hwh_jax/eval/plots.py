@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hwh_jax.eval.stats import share
 from hwh_jax.plotting import finish_line_chart, pyplot
 
 
@@ -39,7 +40,8 @@ def niah_heatmap(rows, task: str, title: str, path: Path, train_len: int | None 
 
 def extrapolation_chart(per_model: dict, path: Path, train_len: int | None = None):
     """NIAH score vs length: one panel per task and one of their mean, one line (one colour) per
-    model; a model missing a cell has a gap there."""
+    model, with the 95% Wilson interval of each cell's share right as a bar; a model missing a
+    cell has a gap there."""
     plt = pyplot()
     tasks = sorted({r["task"] for rows in per_model.values() for r in rows})
     lengths = sorted({r["length"] for rows in per_model.values() for r in rows})
@@ -49,13 +51,18 @@ def extrapolation_chart(per_model: dict, path: Path, train_len: int | None = Non
 
     def cell(rows, task, L):
         s = [r["score"] for r in rows if r["length"] == L and (task is None or r["task"] == task)]
-        return np.mean(s) if s else np.nan
+        if not s:
+            return np.nan, 0.0, 0.0
+        c = share(s)
+        return c["mean"], max(c["mean"] - c["lo"], 0.0), max(c["hi"] - c["mean"], 0.0)
 
     for i, (name, rows) in enumerate(per_model.items()):
         colour = f"C{i % 10}"
         for ax, task in zip(axes, tasks + [None]):
-            ax.plot(lengths, [cell(rows, task, L) for L in lengths], marker="o", color=colour,
-                    label=name)
+            mean, below, above = np.array([cell(rows, task, L) for L in lengths]).T
+            x = np.array(lengths) * 1.03 ** (i - (len(per_model) - 1) / 2)   # bars side by side
+            ax.errorbar(x, mean, yerr=[below, above], marker="o", color=colour, label=name,
+                        capsize=2, lw=1.2, elinewidth=0.8)
     for ax, task in zip(axes, tasks + ["mean of the tasks"]):
         if train_len:
             ax.axvline(train_len, color="grey", ls="--", lw=1)
@@ -65,7 +72,7 @@ def extrapolation_chart(per_model: dict, path: Path, train_len: int | None = Non
         ax.set_title(task, fontsize=9)
         ax.set_xlabel("context length (tokens)")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("NIAH score (dashed: training length)")
+    axes[0].set_ylabel("NIAH score; bars: 95% interval\n(dashed: training length)")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8)
     fig.tight_layout(rect=(0, 0.1, 1, 1))

@@ -13,6 +13,7 @@ import math
 import statistics
 from pathlib import Path
 
+from hwh_jax.eval import stats
 from hwh_jax.eval.suite import compare
 from hwh_jax.metrics import read_metrics
 from hwh_jax.plotting import finish_line_chart, pyplot
@@ -36,6 +37,7 @@ def summarize(workdir: str | Path) -> dict:
         "tokens_per_s": statistics.median(tps) if tps else None,
         "mfu": statistics.median(mfu) if mfu else None,
         "niah": results.get("niah_summary", {}),
+        "niah_intervals": results.get("niah_intervals", {}),
         "mqar": {f"{r['seq_len']}x{r['num_kv_pairs']}": r["accuracy"]
                  for r in results.get("mqar", [])},
         "retrieval": results.get("retrieval"),
@@ -57,15 +59,18 @@ def _fmt(x, spec=".2f"):
 
 
 def niah_table(exps: list[dict]) -> str:
-    """Rows: experiments; columns: task x length (score 0-100, mean over depths)."""
+    """Rows: experiments; columns: task x length (score 0-100, mean over depths; with the 95%
+    Wilson interval of the share right and n where the results have them)."""
     keys = sorted({k for e in exps for k in e["niah"]},
                   key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
     head = "| model | arch | " + " | ".join(k.replace("niah_single_", "S-NIAH-")
                                             for k in keys) + " |"
     lines = [head, "|---|---|" + "---:|" * len(keys)]
     for e in exps:
+        iv = e.get("niah_intervals", {})
         lines.append(f"| {e['name']} | {e['arch']} | "
-                     + " | ".join(_fmt(e["niah"].get(k), ".0f") for k in keys) + " |")
+                     + " | ".join(stats.fmt_share(iv[k]) if k in iv else
+                                  _fmt(e["niah"].get(k), ".0f") for k in keys) + " |")
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from hwh_jax.eval import commonsense, mqar, niah, perplexity, plots
+from hwh_jax.eval import commonsense, mqar, niah, perplexity, plots, stats
 from hwh_jax.eval.retrieval_probe import retrieval_probe
 from hwh_jax.eval.scoring import Scorer
 from hwh_jax.data.sources import read_text
@@ -59,7 +59,8 @@ class EvalSpec:
     niah_tasks: tuple = tuple(niah.TASKS)
     niah_factors: tuple = (1, 2, 4)     # lengths = factor x the run's training length
     niah_depths: int = 5                # evenly spaced in [0, 100] (RULER: 40)
-    niah_samples: int = 1
+    niah_samples: int = 20              # prompts per (task, length, depth): cells of
+    #                                     depths x samples prompts (100 at 5 depths)
     ppl_factor: int = 4                 # windows of factor x training length
     ppl_buckets_per_train_len: int = 4
     ppl_windows: int = 64
@@ -132,8 +133,14 @@ def run_suite(subject: EvalModel, spec: EvalSpec, out_dir: str | Path, log=print
                                            and r["length"] == n]))
                 for t in spec.niah_tasks for n in sorted({r["length"] for r in rows})}
 
+    def niah_intervals(rows):
+        return {f"{t}@{n}": stats.share([r["score"] for r in rows if r["task"] == t
+                                         and r["length"] == n])
+                for t in spec.niah_tasks for n in sorted({r["length"] for r in rows})}
+
     def niah_partial(rows):
         results["niah"], results["niah_summary"] = rows, niah_summary(rows)
+        results["niah_intervals"] = niah_intervals(rows)
         save(False)
 
     if "ppl" in spec.suites or "retrieval" in spec.suites:

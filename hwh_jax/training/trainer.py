@@ -23,6 +23,7 @@ from flax import nnx
 
 from hwh_jax.data.pipeline import build_splits, eval_batches, train_dataset
 from hwh_jax.eval.suite import EvalModel, run_suite
+from hwh_jax.eval import stats
 from hwh_jax.models.params import param_table
 from hwh_jax.profiling import host_gc, profile
 from hwh_jax.training import sharding as shd
@@ -300,9 +301,10 @@ class Run:
                       f"is complete (python -m launch.eval --checkpoint={self.workdir} evaluates "
                       f"it)", flush=True)
                 return
-            if "niah_summary" in self.evaluation:
-                print("NIAH: " + ", ".join(f"{k} {v:.0f}" for k, v in
-                                           self.evaluation["niah_summary"].items()), flush=True)
+            if "niah_intervals" in self.evaluation:
+                print("NIAH (mean score [95% interval of the share right] n): " + ", ".join(
+                    f"{k} {stats.fmt_share(v)}" for k, v in
+                    self.evaluation["niah_intervals"].items()), flush=True)
 
     # ------------------------------------------------------------ outputs
     def summary(self) -> dict:
@@ -317,7 +319,8 @@ class Run:
             "mesh": dict(self.mesh.shape), "flops_per_token": self.flops,
         }
         if self.evaluation is not None:
-            out["eval"] = {k: self.evaluation[k] for k in ("niah_summary", "wall_s")
+            out["eval"] = {k: self.evaluation[k] for k in ("niah_summary", "niah_intervals",
+                                                           "wall_s")
                            if k in self.evaluation}
         return out
 
