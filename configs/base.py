@@ -83,7 +83,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     #                                        train.batch_size) this start may change in a
     #                                        workdir made by another config: "a.b,c" or "all"
     t.batch_size = 16 if size == "tiny" else 256   # global batch, sequences
-    t.grad_accum = 1                       # micro-batches per step
+    t.grad_accum = 0                       # micro-batches per step; 0 = the fewest that fit
+    #                                        the devices (hwh_jax/training/memory.py)
+    t.device_memory_gb = 0.0               # memory a device may use; 0 = what it reports
     t.loss_impl = "auto"                   # the LM head + loss as one op (layers.loss.head_loss)
     #                                        with softmax_xent impl "auto" | "reference" |
     #                                        "pallas"; or "unfused" (autodiff through the logits)

@@ -63,11 +63,14 @@ class MetricsWriter:
 
 
 def progress_line(step: int, total: int, m: dict, tokens_per_s: float, mfu: float | None,
-                  eta_s: float, data_share: float | None = None) -> str:
+                  eta_s: float, data_share: float | None = None, plan: str = "") -> str:
     """One log line. ``data_share``: the fraction of the interval's wall time the loop spent
-    waiting for its next batch (near 1: the host's input pipeline, not the device, sets the pace)."""
+    waiting for its next batch (near 1: the host's input pipeline, not the device, sets the
+    pace). ``plan``: the step's micro-batch x accumulation and memory a device."""
     mfu_s = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
     data_s = f" | data {100 * data_share:.0f}%" if data_share is not None else ""
+    if plan:
+        data_s += f" | {plan}"
     return (f"step {step:>6d}/{total} | loss {m['loss']:.4f} | lr {m['lr']:.2e} | "
             f"gnorm {m['grad_norm']:.3f} | {tokens_per_s / 1e3:.1f}k tok/s | MFU {mfu_s}{data_s} | "
             f"ETA {format_duration(eta_s)}")

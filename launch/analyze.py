@@ -13,7 +13,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from launch import one_line_errors, setup_logging
+from launch import devices, one_line_errors, setup_logging
 
 flags.DEFINE_list("checkpoint", [], "launch.train workdir(s)")
 flags.DEFINE_list("hf_checkpoint", [], "Hugging Face folder(s) (config.json + safetensors)")
@@ -76,6 +76,7 @@ def _samples(tok, run, seq_len, n, rng, cfg):
 
 def main(argv):
     del argv
+    devices.apply_defaults()
     with one_line_errors():
         analyze()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from launch import one_line_errors, setup_logging
+from launch import devices, one_line_errors, setup_logging
 
 flags.DEFINE_list("checkpoint", None, "launch.train workdir(s), comma-separated")
 flags.DEFINE_string("out", "", "output folder (default <first checkpoint>/eval)")
@@ -39,6 +39,7 @@ SPEC_FLAGS = {"suite": ("suites", tuple), "niah_tasks": ("niah_tasks", tuple),
 
 def main(argv):
     del argv
+    devices.apply_defaults()
     with one_line_errors():
         evaluate()
 

@@ -7,7 +7,7 @@ continuations, prefill and decode timings, and the decode cache's memory at this
 
 from absl import app, flags
 
-from launch import one_line_errors, setup_logging
+from launch import devices, one_line_errors, setup_logging
 
 flags.DEFINE_string("checkpoint", None, "launch.train workdir")
 flags.DEFINE_integer("step", None, "checkpoint step (default: the newest that proves itself)")
@@ -23,6 +23,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
+    devices.apply_defaults()
     setup_logging()
     with one_line_errors():
         generate()

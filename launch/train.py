@@ -2,14 +2,16 @@ r"""Pretrain a model: ``python -m launch.train --config=configs/hwh_tiny.py --wo
 
 Intentionally short: the logic is ``hwh_jax.training.trainer.train_and_evaluate``. Any config
 field can be overridden, e.g. ``--config.train.steps=100 --config.train.mesh=1,2,4``. On a
-multi-host TPU slice or GPU cluster every process runs this same command. Exit statuses and the
+multi-host TPU slice or GPU cluster every process runs this same command (``launch.devices``:
+the device defaults set and how several processes find each other). Exit statuses and the
 log file (``<workdir>/train.log``): ``launch/__init__.py``.
 """
+import logging
 import os
 
 from absl import app, flags
 
-from launch import one_line_errors, setup_logging
+from launch import devices, one_line_errors, setup_logging
 from ml_collections import config_flags
 
 config_flags.DEFINE_config_file("config", None, "run config file", lock_config=True)
@@ -20,11 +22,12 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
+    started = devices.start()        # device defaults and several processes, before any device use
     import jax
-    if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("TPU_WORKER_HOSTNAMES") \
-            or int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-        jax.distributed.initialize()
-    setup_logging(os.path.join(FLAGS.workdir, "train.log"))
+    index = jax.process_index()      # the first process logs to train.log, process i to train.i.log
+    setup_logging(os.path.join(FLAGS.workdir, f"train.{index}.log" if index else "train.log"))
+    for line in started:
+        logging.info("%s", line)
     with one_line_errors():
         from hwh_jax.training.trainer import train_and_evaluate
         train_and_evaluate(FLAGS.config, FLAGS.workdir)

@@ -50,6 +50,21 @@ def tiny(corpus, arch="hwh", **train):
     return config
 
 
+@pytest.fixture(scope="module")
+def four_steps(corpus, tmp_path_factory):
+    """A workdir of ``tiny`` trained 4 steps (checkpoints 2 and 4), trained once for the tests
+    that damage a copy of it."""
+    workdir = tmp_path_factory.mktemp("four_steps") / "w"
+    train_and_evaluate(tiny(corpus, steps=4), workdir)
+    return workdir
+
+
+def _copy(workdir, to):
+    import shutil
+    shutil.copytree(workdir, to, dirs_exist_ok=True)
+    return to
+
+
 def saved_steps(workdir):
     return sorted(int(p.name) for p in (Path(workdir) / "checkpoints").iterdir()
                   if p.name.isdigit())
@@ -86,8 +101,9 @@ def _flip(path: Path, count: int = 4096):
     path.write_bytes(bytes(data))
 
 
-def test_flipped_bytes_are_caught_and_the_previous_checkpoint_taken(corpus, tmp_path, caplog):
-    train_and_evaluate(tiny(corpus, steps=4), tmp_path)
+def test_flipped_bytes_are_caught_and_the_previous_checkpoint_taken(corpus, four_steps,
+                                                                     tmp_path, caplog):
+    _copy(four_steps, tmp_path)
     files = sorted((p for p in (tmp_path / "checkpoints" / "4" / "state").rglob("*")
                     if p.is_file()), key=lambda p: p.stat().st_size)
     size = files[-1].stat().st_size
@@ -100,8 +116,8 @@ def test_flipped_bytes_are_caught_and_the_previous_checkpoint_taken(corpus, tmp_
     assert any(p.name.startswith("4.") for p in (tmp_path / "checkpoints").iterdir())
 
 
-def test_deleted_metadata_falls_back_with_one_line(corpus, tmp_path, caplog):
-    train_and_evaluate(tiny(corpus, steps=4), tmp_path)
+def test_deleted_metadata_falls_back_with_one_line(corpus, four_steps, tmp_path, caplog):
+    _copy(four_steps, tmp_path)
     import shutil
     shutil.rmtree(tmp_path / "checkpoints" / "4" / "meta")
     res = train_and_evaluate(tiny(corpus, steps=5), tmp_path)
@@ -145,9 +161,9 @@ def test_fingerprint_sees_one_changed_bit_on_any_mesh():
     assert ckpt_lib.fingerprint({**state, "w": jnp.asarray(swapped)})["['w']"] != a["['w']"]
 
 
-def test_generate_and_eval_fall_back_past_a_corrupt_checkpoint(corpus, tmp_path, caplog):
+def test_generate_and_eval_fall_back_past_a_corrupt_checkpoint(four_steps, tmp_path, caplog):
     from hwh_jax.training.restore import load_run
-    train_and_evaluate(tiny(corpus, steps=4), tmp_path)
+    _copy(four_steps, tmp_path)
     for f in (tmp_path / "checkpoints" / "4" / "state").rglob("*"):
         if f.is_file() and f.stat().st_size > 1000:
             _flip(f)
@@ -199,20 +215,20 @@ def test_non_finite_marks_the_newest_checkpoint_suspect_and_the_next_start_skips
     assert f"skipping the checkpoint of step {bad - 1}: marked suspect" in caplog.text
 
 
-def test_a_workdir_refuses_another_model_or_data_config(corpus, tmp_path):
+def test_a_workdir_refuses_another_model_or_data_config(corpus, four_steps, tmp_path):
     from hwh_jax.training.workdir import WorkdirMismatch
-    train_and_evaluate(tiny(corpus, steps=2), tmp_path)
-    other = tiny(corpus, arch="transformer", steps=2)
+    _copy(four_steps, tmp_path)
+    other = tiny(corpus, arch="transformer", steps=5)
     with pytest.raises(WorkdirMismatch, match=r"model.arch: 'hwh' -> 'transformer'.*"
                                               r"--config.train.accept_changes=.*model.arch"):
         train_and_evaluate(other, tmp_path)
-    longer = tiny(corpus, steps=3)
+    longer = tiny(corpus, steps=5)
     longer.seq_len = 64
     with pytest.raises(WorkdirMismatch, match="seq_len: 32 -> 64"):
         train_and_evaluate(longer, tmp_path)
-    assert saved_steps(tmp_path) == [2]
-    more = tiny(corpus, steps=3, lr=1e-3)                  # steps and lr may change
-    assert sorted(train_and_evaluate(more, tmp_path).losses) == [3]
+    assert saved_steps(tmp_path) == [2, 4]
+    more = tiny(corpus, steps=5, lr=1e-3)                  # steps and lr may change
+    assert sorted(train_and_evaluate(more, tmp_path).losses) == [5]
 
 
 @pytest.mark.parametrize("key,value,match", [
@@ -292,21 +308,21 @@ def test_generate_places_the_space_after_the_prompt(tmp_path):
     assert continuation(tok, prompt, rest) == " the best"
 
 
-def test_a_truncated_checkpoint_costs_one_line_and_status_0(corpus, tmp_path):
+def test_a_truncated_checkpoint_costs_one_line_and_status_0(corpus, four_steps, tmp_path):
     """launch.train over a workdir whose newest checkpoint is truncated: one line says so, the
     previous one is taken, the library's tracebacks go to train.log, not the console."""
     args = [sys.executable, "-m", "launch.train", "--config=configs/hwh_tiny.py",
             f"--workdir={tmp_path}", "--config.seq_len=32", "--config.model.dtype=float32",
             "--config.model.gdn_chunk_size=16", f"--config.data.paths=('{corpus}',)",
-            "--config.data.sp_vocab_size=512", "--config.train.batch_size=4",
+            "--config.data.sp_vocab_size=512", "--config.data.heldout_fraction=0.05",
+            "--config.train.batch_size=8", "--config.train.warmup_steps=2",
             "--config.train.log_every=1", "--config.train.eval_every=0",
             "--config.train.checkpoint_every=2", "--config.train.mesh=1,1,1",
             "--config.eval.at_end=False", "--config.train.final_eval=False"]
     from conftest import XLA_TEST_FLAGS
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": XLA_TEST_FLAGS}
-    first = subprocess.run(args + ["--config.train.steps=4"], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=600)
-    assert first.returncode == 0, first.stderr[-3000:]
+    _copy(four_steps, tmp_path)          # the run of 4 steps, as the same command makes it
+    (tmp_path / "train.log").unlink(missing_ok=True)
     for f in (tmp_path / "checkpoints" / "4" / "state").rglob("*"):
         if f.is_file() and f.stat().st_size > 100:
             f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])

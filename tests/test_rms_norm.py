@@ -188,8 +188,8 @@ def test_model_chains_residual_adds_like_the_unfused_blocks(arch):
         return m.final_norm(x)
 
     loss = lambda f: lambda m: jnp.sum(jnp.sin(f(m)))  # noqa: E731
-    a, ga = nnx.value_and_grad(loss(lambda m: m.hidden(tokens)))(model)
-    b, gb = nnx.value_and_grad(loss(unfused))(model)
+    a, ga = nnx.jit(nnx.value_and_grad(loss(lambda m: m.hidden(tokens))))(model)
+    b, gb = nnx.jit(nnx.value_and_grad(loss(unfused)))(model)
     np.testing.assert_allclose(float(a), float(b), rtol=1e-5)
     for u, v in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
         close(u, v, 1e-4)

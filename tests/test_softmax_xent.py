@@ -184,8 +184,8 @@ def test_train_loss_with_each_loss_impl_matches_unfused():
             cfg = model_config("hwh", "tiny", vocab_size=512, tie_embeddings=tie,
                                dtype="float32")
             graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
-            out[impl] = jax.value_and_grad(lambda p: train_loss(
-                graphdef, p, batch, loss_impl=impl, z_loss=1e-3), has_aux=True)(params)
+            out[impl] = jax.jit(jax.value_and_grad(lambda p: train_loss(
+                graphdef, p, batch, loss_impl=impl, z_loss=1e-3), has_aux=True))(params)
         (t0, (l0, n0)), g0 = out["unfused"]
         for impl in fused:
             (t, (l, n)), g = out[impl]

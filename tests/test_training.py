@@ -93,7 +93,7 @@ def _train_in_subprocess(corpus, workdir, mesh, devices=8, extra=()):
     return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
 
 
-@pytest.mark.parametrize("mesh", [(1, 1, 1), (8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)],
+@pytest.mark.parametrize("mesh", [(1, 1, 1), (2, 2, 2), (1, 2, 4)],
                          ids=lambda m: "x".join(map(str, m)))
 def test_mesh_invariance(corpus, tmp_path, mesh):
     """fp32 losses on 8 fake CPU devices agree with the single-device run (mesh 1x1x1)."""
@@ -120,13 +120,6 @@ def test_checkpoint_from_8_devices_resumes_on_one(corpus, tmp_path):
     assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3]   # step 3 only, resumed
     for step, loss in ref.items():
         assert abs(resumed[step] - loss) <= 1e-5 * abs(loss), (step, resumed[step], loss)
-
-
-def test_grad_accumulation_matches_one_big_batch(corpus, tmp_path):
-    one = train_and_evaluate(small_config(corpus, steps=3), tmp_path / "one")
-    acc = train_and_evaluate(small_config(corpus, steps=3, grad_accum=2), tmp_path / "acc")
-    for s in one.losses:
-        assert abs(one.losses[s] - acc.losses[s]) < 1e-5 * abs(one.losses[s])
 
 
 def test_summary_is_written_before_the_closing_evaluation(corpus, tmp_path, monkeypatch):

@@ -53,14 +53,15 @@ def run_model_config(config, platform: str):
 def export_train_step(config, *, platform: str, mesh: tuple[int, int, int],
                       devices=None) -> jax_export.Exported:
     """The training step of ``config`` lowered for ``platform`` over a (data, fsdp, tensor)
-    mesh of that many devices (``devices``, default all of this host's)."""
+    mesh of that many devices (``devices``, default all of this host's). ``train.grad_accum``
+    0 (the trainer plans it from the devices' memory) lowers the batch as one micro-batch."""
     specs = run_specs(config, data_files=False)
     cfg = run_model_config(config, platform)
     c = config.train
     tx, schedule = make_optimizer(specs.optimizer)
     mesh = shd.make_mesh(tuple(mesh), devices)
     graphdef, abstract_state, state_sh = train_state_shardings(cfg, tx, mesh)
-    step = jit_step(make_train_step(graphdef, tx, schedule, grad_accum=c.grad_accum,
+    step = jit_step(make_train_step(graphdef, tx, schedule, grad_accum=c.grad_accum or 1,
                                     z_loss=c.z_loss, document_mask=c.document_mask,
                                     loss_impl=c.loss_impl),
                     mesh, state_sh, out_shardings=(state_sh, None), donate_argnums=(0,))

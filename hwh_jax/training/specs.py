@@ -58,13 +58,14 @@ def run_specs(config, data_files: bool = True) -> RunSpecs:
     if config.get("eval") is not None and config.eval.at_end:
         evaluation = spec_from_config(config.eval)
         evaluation.validate()
-    for key in ("log_every", "profile_steps", "keep_checkpoints", "batch_size", "grad_accum"):
+    for key in ("log_every", "profile_steps", "keep_checkpoints", "batch_size"):
         checks.number(f"train.{key}", c[key], lo=1, integer=True)
-    for key in ("eval_every", "checkpoint_every", "eval_batches", "profile_at"):
+    for key in ("eval_every", "checkpoint_every", "eval_batches", "profile_at", "grad_accum"):
         checks.number(f"train.{key}", c[key], lo=0, integer=True)
     checks.number("train.stop_at_step", c.stop_at_step, lo=0, hi=c.steps, integer=True)
     checks.number("train.z_loss", c.z_loss, lo=0)
     checks.number("train.peak_flops", c.peak_flops, lo=0)
+    checks.number("train.device_memory_gb", c.device_memory_gb, lo=0)
     checks.number("seq_len", config.seq_len, lo=2, integer=True)
     checks.number("seed", config.seed, lo=0, integer=True)
     mesh = tuple(c.mesh)
@@ -76,7 +77,7 @@ def run_specs(config, data_files: bool = True) -> RunSpecs:
         raise ValueError(f"train.profile_at={c.profile_at} + train.profile_steps="
                          f"{c.profile_steps} runs past the last step "
                          f"{c.stop_at_step or c.steps}")
-    if c.batch_size % c.grad_accum:
+    if c.grad_accum and c.batch_size % c.grad_accum:
         raise ValueError(f"train.batch_size={c.batch_size} must be a multiple of "
                          f"train.grad_accum={c.grad_accum}")
     return RunSpecs(data, opt, evaluation)

@@ -53,7 +53,11 @@ def eval_loss(graphdef, params, batch, *, document_mask: bool = False):
 
 
 def _split_micro(batch, n):
-    return jax.tree.map(lambda x: x.reshape(n, x.shape[0] // n, *x.shape[1:]), batch)
+    """[B, ...] -> [n, B / n, ...], micro-batch j = rows j, j + n, j + 2n, ...: each device's
+    rows of the batch (a contiguous block of them) split evenly over the micro-batches, so
+    every micro-batch is spread over all data-parallel devices without moving a row."""
+    return jax.tree.map(lambda x: x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1),
+                        batch)
 
 
 def make_train_step(graphdef, tx, schedule, *, grad_accum=1, z_loss=0.0, document_mask=False,

@@ -20,12 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from hwh_jax.data.pipeline import build_splits, eval_batches, train_dataset
-from hwh_jax.eval.suite import EvalModel, run_suite
 from hwh_jax.eval import stats
+from hwh_jax.eval.suite import EvalModel, run_suite
 from hwh_jax.models.params import param_table
 from hwh_jax.profiling import host_gc, profile
+from hwh_jax.training import memory
 from hwh_jax.training import sharding as shd
 from hwh_jax.training import workdir as workdir_lib
 from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
@@ -89,7 +91,7 @@ class Run:
         workdir_lib.bind(self.workdir, config, write=jax.process_index() == 0)
         self.t0, self.wall_before = time.time(), 0.0
         self.losses, self.batch_ids, self.heldout = {}, {}, {}
-        self.stopped_early = False
+        self.stopped_early = self.halted = False
         self.final = None
         self.evaluation = None
 
@@ -97,11 +99,6 @@ class Run:
     def make_mesh(self):
         c = self.c
         self.mesh = shd.make_mesh(tuple(c.mesh))
-        dp = shd.data_parallel_size(self.mesh)
-        if (c.batch_size // c.grad_accum) % dp:
-            raise ValueError(f"micro-batch {c.batch_size // c.grad_accum} (train.batch_size / "
-                             f"train.grad_accum) does not divide over the data-parallel size "
-                             f"{dp} of mesh {dict(self.mesh.shape)}")
         if c.batch_size % jax.process_count():
             raise ValueError(f"train.batch_size={c.batch_size} not divisible by "
                              f"{jax.process_count()} processes")
@@ -161,15 +158,67 @@ class Run:
 
     # ------------------------------------------------------------ steps
     def compile_steps(self):
+        """The train step compiled at the micro-batch ``memory.plan`` chooses (or the one
+        ``train.grad_accum`` sets), and the eval step."""
         c = self.c
         self.batch_sh = shd.batch_sharding(self.mesh)
-        step_fn = make_train_step(self.graphdef, self.tx, self.schedule,
-                                  grad_accum=c.grad_accum, z_loss=c.z_loss,
-                                  document_mask=c.document_mask, loss_impl=c.loss_impl)
-        self.train_step = jit_step(step_fn, self.mesh, self.state_sh,
-                                   out_shardings=(self.state_sh, None), donate_argnums=(0,))
+        self.first_batch = next(self.train_iter)        # its shapes; the loop trains on it first
+        batch = {k: jax.ShapeDtypeStruct((c.batch_size, *np.shape(v)[1:]), np.asarray(v).dtype,
+                                         sharding=self.batch_sh)
+                 for k, v in self.first_batch.items() if k != "index"}
+
+        def compile_at(micro: int):
+            step_fn = make_train_step(self.graphdef, self.tx, self.schedule,
+                                      grad_accum=c.batch_size // micro, z_loss=c.z_loss,
+                                      document_mask=c.document_mask, loss_impl=c.loss_impl)
+            t = time.time()
+            out = jit_step(step_fn, self.mesh, self.state_sh, out_shardings=(self.state_sh, None),
+                           donate_argnums=(0,)).lower(self.state, batch).compile()
+            log.info("compiled the train step at micro-batch %d in %.1fs", micro, time.time() - t)
+            return out
+
+        dp = shd.data_parallel_size(self.mesh)
+        limit = memory.device_limit(c.device_memory_gb)
+        key = memory.plan_key(self.config.model.to_dict(), self.config.seq_len, c.batch_size,
+                              c.grad_accum, c.loss_impl, c.z_loss, c.document_mask,
+                              dict(self.mesh.shape), jax.device_count(), self.device_kind,
+                              jax.__version__, limit)
+        again = memory.remembered(self.workdir, key) if not c.grad_accum else None
+        if again:
+            compiled = compile_at(again)
+            self.plan = memory.Plan(again, c.batch_size // again, memory.step_bytes(compiled),
+                                    limit, "remembered")
+            if limit is not None and self.plan.step_bytes > limit:
+                again = None
+        if not again:
+            self.plan, compiled = memory.plan(compile_at, batch=c.batch_size, dp=dp, limit=limit,
+                                              grad_accum=c.grad_accum, advice=self._fit_advice)
+        if jax.process_count() > 1:                      # every process runs process 0's plan
+            micro = int(multihost_utils.broadcast_one_to_all(np.int32(self.plan.micro_batch)))
+            if micro != self.plan.micro_batch:
+                compiled = compile_at(micro)
+                self.plan = dataclasses.replace(self.plan, micro_batch=micro,
+                                                grad_accum=c.batch_size // micro,
+                                                step_bytes=memory.step_bytes(compiled))
+        if jax.process_index() == 0:
+            memory.remember(self.workdir, key, self.plan)
+        log.info("memory plan: %s", self.plan.describe())
+        if jax.process_index() == 0:
+            print(f"memory plan: {self.plan.describe()}", flush=True)
+        self.train_step = compiled
         self.eval_step = jit_step(make_eval_step(self.graphdef, document_mask=c.document_mask),
                                   self.mesh, self.state_sh["params"])
+
+    def _fit_advice(self) -> str:
+        """What would make a config that does not fit fit (for ``memory.plan``'s error)."""
+        state = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.abstract_state))
+        mesh = dict(self.mesh.shape)
+        return (f"The parameters and optimizer state alone are {memory.size(state)} "
+                f"before sharding (mesh {mesh}). To fit: more devices; an fsdp or tensor mesh "
+                f"(train.mesh=(1,{jax.device_count()},1) shards parameters, optimizer state and "
+                f"gradients over the devices); a shorter context (seq_len={self.config.seq_len}); "
+                f"a smaller model; or more memory per device (train.device_memory_gb, "
+                f"XLA_PYTHON_CLIENT_MEM_FRACTION on GPU)")
 
     def put(self, batch):
         """A host batch (this process's rows) as global arrays over the batch axes."""
@@ -180,7 +229,7 @@ class Run:
         if self.splits.heldout is None:
             return None
         total, count = 0.0, 0.0
-        for b in eval_batches(self.splits.heldout, batch=self.c.batch_size // self.c.grad_accum,
+        for b in eval_batches(self.splits.heldout, batch=self.plan.micro_batch,
                               max_batches=self.c.eval_batches or None):
             s, n = self.eval_step(params, self.put(b))
             total, count = total + float(s), count + float(n)
@@ -195,11 +244,12 @@ class Run:
             log.warning("train.profile_at=%d is not after step %d, where this run resumes: "
                         "nothing will be traced", c.profile_at, self.start)
         stop_at = c.stop_at_step or c.steps
-        stop = self.stop
+        stop, vote = self.stop, _StopVote()
         step = self.start
-        while step < stop_at and not stop.signal:
+        halt = vote.before_first(stop.signal)
+        while step < stop_at and not halt:
             t_data = time.time()
-            batch = next(self.train_iter)
+            batch, self.first_batch = self.first_batch or next(self.train_iter), None
             loop.data_wait += time.time() - t_data
             ids = batch["index"].tolist()
             self.state, m = self.train_step(self.state, self.put(batch))
@@ -218,18 +268,20 @@ class Run:
             if c.checkpoint_every and step % c.checkpoint_every == 0:
                 loop.flush(step)
                 self.save(step)
-            if stop.signal:
+            halt = vote(stop.signal)        # every process stops at the same step
+            if halt:
                 loop.flush(step)
                 self.save(step)              # no-op when this step's checkpoint exists
                 self.stopped_early = True
-                print(f"stopped by {stop.signal} at step {step}; checkpoint saved",
-                      flush=True)
+                print(f"stopped by {stop.signal or 'a signal to another process'} at step "
+                      f"{step}; checkpoint saved", flush=True)
                 break
         loop.flush(step)
-        if stop.signal and step == self.start:
+        if halt and step == self.start:
             self.stopped_early = True
             print(f"stopped by {stop.signal} before the first step; nothing new to save",
                   flush=True)
+        self.halted = halt
         if step == stop_at and step not in self.ckpt.steps():
             self.save(step)
         self.stopped_early = self.stopped_early or step < c.steps
@@ -268,17 +320,20 @@ class Run:
             return
         ppl = math.exp(min(loss, 50))
         self.writer.write(step, "heldout", {"loss": loss, "perplexity": ppl})
-        if echo:
+        if echo and jax.process_index() == 0:
             print(f"step {step:>6d} | held-out loss {loss:.4f} | ppl {ppl:.2f}", flush=True)
 
     # ------------------------------------------------------------ final evaluation
     def evaluate_final(self):
-        if self.step < self.c.steps or self.stop.signal:
+        if self.step < self.c.steps or self.halted:
             return
         if self.c.final_eval:
             self.final = self.heldout_loss(self.state["params"])
             self._record_heldout(self.step, self.final)
-        if self.specs.eval is not None and jax.process_index() == 0:
+        if self.specs.eval is not None and jax.process_count() > 1:
+            print(f"the evaluation suite runs in one process: python -m launch.eval "
+                  f"--checkpoint={self.workdir}", flush=True)
+        elif self.specs.eval is not None:
             # the training's summary first: a run cut during its evaluation keeps it
             self.write_summary()
             spec = self.specs.eval
@@ -317,6 +372,7 @@ class Run:
             "wall_s": self.wall_before + time.time() - self.t0,   # over every start of the run
             "devices": f"{jax.device_count()} x {self.device_kind}",
             "mesh": dict(self.mesh.shape), "flops_per_token": self.flops,
+            "memory_plan": self.plan.to_json(),
         }
         if self.evaluation is not None:
             out["eval"] = {k: self.evaluation[k] for k in ("niah_summary", "niah_intervals",
@@ -371,12 +427,43 @@ class _Loop:
             mfu = run.flops * tps / run.peak_total if run.peak_total else None
             eta = ((c.stop_at_step or c.steps) - step) * dt / max(step - self.step_last, 1)
             share = self.data_wait / max(dt, 1e-9)
-            print(progress_line(step, c.steps, jax.device_get(self.pending[-1][1]), tps, mfu,
-                                eta, share), flush=True)
+            if jax.process_index() == 0:
+                p = run.plan
+                print(progress_line(step, c.steps, jax.device_get(self.pending[-1][1]), tps, mfu,
+                                    eta, share, f"{p.micro_batch}x{p.grad_accum} "
+                                    f"{memory.size(p.step_bytes)}"), flush=True)
             run.writer.write(step, "perf", {"tokens_per_s": tps, "data_wait_share": share,
                                             **({"mfu": mfu} if mfu else {})})
             self.t_last, self.step_last, self.data_wait = time.time(), step, 0.0
         self.pending.clear()
+
+
+class _StopVote:
+    """Agreement on when to stop across the processes of a run: a signal reaches one process
+    (a preempted host), and every process must save the same step and leave together. Each
+    step, each process's flag goes into a max over all devices, dispatched behind the step and
+    read after the next step's dispatch (no host stall); so all processes stop after the step
+    following the one where any saw a signal. One process: its own flag, at once."""
+
+    def __init__(self):
+        self.several = jax.process_count() > 1
+        self.pending = None
+        if self.several:
+            from jax.sharding import Mesh, NamedSharding, PartitionSpec
+            mesh = Mesh(np.array(jax.devices()), ("p",))
+            self.sharding = NamedSharding(mesh, PartitionSpec("p"))
+            self.any = jax.jit(jnp.max, out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+    def before_first(self, signal_name) -> bool:
+        return bool(signal_name) and not self.several
+
+    def __call__(self, signal_name) -> bool:
+        if not self.several:
+            return bool(signal_name)
+        flags = np.full((jax.local_device_count(),), int(bool(signal_name)), np.int32)
+        new = self.any(jax.make_array_from_process_local_data(self.sharding, flags))
+        previous, self.pending = self.pending, new
+        return previous is not None and bool(np.asarray(previous.addressable_data(0)))
 
 
 class _Stopped(Exception):

@@ -1,0 +1,176 @@
+"""Memory planning: the largest micro-batch whose compiled train step fits the devices.
+
+The global batch (``train.batch_size``) is always the optimisation's batch; a step runs it as
+``grad_accum`` micro-batches of ``micro_batch`` sequences whose gradients are summed
+(``steps.make_train_step``), so the update is the same whatever the split. ``plan`` chooses
+the split from XLA's own account of the compiled step (``step_bytes``: arguments + outputs -
+donated + temporaries + code, per device) against the device's memory limit:
+
+1. compile at the smallest micro-batch (the data-parallel size): if even that does not fit,
+   stop with the memory needed, the memory there is, and what would make it fit;
+2. compile at the next one: the two points give bytes per sequence (activations grow linearly
+   in the micro-batch; parameters, optimizer state and gradients do not);
+3. compile at the largest micro-batch the line predicts under ``HEADROOM`` of the limit; if
+   the compiled step is over, step down to the next candidate.
+
+The chosen step is the one the trainer runs (no compile is wasted on it). Without a known
+limit (the CPU backend reports none and ``train.device_memory_gb`` is 0) the whole batch is
+one micro-batch, compiled once. A plan is remembered in the workdir (``memory_plan.json``)
+under a key of everything it depends on, so a resumed run compiles once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Callable
+
+import jax
+
+log = logging.getLogger(__name__)
+
+GiB = 2 ** 30
+HEADROOM = 0.9   # share of the limit a plan fills: allocator fragmentation, library workspaces
+PLAN_FILE = "memory_plan.json"
+
+
+class MemoryPlanError(ValueError):
+    """The train step cannot fit the devices even at one sequence per device."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How a step runs its global batch: ``grad_accum`` micro-batches of ``micro_batch``
+    sequences, the compiled step's memory per device, the limit, and how it was chosen."""
+    micro_batch: int              # sequences per micro-batch (global, over all devices)
+    grad_accum: int               # micro-batches per step
+    step_bytes: int               # per device, of the compiled step
+    limit_bytes: int | None       # per device; None: not known (CPU)
+    how: str                      # "planned" | "set by train.grad_accum" | "no limit known" | "remembered"
+    probes: tuple = ()            # ((micro_batch, step_bytes), ...) compiled on the way
+
+    def describe(self) -> str:
+        lim = f" of {size(self.limit_bytes)}" if self.limit_bytes else ""
+        return (f"micro-batch {self.micro_batch} x {self.grad_accum} accumulated; step memory "
+                f"{size(self.step_bytes)}{lim} per device ({self.how})")
+
+    def to_json(self) -> dict:
+        return {"micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
+                "step_bytes": self.step_bytes, "step_gib": round(self.step_bytes / GiB, 3),
+                "limit_gib": None if self.limit_bytes is None else round(self.limit_bytes / GiB, 3),
+                "how": self.how, "probes": [list(p) for p in self.probes]}
+
+
+def size(nbytes: float) -> str:
+    """Bytes as GiB, or MiB below a tenth of a GiB."""
+    return f"{nbytes / GiB:.2f} GiB" if nbytes >= GiB / 10 else f"{nbytes / 2 ** 20:.1f} MiB"
+
+
+def step_bytes(compiled) -> int:
+    """Per-device bytes of a compiled program by XLA's buffer assignment: arguments + outputs
+    - outputs aliased to donated arguments + temporaries + generated code."""
+    m = compiled.memory_analysis()
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+               + m.temp_size_in_bytes + m.generated_code_size_in_bytes)
+
+
+def device_limit(memory_gb: float = 0.0) -> int | None:
+    """Bytes one device may use: ``memory_gb`` (``train.device_memory_gb``) when set, else the
+    allocator's limit the device reports (GPU, TPU), else None (CPU)."""
+    if memory_gb:
+        return int(memory_gb * GiB)
+    stats = jax.local_devices()[0].memory_stats()
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    return None
+
+
+def candidates(batch: int, dp: int) -> list[int]:
+    """Micro-batches that split ``batch`` evenly and spread evenly over ``dp`` data-parallel
+    devices, largest first."""
+    return [m for m in range(batch, 0, -1) if batch % m == 0 and m % dp == 0]
+
+
+def plan(compile_at: Callable[[int], object], *, batch: int, dp: int, limit: int | None,
+         grad_accum: int = 0, advice: Callable[[], str] = lambda: "") -> tuple[Plan, object]:
+    """(plan, compiled step) for a global ``batch`` over ``dp`` data-parallel devices.
+    ``compile_at(micro_batch)`` compiles the train step at that micro-batch. ``grad_accum`` > 0
+    is the user's choice, only checked; ``advice()`` words what would make a config fit."""
+    cands = candidates(batch, dp)
+    if not cands:
+        raise ValueError(f"train.batch_size={batch} cannot be split over the data-parallel size "
+                         f"{dp}: make it a multiple of {dp}, or change train.mesh")
+    if grad_accum:
+        micro = batch // grad_accum
+        if micro % dp:
+            raise ValueError(f"micro-batch {micro} (train.batch_size={batch} / train.grad_accum="
+                             f"{grad_accum}) does not divide over the data-parallel size {dp}; "
+                             f"set train.grad_accum=0 to let the trainer choose")
+        compiled = compile_at(micro)
+        got = Plan(micro, grad_accum, step_bytes(compiled), limit, "set by train.grad_accum")
+        if limit is not None and got.step_bytes > limit:
+            raise MemoryPlanError(
+                f"the train step at train.grad_accum={grad_accum} (micro-batch {micro}) needs "
+                f"{size(got.step_bytes)} per device, more than its {size(limit)}; "
+                f"set train.grad_accum=0 to let the trainer choose the micro-batch")
+        return got, compiled
+    if limit is None:
+        compiled = compile_at(batch)
+        return Plan(batch, 1, step_bytes(compiled), None, "no limit known"), compiled
+
+    budget = HEADROOM * limit
+    compiled, probes = {}, {}
+
+    def measure(m):
+        if m not in probes:
+            compiled[m] = compile_at(m)
+            probes[m] = step_bytes(compiled[m])
+            log.info("memory plan: micro-batch %d -> %.2f GiB per device", m, probes[m] / GiB)
+        return probes[m]
+
+    smallest = cands[-1]
+    if measure(smallest) > budget:
+        raise MemoryPlanError(
+            f"the train step does not fit even at {smallest // dp} sequence(s) per device: it "
+            f"needs {size(probes[smallest])} per device, and {size(budget)} ({HEADROOM:.0%} of "
+            f"the device's {size(limit)}) is there. " + advice())
+    chosen = smallest
+    if len(cands) > 1:
+        measure(cands[-2])
+        while True:
+            known = sorted(probes)
+            fits = [m for m in known if probes[m] <= budget]
+            lo = fits[-1]                                        # largest that fits
+            hi = min((m for m in known if m > lo), default=None)  # smallest that does not
+            a, b = (fits[-2], lo) if len(fits) >= 2 else (lo, hi)
+            per_seq = max((probes[b] - probes[a]) / (b - a), 1.0)
+            fit = [m for m in cands if m > lo and (hi is None or m < hi)
+                   and probes[lo] + (m - lo) * per_seq <= budget]
+            if not fit:
+                chosen = lo
+                break
+            measure(fit[0])
+    got = Plan(chosen, batch // chosen, probes[chosen], limit, "planned",
+               tuple(sorted(probes.items())))
+    return got, compiled[chosen]
+
+
+def plan_key(*parts) -> str:
+    """A digest of everything a plan depends on."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def remembered(workdir: Path, key: str) -> int | None:
+    """The micro-batch a previous start of this run planned under ``key``, or None."""
+    path = Path(workdir) / PLAN_FILE
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return saved.get("micro_batch") if saved.get("key") == key else None
+
+
+def remember(workdir: Path, key: str, got: Plan) -> None:
+    (Path(workdir) / PLAN_FILE).write_text(json.dumps({"key": key, **got.to_json()}, indent=1))

@@ -1,0 +1,137 @@
+"""One training job over several processes (``jax.distributed`` with a local coordinator, CPU
+collectives over gloo): the losses of one process, checkpoints moving between process counts,
+and a SIGTERM to one process stopping all of them with one checkpoint."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import XLA_TEST_FLAGS
+
+from hwh_jax.data.paths import resolve
+from hwh_jax.data.sources import read_text
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 1e-5   # relative, fp32: the processes sum the same rows in another order
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    path = root / "shakespeare.txt"
+    path.write_text(read_text(resolve("tinyshakespeare/input.txt.gz"))[:100_000])
+    return path
+
+
+def _args(corpus, workdir, **train):
+    train = {"steps": 4, "batch_size": 8, "log_every": 1, "eval_every": 0,
+             "checkpoint_every": 0, "eval_batches": 2, "warmup_steps": 1, **train}
+    # the Transformer: how processes share a job does not depend on the mixer, and it compiles
+    # fastest
+    return [sys.executable, "-m", "launch.train", "--config=configs/transformer_tiny.py",
+            f"--workdir={workdir}", "--config.seq_len=32", "--config.model.dtype=float32",
+            f"--config.data.paths=('{corpus}',)",
+            "--config.data.sp_vocab_size=512", "--config.data.heldout_fraction=0.05",
+            "--config.eval.at_end=False"] + [f"--config.train.{k}={v}" for k, v in train.items()]
+
+
+def _env(cache, **extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("JAX_", "XLA_")) or k == "JAX_COMPILATION_CACHE_DIR"}
+    env.update(JAX_PLATFORMS="cpu", HWH_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT),
+               XLA_FLAGS=XLA_TEST_FLAGS)
+    env.update(extra)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _start(corpus, workdir, cache, processes: int, **train):
+    """``processes`` processes of one job, one CPU device each (one process: that many)."""
+    if processes == 1:
+        env = _env(cache, XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {XLA_TEST_FLAGS}")
+        return [subprocess.Popen(_args(corpus, workdir, **train), cwd=ROOT, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+    port = _free_port()
+    return [subprocess.Popen(
+        _args(corpus, workdir, **train), cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+        env=_env(cache, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+                 JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(i)))
+        for i in range(processes)]
+
+
+def _wait(procs, timeout=600):
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    for i, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{out[-3000:]}"
+    return outs
+
+
+def _run(corpus, workdir, cache, processes, **train):
+    return _wait(_start(corpus, workdir, cache, processes, **train))
+
+
+def _losses(workdir) -> dict[int, float]:
+    rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().split("\n")
+            if line.strip()]
+    return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
+
+
+def _same(got, want):
+    assert sorted(got) == sorted(want)
+    for s in want:
+        assert abs(got[s] - want[s]) <= TOL * abs(want[s]), (s, got[s], want[s])
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def test_process_counts_train_the_same_losses_and_trade_checkpoints(corpus, cache, tmp_path):
+    """Six steps two ways: 4 processes straight; and 1 process (2 devices) for steps 1-2, 2
+    processes from its checkpoint for 3-4, 1 process from theirs for 5-6. Every step's loss
+    agrees (steps 1-2: one process against four; 3-4 and 5-6: after a checkpoint written by
+    another number of processes). The first process alone logs and writes metrics."""
+    chain, four = tmp_path / "chain", tmp_path / "four"
+    _run(corpus, chain, cache, 1, steps=6, stop_at_step=2)
+    outs = _run(corpus, chain, cache, 2, steps=6, stop_at_step=4)
+    assert "step      4/6" in outs[0] and "step      4/6" not in outs[1]
+    assert (chain / "train.1.log").exists()
+    _run(corpus, chain, cache, 1, steps=6)
+    log = (chain / "train.log").read_text()
+    assert "resumed from step 2" in log and "resumed from step 4" in log
+    _run(corpus, four, cache, 4, steps=6)
+    assert "process 0 of 4: 1 local of 4 devices" in (four / "train.log").read_text()
+    assert sorted(int(p.name) for p in (four / "checkpoints").iterdir() if p.name.isdigit()) \
+        == [6]
+    want = _losses(four)
+    assert sorted(want) == [1, 2, 3, 4, 5, 6]
+    _same(_losses(chain), want)
+
+
+def test_sigterm_to_one_process_stops_every_process_with_a_checkpoint(corpus, cache, tmp_path):
+    w = tmp_path / "w"
+    procs = _start(corpus, w, cache, 2, steps=10_000)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (w / "metrics.jsonl").exists():
+        time.sleep(0.5)
+    while time.time() < deadline and len(_losses(w)) < 2:
+        time.sleep(0.5)
+    assert len(_losses(w)) >= 2, "the job did not reach step 2"
+    procs[1].send_signal(signal.SIGTERM)
+    outs = _wait(procs, timeout=300)
+    steps = [int(p.name) for p in (w / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(steps) == 1 and steps[0] >= 2
+    assert f"stopped by SIGTERM at step {steps[0]}; checkpoint saved" in outs[1]
+    assert f"stopped by a signal to another process at step {steps[0]}" in outs[0]
