@@ -59,7 +59,7 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
 
     ev = tmp_path / "ev"
     out = run("launch.eval", f"--checkpoint={work}", f"--out={ev}",
-              "--suite=niah,mqar,ppl,commonsense", "--niah_factors=4", "--niah_depths=1",
+              "--suite=niah,mqar,ppl,commonsense", "--niah_factors=8", "--niah_depths=1",
               "--niah_samples=2",
               "--niah_tasks=niah_single_2", "--ppl_factor=2", "--commonsense_limit=3",
               "--mqar_examples=4", "--batch_size=4")
