@@ -199,7 +199,7 @@ def test_data_paths_resolve_shipped_first_then_the_users_folder(tmp_path, monkey
     monkeypatch.delenv("HWH_DATA_DIR")
     with pytest.raises(FileNotFoundError, match=r"mine\.txt.*assets.*data\.data_dir"):
         resolve("mine.txt")
-    for name in ("dickens/dickens.zip", "gutenberg/gutenberg_train.txt.gz", "gpt2_bpe/vocab.bpe",
+    for name in ("dickens/dickens.zip", "gutenberg/gutenberg_train.txt.gz", "gpt2_bpe/vocab.bpe.gz",
                  "pg_essays/PaulGrahamEssays", "evals/hellaswag", "wikitext2/test.txt.gz"):
         assert (ASSETS / name).exists(), name
     for folder in ASSETS.iterdir():

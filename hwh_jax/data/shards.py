@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hwh_jax.data.tokenizers import bpe_file
+
 log = logging.getLogger(__name__)
 BLOCK = 65536                  # tokens a record
 SHARD_BLOCKS = 2048            # records a file: 134M tokens, 512 MiB
@@ -144,14 +146,12 @@ def is_prepared(folder: str | Path) -> bool:
 
 def tokenizer_fingerprint(tokenizer) -> dict:
     """What identifies a tokenizer's ids: name, vocabulary, EOS, and the SHA-256 of its files."""
-    files = []
-    if hasattr(tokenizer, "folder"):
-        files = [tokenizer.folder / "encoder.json", tokenizer.folder / "vocab.bpe"]
-    elif hasattr(tokenizer, "model_path"):
-        files = [tokenizer.model_path]
     h = hashlib.sha256()
-    for f in files:
-        h.update(Path(f).read_bytes())
+    if hasattr(tokenizer, "folder"):             # the files' contents, shipped gzipped or not
+        for name in ("encoder.json", "vocab.bpe"):
+            h.update(bpe_file(Path(tokenizer.folder), name).encode("utf-8"))
+    elif hasattr(tokenizer, "model_path"):
+        h.update(Path(tokenizer.model_path).read_bytes())
     return {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size,
             "eos_id": tokenizer.eos_id, "sha256": h.hexdigest()}
 

@@ -35,6 +35,17 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs)))
 
 
+def bpe_file(folder: Path, name: str) -> str:
+    """The text of a GPT-2 BPE file ``name`` in ``folder``, plain or gzipped (``name.gz``, as
+    the project ships them)."""
+    import gzip
+    if (folder / name).exists():
+        return (folder / name).read_bytes().decode("utf-8")
+    if (folder / f"{name}.gz").exists():
+        return gzip.decompress((folder / f"{name}.gz").read_bytes()).decode("utf-8")
+    raise FileNotFoundError(f"GPT-2 BPE file missing: {folder / name} (or {name}.gz)")
+
+
 class GPT2BPEReference:
     """Byte-level BPE (Radford et al., 2019) read from ``encoder.json`` and ``vocab.bpe``, in
     plain Python: a regex split into pieces, each piece's UTF-8 bytes mapped to printable
@@ -44,12 +55,9 @@ class GPT2BPEReference:
 
     def __init__(self, folder: str | Path):
         folder = Path(folder)
-        for f in ("encoder.json", "vocab.bpe"):
-            if not (folder / f).exists():
-                raise FileNotFoundError(f"GPT-2 BPE file missing: {folder / f}")
-        self.encoder = json.loads((folder / "encoder.json").read_text())
+        self.encoder = json.loads(bpe_file(folder, "encoder.json"))
         self.decoder = {v: k for k, v in self.encoder.items()}
-        merges = (folder / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:]
+        merges = bpe_file(folder, "vocab.bpe").split("\n")[1:]
         self.ranks = {tuple(m.split()): i for i, m in enumerate(merges) if m}
         self.byte_encoder = _bytes_to_unicode()
         self.byte_decoder = {v: k for k, v in self.byte_encoder.items()}
@@ -105,10 +113,8 @@ class GPT2BPE:
     def __init__(self, folder: str | Path):
         import tiktoken
         folder = Path(folder)
-        for f in ("encoder.json", "vocab.bpe"):
-            if not (folder / f).exists():
-                raise FileNotFoundError(f"GPT-2 BPE file missing: {folder / f}")
-        encoder = json.loads((folder / "encoder.json").read_text())
+        bpe_file(folder, "vocab.bpe")                   # both files must be there
+        encoder = json.loads(bpe_file(folder, "encoder.json"))
         to_byte = {c: b for b, c in _bytes_to_unicode().items()}
         self.eos_id = encoder["<|endoftext|>"]
         ranks = {bytes(to_byte[c] for c in piece): i for piece, i in encoder.items()

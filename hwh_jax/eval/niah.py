@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gzip
 import random
 import re
 import uuid
@@ -67,10 +68,13 @@ class NiahSample:
 @functools.lru_cache(maxsize=4)
 def essay_words(folder: str | None = None) -> tuple[str, ...]:
     root = Path(folder) if folder else resolve("pg_essays/PaulGrahamEssays")
-    files = sorted(p for p in root.glob("*.txt") if p.name != "rss.txt")
+    files = sorted((p for p in [*root.glob("*.txt"), *root.glob("*.txt.gz")]
+                    if p.name not in ("rss.txt", "rss.txt.gz")),
+                   key=lambda p: p.name.removesuffix(".gz"))
     if not files:
-        raise FileNotFoundError(f"no Paul Graham essays (*.txt) in {root}")
-    text = " ".join(p.read_text(encoding="utf-8", errors="replace") for p in files)
+        raise FileNotFoundError(f"no Paul Graham essays (*.txt, *.txt.gz) in {root}")
+    text = " ".join((gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes())
+                    .decode("utf-8", errors="replace") for p in files)
     return tuple(re.sub(r"\s+", " ", text).strip().split(" "))
 
 
