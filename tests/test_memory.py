@@ -43,14 +43,20 @@ def _curve(fixed, per_seq, extra=lambda m: 0):
     return compile_at, compiled
 
 
-def test_candidates_split_the_batch_and_the_devices_evenly():
-    assert memory.candidates(256, 1)[:4] == [256, 128, 64, 32]
-    assert memory.candidates(256, 8) == [256, 128, 64, 32, 16, 8]
+def test_candidates_are_the_least_padded_micro_batch_for_each_count():
+    """For each number of micro-batches n, the smallest multiple of the data-parallel size that
+    holds the batch in n: 256 on one device in 6 is 43 (2 rows of padding)."""
+    assert memory.candidates(256, 1)[:8] == [256, 128, 86, 64, 52, 43, 37, 32]
+    assert memory.candidates(256, 8) == [256, 128, 88, 64, 56, 48, 40, 32, 24, 16, 8]
     assert memory.candidates(48, 8) == [48, 24, 16, 8]
-    assert memory.candidates(4, 8) == []
+    assert memory.candidates(4, 8) == [] and memory.candidates(12, 8) == []
+    assert memory.accumulation(256, 43) == (6, 2) and memory.accumulation(256, 32) == (8, 0)
+    # padding is worth a micro-batch fewer only when it is small
+    assert memory.cost(256, 1, 43) < memory.cost(256, 1, 32)
+    assert memory.cost(256, 8, 32) < memory.cost(256, 8, 24)    # 11 x 24: 8 rows padded
 
 
-@pytest.mark.parametrize("limit_gib,want", [(100, 256), (50, 128), (20, 32), (5, 8)])
+@pytest.mark.parametrize("limit_gib,want", [(100, 256), (50, 128), (15, 32), (5, 8)])
 def test_plan_takes_the_largest_micro_batch_that_fits(limit_gib, want):
     """Linear memory (2 GiB fixed + 0.3 GiB a sequence), dp=8: the largest candidate under
     90% of the limit, found in at most three compiles, the last being the step returned."""
@@ -61,6 +67,15 @@ def test_plan_takes_the_largest_micro_batch_that_fits(limit_gib, want):
     assert got.micro_batch == want == fits[0] and got.grad_accum == 256 // want
     assert step.nbytes == got.step_bytes <= budget
     assert len(compiled) <= 3 and want in compiled
+
+
+def test_plan_pads_a_micro_batch_that_does_not_divide_the_batch():
+    """One device, room for 44 of 256 sequences: 6 x 43 with 2 padding rows, not 8 x 32."""
+    compile_at, compiled = _curve(10 * GiB, 2 * GiB)
+    got, _ = memory.plan(compile_at, batch=256, dp=1, limit=int((10 + 2 * 44.5) / 0.9 * GiB))
+    assert (got.micro_batch, got.grad_accum, got.padding) == (43, 6, 2)
+    assert "micro-batch 43 x 6 accumulated (2 padding rows)" in got.describe()
+    assert len(compiled) == 3
 
 
 def test_plan_steps_down_when_memory_is_not_linear():
@@ -108,10 +123,11 @@ def _tiny(vocab=256, arch="hwh"):
 
 
 def test_accumulated_steps_equal_full_batch_steps():
-    """Three AdamW steps on a batch of 8, whole and as 4 micro-batches of 2 (fp32, CPU): losses
-    agree to 2e-5 relative, every parameter to 1e-4 relative or 1e-5 absolute (weights of
-    scale 0.02; summation order is the only difference, and Adam's normalisation magnifies it
-    in coordinates whose gradients are near zero)."""
+    """Three AdamW steps on a batch of 8: whole; as 4 micro-batches of 2; as 3 of 3 (one masked
+    row of padding); and over 2 data-parallel devices as 3 of 4 (each device's 4 rows padded to
+    6). fp32, CPU: losses agree to 2e-5 relative, every parameter to 1e-4 relative or 1e-5
+    absolute (weights of scale 0.02; summation order is the only difference, and Adam's
+    normalisation magnifies it in coordinates whose gradients are near zero)."""
     config, cfg = _tiny(arch="transformer")    # the accumulation does not depend on the mixer
     tx, schedule = make_optimizer(run_specs(config, data_files=False).optimizer)
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1),
@@ -120,10 +136,13 @@ def test_accumulated_steps_equal_full_batch_steps():
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 256, size=(3, 8, 33))
     mask = (rng.random((3, 8, 32)) > 0.2).astype(np.float32)     # unequal tokens per row
+    two = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",)),
+                                     jax.sharding.PartitionSpec("data"))
     runs = {}
-    for accum in (1, 4):
+    for accum, micro, shards in ((1, None, 1), (4, 2, 1), (3, 3, 1), (3, 4, 2)):
         state = init_train_state(cfg, tx, jnp.int32(0))
-        step = jax.jit(make_train_step(graphdef, tx, schedule, grad_accum=accum))
+        step = jax.jit(make_train_step(graphdef, tx, schedule, grad_accum=accum,
+                                       micro_batch=micro, shards=shards))
         losses = []
         for i in range(3):
             batch = {"inputs": jnp.asarray(tokens[i, :, :-1], jnp.int32),
@@ -131,12 +150,17 @@ def test_accumulated_steps_equal_full_batch_steps():
                      "segment_ids": jnp.ones((8, 32), jnp.int32),
                      "positions": jnp.broadcast_to(jnp.arange(32, dtype=jnp.int32), (8, 32)),
                      "loss_mask": jnp.asarray(mask[i])}
+            if shards > 1:
+                batch = jax.device_put(batch, two)
             state, m = step(state, batch)
             losses.append(float(m["loss"]))
-        runs[accum] = (losses, state["params"])
-    np.testing.assert_allclose(runs[4][0], runs[1][0], rtol=2e-5)
-    for a, b in zip(jax.tree.leaves(runs[1][1]), jax.tree.leaves(runs[4][1])):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
+            assert float(m["tokens"]) == mask[i].sum()
+        runs[accum, shards] = (losses, state["params"])
+    whole = runs.pop((1, 1))
+    for losses, params in runs.values():
+        np.testing.assert_allclose(losses, whole[0], rtol=2e-5)
+        for a, b in zip(jax.tree.leaves(whole[1]), jax.tree.leaves(params)):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
 
 
 # ---------------------------------------------------------------- the trainer's plan

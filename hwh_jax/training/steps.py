@@ -60,12 +60,27 @@ def _split_micro(batch, n):
                         batch)
 
 
-def make_train_step(graphdef, tx, schedule, *, grad_accum=1, z_loss=0.0, document_mask=False,
-                    loss_impl: str = "auto"):
-    """train_step(state, batch) -> (state, metrics); batch leading dim = global batch, split into
-    ``grad_accum`` micro-batches whose gradients are summed weighted by their tokens (the
-    update equals the whole batch's). ``loss_impl``, ``z_loss``, ``document_mask``: see
-    ``train_loss``."""
+def _pad_rows(batch, rows, shards):
+    """[B, ...] -> [rows, ...]: each of the ``shards`` contiguous blocks of the batch (one per
+    data-parallel device) padded at its end with zero rows (loss mask 0: they add nothing to
+    the loss, the token count or the gradients), so no row moves between devices."""
+    def pad(x):
+        b = x.shape[0]
+        x = x.reshape(shards, b // shards, *x.shape[1:])
+        x = jnp.pad(x, [(0, 0), (0, (rows - b) // shards)] + [(0, 0)] * (x.ndim - 2))
+        return x.reshape(rows, *x.shape[2:])
+    return jax.tree.map(pad, batch)
+
+
+def make_train_step(graphdef, tx, schedule, *, grad_accum=1, micro_batch=None, shards=1,
+                    z_loss=0.0, document_mask=False, loss_impl: str = "auto"):
+    """train_step(state, batch) -> (state, metrics); batch leading dim = global batch B, run as
+    ``grad_accum`` micro-batches of ``micro_batch`` rows (default B / grad_accum) whose
+    gradients are summed weighted by their tokens: the update equals the whole batch's. When
+    grad_accum x micro_batch exceeds B, each of the ``shards`` data-parallel blocks of the
+    batch is padded with masked rows to fill the last micro-batches (``memory.plan`` chooses
+    such a split when the largest micro-batch that fits does not divide B). ``loss_impl``,
+    ``z_loss``, ``document_mask``: see ``train_loss``."""
     loss_fn = functools.partial(train_loss, graphdef, loss_impl=loss_impl, z_loss=z_loss,
                                 document_mask=document_mask)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -75,6 +90,14 @@ def make_train_step(graphdef, tx, schedule, *, grad_accum=1, z_loss=0.0, documen
         if grad_accum == 1:
             (_, (loss, count)), grads = grad_fn(params, batch)
         else:
+            rows = jax.tree.leaves(batch)[0].shape[0]
+            padded = grad_accum * (micro_batch or rows // grad_accum)
+            if padded < rows or (padded - rows) % shards:
+                raise ValueError(f"{grad_accum} micro-batches of {micro_batch} rows cannot hold "
+                                 f"a batch of {rows} over {shards} data-parallel shards")
+            if padded > rows:
+                batch = _pad_rows(batch, padded, shards)
+
             def micro(carry, mb):
                 g_sum, l_sum, n_sum = carry
                 (_, (l, n)), g = grad_fn(params, mb)

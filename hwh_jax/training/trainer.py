@@ -167,9 +167,12 @@ class Run:
                                          sharding=self.batch_sh)
                  for k, v in self.first_batch.items() if k != "index"}
 
+        dp = shd.data_parallel_size(self.mesh)
+
         def compile_at(micro: int):
-            step_fn = make_train_step(self.graphdef, self.tx, self.schedule,
-                                      grad_accum=c.batch_size // micro, z_loss=c.z_loss,
+            n, _ = memory.accumulation(c.batch_size, micro)
+            step_fn = make_train_step(self.graphdef, self.tx, self.schedule, grad_accum=n,
+                                      micro_batch=micro, shards=dp, z_loss=c.z_loss,
                                       document_mask=c.document_mask, loss_impl=c.loss_impl)
             t = time.time()
             out = jit_step(step_fn, self.mesh, self.state_sh, out_shardings=(self.state_sh, None),
@@ -177,7 +180,6 @@ class Run:
             log.info("compiled the train step at micro-batch %d in %.1fs", micro, time.time() - t)
             return out
 
-        dp = shd.data_parallel_size(self.mesh)
         limit = memory.device_limit(c.device_memory_gb)
         key = memory.plan_key(self.config.model.to_dict(), self.config.seq_len, c.batch_size,
                               c.grad_accum, c.loss_impl, c.z_loss, c.document_mask,
@@ -186,8 +188,9 @@ class Run:
         again = memory.remembered(self.workdir, key) if not c.grad_accum else None
         if again:
             compiled = compile_at(again)
-            self.plan = memory.Plan(again, c.batch_size // again, memory.step_bytes(compiled),
-                                    limit, "remembered")
+            n, pad = memory.accumulation(c.batch_size, again)
+            self.plan = memory.Plan(again, n, memory.step_bytes(compiled), limit, "remembered",
+                                    padding=pad)
             if limit is not None and self.plan.step_bytes > limit:
                 again = None
         if not again:
@@ -197,8 +200,9 @@ class Run:
             micro = int(multihost_utils.broadcast_one_to_all(np.int32(self.plan.micro_batch)))
             if micro != self.plan.micro_batch:
                 compiled = compile_at(micro)
-                self.plan = dataclasses.replace(self.plan, micro_batch=micro,
-                                                grad_accum=c.batch_size // micro,
+                n, pad = memory.accumulation(c.batch_size, micro)
+                self.plan = dataclasses.replace(self.plan, micro_batch=micro, grad_accum=n,
+                                                padding=pad,
                                                 step_bytes=memory.step_bytes(compiled))
         if jax.process_index() == 0:
             memory.remember(self.workdir, key, self.plan)
