@@ -8,8 +8,8 @@ donated + temporaries + code, per device) against the device's memory limit:
 
 1. compile at the smallest micro-batch (the data-parallel size): if even that does not fit,
    stop with the memory needed, the memory there is, and what would make it fit;
-2. compile at the next one: the two points give bytes per sequence (activations grow linearly
-   in the micro-batch; parameters, optimizer state and gradients do not);
+2. compile at up to four times that: the two points give bytes per sequence (activations grow
+   linearly in the micro-batch; parameters, optimizer state and gradients do not);
 3. of the micro-batches the line predicts under ``HEADROOM`` of the limit, compile the
    cheapest (``cost``); if the compiled step is over, the line is cut there and the next
    cheapest is tried.
@@ -170,7 +170,9 @@ def plan(compile_at: Callable[[int], object], *, batch: int, dp: int, limit: int
             f"the device's {size(limit)}) is there. " + advice())
     chosen = smallest
     if len(cands) > 1:
-        measure(cands[-2])
+        # the second point a few times the first: the line's slope is then that of the
+        # activations, not of the small programs' fixed workspaces
+        measure(max((m for m in cands if smallest < m <= 4 * smallest), default=cands[-2]))
         while True:
             known = sorted(probes)
             fits = [m for m in known if probes[m] <= budget]
