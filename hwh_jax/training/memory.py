@@ -40,10 +40,10 @@ log = logging.getLogger(__name__)
 
 GiB = 2 ** 30
 HEADROOM = 0.9   # share of the limit a plan fills: allocator fragmentation, library workspaces
-# A micro-batch's fixed cost in sequences per device: launching its kernels, reading every
-# weight and adding its gradients to the sum. On an H200 a 380m micro-batch of m sequences of
-# 2,048 tokens took about 61 ms + 10.6 ms x m, i.e. about 6 sequences' worth; 4 keeps the
-# choice from trading much padding for fewer micro-batches.
+# A micro-batch's fixed cost in sequences per device (launching its kernels, reading every
+# weight, adding its gradients to the sum), a weight against padding rows. Small in practice: on
+# an H200, HwH-380m's 256 x 2,048 as 6 x 43 ran at the tokens/s of one micro-batch of 44
+# (docs/training.md). 4 lets a micro-batch fewer win only against little padding.
 STEP_OVERHEAD_SEQS = 4
 PLAN_FILE = "memory_plan.json"
 
