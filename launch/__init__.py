@@ -9,7 +9,10 @@ the traceback goes to the log file (a launcher's workdir's ``<name>.log``) and, 
 """
 import contextlib
 import logging
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 EXIT_FAILED, EXIT_REFUSED = 1, 2
@@ -37,6 +40,26 @@ def setup_logging(log_file: str | Path | None = None) -> None:
         handler.setLevel(logging.DEBUG)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
+
+
+@contextlib.contextmanager
+def first_process_writes(out: str | Path | None = None):
+    """For the evaluation launchers in a job of several processes, where every process computes
+    the same thing on its own devices: yields the folder to write to, ``out`` on the first
+    process and a scratch folder (removed after) on the others, whose console output is also
+    dropped, so plots, JSON and printed results come once. A single process: ``out`` itself."""
+    import jax
+    if jax.process_index() == 0:
+        yield None if out is None else Path(out)
+        return
+    scratch = tempfile.mkdtemp(prefix=f"hwh_jax_process{jax.process_index()}_")
+    stdout, sys.stdout = sys.stdout, open(os.devnull, "w")
+    try:
+        yield Path(scratch)
+    finally:
+        sys.stdout.close()
+        sys.stdout = stdout
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 class _Quiet(logging.Filter):

@@ -9,11 +9,12 @@ usable as ``--config.model.counts=<path>`` of an ``hwh`` config), RFIS/RPD heatm
 ``retrieval_by_depth.png``; and for all models together ``gpband.png``.
 """
 import json
+import logging
 from pathlib import Path
 
 from absl import app, flags
 
-from launch import devices, one_line_errors, setup_logging
+from launch import devices, first_process_writes, one_line_errors, setup_logging
 
 flags.DEFINE_list("checkpoint", [], "launch.train workdir(s)")
 flags.DEFINE_list("hf_checkpoint", [], "Hugging Face folder(s) (config.json + safetensors)")
@@ -76,20 +77,27 @@ def _samples(tok, run, seq_len, n, rng, cfg):
 
 def main(argv):
     del argv
-    devices.apply_defaults()
+    started = devices.start()      # device defaults and several processes, before any device use
+    setup_logging()
+    for line in started:
+        logging.info("%s", line)
     with one_line_errors():
         analyze()
 
 
 def analyze():
-    import numpy as np
-    setup_logging()
-    from hwh_jax.analysis import plots
-    from hwh_jax.analysis.run import analyze_model, qr_scores
     models = [("run", p) for p in FLAGS.checkpoint] + [("hf", p) for p in FLAGS.hf_checkpoint]
     if not models:
         raise app.UsageError("give --checkpoint and/or --hf_checkpoint")
-    out = Path(FLAGS.out or Path(models[0][1]) / "analysis")
+    # several processes: each computes everything on its own devices, the first writes
+    with first_process_writes(FLAGS.out or Path(models[0][1]) / "analysis") as out:
+        _analyze(models, out)
+
+
+def _analyze(models, out: Path):
+    import numpy as np
+    from hwh_jax.analysis import plots
+    from hwh_jax.analysis.run import analyze_model, qr_scores
     results = {}
     for i, (kind, path) in enumerate(models):
         model, cfg, tok, train_len, run, name = _load(kind, path)

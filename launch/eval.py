@@ -1,6 +1,7 @@
 r"""Evaluate trained runs: ``python -m launch.eval --checkpoint=runs/a,runs/b --suite=niah,ppl``.
 
-Writes, under ``--out`` (default ``<first checkpoint>/eval``): one folder per run with its
+In a job of several processes each computes the whole evaluation on its own devices and the
+first writes it. Writes, under ``--out`` (default ``<first checkpoint>/eval``): one folder per run with its
 ``results.json``, NIAH heatmaps (depth x length per task) and perplexity by position, plus the
 cross-model extrapolation chart and perplexity chart. The logic is ``hwh_jax.eval.suite``.
 """
@@ -9,7 +10,9 @@ from pathlib import Path
 
 from absl import app, flags
 
-from launch import devices, one_line_errors, setup_logging
+import logging
+
+from launch import devices, first_process_writes, one_line_errors, setup_logging
 
 flags.DEFINE_list("checkpoint", None, "launch.train workdir(s), comma-separated")
 flags.DEFINE_string("out", "", "output folder (default <first checkpoint>/eval)")
@@ -39,20 +42,27 @@ SPEC_FLAGS = {"suite": ("suites", tuple), "niah_tasks": ("niah_tasks", tuple),
 
 def main(argv):
     del argv
-    devices.apply_defaults()
+    started = devices.start()      # device defaults and several processes, before any device use
+    setup_logging()
+    for line in started:
+        logging.info("%s", line)
     with one_line_errors():
         evaluate()
 
 
 def evaluate():
-    setup_logging()
     from hwh_jax.eval import suite
-    from hwh_jax.training.restore import load_run
     given = {field: cast(FLAGS[name].value) for name, (field, cast) in SPEC_FLAGS.items()
              if FLAGS[name].value is not None}
     spec = suite.EvalSpec(**given)
     spec.validate()  # before loading anything
-    out = Path(FLAGS.out or Path(FLAGS.checkpoint[0]) / "eval")
+    with first_process_writes(FLAGS.out or Path(FLAGS.checkpoint[0]) / "eval") as out:
+        _evaluate(spec, out)
+
+
+def _evaluate(spec, out: Path):
+    from hwh_jax.eval import suite
+    from hwh_jax.training.restore import load_run
     results = []
     for i, ckpt in enumerate(FLAGS.checkpoint):
         loaded = load_run(ckpt, FLAGS.step)

@@ -5,9 +5,11 @@ Several ``--prompt`` flags make one batch (left-padded, decoded together). Print
 continuations, prefill and decode timings, and the decode cache's memory at this length.
 """
 
+import logging
+
 from absl import app, flags
 
-from launch import devices, one_line_errors, setup_logging
+from launch import devices, first_process_writes, one_line_errors, setup_logging
 
 flags.DEFINE_string("checkpoint", None, "launch.train workdir")
 flags.DEFINE_integer("step", None, "checkpoint step (default: the newest that proves itself)")
@@ -23,9 +25,11 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    devices.apply_defaults()
+    started = devices.start()      # device defaults and several processes, before any device use
     setup_logging()
-    with one_line_errors():
+    for line in started:
+        logging.info("%s", line)
+    with one_line_errors(), first_process_writes():    # several processes: the first prints
         generate()
 
 

@@ -1,6 +1,7 @@
 """One training job over several processes (``jax.distributed`` with a local coordinator, CPU
 collectives over gloo): the losses of one process, checkpoints moving between process counts,
-and a SIGTERM to one process stopping all of them with one checkpoint."""
+a SIGTERM to one process stopping all of them with one checkpoint, and the evaluation
+launchers (eval, generate, analyze) under several processes."""
 import json
 import os
 import signal
@@ -26,6 +27,22 @@ def corpus(tmp_path_factory):
     path = root / "shakespeare.txt"
     path.write_text(read_text(resolve("tinyshakespeare/input.txt.gz"))[:100_000])
     return path
+
+
+def _launcher(module, args, cache, processes: int) -> list[str]:
+    """``python -m launch.<module> ARGS`` as ``processes`` processes of one job; their outputs."""
+    cmd = [sys.executable, "-m", f"launch.{module}", *args]
+    if processes == 1:
+        procs = [subprocess.Popen(cmd, cwd=ROOT, env=_env(cache), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)]
+    else:
+        port = _free_port()
+        procs = [subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=_env(cache, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+                     JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(i)))
+            for i in range(processes)]
+    return _wait(procs)
 
 
 def _args(corpus, workdir, **train):
@@ -98,12 +115,21 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
-def test_process_counts_train_the_same_losses_and_trade_checkpoints(corpus, cache, tmp_path):
+@pytest.fixture(scope="module")
+def four(corpus, cache, tmp_path_factory):
+    """Six steps by 4 processes of one job (the reference run; its checkpoint at step 6)."""
+    four = tmp_path_factory.mktemp("four")
+    _run(corpus, four, cache, 4, steps=6)
+    return four
+
+
+def test_process_counts_train_the_same_losses_and_trade_checkpoints(corpus, cache, four,
+                                                                   tmp_path):
     """Six steps two ways: 4 processes straight; and 1 process (2 devices) for steps 1-2, 2
     processes from its checkpoint for 3-4, 1 process from theirs for 5-6. Every step's loss
     agrees (steps 1-2: one process against four; 3-4 and 5-6: after a checkpoint written by
     another number of processes). The first process alone logs and writes metrics."""
-    chain, four = tmp_path / "chain", tmp_path / "four"
+    chain = tmp_path / "chain"
     _run(corpus, chain, cache, 1, steps=6, stop_at_step=2)
     outs = _run(corpus, chain, cache, 2, steps=6, stop_at_step=4)
     assert "step      4/6" in outs[0] and "step      4/6" not in outs[1]
@@ -111,7 +137,6 @@ def test_process_counts_train_the_same_losses_and_trade_checkpoints(corpus, cach
     _run(corpus, chain, cache, 1, steps=6)
     log = (chain / "train.log").read_text()
     assert "resumed from step 2" in log and "resumed from step 4" in log
-    _run(corpus, four, cache, 4, steps=6)
     assert "process 0 of 4: 1 local of 4 devices" in (four / "train.log").read_text()
     assert sorted(int(p.name) for p in (four / "checkpoints").iterdir() if p.name.isdigit()) \
         == [6]
@@ -135,3 +160,24 @@ def test_sigterm_to_one_process_stops_every_process_with_a_checkpoint(corpus, ca
     assert len(steps) == 1 and steps[0] >= 2
     assert f"stopped by SIGTERM at step {steps[0]}; checkpoint saved" in outs[1]
     assert f"stopped by a signal to another process at step {steps[0]}" in outs[0]
+
+
+def test_the_evaluation_launchers_run_under_several_processes(four, cache, tmp_path):
+    """launch.eval, launch.generate and launch.analyze as 2 processes of one job (the
+    checkpoint written by 4): every process exits 0, the first alone prints and writes, and the
+    results equal one process's."""
+    ckpt = f"--checkpoint={four}"
+    ppl = {}
+    for n in (1, 2):
+        outs = _launcher("eval", [ckpt, "--suite=ppl", f"--out={tmp_path / f'eval{n}'}"], cache, n)
+        assert "results and plots in" in outs[0] and all("results" not in o for o in outs[1:])
+        summary = json.loads((tmp_path / f"eval{n}" / "summary.json").read_text())
+        ppl[n] = [b["loss"] for b in summary[0]["ppl"]]
+    assert ppl[2] == pytest.approx(ppl[1], rel=TOL)
+    outs = _launcher("generate", [ckpt, "--prompt=ROMEO", "--max_new_tokens=4"], cache, 2)
+    assert "--- 'ROMEO'" in outs[0] and "--- 'ROMEO'" not in outs[1]
+    outs = _launcher("analyze", [ckpt, "--num_samples=2", "--num_queries=4",
+                                 f"--out={tmp_path / 'analysis'}"], cache, 2)
+    assert "analysis in" in outs[0] and "analysis in" not in outs[1]
+    assert (tmp_path / "analysis" / "gpband.png").exists()
+    assert list((tmp_path / "analysis").glob("0_*/analysis.json"))

@@ -2,7 +2,8 @@
 
 The workdir's newest readable checkpoint carries the run's config (``meta``); the tokenizer is
 rebuilt from it (the corpus-trained SentencePiece comes from its cache, or is retrained
-identically), the model from its ModelConfig, and the parameters are restored onto one device.
+identically), the model from its ModelConfig, and the parameters are restored onto one device
+of this process (in a job of several processes, each process restores its own copy).
 """
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def load_run(workdir: str | Path, step: int | None = None) -> LoadedRun:
         cfg = model_config(config, tokenizer.vocab_size)
         tx, _ = make_optimizer(specs.optimizer)
         abstract = jax.eval_shape(lambda s: init_train_state(cfg, tx, s), jnp.int32(config.seed))
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         abstract = abstract_with_shardings(abstract, jax.tree.map(lambda _: device, abstract))
         restored = ckpt.restore(abstract, step=step, with_data=False)
     finally:
