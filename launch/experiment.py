@@ -1,37 +1,58 @@
-r"""One experiment of docs/results.md, or the report over several.
+r"""One experiment of docs/results.md, the same with several seeds, or the report over several.
 
   python -m launch.experiment --config=configs/experiment.py:hwh,512 --out=$OUT/hwh
+  python -m launch.experiment --config=configs/experiment.py:hwh,512 --seeds=0,1,2 \
+      --side_by_side=3 --out=$OUT/hwh
   python -m launch.experiment --report=$OUT/transformer,$OUT/hwh,... --out=$OUT/report
 
 With --config: train (the trainer of launch.train) into --out; the config's closing evaluation
 (configs/experiment.py: NIAH single 1/2/3 at L, 2L, 4L, MQAR, perplexity by position) writes
 ``eval/``; then ``experiment.json`` (params, tokens, wall time, tokens/s, MFU, NIAH, MQAR).
-With --report: ``report.md`` (NIAH extrapolation table, runs table), ``experiments.json`` and
-the cross-model figures from those runs. The logic is ``hwh_jax.eval.report``.
+With --seeds: one such run per seed (``config.seed``) in ``OUT/seed<N>``, each its own process,
+``--side_by_side`` of them at once (small models share one GPU: each process may take an equal
+share of its memory), then ``OUT/seeds.json`` and a table over the seeds (``over_seeds``: each
+NIAH cell's mean, standard deviation, range and pooled interval). With --report: ``report.md`` (NIAH extrapolation table, runs table), ``experiments.json`` and
+the cross-model figures from those runs (a folder of seed runs: each run, and a row over its
+seeds). The logic is ``hwh_jax.eval.report``.
 """
 import json
+import logging
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from launch import one_line_errors, setup_logging
+from launch import EXIT_FAILED, devices, one_line_errors, setup_logging
 
 config_flags.DEFINE_config_file("config", None, "run config file (e.g. configs/experiment.py:hwh)")
 flags.DEFINE_string("out", None, "the run's workdir (--config) or the report's folder (--report)")
 flags.DEFINE_list("report", [], "experiment workdirs to tabulate instead of training")
+flags.DEFINE_list("seeds", [], "train one run per seed into OUT/seed<N> and summarise over them")
+flags.DEFINE_integer("side_by_side", 1, "with --seeds: how many runs train at once (processes)")
 flags.mark_flags_as_required(["out"])
 FLAGS = flags.FLAGS
 
 
 def main(argv):
     del argv
+    if FLAGS.seeds and FLAGS.config is not None and not FLAGS.report:
+        setup_logging()
+        with one_line_errors():
+            several_seeds()
+        return
+    started = devices.start() if FLAGS.config is not None and not FLAGS.report else []
+    setup_logging(os.path.join(FLAGS.out, "train.log") if FLAGS.config is not None else None)
+    for line in started:
+        logging.info("%s", line)
     with one_line_errors():
         experiment()
 
 
 def experiment():
-    setup_logging(os.path.join(FLAGS.out, "train.log") if FLAGS.config is not None else None)
     from hwh_jax.eval.report import report, summarize
     if FLAGS.report:
         print(report(FLAGS.report, FLAGS.out))
@@ -49,6 +70,73 @@ def experiment():
     print(f"experiment {exp['name']} ({exp['arch']}, {exp['params'] / 1e6:.1f}M params, "
           f"{exp['tokens'] / 1e6:.1f}M tokens): NIAH "
           + ", ".join(f"{k} {v:.0f}" for k, v in exp["niah"].items()) + f" -> {exp_path}")
+
+
+
+def several_seeds():
+    """One run per seed, ``--side_by_side`` processes at a time, then the table over seeds."""
+    from hwh_jax.eval.report import over_seeds, seeds_table, summarize
+    try:
+        seeds = [int(s) for s in FLAGS.seeds]
+    except ValueError:
+        raise ValueError(f"--seeds must be integers, got {FLAGS.seeds}") from None
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds has a seed twice: {FLAGS.seeds}")
+    if FLAGS.side_by_side < 1:
+        raise ValueError(f"--side_by_side must be >= 1, got {FLAGS.side_by_side}")
+    if not FLAGS.config.eval.at_end:
+        raise app.UsageError("an experiment needs its closing evaluation: config.eval.at_end")
+    out = Path(FLAGS.out)
+    out.mkdir(parents=True, exist_ok=True)
+    child = _without(sys.argv[1:], ("seeds", "side_by_side", "out"))
+    env = dict(os.environ)
+    if FLAGS.side_by_side > 1:         # on a GPU, each process its share of the memory
+        env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / FLAGS.side_by_side:.3f}")
+    waiting, running, failed = list(seeds), {}, []
+    t0 = time.time()
+    while waiting or running:
+        while waiting and len(running) < FLAGS.side_by_side:
+            s = waiting.pop(0)
+            log = open(out / f"seed{s}.console.log", "w")
+            cmd = [sys.executable, "-m", "launch.experiment", *child, f"--config.seed={s}",
+                   f"--out={out / f'seed{s}'}"]
+            running[s] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env),
+                          log)
+            print(f"seed {s}: training into {out / f'seed{s}'} "
+                  f"(console: {out / f'seed{s}.console.log'})", flush=True)
+        time.sleep(1.0)
+        for s, (proc, log) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            log.close()
+            del running[s]
+            last = (out / f"seed{s}.console.log").read_text().strip().splitlines()[-1:] or [""]
+            print(f"seed {s}: exit {proc.returncode} after {time.time() - t0:.0f}s: {last[0]}",
+                  flush=True)
+            if proc.returncode:
+                failed.append(s)
+    if failed:
+        print(f"error: seeds {failed} failed; their consoles: "
+              + ", ".join(str(out / f"seed{s}.console.log") for s in failed), file=sys.stderr)
+        sys.exit(EXIT_FAILED)
+    over = {"name": out.name, **over_seeds([summarize(out / f"seed{s}") for s in seeds])}
+    (out / "seeds.json").write_text(json.dumps(over, indent=2))
+    print(f"over {len(seeds)} seeds -> {out / 'seeds.json'}\n{seeds_table([over])}", flush=True)
+
+
+def _without(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """argv less the flags ``names`` (as --name=value or --name value)."""
+    kept, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        name = a.lstrip("-").split("=")[0]
+        if a.startswith("-") and name in names:
+            skip = "=" not in a
+            continue
+        kept.append(a)
+    return kept
 
 
 if __name__ == "__main__":

@@ -29,17 +29,20 @@ def test_describe_overrides_and_table():
 
 
 def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
-    """A tiny experiment (training + its closing evaluation + experiment.json); launch.eval then
-    runs every suite on the checkpoint; the experiment report tabulates it twice (cross-model
-    figures); launch.generate decodes; launch.analyze analyses."""
+    """A tiny experiment with two seeds side by side (training + closing evaluation +
+    experiment.json each, seeds.json over them); launch.eval then runs every suite on one
+    checkpoint; the experiment report tabulates the seed folder (each run and a row over the
+    seeds; cross-model figures); launch.generate decodes; launch.analyze analyses."""
     import json
 
     from hwh_jax.data.paths import resolve
     from hwh_jax.data.sources import read_text
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(read_text(resolve("tinyshakespeare/input.txt.gz"))[:150_000])
-    work = tmp_path / "run"
-    out = run("launch.experiment", "--config=configs/hwh_tiny.py", f"--out={work}",
+    runs = tmp_path / "run"
+    work = runs / "seed0"
+    out = run("launch.experiment", "--config=configs/hwh_tiny.py", f"--out={runs}",
+              "--seeds=0,1", "--side_by_side=2",
               "--config.seq_len=64", "--config.model.gdn_chunk_size=16",
               f"--config.data.paths=('{corpus}',)", "--config.data.sp_vocab_size=512",
               "--config.data.heldout_fraction=0.1", "--config.train.steps=4",
@@ -48,8 +51,14 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
               "--config.train.mesh=1,1,1",
               "--config.eval.niah_factors=(8,)", "--config.eval.niah_depths=2",
               "--config.eval.niah_tasks=('niah_single_1','niah_single_3')")
-    assert "NIAH (mean score" in out and "niah_single_1@512 " in out and "experiment run (hwh" in out
+    console = (runs / "seed0.console.log").read_text()
+    assert "NIAH (mean score" in console and "niah_single_1@512 " in console
+    assert "experiment run/seed0 (hwh" in console and "over 2 seeds" in out
+    over = json.loads((runs / "seeds.json").read_text())
     exp = json.loads((work / "experiment.json").read_text())
+    cell = over["niah"]["niah_single_1@512"]
+    assert over["seeds"] == 2 and len(cell["values"]) == len(over["heldout_loss"]["values"]) == 2
+    assert cell["pooled"]["n"] == 2 * exp["niah_intervals"]["niah_single_1@512"]["n"]
     assert exp["tokens"] == 4 * 4 * 64 and exp["tokens_per_s"] > 0
     assert set(exp["niah"]) == {"niah_single_1@512", "niah_single_3@512"}
     summary = json.loads((work / "summary.json").read_text())
@@ -75,8 +84,9 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
               "--max_new_tokens=5")
     assert "--- 'To be'" in out and "cache" in out and "MiB" in out
 
-    out = run("launch.experiment", f"--report={work},{work}", f"--out={tmp_path / 'rep'}")
-    assert "| run | hwh |" in out and "S-NIAH-3@512" in out and "parameter spread 0.0%" in out
+    out = run("launch.experiment", f"--report={runs}", f"--out={tmp_path / 'rep'}")
+    assert "| run/seed1 | hwh |" in out and "S-NIAH-3@512" in out and "parameter spread 0.0%" in out
+    assert "Over seeds" in out and "| run | hwh | 2 |" in out
     assert (tmp_path / "rep" / "niah_extrapolation.png").exists()
 
     out = run("launch.analyze", f"--checkpoint={work}", "--seq_len=256", "--num_samples=1",

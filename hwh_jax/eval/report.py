@@ -30,7 +30,7 @@ def summarize(workdir: str | Path) -> dict:
     results = json.loads((workdir / "eval" / "results.json").read_text())
     tps, mfu = _steady(read_metrics(workdir / "metrics.jsonl"))
     out = {
-        "name": workdir.name, "arch": summary["arch"], "params": summary["params"],
+        "name": run_name(workdir), "arch": summary["arch"], "params": summary["params"],
         "train_len": results["train_len"], "steps": summary["steps"],
         "tokens": summary["tokens"], "wall_s": summary["wall_s"],
         "devices": summary["devices"], "heldout_loss": summary["final_heldout_loss"],
@@ -45,6 +45,77 @@ def summarize(workdir: str | Path) -> dict:
         "results": results,
     }
     return out
+
+
+def over_seeds(exps: list[dict]) -> dict:
+    """One configuration trained with several seeds (``exps``: their ``summarize`` dicts): for
+    each NIAH cell every seed's mean score, their mean, sample standard deviation, min and max,
+    and the share right pooled over all seeds' prompts (n, 95% Wilson interval; prompts of
+    different seeds are treated as one sample, so the seeds' spread is the figure to read for
+    the variation between trainings); MQAR mean accuracy and held-out loss the same way."""
+    def spread(values):
+        values = [v for v in values if v is not None]
+        if not values:
+            return None
+        return {"values": values, "mean": statistics.mean(values),
+                "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                "min": min(values), "max": max(values)}
+    out = {"seeds": len(exps), "names": [e["name"] for e in exps], "arch": exps[0]["arch"],
+           "train_len": exps[0]["train_len"], "niah": {}}
+    for k in sorted({k for e in exps for k in e["niah"]}):
+        cell = spread([e["niah"].get(k) for e in exps])
+        ivs = [e["niah_intervals"][k] for e in exps if k in e.get("niah_intervals", {})]
+        if ivs:
+            n, right = sum(i["n"] for i in ivs), sum(i["right"] for i in ivs)
+            lo, hi = stats.wilson(right, n)
+            cell["pooled"] = {"n": n, "right": right, "lo": 100 * lo, "hi": 100 * hi}
+        out["niah"][k] = cell
+    out["mqar"] = spread([statistics.mean(e["mqar"].values()) if e["mqar"] else None
+                          for e in exps])
+    out["heldout_loss"] = spread([e["heldout_loss"] for e in exps])
+    return out
+
+
+def fmt_spread(cell: dict | None, spec: str = ".0f") -> str:
+    """"73 +- 6 (66-79) [70-76] n=300": mean +- sd over seeds (min-max), pooled interval, n."""
+    if cell is None:
+        return "-"
+    text = (f"{cell['mean']:{spec}} +- {cell['std']:{spec}} ({cell['min']:{spec}}-"
+            f"{cell['max']:{spec}})")
+    if "pooled" in cell:
+        p = cell["pooled"]
+        text += f" [{p['lo']:.0f}-{p['hi']:.0f}] n={p['n']}"
+    return text
+
+
+def seeds_table(groups: list[dict]) -> str:
+    """Rows: configurations trained with several seeds (``over_seeds`` dicts); columns: NIAH
+    cells, MQAR mean accuracy and held-out loss."""
+    keys = sorted({k for g in groups for k in g["niah"]},
+                  key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
+    lines = ["| configuration | arch | seeds | "
+             + " | ".join(k.replace("niah_single_", "S-NIAH-") for k in keys)
+             + " | MQAR acc | held-out loss |",
+             "|---|---|---:|" + "---:|" * (len(keys) + 2)]
+    for g in groups:
+        lines.append(f"| {g['name']} | {g['arch']} | {g['seeds']} | "
+                     + " | ".join(fmt_spread(g["niah"].get(k)) for k in keys)
+                     + f" | {fmt_spread(g['mqar'], '.3f')} | "
+                     f"{fmt_spread(g['heldout_loss'], '.3f')} |")
+    return "\n".join(lines)
+
+
+def run_name(workdir: Path) -> str:
+    """A run's name in tables: its folder, with the parent for a seed run (``hwh/seed1``)."""
+    workdir = Path(workdir)
+    seed = workdir.name.startswith("seed") and workdir.name[4:].isdigit()
+    return f"{workdir.parent.name}/{workdir.name}" if seed else workdir.name
+
+
+def seed_dirs(folder: str | Path) -> list[Path]:
+    """The seed workdirs (``seed<N>``, by N) of a folder ``launch.experiment --seeds`` made."""
+    dirs = [p for p in Path(folder).glob("seed*") if p.is_dir() and p.name[4:].isdigit()]
+    return sorted(dirs, key=lambda p: int(p.name[4:]))
 
 
 def _steady(rows: list[dict]) -> tuple[list[float], list[float]]:
@@ -105,7 +176,7 @@ def training_row(workdir: str | Path, last: int = 50) -> dict:
     held = [r["loss"] for r in rows if r["split"] == "heldout"]
     tps, _ = _steady(rows)
     tail = sorted(train)[-last:]
-    return {"name": workdir.name, "steps": max(train),
+    return {"name": run_name(workdir), "steps": max(train),
             "train_loss_tail": statistics.mean(train[s] for s in tail), "tail": len(tail),
             "heldout_loss": held[-1] if held else None,
             "tokens_per_s": statistics.median(tps) if tps else None, "train": train}
@@ -139,6 +210,14 @@ def report(workdirs: list[str | Path], out_dir: str | Path) -> str:
     its evaluation shows the cells it measured ("-" for the others) and is marked "partial"."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    groups = {}                      # a folder of seed runs: its runs, and their row over seeds
+    expanded = []
+    for w in workdirs:
+        seeds = seed_dirs(w) if not (Path(w) / "summary.json").exists() else []
+        if seeds:
+            groups[Path(w).name] = seeds
+        expanded += seeds or [w]
+    workdirs = expanded
     finished = [w for w in workdirs if (Path(w) / "eval" / "results.json").exists()
                 and (Path(w) / "summary.json").exists()]
     cut = [w for w in workdirs if w not in finished]
@@ -156,6 +235,15 @@ def report(workdirs: list[str | Path], out_dir: str | Path) -> str:
         text += (f"Training length L = {lens.pop()}; parameter spread {spread:.1%} "
                  f"(max vs min).\n\nNIAH (RULER single 1/2/3, string match, % over depths):\n\n"
                  f"{niah_table(exps)}\n\nRuns:\n\n{run_table(exps)}\n")
+    over = []
+    for name, dirs in groups.items():
+        done = [by_dir[d] for d in dirs if d in by_dir]
+        if done:
+            over.append({"name": name, **over_seeds(done)})
+    if over:
+        text += ("\nOver seeds (NIAH score: mean +- sd over seeds (min-max) [95% interval of "
+                 "the share right, prompts of all seeds pooled] n prompts):\n\n"
+                 f"{seeds_table(over)}\n")
     text += "\nTraining (every run; loss = mean of the last logged steps):\n\n" + \
         "| run | steps | train loss | held-out loss | median tokens/s | closing evaluation |\n" \
         "|---|---:|---:|---:|---:|---|\n" + "".join(
@@ -163,6 +251,8 @@ def report(workdirs: list[str | Path], out_dir: str | Path) -> str:
             f"{_fmt(r['heldout_loss'], '.4f')} | {_fmt(r['tokens_per_s'], ',.0f')} | "
             f"{_eval_state(by_dir.get(w))} |\n" for w, r in zip(workdirs, rows))
     (out_dir / "report.md").write_text(text)
+    if over:
+        (out_dir / "seeds.json").write_text(json.dumps(over, indent=2))
     (out_dir / "experiments.json").write_text(json.dumps(
         [{k: v for k, v in e.items() if k != "results"} for e in exps]
         + [{k: v for k, v in r.items() if k != "train"} | {"closing_eval": False}

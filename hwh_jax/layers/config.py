@@ -16,6 +16,7 @@ from hwh_jax.layers.rope import PAIRINGS
 from kernels_pallas import AttentionSettings, GDNSettings, RMSNormSettings, ShortConvSettings
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+REMAT = ("none", "block")   # activations kept for the backward pass: all; each block's input only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,8 @@ class ModelConfig:
     conv_impl: str = "auto"            # kernels_pallas.short_conv impl (GDN conv, SiLU, norm)
     norm_impl: str = "auto"            # kernels_pallas.rms_norm impl (RMSNorms, residual adds)
     gdn_chunk_size: int = 64
+    remat: str = "none"                # "block": recompute each block's activations in the
+                                       # backward pass (less memory, ~1/3 more compute)
     kernel_platform: str = ""          # platform the kernels are chosen and lowered for
                                        # ("cpu" | "gpu" | "tpu"); "" = the default backend
 
@@ -89,6 +92,9 @@ class ModelConfig:
             raise ValueError(f"rope_pairing must be one of {PAIRINGS}, got {self.rope_pairing!r}")
         if any(s.fa_rope for s in self.layers) and self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
+        if self.remat not in REMAT:
+            raise ValueError(f"ModelConfig.remat must be one of {list(REMAT)}, got "
+                             f"{self.remat!r}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"ModelConfig.{name} must be one of {list(DTYPES)}, "

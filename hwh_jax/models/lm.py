@@ -101,8 +101,9 @@ class HybridLM(nnx.Module):
         if positions is None:
             positions = jnp.arange(tokens.shape[1])[None]
         x, delta = constrain(self.embed_tokens(tokens)), None   # rows over the batch axes
+        residual = nnx.remat(_residual) if self.cfg.remat == "block" else _residual
         for block in self.blocks:
-            x, delta = block.residual(x, delta, positions, segment_ids)
+            x, delta = residual(block, x, delta, positions, segment_ids)
         return self.final_norm.add(x, delta)[1]
 
     def logits(self, h, dtype=jnp.float32):
@@ -145,3 +146,8 @@ class HybridLM(nnx.Module):
             layers.append(c)
         logits = self.logits(self.final_norm(x[:, -1:] if last_only else x))
         return logits, {**cache, "t": t0 + tokens.shape[1], "layers": layers}
+
+
+def _residual(block, x, delta, positions, segment_ids):
+    """One block's step of the residual stream (a function of the block, for ``nnx.remat``)."""
+    return block.residual(x, delta, positions, segment_ids)

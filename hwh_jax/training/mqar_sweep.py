@@ -1,0 +1,300 @@
+"""MQAR as a training task: Zoology's sweep of recall against model width (Arora et al., 2023).
+
+For each architecture and width a 2-layer model (``sweep_config``: ``heads`` heads a layer of
+width / heads dimensions, a SwiGLU of 2 x width) is trained on multi-query associative recall
+(``hwh_jax.eval.mqar``: keys and values from a vocabulary of 8,192, the value the target at each
+query, every other position outside the loss) and scored on fresh sequences of every
+(sequence length, key-value pairs) setting. As in Zoology's own configs, one model learns all
+settings at once: each batch mixes them, every row padded at its end to the longest (causal
+models: the padding after a row's last query changes none of its predictions).
+
+Every (seed, learning rate) pair of one architecture and width is one trial, and the trials
+train as one program: the step is ``vmap``-ed over their parameters, optimizer states and
+learning rates (the data is shared), so a sweep costs one compile per (architecture, width).
+As Zoology reports, each seed's score is that of its best learning rate, chosen on a
+validation set of other sequences and reported on a test set; a cell is the mean over seeds with
+their standard deviation, and the share of test queries answered right pooled over the seeds
+with its 95% Wilson interval.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from hwh_jax.eval import stats
+from hwh_jax.eval.mqar import IGNORE, multiquery_ar
+from hwh_jax.layers.config import LayerSpec, ModelConfig
+from hwh_jax.layers.loss import cross_entropy
+from hwh_jax.models.lm import HybridLM
+from hwh_jax.models.params import count_params
+from hwh_jax.models.variants import build_layers
+from hwh_jax.plotting import pyplot
+from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
+from hwh_jax.training.state import init_train_state
+
+ARCHS = ("transformer", "gdn", "layerwise", "hwh", "hwh_rope")
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSpec:
+    """What the sweep trains and scores (defaults: Zoology's settings of its width figure)."""
+    archs: tuple = ("transformer", "gdn", "layerwise", "hwh", "hwh_rope")
+    widths: tuple = (64, 128, 256, 512)
+    settings: tuple = ((64, 4), (128, 8), (256, 16), (512, 64))   # (sequence length, pairs)
+    vocab: int = 8192
+    heads: int = 4                  # heads a layer; HwH: 1 FA + 3 GDN in each of its 2 layers
+    steps: int = 2000
+    batch_size: int = 64
+    lrs: tuple = (1e-3, 3e-3)
+    seeds: tuple = (0, 1, 2)
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    eval_examples: int = 256        # per setting, validation and test each
+    dtype: str = "bfloat16"
+
+    def validate(self):
+        for arch in self.archs:
+            if arch not in ARCHS:
+                raise ValueError(f"--archs: {arch!r} is not one of {ARCHS}")
+        for w in self.widths:
+            if w < self.heads or w % self.heads or (w // self.heads) % 2:
+                raise ValueError(f"--widths: {w} must split into --heads={self.heads} heads of "
+                                 f"an even dimension")
+        for length, pairs in self.settings:
+            if pairs * 4 > length or length >= self.vocab:
+                raise ValueError(f"--settings: {pairs} pairs in {length} tokens (need 4 x pairs "
+                                 f"<= length < --vocab={self.vocab})")
+        for name in ("steps", "batch_size", "eval_examples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lrs or not self.seeds or min(self.lrs) <= 0:
+            raise ValueError(f"--lrs (> 0) and --seeds must be non-empty: {self.lrs}, "
+                             f"{self.seeds}")
+
+    @property
+    def max_len(self) -> int:
+        return max(length for length, _ in self.settings)
+
+
+def sweep_config(arch: str, width: int, spec: SweepSpec) -> ModelConfig:
+    """The 2-layer model of ``arch`` at ``width``: layer-wise = one FA layer after one GDN layer,
+    HwH = 1 FA head (NoPE, or RoPE for hwh_rope) beside heads - 1 GDN heads in each layer (the
+    full-size rules, an FA share below 1/4 and no FA heads in the first and last layer, cannot
+    hold in two layers)."""
+    h = spec.heads
+    if arch in ("hwh", "hwh_rope"):
+        layers = tuple(LayerSpec(1, h - 1, fa_rope=arch == "hwh_rope") for _ in range(2))
+    else:
+        layers = build_layers(arch, 2, h, ratio=(1, 1))
+    return ModelConfig(vocab_size=spec.vocab, d_model=width, num_heads=h, head_dim=width // h,
+                       la_key_dim=width // h, la_value_dim=width // h,
+                       mlp_hidden=-(-2 * width // 64) * 64, layers=layers, arch=arch,
+                       dtype=spec.dtype, gdn_chunk_size=min(64, spec.max_len))
+
+
+def _settings_batch(spec: SweepSpec, counts, seed: int):
+    """Rows of MQAR for each setting (``counts[i]`` of setting i), padded to the longest:
+    inputs [N, T_max] int32 and labels [N, T_max] (IGNORE outside queries), and each row's
+    setting index."""
+    inputs, labels, which = [], [], []
+    for i, ((length, pairs), n) in enumerate(zip(spec.settings, counts)):
+        if not n:
+            continue
+        b = multiquery_ar(spec.vocab, n, length, pairs, seed=seed * 1009 + i)
+        pad = spec.max_len - length
+        inputs.append(np.pad(b.inputs, ((0, 0), (0, pad))))
+        labels.append(np.pad(b.labels, ((0, 0), (0, pad)), constant_values=IGNORE))
+        which += [i] * n
+    return np.concatenate(inputs), np.concatenate(labels), np.asarray(which)
+
+
+def train_batch(spec: SweepSpec, step: int, data_seed: int = 0):
+    """Step ``step``'s batch: the settings mixed evenly (the remainder to the first ones)."""
+    k, r = divmod(spec.batch_size, len(spec.settings))
+    counts = [k + (i < r) for i in range(len(spec.settings))]
+    x, y, _ = _settings_batch(spec, counts, seed=1_000_000 * (data_seed + 1) + step)
+    return x, y
+
+
+def eval_set(spec: SweepSpec, split: str):
+    """The validation or test sequences: ``eval_examples`` of every setting."""
+    seed = {"validation": 1, "test": 2}[split]     # training batches use seeds >= 1,000,000
+    return _settings_batch(spec, [spec.eval_examples] * len(spec.settings), seed=seed)
+
+
+def _trial_steps(cfg: ModelConfig, spec: SweepSpec):
+    """(init(seeds) -> states, step(states, lrs, x, y) -> (states, losses), hits(states, x, y)
+    -> [trials, N] correct queries, [N] queries): every function over a leading trial axis."""
+    opt = OptimizerSpec(lr=1.0, min_lr_ratio=0.1, warmup_steps=spec.warmup_steps,
+                        total_steps=spec.steps, weight_decay=spec.weight_decay)
+    tx, schedule = make_optimizer(opt)       # unit peak: each trial scales by its own lr
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+
+    def init(seed):
+        s = init_train_state(cfg, tx, seed)
+        return {"params": s["params"], "opt_state": s["opt_state"]}
+
+    def loss_fn(params, x, y):
+        model = nnx.merge(graphdef, params)
+        logits = model.logits(model.hidden(x), dtype=None)
+        mask = (y != IGNORE).astype(jnp.float32)
+        loss, _, _ = cross_entropy(logits, jnp.maximum(y, 0), mask)
+        return loss
+
+    def step(state, lr, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"], x, y)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        updates = jax.tree.map(lambda u: u * lr, updates)
+        return {"params": optax.apply_updates(state["params"], updates),
+                "opt_state": opt_state}, loss
+
+    def hits(state, x, y):
+        model = nnx.merge(graphdef, state["params"])
+        pred = jnp.argmax(model.logits(model.hidden(x), dtype=jnp.float32), -1)
+        return ((pred == y) & (y != IGNORE)).sum(-1)
+
+    return (jax.jit(jax.vmap(init)),
+            jax.jit(jax.vmap(step, in_axes=(0, 0, None, None)), donate_argnums=0),
+            jax.jit(jax.vmap(hits, in_axes=(0, None, None))), schedule)
+
+
+def _score(hits_fn, states, data, spec, batch):
+    """Correct queries per (trial, setting) and queries per setting."""
+    x, y, which = data
+    right = np.zeros((len(spec.seeds) * len(spec.lrs), len(spec.settings)), np.int64)
+    for i in range(0, len(x), batch):
+        h = np.asarray(hits_fn(states, x[i:i + batch], y[i:i + batch]))
+        for s in range(len(spec.settings)):
+            right[:, s] += h[:, which[i:i + batch] == s].sum(-1)
+    queries = np.array([int((y[which == s] != IGNORE).sum()) for s in range(len(spec.settings))])
+    return right, queries
+
+
+def run_cell(arch: str, width: int, spec: SweepSpec, log=print) -> dict:
+    """Train every (seed, lr) trial of ``arch`` at ``width`` as one program; score them."""
+    cfg = sweep_config(arch, width, spec)
+    init, step, hits, _ = _trial_steps(cfg, spec)
+    trials = [(s, lr) for s in spec.seeds for lr in spec.lrs]
+    states = init(jnp.asarray([s for s, _ in trials], jnp.int32))
+    lrs = jnp.asarray([lr for _, lr in trials], jnp.float32)
+    t0, losses = time.time(), None
+    every = max(spec.steps // 4, 1)
+    for t in range(spec.steps):
+        x, y = train_batch(spec, t)
+        states, losses = step(states, lrs, x, y)
+        if (t + 1) % every == 0 or t + 1 == spec.steps:
+            loss = np.asarray(losses)
+            log(f"  {arch} d={width}: step {t + 1}/{spec.steps}, loss "
+                f"{loss.min():.3f}-{loss.max():.3f} over {len(trials)} trials "
+                f"({time.time() - t0:.0f}s)")
+    if not np.all(np.isfinite(np.asarray(losses))):
+        log(f"  {arch} d={width}: a non-finite loss in some trial (its scores are what they are)")
+    batch = max(spec.batch_size, 1)
+    val, _ = _score(hits, states, eval_set(spec, "validation"), spec, batch)
+    test, queries = _score(hits, states, eval_set(spec, "test"), spec, batch)
+    rows = []
+    for si, seed in enumerate(spec.seeds):
+        idx = [si * len(spec.lrs) + li for li in range(len(spec.lrs))]
+        best = max(idx, key=lambda i: val[i].sum())
+        for s, (length, pairs) in enumerate(spec.settings):
+            rows.append({"arch": arch, "width": width, "seq_len": length, "pairs": pairs,
+                         "seed": seed, "lr": trials[best][1], "right": int(test[best, s]),
+                         "queries": int(queries[s]),
+                         "accuracy": float(test[best, s] / queries[s]),
+                         "final_loss": float(np.asarray(losses)[best])})
+    return {"arch": arch, "width": width, "params": int(count_params(cfg)), "rows": rows,
+            "seconds": time.time() - t0}
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One cell per (arch, width, setting): the seeds' accuracies, mean, sd, and the pooled
+    share right with its 95% Wilson interval."""
+    cells = {}
+    for r in rows:
+        cells.setdefault((r["arch"], r["width"], r["seq_len"], r["pairs"]), []).append(r)
+    out = []
+    for (arch, width, length, pairs), rs in cells.items():
+        acc = [r["accuracy"] for r in rs]
+        right, n = sum(r["right"] for r in rs), sum(r["queries"] for r in rs)
+        lo, hi = stats.wilson(right, n)
+        out.append({"arch": arch, "width": width, "seq_len": length, "pairs": pairs,
+                    "seeds": len(rs), "accuracies": acc, "mean": statistics.mean(acc),
+                    "std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
+                    "queries": n, "lo": lo, "hi": hi, "lrs": [r["lr"] for r in rs]})
+    return out
+
+
+def table(cells: list[dict]) -> str:
+    """Markdown: a row per (arch, width), a column per setting: mean +- sd [pooled interval]."""
+    settings = sorted({(c["seq_len"], c["pairs"]) for c in cells})
+    by = {(c["arch"], c["width"], c["seq_len"], c["pairs"]): c for c in cells}
+    rows = sorted({(c["arch"], c["width"]) for c in cells}, key=lambda k: (k[0], k[1]))
+    lines = ["| arch | width | " + " | ".join(f"T={t}, {p} pairs" for t, p in settings) + " |",
+             "|---|---:|" + "---:|" * len(settings)]
+    for arch, width in rows:
+        cells_ = [by.get((arch, width, t, p)) for t, p in settings]
+        lines.append(f"| {arch} | {width} | " + " | ".join(
+            "-" if c is None else f"{100 * c['mean']:.1f} +- {100 * c['std']:.1f} "
+            f"[{100 * c['lo']:.1f}-{100 * c['hi']:.1f}]" for c in cells_) + " |")
+    return "\n".join(lines)
+
+
+def figure(cells: list[dict], path: Path):
+    """Zoology's figure: a panel per sequence length, accuracy against width (log), a line per
+    architecture with the seeds' standard deviation as error bars."""
+    plt = pyplot()
+    settings = sorted({(c["seq_len"], c["pairs"]) for c in cells})
+    fig, axes = plt.subplots(1, len(settings), figsize=(3.2 * len(settings), 3.2), sharey=True,
+                             squeeze=False)
+    for ax, (length, pairs) in zip(axes[0], settings):
+        for arch in sorted({c["arch"] for c in cells}):
+            cs = sorted((c for c in cells if c["arch"] == arch and c["seq_len"] == length
+                         and c["pairs"] == pairs), key=lambda c: c["width"])
+            ax.errorbar([c["width"] for c in cs], [c["mean"] for c in cs],
+                        yerr=[c["std"] for c in cs], marker="o", ms=3, capsize=2, label=arch)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"T={length}, {pairs} pairs", fontsize=9)
+        ax.set_xlabel("model width")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("MQAR accuracy")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def sweep(spec: SweepSpec, out: str | Path, log=print) -> list[dict]:
+    """Run every (arch, width) cell; ``out``/results.json (rows, cells, spec), table.md and
+    mqar_sweep.png, rewritten after each cell so a cut sweep keeps what it measured."""
+    spec.validate()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cells_done, rows = [], []
+    total = len(spec.archs) * len(spec.widths)
+    for i, (arch, width) in enumerate((a, w) for a in spec.archs for w in spec.widths):
+        log(f"[{i + 1}/{total}] {arch} d={width}: {len(spec.seeds)} seeds x "
+            f"{len(spec.lrs)} learning rates, {spec.steps} steps")
+        cell = run_cell(arch, width, spec, log=log)
+        rows += cell["rows"]
+        cells_done.append({k: v for k, v in cell.items() if k != "rows"})
+        cells = summarize(rows)
+        (out / "results.json").write_text(json.dumps(
+            {"spec": dataclasses.asdict(spec), "runs": cells_done, "cells": cells,
+             "rows": rows}, indent=1))
+        (out / "table.md").write_text(table(cells) + "\n")
+        figure(cells, out / "mqar_sweep.png")
+        mean = statistics.mean(c["mean"] for c in cells if c["arch"] == arch
+                               and c["width"] == width)
+        log(f"[{i + 1}/{total}] {arch} d={width}: mean accuracy {mean:.3f} over "
+            f"{len(spec.settings)} settings ({cell['seconds']:.0f}s)")
+    return summarize(rows)

@@ -1,0 +1,68 @@
+r"""MQAR as a training task: Zoology's sweep of recall against model width.
+
+  python -m launch.mqar --out=$OUT/mqar
+  python -m launch.mqar --archs=transformer,hwh --widths=64,128 --steps=500 --out=DIR
+
+Trains 2-layer models of each architecture and width on multi-query associative recall, every
+(seed, learning rate) of one architecture and width as one vmapped program, and writes
+``results.json`` (every seed's test accuracy at its best learning rate, cells with mean, sd
+and pooled 95% intervals), ``table.md`` and ``mqar_sweep.png`` (accuracy against width, a panel
+per sequence length). The logic is ``hwh_jax.training.mqar_sweep``.
+"""
+import dataclasses
+import logging
+
+from absl import app, flags
+
+from launch import devices, one_line_errors, setup_logging
+
+flags.DEFINE_string("out", None, "output folder")
+flags.DEFINE_list("archs", None, "architectures (default: transformer, gdn, layerwise, hwh, "
+                  "hwh_rope)")
+flags.DEFINE_list("widths", None, "model widths (default 64,128,256,512)")
+flags.DEFINE_list("settings", None, "SEQ_LEN:PAIRS settings (default 64:4,128:8,256:16,512:64)")
+flags.DEFINE_list("lrs", None, "peak learning rates tried per seed (default 1e-3,3e-3)")
+flags.DEFINE_list("seeds", None, "initialisation seeds (default 0,1,2)")
+flags.DEFINE_integer("steps", None, "training steps (default 2000)")
+flags.DEFINE_integer("batch_size", None, "sequences a step, settings mixed (default 64)")
+flags.DEFINE_integer("vocab", None, "vocabulary (default 8192)")
+flags.DEFINE_integer("heads", None, "heads a layer (default 4)")
+flags.DEFINE_integer("eval_examples", None, "validation and test sequences per setting (256)")
+flags.DEFINE_string("dtype", None, "compute dtype (default bfloat16)")
+flags.mark_flags_as_required(["out"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    started = devices.start()
+    setup_logging()
+    for line in started:
+        logging.info("%s", line)
+    with one_line_errors():
+        run()
+
+
+def run():
+    from hwh_jax.training.mqar_sweep import SweepSpec, sweep, table
+    given = {}
+    for name, cast in (("archs", str), ("widths", int), ("lrs", float), ("seeds", int)):
+        if FLAGS[name].value is not None:
+            given[name] = tuple(cast(v) for v in FLAGS[name].value)
+    if FLAGS.settings is not None:
+        try:
+            given["settings"] = tuple(tuple(int(x) for x in s.split(":")) for s in FLAGS.settings)
+        except ValueError:
+            raise ValueError(f"--settings takes SEQ_LEN:PAIRS items, got {FLAGS.settings}") \
+                from None
+    for name in ("steps", "batch_size", "vocab", "heads", "eval_examples", "dtype"):
+        if FLAGS[name].value is not None:
+            given[name] = FLAGS[name].value
+    spec = SweepSpec(**given)
+    print(f"MQAR sweep: {dataclasses.asdict(spec)}", flush=True)
+    cells = sweep(spec, FLAGS.out)
+    print(f"\n{table(cells)}\n\nresults, table and figure in {FLAGS.out}", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
