@@ -1,0 +1,90 @@
+"""Gated linear attention (the state form of Lightning, RetNet, Mamba-2, GLA, HGRN-2): the
+chunked form against the token-by-token recurrence (outputs, final state, gradients of every
+input) and both against a brute-force sum over token pairs; prefill then decode steps against
+the whole sequence."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels_pallas.decay_attention import (gated_linear_attention_chunked,
+                                            gated_linear_attention_recurrent,
+                                            gated_linear_attention_step)
+
+B, T, H, K, V = 2, 37, 3, 8, 5
+
+
+def _inputs(per_key: bool, seed=0):
+    r = np.random.default_rng(seed)
+    q, k = (jnp.asarray(r.normal(size=(B, T, H, K)), jnp.float32) for _ in range(2))
+    v = jnp.asarray(r.normal(size=(B, T, H, V)), jnp.float32)
+    shape = (B, T, H, K) if per_key else (B, T, H)
+    g = jnp.asarray(-r.uniform(0.0, 1.5, size=shape), jnp.float32)   # strong and weak decay
+    h0 = jnp.asarray(r.normal(size=(B, H, K, V)), jnp.float32)
+    return q, k, v, g, h0
+
+
+def _brute(q, k, v, g, h0, scale):
+    """o_t = scale * [sum_{s<=t} sum_k q_tk k_sk exp(b_tk - b_sk) v_s + (q_t * exp(b_t)) h0],
+    b the cumulative log decay from the first token: every pair at once, no recurrence."""
+    gk = g if g.ndim == 4 else jnp.broadcast_to(g[..., None], q.shape)
+    b = jnp.cumsum(gk, axis=1)                                       # [B, T, H, K]
+    w = jnp.exp(b[:, :, None] - b[:, None, :])                       # [B, t, s, H, K]
+    w = jnp.where(jnp.tril(jnp.ones((T, T), bool))[None, :, :, None, None], w, 0.0)
+    a = jnp.einsum("bthk,bshk,btshk->bhts", q, k, w)
+    o = jnp.einsum("bhts,bshv->bthv", a, v) + jnp.einsum("bthk,bhkv->bthv", q * jnp.exp(b), h0)
+    return o * scale
+
+
+@pytest.mark.parametrize("per_key", [False, True], ids=["scalar_decay", "per_key_decay"])
+def test_chunked_equals_recurrent_and_the_pairwise_sum(per_key):
+    q, k, v, g, h0 = _inputs(per_key)
+    kw = dict(scale=0.3, initial_state=h0, output_final_state=True)
+    o_r, s_r = jax.jit(lambda *a: gated_linear_attention_recurrent(*a, **kw))(q, k, v, g)
+    o_c, s_c = jax.jit(lambda *a: gated_linear_attention_chunked(*a, chunk_size=16, **kw))(
+        q, k, v, g)
+    np.testing.assert_allclose(o_c, o_r, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(s_c, s_r, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(o_r, _brute(q, k, v, g, h0, 0.3), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("per_key", [False, True], ids=["scalar_decay", "per_key_decay"])
+def test_chunked_gradients_equal_recurrent_gradients(per_key):
+    q, k, v, g, h0 = _inputs(per_key, seed=1)
+    r = np.random.default_rng(2)
+    do = jnp.asarray(r.normal(size=(B, T, H, V)), jnp.float32)
+    ds = jnp.asarray(r.normal(size=(B, H, K, V)), jnp.float32)
+
+    def loss(fn):
+        def f(q, k, v, g, h0):
+            o, s = fn(q, k, v, g, initial_state=h0, output_final_state=True)
+            return jnp.sum(o * do) + jnp.sum(s * ds)
+        return jax.jit(jax.grad(f, argnums=(0, 1, 2, 3, 4)))
+    want = loss(gated_linear_attention_recurrent)(q, k, v, g, h0)
+    got = loss(lambda *a, **kw: gated_linear_attention_chunked(*a, chunk_size=8, **kw))(
+        q, k, v, g, h0)
+    for name, a, b in zip("q k v g h0".split(), want, got):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_prefill_then_decode_steps_equal_the_whole_sequence():
+    q, k, v, g, _ = _inputs(True, seed=3)
+    whole, _ = gated_linear_attention_recurrent(q, k, v, g)
+    n = 29
+    o, state = gated_linear_attention_chunked(q[:, :n], k[:, :n], v[:, :n], g[:, :n],
+                                              chunk_size=16, output_final_state=True)
+    outs = [o]
+    step = jax.jit(gated_linear_attention_step)
+    for t in range(n, T):
+        o_t, state = step(q[:, t], k[:, t], v[:, t], g[:, t], state)
+        outs.append(o_t[:, None])
+    np.testing.assert_allclose(jnp.concatenate(outs, axis=1), whole, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_inputs_keep_an_fp32_state():
+    q, k, v, g, _ = _inputs(False, seed=4)
+    ref, _ = gated_linear_attention_recurrent(q, k, v, g)
+    o, s = gated_linear_attention_chunked(*(a.astype(jnp.bfloat16) for a in (q, k, v)), g,
+                                          chunk_size=16, output_final_state=True)
+    assert o.dtype == jnp.bfloat16 and s.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(o, np.float32), ref, atol=0.1, rtol=0.05)
