@@ -2,7 +2,7 @@ r"""Print a config's parameter count and per-layer FA/LA allocation, without all
 
   python -m launch.describe --config=configs/hwh_1b4.py
   python -m launch.describe --config=configs/hwh_tiny.py --forward   # plus one jitted forward
-  python -m launch.describe --table                                  # docs/models.md table
+  python -m launch.describe --table                                  # docs/models.md tables
   python -m launch.describe --cache=380m        # decode-cache MiB per arch and context (bf16)
   python -m launch.describe --plot=alloc.png --archs=transformer,layerwise,hwh --size=380m
 """
@@ -13,7 +13,8 @@ from hwh_jax.models.describe import describe, markdown_table
 from hwh_jax.models.variants import model_config_from_dict
 
 config_flags.DEFINE_config_file("config", "configs/hwh_tiny.py", "run config file")
-flags.DEFINE_bool("table", False, "print the markdown table of every architecture x size")
+flags.DEFINE_bool("table", False, "print the markdown tables of every architecture x size and "
+                  "of every linear-head kind (parameters, decode cache at 32K)")
 flags.DEFINE_bool("forward", False, "also run one jitted forward pass on random tokens")
 flags.DEFINE_string("cache", "", "size: print the decode-cache table of every architecture")
 flags.DEFINE_list("contexts", ["2048", "8192", "32768", "65536"], "contexts of the cache table")
@@ -26,7 +27,10 @@ FLAGS = flags.FLAGS
 def main(argv):
     del argv
     if FLAGS.table:
+        from hwh_jax.inference import zoo_table
         print(markdown_table())
+        print()
+        print(zoo_table())
         return
     if FLAGS.plot:
         from hwh_jax.models.describe import plot_allocation

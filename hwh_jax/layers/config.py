@@ -16,6 +16,7 @@ from hwh_jax.layers.rope import PAIRINGS
 from kernels_pallas import AttentionSettings, GDNSettings, RMSNormSettings, ShortConvSettings
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+LA_KINDS = ("gdn", "deltanet", "lightning", "retnet", "mamba2", "gla", "hgrn2")
 REMAT = ("none", "block")   # activations kept for the backward pass: all; each block's input only
 
 
@@ -66,7 +67,9 @@ class ModelConfig:
     gdn_impl: str = "auto"             # kernels_pallas.gated_delta_rule impl
     conv_impl: str = "auto"            # kernels_pallas.short_conv impl (GDN conv, SiLU, norm)
     norm_impl: str = "auto"            # kernels_pallas.rms_norm impl (RMSNorms, residual adds)
-    gdn_chunk_size: int = 64
+    gdn_chunk_size: int = 64          # chunk of every linear-head kind's chunked form
+    la_kind: str = "gdn"               # the linear heads: gdn, deltanet, lightning, retnet,
+                                       # mamba2, gla, hgrn2 (hwh_jax/layers/decay_heads.py)
     remat: str = "none"                # "block": recompute each block's activations in the
                                        # backward pass (less memory, ~1/3 more compute)
     kernel_platform: str = ""          # platform the kernels are chosen and lowered for
@@ -92,6 +95,9 @@ class ModelConfig:
             raise ValueError(f"rope_pairing must be one of {PAIRINGS}, got {self.rope_pairing!r}")
         if any(s.fa_rope for s in self.layers) and self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
+        if self.la_kind not in LA_KINDS:
+            raise ValueError(f"ModelConfig.la_kind must be one of {list(LA_KINDS)}, got "
+                             f"{self.la_kind!r}")
         if self.remat not in REMAT:
             raise ValueError(f"ModelConfig.remat must be one of {list(REMAT)}, got "
                              f"{self.remat!r}")

@@ -30,7 +30,7 @@ from flax import nnx
 import kernels_pallas
 from hwh_jax.layers.linear import dense
 from hwh_jax.layers.norms import GatedRMSNorm
-from hwh_jax.layers.variables import partitioned
+from hwh_jax.layers.variables import data, partitioned
 from kernels_pallas.gdn import GDNSettings
 from kernels_pallas.short_conv import ShortConvSettings, causal_conv1d, short_conv, silu_norm
 
@@ -73,7 +73,8 @@ def _a_log_init(key, shape, dtype):
 
 class GatedDeltaNetHeads(nnx.Module):
     """``num_heads`` Gated DeltaNet heads over the normalised input x [B, T, d] (module
-    docstring for the formulas), n heads, key dim K, value dim V:
+    docstring for the formulas), n heads, key dim K, value dim V; ``decay=False``: DeltaNet
+    (Yang et al., 2024), the same heads without the decay (no W_a, A_log, dt_bias; g = 0):
 
     1. Project: q, k [B, T, n*K], v, gate [B, T, n*V], a, b [B, T, n] (``projections()``; the
        mixer computes them for all its heads at once).
@@ -87,11 +88,12 @@ class GatedDeltaNetHeads(nnx.Module):
     """
 
     def __init__(self, d_model: int, num_heads: int, key_dim: int, value_dim: int, *,
-                 conv_size: int = 4, norm_eps: float = 1e-6,
+                 conv_size: int = 4, norm_eps: float = 1e-6, decay: bool = True,
                  settings: GDNSettings | None = None,
                  conv_settings: ShortConvSettings | None = None, dtype, param_dtype,
                  rngs: nnx.Rngs):
         self.num_heads, self.key_dim, self.value_dim = num_heads, key_dim, value_dim
+        self.decay = decay
         self.settings = GDNSettings() if settings is None else settings
         self.dtype = dtype
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -99,30 +101,48 @@ class GatedDeltaNetHeads(nnx.Module):
         self.k_proj = dense(d_model, num_heads * key_dim, ("embed", "heads"), **kw)
         self.v_proj = dense(d_model, num_heads * value_dim, ("embed", "heads"), **kw)
         self.g_proj = dense(d_model, num_heads * value_dim, ("embed", "heads"), **kw)
-        self.a_proj = dense(d_model, num_heads, ("embed", "heads"), **kw)
+        self.a_proj = data(dense(d_model, num_heads, ("embed", "heads"), **kw) if decay
+                           else None)
         self.b_proj = dense(d_model, num_heads, ("embed", "heads"), **kw)
         conv_kw = dict(settings=conv_settings, param_dtype=param_dtype, rngs=rngs)
         self.q_conv = ShortConv(num_heads * key_dim, conv_size, **conv_kw)
         self.k_conv = ShortConv(num_heads * key_dim, conv_size, **conv_kw)
         self.v_conv = ShortConv(num_heads * value_dim, conv_size, **conv_kw)
-        a_init = partitioned(_a_log_init, ("heads",))
-        dt_init = partitioned(_dt_bias_init, ("heads",))
-        self.A_log = nnx.Param(a_init(rngs.params(), (num_heads,), param_dtype))
-        self.dt_bias = nnx.Param(dt_init(rngs.params(), (num_heads,), param_dtype))
+        if decay:
+            a_init = partitioned(_a_log_init, ("heads",))
+            dt_init = partitioned(_dt_bias_init, ("heads",))
+            self.A_log = nnx.Param(a_init(rngs.params(), (num_heads,), param_dtype))
+            self.dt_bias = nnx.Param(dt_init(rngs.params(), (num_heads,), param_dtype))
         self.o_norm = GatedRMSNorm(value_dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype)
 
     def projections(self):
         """The input projections, in the order ``mix`` takes their outputs: the order in which
         the layer has always used them, so that the backward sums their input gradients in the
         same order and training stays bitwise what it was."""
+        if not self.decay:
+            return (self.q_proj, self.k_proj, self.v_proj, self.b_proj, self.g_proj)
         return (self.q_proj, self.k_proj, self.v_proj, self.b_proj, self.a_proj, self.g_proj)
+
+    def projection_heads(self):
+        """Heads in each projection's output, for sharding."""
+        return [self.num_heads] * len(self.projections())
+
+    def _unpack(self, proj):
+        """(q, k, v, b, a or None, gate) from ``projections()``' outputs."""
+        if self.decay:
+            return proj
+        q, k, v, b, gate = proj
+        return q, k, v, b, None, gate
 
     def gates(self, a, b, segment_ids=None):
         """beta [B,T,n] and log decay g [B,T,n], fp32, from the projections a = x W_a and
-        b = x W_b."""
+        b = x W_b (DeltaNet, ``a`` None: g = 0)."""
         beta = jax.nn.sigmoid(b.astype(jnp.float32))
-        a = a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
-        g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
+        if a is None:
+            g = jnp.zeros_like(beta)
+        else:
+            a = a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+            g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
         if segment_ids is not None:
             start = jnp.concatenate([jnp.zeros_like(segment_ids[:, :1], bool),
                                      segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
@@ -130,10 +150,13 @@ class GatedDeltaNetHeads(nnx.Module):
         return beta, g
 
     def __call__(self, x, segment_ids=None):
-        return self.mix(*(p(x) for p in self.projections()), segment_ids)
+        return self.mix(*(p(x) for p in self.projections()), segment_ids=segment_ids)
 
-    def mix(self, q, k, v, b, a, gate, segment_ids=None):
-        """The heads' outputs [B, T, n*V] from the input's projections (``projections()``)."""
+    def mix(self, *proj, segment_ids=None, positions=None):
+        """The heads' outputs [B, T, n*V] from the input's projections (``projections()``);
+        ``positions`` unused (the heads are position-free)."""
+        del positions
+        q, k, v, b, a, gate = self._unpack(proj)
         B, T, _ = q.shape
         n, K, V = self.num_heads, self.key_dim, self.value_dim
         # the query scale K**-0.5 is applied by q's normalising pass, not by a pass of its own
@@ -154,7 +177,7 @@ class GatedDeltaNetHeads(nnx.Module):
         return {"state": jnp.zeros((batch, n, K, V), jnp.float32),
                 "conv": jnp.zeros((batch, W - 1, n * (2 * K + V)), dtype)}
 
-    def extend(self, proj, valid, cache):
+    def extend(self, proj, valid, cache, *, t0=0, start=None):
         """proj: the input's projections (in the order of ``projections()``) [B, Tn, width],
         valid [B, Tn] bool -> (heads' outputs [B, Tn, n*V], updated cache).
 
@@ -163,7 +186,8 @@ class GatedDeltaNetHeads(nnx.Module):
         so the values are those of three). The barrier keeps XLA from fusing the projection
         into the window's concatenation, which at one token it does as a slow reduction of one
         thread per column (docs/benchmarks.md)."""
-        q, k, v, b, a, gate = proj
+        del t0, start                  # position-free
+        q, k, v, b, a, gate = self._unpack(proj)
         B, Tn, _ = q.shape
         n, K, V = self.num_heads, self.key_dim, self.value_dim
         x = jnp.concatenate([q, k, v], axis=-1) * valid[..., None].astype(q.dtype)

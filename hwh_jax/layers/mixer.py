@@ -25,6 +25,7 @@ from flax import nnx
 
 from hwh_jax.layers.attention import FullAttentionHeads
 from hwh_jax.layers.config import LayerSpec, ModelConfig
+from hwh_jax.layers.decay_heads import DecayLinearHeads
 from hwh_jax.layers.gdn import GatedDeltaNetHeads
 from hwh_jax.layers.linear import INIT_STD, dense, project
 from hwh_jax.layers.variables import data
@@ -43,7 +44,7 @@ class HeadwiseMixer(nnx.Module):
     4. Concatenate the two along the last axis and apply ``o_proj`` -> [B, T, d].
     """
 
-    def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, layer: int = 0, rngs: nnx.Rngs):
         kw = dict(dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, rngs=rngs)
         self.fa = data(None if not spec.num_fa else FullAttentionHeads(
                 cfg.d_model, spec.num_fa, cfg.head_dim, q_per_kv=cfg.q_per_kv,
@@ -51,10 +52,7 @@ class HeadwiseMixer(nnx.Module):
                 rope_scaling=cfg.rope_scaling,
                 window=spec.window, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
                 settings=cfg.attention_settings(), norm_settings=cfg.norm_settings(), **kw))
-        self.la = data(None if not spec.num_la else GatedDeltaNetHeads(
-                cfg.d_model, spec.num_la, cfg.la_key_dim, cfg.la_value_dim,
-                conv_size=cfg.conv_size, norm_eps=cfg.norm_eps, settings=cfg.gdn_settings(),
-                conv_settings=cfg.conv_settings(), **kw))
+        self.la = data(None if not spec.num_la else _linear_heads(cfg, spec, layer, kw))
         self.dtype = cfg.compute_dtype
         width = spec.num_fa * cfg.head_dim + spec.num_la * cfg.la_value_dim
         self.o_proj = dense(width, cfg.d_model, ("heads", "embed"),
@@ -72,7 +70,7 @@ class HeadwiseMixer(nnx.Module):
             ys = jnp.split(y, np.cumsum([p.kernel.shape[1] for p in fa + la])[:-1], axis=-1)
         else:   # under a mesh: rows stay over the batch axes, heads over tensor where they divide
             heads = ([self.fa.num_heads, self.fa.num_kv, self.fa.num_kv] if fa else []) + \
-                    ([self.la.num_heads] * len(la) if la else [])
+                    (self.la.projection_heads() if la else [])
             ys = [constrain(y, n) for y, n in zip(project(x, fa + la), heads)]
         return (ys[:len(fa)] or None), (ys[len(fa):] or None)
 
@@ -82,7 +80,7 @@ class HeadwiseMixer(nnx.Module):
         if fa is not None:
             outs.append(self.fa.attend(*fa, positions, segment_ids))
         if la is not None:
-            outs.append(self.la.mix(*la, segment_ids))
+            outs.append(self.la.mix(*la, segment_ids=segment_ids, positions=positions))
         y = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
         return self.o_proj(y)
 
@@ -98,7 +96,22 @@ class HeadwiseMixer(nnx.Module):
             o, new["fa"] = self.fa.extend(fa, t0, start, cache["fa"], fresh=fresh)
             outs.append(o)
         if la is not None:
-            o, new["la"] = self.la.extend(la, valid, cache["la"])
+            o, new["la"] = self.la.extend(la, valid, cache["la"], t0=t0, start=start)
             outs.append(o)
         y = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
         return self.o_proj(y), new
+
+
+def _linear_heads(cfg: ModelConfig, spec: LayerSpec, layer: int, kw: dict):
+    """The layer's linear heads of ``cfg.la_kind``: GDN or DeltaNet (``gdn.py``), or one of the
+    decaying-state kinds (``decay_heads.py``)."""
+    if cfg.la_kind in ("gdn", "deltanet"):
+        return GatedDeltaNetHeads(cfg.d_model, spec.num_la, cfg.la_key_dim, cfg.la_value_dim,
+                                  conv_size=cfg.conv_size, norm_eps=cfg.norm_eps,
+                                  decay=cfg.la_kind == "gdn", settings=cfg.gdn_settings(),
+                                  conv_settings=cfg.conv_settings(), **kw)
+    return DecayLinearHeads(cfg.la_kind, cfg.d_model, spec.num_la, cfg.la_key_dim,
+                            cfg.la_value_dim, layer=layer, num_layers=cfg.num_layers,
+                            conv_size=cfg.conv_size, norm_eps=cfg.norm_eps,
+                            chunk_size=cfg.gdn_chunk_size, rope_theta=cfg.rope_theta,
+                            conv_settings=cfg.conv_settings(), **kw)

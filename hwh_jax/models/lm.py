@@ -35,11 +35,11 @@ class Block(nnx.Module):
     h = x + Mixer(RMSNorm(x)), then h + SwiGLU(RMSNorm(h)); the mixer is the ``LayerSpec``'s
     head-wise mixer. ``residual`` defers each add to the norm after it (one pass on a GPU)."""
 
-    def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, layer: int = 0, rngs: nnx.Rngs):
         norm_kw = dict(eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
                        settings=cfg.norm_settings())
         self.mixer_norm = RMSNorm(cfg.d_model, **norm_kw)
-        self.mixer = HeadwiseMixer(cfg, spec, rngs=rngs)
+        self.mixer = HeadwiseMixer(cfg, spec, layer=layer, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg.d_model, **norm_kw)
         self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden,
                           out_std=INIT_STD / math.sqrt(2 * cfg.num_layers),
@@ -79,7 +79,8 @@ class HybridLM(nnx.Module):
         init = partitioned(nnx.initializers.normal(INIT_STD), ("vocab", "embed"))
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype,
                                param_dtype=cfg.weight_dtype, embedding_init=init, rngs=rngs)
-        self.blocks = nnx.List([Block(cfg, spec, rngs=rngs) for spec in cfg.layers])
+        self.blocks = nnx.List([Block(cfg, spec, layer=l, rngs=rngs)
+                                for l, spec in enumerate(cfg.layers)])
         self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=cfg.compute_dtype,
                                   param_dtype=cfg.weight_dtype, settings=cfg.norm_settings())
         self.lm_head = data(None if cfg.tie_embeddings else dense(

@@ -3,6 +3,9 @@
   training FLOPs / token = 6 * N_matmul                          (forward + backward, weights)
                          + sum_l 6 * n_fa(l) * D * T_eff(l)      (causal attention, fwd+bwd)
                          + sum_l 3 * n_la(l) * (4 C (K + V) + 6 K V)   (GDN chunked form)
+                         (other linear-head kinds: 3 * n_la(l) * (2 C (K + V) + 4 K V), the
+                          decaying-state chunked form: intra-chunk scores and values, state
+                          read and write)
 N_matmul = every weight in a matmul (all parameters minus the embedding table, plus the LM head
 even when tied, minus norm/conv/A_log/dt_bias vectors, which are negligible and ignored);
 T_eff = T for global causal attention (12 * D * T/2: QK^T and PV over on average T/2 keys, x3
@@ -31,7 +34,10 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     for s in cfg.layers:
         t_eff = seq_len if s.window is None else min(s.window, seq_len)
         total += 6.0 * s.num_fa * cfg.head_dim * t_eff
-        total += 3.0 * s.num_la * (4 * C * (K + V) + 6 * K * V)
+        if cfg.la_kind in ("gdn", "deltanet"):
+            total += 3.0 * s.num_la * (4 * C * (K + V) + 6 * K * V)
+        else:
+            total += 3.0 * s.num_la * (2 * C * (K + V) + 4 * K * V)
     return total
 
 
