@@ -18,8 +18,8 @@ SPLASH_TRAIN = {"splash_mqa_fwd_residuals", "splash_mqa_dkv_no_residuals",
                 "splash_mqa_dq_no_residuals"}
 
 
-def config_380m(arch, **model):
-    config = base.get_config(f"{arch}_380m")
+def config_380m(arch, size="380m", **model):
+    config = base.get_config(f"{arch}_{size}")
     config.train.batch_size = 16
     config.train.mesh = (1, 8, 1)
     for k, v in model.items():
@@ -59,12 +59,14 @@ def test_the_training_step_lowers_for_cuda_with_its_triton_kernels():
 
 
 def test_a_kernel_taken_off_the_tpu_path_or_a_bad_block_fails_the_export(monkeypatch):
-    """What the tests above would see if the TPU path lost its GDN kernels, and that Mosaic's
+    """What the tests above would see if the TPU path lost its GDN kernels (at `small` and 512
+    tokens: the size does not change which kernels a path takes), and that Mosaic's
     block-shape check runs here (a value block of 96 columns is not a multiple of 128)."""
     from kernels_pallas import GDNSettings
     monkeypatch.setattr(GDNSettings, "AUTO", {"gpu": "pallas"})
-    summary = export.summarize(export.export_train_step(
-        config_380m("hwh"), platform="tpu", mesh=(1, 8, 1)))
+    config = config_380m("hwh", size="small")
+    config.seq_len = 512
+    summary = export.summarize(export.export_train_step(config, platform="tpu", mesh=(1, 8, 1)))
     assert not GDN_TRAIN & set(summary["kernels"])
     monkeypatch.undo()
     import jax.numpy as jnp

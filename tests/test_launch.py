@@ -29,20 +29,19 @@ def test_describe_overrides_and_table():
 
 
 def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
-    """A tiny experiment with two seeds side by side (training + closing evaluation +
-    experiment.json each, seeds.json over them); launch.eval then runs every suite on one
-    checkpoint; the experiment report tabulates the seed folder (each run and a row over the
-    seeds; cross-model figures); launch.generate decodes; launch.analyze analyses."""
+    """A tiny experiment (training + its closing evaluation + experiment.json); launch.eval then
+    runs every suite on the checkpoint; the report tabulates it and a folder of two seed runs
+    (copies of it: each run and a row over the seeds; cross-model figures); launch.generate
+    decodes; launch.analyze analyses."""
     import json
+    import shutil
 
     from hwh_jax.data.paths import resolve
     from hwh_jax.data.sources import read_text
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(read_text(resolve("tinyshakespeare/input.txt.gz"))[:150_000])
-    runs = tmp_path / "run"
-    work = runs / "seed0"
-    out = run("launch.experiment", "--config=configs/hwh_tiny.py", f"--out={runs}",
-              "--seeds=0,1", "--side_by_side=2",
+    work = tmp_path / "run"
+    out = run("launch.experiment", "--config=configs/hwh_tiny.py", f"--out={work}",
               "--config.seq_len=64", "--config.model.gdn_chunk_size=16",
               f"--config.data.paths=('{corpus}',)", "--config.data.sp_vocab_size=512",
               "--config.data.heldout_fraction=0.1", "--config.train.steps=4",
@@ -51,14 +50,8 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
               "--config.train.mesh=1,1,1",
               "--config.eval.niah_factors=(8,)", "--config.eval.niah_depths=2",
               "--config.eval.niah_tasks=('niah_single_1','niah_single_3')")
-    console = (runs / "seed0.console.log").read_text()
-    assert "NIAH (mean score" in console and "niah_single_1@512 " in console
-    assert "experiment run/seed0 (hwh" in console and "over 2 seeds" in out
-    over = json.loads((runs / "seeds.json").read_text())
+    assert "NIAH (mean score" in out and "niah_single_1@512 " in out and "experiment run (hwh" in out
     exp = json.loads((work / "experiment.json").read_text())
-    cell = over["niah"]["niah_single_1@512"]
-    assert over["seeds"] == 2 and len(cell["values"]) == len(over["heldout_loss"]["values"]) == 2
-    assert cell["pooled"]["n"] == 2 * exp["niah_intervals"]["niah_single_1@512"]["n"]
     assert exp["tokens"] == 4 * 4 * 64 and exp["tokens_per_s"] > 0
     assert set(exp["niah"]) == {"niah_single_1@512", "niah_single_3@512"}
     summary = json.loads((work / "summary.json").read_text())
@@ -84,9 +77,16 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
               "--max_new_tokens=5")
     assert "--- 'To be'" in out and "cache" in out and "MiB" in out
 
-    out = run("launch.experiment", f"--report={runs}", f"--out={tmp_path / 'rep'}")
-    assert "| run/seed1 | hwh |" in out and "S-NIAH-3@512" in out and "parameter spread 0.0%" in out
-    assert "Over seeds" in out and "| run | hwh | 2 |" in out
+    seeds = tmp_path / "seeds"
+    for s in (0, 1):
+        shutil.copytree(work, seeds / f"seed{s}")
+    out = run("launch.experiment", f"--report={work},{seeds}", f"--out={tmp_path / 'rep'}")
+    assert "| run | hwh |" in out and "| seeds/seed1 | hwh |" in out and "S-NIAH-3@512" in out
+    assert "parameter spread 0.0%" in out and "Over seeds" in out and "| seeds | hwh | 2 |" in out
+    over = json.loads((tmp_path / "rep" / "seeds.json").read_text())[0]
+    cell = over["niah"]["niah_single_1@512"]
+    assert over["seeds"] == 2 and cell["std"] == 0.0 and len(cell["values"]) == 2
+    assert cell["pooled"]["n"] == 2 * exp["niah_intervals"]["niah_single_1@512"]["n"]
     assert (tmp_path / "rep" / "niah_extrapolation.png").exists()
 
     out = run("launch.analyze", f"--checkpoint={work}", "--seq_len=256", "--num_samples=1",
@@ -94,3 +94,17 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     res = json.loads((tmp_path / "an" / "0_hwh_run" / "analysis.json").read_text())
     heads = [h for layer in res["layers"] for h in layer["taxonomy"]]
     assert heads and all(0 <= h["qr_score"] <= 1 and 0 <= h["ld_score"] <= 1 for h in heads)
+
+
+def test_seeds_run_side_by_side_and_a_failed_seed_is_named(tmp_path):
+    """--seeds starts one process per seed, --side_by_side at once, each with its console log;
+    seeds whose run fails (here: a bad config value) are named, and the status is 1."""
+    out = subprocess.run([sys.executable, "-m", "launch.experiment", "--config=configs/hwh_tiny.py",
+                          "--seeds=0,1", "--side_by_side=2", f"--out={tmp_path}",
+                          "--config.train.steps=0"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "seed 0: training into" in out.stdout and "seed 1: exit 2" in out.stdout
+    assert "error: seeds [0, 1] failed" in out.stderr or "error: seeds [1, 0] failed" in out.stderr
+    for s in (0, 1):
+        assert "train.steps" in (tmp_path / f"seed{s}.console.log").read_text()

@@ -49,10 +49,14 @@ def small_config(corpus, arch="hwh", **train):
 
 
 def test_resume_is_bitwise_identical(corpus, tmp_path):
-    straight = train_and_evaluate(small_config(corpus), tmp_path / "a")
-    first = train_and_evaluate(small_config(corpus, stop_at_step=3), tmp_path / "b")
+    """Six steps straight against three, a stop, and three more: every loss and batch equal.
+    (The Transformer: resuming restores the state and the data position whatever the mixer;
+    it compiles fastest.)"""
+    straight = train_and_evaluate(small_config(corpus, "transformer"), tmp_path / "a")
+    first = train_and_evaluate(small_config(corpus, "transformer", stop_at_step=3),
+                               tmp_path / "b")
     assert first.stopped_early and first.final_step == 3
-    second = train_and_evaluate(small_config(corpus), tmp_path / "b")
+    second = train_and_evaluate(small_config(corpus, "transformer"), tmp_path / "b")
     resumed = {**first.losses, **second.losses}
     assert sorted(second.losses) == [4, 5, 6]
     assert resumed == straight.losses  # bitwise: float equality of every step's loss
@@ -93,10 +97,10 @@ def _train_in_subprocess(corpus, workdir, mesh, devices=8, extra=()):
     return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
 
 
-@pytest.mark.parametrize("mesh", [(1, 1, 1), (2, 2, 2), (1, 2, 4)],
-                         ids=lambda m: "x".join(map(str, m)))
+@pytest.mark.parametrize("mesh", [(1, 1, 1), (1, 2, 4)], ids=lambda m: "x".join(map(str, m)))
 def test_mesh_invariance(corpus, tmp_path, mesh):
-    """fp32 losses on 8 fake CPU devices agree with the single-device run (mesh 1x1x1)."""
+    """fp32 losses on 8 fake CPU devices agree with the single-device run (mesh 1x1x1); the
+    2x2x2 mesh's losses are checked by test_checkpoint_from_8_devices_resumes_on_one."""
     losses = _train_in_subprocess(corpus, tmp_path, ",".join(map(str, mesh)))
     assert sorted(losses) == [1, 2, 3]
     if mesh == (1, 1, 1):
