@@ -93,6 +93,13 @@ def init_distributed(environ=os.environ) -> str | None:
     if platform(environ) == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(**kw)
+    if platform(environ) == "cpu":
+        # gloo builds its context at a job's first collective and waits only 30 s for every
+        # process to arrive; the processes leave initialize() together, but reach the train
+        # step's first collective after compilations that can differ by more than that on a
+        # loaded machine. One collective now builds the context while they are together.
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices("hwh_jax: CPU collectives")
     return (f"process {jax.process_index()} of {jax.process_count()}: "
             f"{jax.local_device_count()} local of {jax.device_count()} devices")
 

@@ -9,6 +9,7 @@ the specification the fast one is tested against.
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import itertools
@@ -197,12 +198,21 @@ def train_sentencepiece(documents, vocab_size: int, out_dir: Path, *, key: str,
     """Train (once, then cached under ``out_dir/key``) a BPE SentencePiece model with byte
     fallback, pad=0, eos=1, unk=2, bos=3, on lines of ``documents`` (an iterable of str).
     A corpus too small for ``vocab_size`` pieces is refused naming ``data.sp_vocab_size``."""
-    import sentencepiece as spm
     prefix = out_dir / f"spm_{key}_{vocab_size}"
     model = prefix.with_suffix(".model")
     if model.exists():
         return model
     out_dir.mkdir(parents=True, exist_ok=True)
+    # one trainer a vocabulary: the processes of a run on one host start together, and wait
+    with open(prefix.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not model.exists():
+            _train_sentencepiece(documents, vocab_size, prefix, max_sentences, where)
+    return model
+
+
+def _train_sentencepiece(documents, vocab_size, prefix: Path, max_sentences, where):
+    import sentencepiece as spm
     lines = (line for doc in documents for line in doc.splitlines() if line.strip())
     first = next(lines, None)
     if first is None:
@@ -220,6 +230,5 @@ def train_sentencepiece(documents, vocab_size: int, out_dir: Path, *, key: str,
         raise ValueError(f"{where}: too little text for a SentencePiece vocabulary of "
                          f"data.sp_vocab_size={vocab_size} pieces{hint}; set a smaller "
                          f"--config.data.sp_vocab_size or give more text") from None
-    tmp.with_suffix(".partial.model").rename(model)
     tmp.with_suffix(".partial.vocab").rename(prefix.with_suffix(".vocab"))
-    return model
+    tmp.with_suffix(".partial.model").rename(prefix.with_suffix(".model"))   # the marker: last
