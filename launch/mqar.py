@@ -2,6 +2,7 @@ r"""MQAR as a training task: Zoology's sweep of recall against model width.
 
   python -m launch.mqar --out=$OUT/mqar
   python -m launch.mqar --archs=transformer,hwh --widths=64,128 --steps=500 --out=DIR
+  python -m launch.mqar --report=DIR_A,DIR_B --out=DIR   # sweeps run side by side, as one
 
 Trains 2-layer models of each architecture and width on multi-query associative recall, every
 (seed, learning rate) of one architecture and width as one vmapped program, and writes
@@ -17,6 +18,8 @@ from absl import app, flags
 from launch import devices, one_line_errors, setup_logging
 
 flags.DEFINE_string("out", None, "output folder")
+flags.DEFINE_list("report", None, "sweep folders (each a --out of its own) to tabulate and plot "
+                  "as one sweep into --out; nothing is trained")
 flags.DEFINE_list("archs", None, "architectures (default: transformer, gdn, layerwise, hwh, "
                   "hwh_rope)")
 flags.DEFINE_list("widths", None, "model widths (default 64,128,256,512)")
@@ -44,7 +47,11 @@ def main(argv):
 
 
 def run():
-    from hwh_jax.training.mqar_sweep import SweepSpec, sweep, table
+    from hwh_jax.training.mqar_sweep import SweepSpec, merge, sweep, table
+    if FLAGS.report:
+        cells = merge(FLAGS.report, FLAGS.out)
+        print(f"{table(cells)}\n\nresults, table and figure in {FLAGS.out}", flush=True)
+        return
     given = {}
     for name, cast in (("archs", str), ("widths", int), ("lrs", float), ("seeds", int)):
         if FLAGS[name].value is not None:

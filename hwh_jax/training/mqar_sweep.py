@@ -298,3 +298,43 @@ def sweep(spec: SweepSpec, out: str | Path, log=print) -> list[dict]:
         log(f"[{i + 1}/{total}] {arch} d={width}: mean accuracy {mean:.3f} over "
             f"{len(spec.settings)} settings ({cell['seconds']:.0f}s)")
     return summarize(rows)
+
+
+def merge(folders: list[str | Path], out: str | Path) -> list[dict]:
+    """Sweeps run apart (one process per architecture, side by side) as one: their rows
+    summarised together into ``out``'s results.json, table.md and mqar_sweep.png. Every spec
+    field but the architectures and widths must agree (else the error names the field); a cell
+    (architecture, width) found in two folders is an error too."""
+    loaded = []
+    for folder in folders:
+        path = Path(folder) / "results.json"
+        if not path.exists():
+            raise FileNotFoundError(f"--report: {path} does not exist (a sweep's --out folder "
+                                    f"holds it)")
+        loaded.append((path, json.loads(path.read_text())))
+    first_path, first = loaded[0]
+    spec = dict(first["spec"])
+    runs, rows, seen = [], [], {}
+    for path, res in loaded:
+        for key, value in res["spec"].items():
+            if key not in ("archs", "widths") and value != first["spec"][key]:
+                raise ValueError(f"--report: {path} has {key}={value!r}, {first_path} "
+                                 f"{first['spec'][key]!r}: sweeps of other settings")
+        for run in res["runs"]:
+            cell = (run["arch"], run["width"])
+            if cell in seen:
+                raise ValueError(f"--report: {cell[0]} d={cell[1]} is in {seen[cell]} and {path}")
+            seen[cell] = path
+        runs += res["runs"]
+        rows += res["rows"]
+    spec["archs"] = list(dict.fromkeys(r["arch"] for r in runs))
+    spec["widths"] = sorted({r["width"] for r in runs})
+    cells = summarize(rows)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(
+        {"spec": spec, "runs": runs, "cells": cells, "rows": rows,
+         "merged_from": [str(f) for f in folders]}, indent=1))
+    (out / "table.md").write_text(table(cells) + "\n")
+    figure(cells, out / "mqar_sweep.png")
+    return cells
