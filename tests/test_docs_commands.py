@@ -30,7 +30,7 @@ def commands():
                     raise AssertionError(f"{doc.name}: cannot parse {line!r}: {e}") from None
                 segment = []
                 for w in words + [";"]:
-                    if w in ("&&", "||", ";", "|"):
+                    if w in ("&&", "||", ";", "|", "&"):
                         found = _command(segment)
                         if found:
                             out.append((doc.name, line.strip(), *found))
