@@ -71,6 +71,21 @@ def test_fast_gpt2_equals_the_reference_on_edge_cases_and_a_sample(gpt2):
         REFERENCE_IDS["pg_essays/PaulGrahamEssays"]
 
 
+def test_the_fast_path_equals_tiktoken_with_gpt2s_own_regex_on_random_text(gpt2):
+    """Random strings over every white-space character of the regex engine (and some that are
+    not white space there), letters, digits, punctuation, contractions and the fast path's own
+    marker characters: ``encode`` (look-ahead-free pattern and markers) == ``encode_exact``."""
+    alphabet = (list("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2005\u200a\u2028\u2029\u202f\u205f"
+                     "\u3000\x1c\x1d\u200b") + list("aZé日1٣'\"-.,!sdmtlvre")
+                + ["\ue000", "\ue001", "🤖", "'s", "'ll", "<|endoftext|>"])
+    rng = np.random.default_rng(0)
+    for _ in range(4000):
+        text = "".join(rng.choice(alphabet, int(rng.integers(0, 40))))
+        assert gpt2.encode(text) == gpt2.encode_exact(text), repr(text)
+    every_marker = "".join(gpt2._marker_ids) + "  x"       # no marker left: the exact path
+    assert gpt2.encode(every_marker) == gpt2.encode_exact(every_marker)
+
+
 def _documents(n=300, seed=0):
     rng = np.random.default_rng(seed)
     words = ["alpha", "beta", "gamma", "delta", "the", "a", "of", "\n", "42", "é"]

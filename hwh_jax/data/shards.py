@@ -167,7 +167,10 @@ def _init_worker(tokenizer):
 
 
 def _tokenize(texts: list[str]) -> list[np.ndarray]:
-    return [np.asarray(ids, np.uint32) for ids in _WORKER_TOKENIZER.encode_batch(texts)]
+    tok = _WORKER_TOKENIZER
+    if hasattr(tok, "encode_arrays"):                  # GPT2BPE: no Python lists on the way
+        return tok.encode_arrays(texts)
+    return [np.asarray(ids, np.uint32) for ids in tok.encode_batch(texts)]
 
 
 def _chunks(documents, chars: int):
