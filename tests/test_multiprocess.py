@@ -176,6 +176,7 @@ def test_the_evaluation_launchers_run_under_several_processes(four, cache, tmp_p
     assert ppl[2] == pytest.approx(ppl[1], rel=TOL)
     outs = _launcher("generate", [ckpt, "--prompt=ROMEO", "--max_new_tokens=4"], cache, 2)
     assert "--- 'ROMEO'" in outs[0] and "--- 'ROMEO'" not in outs[1]
+    assert "cache" in outs[0] and "MiB" in outs[0]          # the decode cache's size is said
     outs = _launcher("analyze", [ckpt, "--num_samples=2", "--num_queries=4",
                                  f"--out={tmp_path / 'analysis'}"], cache, 2)
     assert "analysis in" in outs[0] and "analysis in" not in outs[1]
