@@ -42,6 +42,20 @@ def setup_logging(log_file: str | Path | None = None) -> None:
         root.addHandler(handler)
 
 
+def begin(log_file=None) -> None:
+    """A launcher's first call: the device defaults and several processes (``devices.start``,
+    before any device use), then ``setup_logging`` (``log_file``: a path, or a function of the
+    process index that gives one), then the log's first lines: what the defaults set."""
+    from launch import devices
+    started = devices.start()
+    if callable(log_file):
+        import jax
+        log_file = log_file(jax.process_index())
+    setup_logging(log_file)
+    for line in started:
+        logging.info("%s", line)
+
+
 @contextlib.contextmanager
 def first_process_writes(out: str | Path | None = None):
     """For the evaluation launchers in a job of several processes, where every process computes

@@ -9,12 +9,11 @@ usable as ``--config.model.counts=<path>`` of an ``hwh`` config), RFIS/RPD heatm
 ``retrieval_by_depth.png``; and for all models together ``gpband.png``.
 """
 import json
-import logging
 from pathlib import Path
 
 from absl import app, flags
 
-from launch import devices, first_process_writes, one_line_errors, setup_logging
+from launch import begin, first_process_writes, one_line_errors
 
 flags.DEFINE_list("checkpoint", [], "launch.train workdir(s)")
 flags.DEFINE_list("hf_checkpoint", [], "Hugging Face folder(s) (config.json + safetensors)")
@@ -77,10 +76,7 @@ def _samples(tok, run, seq_len, n, rng, cfg):
 
 def main(argv):
     del argv
-    started = devices.start()      # device defaults and several processes, before any device use
-    setup_logging()
-    for line in started:
-        logging.info("%s", line)
+    begin()
     with one_line_errors():
         analyze()
 

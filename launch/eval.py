@@ -10,9 +10,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-import logging
-
-from launch import devices, first_process_writes, one_line_errors, setup_logging
+from launch import begin, first_process_writes, one_line_errors
 
 flags.DEFINE_list("checkpoint", None, "launch.train workdir(s), comma-separated")
 flags.DEFINE_string("out", "", "output folder (default <first checkpoint>/eval)")
@@ -42,10 +40,7 @@ SPEC_FLAGS = {"suite": ("suites", tuple), "niah_tasks": ("niah_tasks", tuple),
 
 def main(argv):
     del argv
-    started = devices.start()      # device defaults and several processes, before any device use
-    setup_logging()
-    for line in started:
-        logging.info("%s", line)
+    begin()
     with one_line_errors():
         evaluate()
 

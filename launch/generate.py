@@ -5,11 +5,10 @@ Several ``--prompt`` flags make one batch (left-padded, decoded together). Print
 continuations, prefill and decode timings, and the decode cache's memory at this length.
 """
 
-import logging
 
 from absl import app, flags
 
-from launch import devices, first_process_writes, one_line_errors, setup_logging
+from launch import begin, first_process_writes, one_line_errors
 
 flags.DEFINE_string("checkpoint", None, "launch.train workdir")
 flags.DEFINE_integer("step", None, "checkpoint step (default: the newest that proves itself)")
@@ -25,10 +24,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    started = devices.start()      # device defaults and several processes, before any device use
-    setup_logging()
-    for line in started:
-        logging.info("%s", line)
+    begin()
     with one_line_errors(), first_process_writes():    # several processes: the first prints
         generate()
 

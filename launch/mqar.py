@@ -11,11 +11,10 @@ and pooled 95% intervals), ``table.md`` and ``mqar_sweep.png`` (accuracy against
 per sequence length). The logic is ``hwh_jax.training.mqar_sweep``.
 """
 import dataclasses
-import logging
 
 from absl import app, flags
 
-from launch import devices, one_line_errors, setup_logging
+from launch import begin, one_line_errors
 
 flags.DEFINE_string("out", None, "output folder")
 flags.DEFINE_list("report", None, "sweep folders (each a --out of its own) to tabulate and plot "
@@ -38,10 +37,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    started = devices.start()
-    setup_logging()
-    for line in started:
-        logging.info("%s", line)
+    begin()
     with one_line_errors():
         run()
 

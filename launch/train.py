@@ -6,12 +6,11 @@ multi-host TPU slice or GPU cluster every process runs this same command (``laun
 the device defaults set and how several processes find each other). Exit statuses and the
 log file (``<workdir>/train.log``): ``launch/__init__.py``.
 """
-import logging
 import os
 
 from absl import app, flags
 
-from launch import devices, one_line_errors, setup_logging
+from launch import begin, one_line_errors
 from ml_collections import config_flags
 
 config_flags.DEFINE_config_file("config", None, "run config file", lock_config=True)
@@ -22,12 +21,8 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    started = devices.start()        # device defaults and several processes, before any device use
-    import jax
-    index = jax.process_index()      # the first process logs to train.log, process i to train.i.log
-    setup_logging(os.path.join(FLAGS.workdir, f"train.{index}.log" if index else "train.log"))
-    for line in started:
-        logging.info("%s", line)
+    # the first process logs to train.log, process i to train.i.log
+    begin(lambda i: os.path.join(FLAGS.workdir, f"train.{i}.log" if i else "train.log"))
     with one_line_errors():
         from hwh_jax.training.trainer import train_and_evaluate
         train_and_evaluate(FLAGS.config, FLAGS.workdir)
