@@ -52,7 +52,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.norm_impl = "auto"                   # kernels_pallas.rms_norm impl (norms + residual adds)
     m.gdn_chunk_size = 64
     m.la_kind = "gdn"                      # the linear heads: gdn | deltanet | lightning |
-    #                                        retnet | mamba2 | gla | hgrn2 (docs/models.md)
+    #                                        retnet | mamba2 | gla | hgrn | hgrn2 (docs/models.md)
     m.remat = "none"                       # "block": recompute each block's activations in the
     #                                        backward (fits more sequences; ~1/3 more compute)
     m.kernel_platform = ""                 # kernels chosen for "cpu" | "gpu" | "tpu"; "" = this

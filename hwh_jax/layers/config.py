@@ -16,7 +16,7 @@ from hwh_jax.layers.rope import PAIRINGS
 from kernels_pallas import AttentionSettings, GDNSettings, RMSNormSettings, ShortConvSettings
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-LA_KINDS = ("gdn", "deltanet", "lightning", "retnet", "mamba2", "gla", "hgrn2")
+LA_KINDS = ("gdn", "deltanet", "lightning", "retnet", "mamba2", "gla", "hgrn", "hgrn2")
 REMAT = ("none", "block")   # activations kept for the backward pass: all; each block's input only
 
 
@@ -69,7 +69,8 @@ class ModelConfig:
     norm_impl: str = "auto"            # kernels_pallas.rms_norm impl (RMSNorms, residual adds)
     gdn_chunk_size: int = 64          # chunk of every linear-head kind's chunked form
     la_kind: str = "gdn"               # the linear heads: gdn, deltanet, lightning, retnet,
-                                       # mamba2, gla, hgrn2 (hwh_jax/layers/decay_heads.py)
+                                       # mamba2, gla, hgrn, hgrn2 (layers/decay_heads.py,
+                                       # layers/hgrn_heads.py)
     remat: str = "none"                # "block": recompute each block's activations in the
                                        # backward pass (less memory, ~1/3 more compute)
     kernel_platform: str = ""          # platform the kernels are chosen and lowered for

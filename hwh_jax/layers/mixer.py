@@ -27,6 +27,7 @@ from hwh_jax.layers.attention import FullAttentionHeads
 from hwh_jax.layers.config import LayerSpec, ModelConfig
 from hwh_jax.layers.decay_heads import DecayLinearHeads
 from hwh_jax.layers.gdn import GatedDeltaNetHeads
+from hwh_jax.layers.hgrn_heads import HGRNHeads
 from hwh_jax.layers.linear import INIT_STD, dense, project
 from hwh_jax.layers.variables import data
 from kernels_pallas.sharding import constrain
@@ -103,8 +104,11 @@ class HeadwiseMixer(nnx.Module):
 
 
 def _linear_heads(cfg: ModelConfig, spec: LayerSpec, layer: int, kw: dict):
-    """The layer's linear heads of ``cfg.la_kind``: GDN or DeltaNet (``gdn.py``), or one of the
-    decaying-state kinds (``decay_heads.py``)."""
+    """The layer's linear heads of ``cfg.la_kind``: GDN or DeltaNet (``gdn.py``), HGRN
+    (``hgrn_heads.py``), or one of the decaying-state kinds (``decay_heads.py``)."""
+    if cfg.la_kind == "hgrn":
+        return HGRNHeads(cfg.d_model, spec.num_la, cfg.la_value_dim, layer=layer,
+                         num_layers=cfg.num_layers, norm_eps=cfg.norm_eps, **kw)
     if cfg.la_kind in ("gdn", "deltanet"):
         return GatedDeltaNetHeads(cfg.d_model, spec.num_la, cfg.la_key_dim, cfg.la_value_dim,
                                   conv_size=cfg.conv_size, norm_eps=cfg.norm_eps,

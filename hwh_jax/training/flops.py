@@ -36,6 +36,8 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
         total += 6.0 * s.num_fa * cfg.head_dim * t_eff
         if cfg.la_kind in ("gdn", "deltanet"):
             total += 3.0 * s.num_la * (4 * C * (K + V) + 6 * K * V)
+        elif cfg.la_kind == "hgrn":                  # element-wise: a few FLOPs a channel
+            total += 3.0 * s.num_la * 4 * V
         else:
             total += 3.0 * s.num_la * (2 * C * (K + V) + 4 * K * V)
     return total
