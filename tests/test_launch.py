@@ -23,7 +23,7 @@ def test_describe_prints_counts_allocation_and_forward():
 def test_describe_overrides_and_table():
     out = run("launch.describe", "--config=configs/hwh_380m.py",
               "--config.model.counts=0,1,2,3,4,5,5,5,5,5,5,5,5,5,5,5,5,4,3,2,1,0,0,0")
-    assert "FA share 0.2083 (80 FA / 304 LA heads)" in out
+    assert "FA share 0.2083 (80 FA / 304 LA heads, linear heads gdn)" in out
     table = run("launch.describe", "--table")
     assert table.count("\n") > 30 and "| 1b4 | hwh |" in table
 

@@ -73,3 +73,35 @@ def test_every_kind_decodes_packs_and_trains(kind):
         params, opt, loss = step(params, opt)
         losses.append(float(loss))
     assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+
+
+def test_named_zoo_configs_build_what_they_name():
+    """configs/zoo.py: each form gives the layers it names, parameters matched to the
+    Transformer's (within 1%), and a ratio or value that cannot be built is refused by name."""
+    from configs import zoo
+    from hwh_jax.models import model_config
+    from hwh_jax.models.params import count_params
+    from hwh_jax.models.variants import model_config_from_dict
+
+    def layers(arg):
+        return model_config_from_dict(zoo.get_config(arg).model)
+
+    base = count_params(model_config("transformer", "small"))
+    cfg = layers("layerwise,gla,3")
+    assert cfg.la_kind == "gla" and [s.num_fa for s in cfg.layers] == [0, 0, 0, 10] * 3
+    assert all(s.fa_rope for s in cfg.layers if s.num_fa)
+    assert not any(s.fa_rope for s in layers("layerwise_nope,hgrn,6").layers if s.num_fa)
+    assert all(s.num_fa == 0 for s in layers("pure,mamba2").layers)
+    assert sum(s.num_fa for s in layers("hwh,retnet").layers) == 22
+    swa = layers("swa_nope,256").layers
+    assert [s.window for s in swa[:4]] == [256, 256, 256, None] and not swa[3].fa_rope
+    for arg in ("layerwise,gla,3", "pure,hgrn2", "hwh,lightning", "swa,1024"):
+        assert abs(count_params(layers(arg)) / base - 1) < 0.01, arg
+    with pytest.raises(ValueError, match="model.ratio=.1, 24. .* 12 layers"):
+        layers("layerwise,gdn,24")
+    with pytest.raises(ValueError, match="kind 'mamba' is not one of"):
+        zoo.get_config("hwh,mamba")
+    with pytest.raises(ValueError, match="the window W must be a positive integer, got 'big'"):
+        zoo.get_config("swa,big")
+    with pytest.raises(ValueError, match="size '2b' is not one of"):
+        zoo.get_config("pure,gla,2b")

@@ -17,7 +17,8 @@ def describe(cfg: ModelConfig) -> str:
         f"vocab={cfg.vocab_size} dtype={cfg.dtype}",
         f"params: total {p['total']:,} (embedding {p['embedding']:,}, mixers {p['mixers']:,}, "
         f"MLPs {p['mlps']:,}, norms {p['norms']:,})",
-        f"FA share {cfg.fa_share:.4f} ({sum(cfg.fa_heads)} FA / {sum(cfg.la_heads)} LA heads)",
+        f"FA share {cfg.fa_share:.4f} ({sum(cfg.fa_heads)} FA / {sum(cfg.la_heads)} LA heads"
+        f"{f', linear heads {cfg.la_kind}' if sum(cfg.la_heads) else ''})",
         " layer  FA  LA  FA-pos  window",
     ]
     for l, s in enumerate(cfg.layers):

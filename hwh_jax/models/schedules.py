@@ -33,22 +33,27 @@ def _is_fa_layer(l: int, ratio: tuple[int, int]) -> bool:
 
 
 def layerwise(num_layers: int, num_heads: int, ratio=(1, 3), fa_rope: bool = True):
-    _check_ratio(ratio)
+    _check_ratio(ratio, num_layers)
     return tuple(LayerSpec(num_heads, 0, fa_rope=fa_rope) if _is_fa_layer(l, ratio)
                  else LayerSpec(0, num_heads) for l in range(num_layers))
 
 
 def swa(num_layers: int, num_heads: int, window: int, ratio=(1, 3), fa_rope: bool = True):
     """Global FA layers (RoPE or NoPE) interleaved with RoPE sliding-window layers."""
-    _check_ratio(ratio)
+    _check_ratio(ratio, num_layers)
     return tuple(LayerSpec(num_heads, 0, fa_rope=fa_rope) if _is_fa_layer(l, ratio)
                  else LayerSpec(num_heads, 0, fa_rope=True, window=window)
                  for l in range(num_layers))
 
 
-def _check_ratio(ratio):
+def _check_ratio(ratio, num_layers: int):
     if len(ratio) != 2 or min(ratio) < 0 or sum(ratio) == 0:
         raise ValueError(f"ratio must be (n_fa_layers, n_la_layers) >= 0, got {ratio}")
+    if ratio[0] and not any(_is_fa_layer(l, ratio) for l in range(num_layers)):
+        raise ValueError(f"model.ratio={tuple(ratio)} places its first FA layer after layer "
+                         f"{ratio[1]}, but the model has {num_layers} layers: no FA layer at "
+                         f"all; use a ratio with at most {num_layers - 1} other layers per FA "
+                         f"layer, or a size with more layers")
 
 
 def _largest_remainder(weights, total: int, unit: int, cap: int) -> list[int]:

@@ -39,8 +39,8 @@ SIZES = {
     "1b4": Size(2048, 24, 16, 128, 6144, VOCAB_GPT2, 512),
 }
 
-ARCHS = ("transformer", "gdn", "layerwise", "layerwise_nope", "swa", "hwh", "hwh_rope",
-         "hwh_uniform")
+ARCHS = ("transformer", "gdn", "layerwise", "layerwise_nope", "swa", "swa_nope", "hwh",
+         "hwh_rope", "hwh_uniform")
 
 
 def build_layers(arch: str, num_layers: int, num_heads: int, *, fa_share=None, counts=None,
@@ -52,8 +52,8 @@ def build_layers(arch: str, num_layers: int, num_heads: int, *, fa_share=None, c
         return schedules.gdn(num_layers, num_heads)
     if arch in ("layerwise", "layerwise_nope"):
         return schedules.layerwise(num_layers, num_heads, ratio, fa_rope=arch == "layerwise")
-    if arch == "swa":
-        return schedules.swa(num_layers, num_heads, window, ratio)
+    if arch in ("swa", "swa_nope"):
+        return schedules.swa(num_layers, num_heads, window, ratio, fa_rope=arch == "swa")
     if arch in ("hwh", "hwh_rope", "hwh_uniform"):
         uniform = arch == "hwh_uniform"
         return schedules.hwh(num_layers, num_heads, fa_share=fa_share, counts=counts,
