@@ -220,7 +220,7 @@ def _load(path):
 def test_every_config_builds_and_its_tiny_form_trains_a_step(arch):
     """Every configs/<arch>_<size>.py builds (from shapes); the arch's tiny form takes a step,
     except the allocation and position variants of an architecture that does (hwh_rope,
-    hwh_uniform, layerwise_nope: the same layers, other head counts or RoPE flags)."""
+    hwh_uniform, layerwise_nope, swa_nope: the same layers, other head counts or RoPE flags)."""
     import jax.numpy as jnp
     from flax import nnx
 
@@ -232,7 +232,7 @@ def test_every_config_builds_and_its_tiny_form_trains_a_step(arch):
     for path in CONFIGS:
         if Path(path).stem.rsplit("_", 1)[0] == arch:
             assert count_params(model_config_from_dict(_load(path).model)) > 0
-    if arch in ("hwh_rope", "hwh_uniform", "layerwise_nope"):
+    if arch in ("hwh_rope", "hwh_uniform", "layerwise_nope", "swa_nope"):
         return
     config = _load(ROOT / "configs" / f"{arch}_tiny.py")
     config.model.gdn_chunk_size = 16
