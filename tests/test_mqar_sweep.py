@@ -40,21 +40,26 @@ def test_a_tiny_sweep_writes_cells_with_intervals(tmp_path):
 
 
 def test_sweeps_run_apart_merge_into_one(tmp_path):
-    """Two architectures swept in two folders, merged: the cells of both, each equal to its own
-    folder's; a sweep of other steps, or a cell twice, is refused naming why."""
-    parts = {}
-    for arch in ("transformer", "gdn"):
-        parts[arch] = mqar_sweep.sweep(SweepSpec(archs=(arch,), seeds=(0,), **TINY),
-                                       tmp_path / arch, log=lambda s: None)
-    cells = mqar_sweep.merge([tmp_path / "transformer", tmp_path / "gdn"], tmp_path / "all")
+    """Two sweeps in two folders (the second a copy of the first relabelled as another
+    architecture: merging reads files, not models), merged: the cells of both, each equal to its
+    own folder's; a sweep of other steps, or a cell twice, is refused naming why."""
+    import shutil
+    cells = mqar_sweep.sweep(SweepSpec(archs=("transformer",), seeds=(0,), **TINY),
+                             tmp_path / "transformer", log=lambda s: None)
+    shutil.copytree(tmp_path / "transformer", tmp_path / "gdn")
+    other = json.loads((tmp_path / "gdn" / "results.json").read_text())
+    for r in other["runs"] + other["rows"]:
+        r["arch"] = "gdn"
+    (tmp_path / "gdn" / "results.json").write_text(json.dumps(other))
+    merged = mqar_sweep.merge([tmp_path / "transformer", tmp_path / "gdn"], tmp_path / "all")
     key = lambda c: (c["arch"], c["width"], c["seq_len"])
-    assert sorted(cells, key=key) == sorted(parts["transformer"] + parts["gdn"], key=key)
+    want = cells + [{**c, "arch": "gdn"} for c in cells]
+    assert sorted(merged, key=key) == sorted(want, key=key)
     saved = json.loads((tmp_path / "all" / "results.json").read_text())
     assert saved["spec"]["archs"] == ["transformer", "gdn"] and len(saved["runs"]) == 2
     assert (tmp_path / "all" / "mqar_sweep.png").exists()
     with pytest.raises(ValueError, match="transformer d=32 is in"):
         mqar_sweep.merge([tmp_path / "transformer", tmp_path / "transformer"], tmp_path / "x")
-    other = json.loads((tmp_path / "gdn" / "results.json").read_text())
     other["spec"]["steps"] = 5
     (tmp_path / "gdn" / "results.json").write_text(json.dumps(other))
     with pytest.raises(ValueError, match="steps=5"):
