@@ -75,7 +75,7 @@ def experiment():
 
 def several_seeds():
     """One run per seed, ``--side_by_side`` processes at a time, then the table over seeds."""
-    from hwh_jax.eval.report import over_seeds, seeds_table, summarize
+    from hwh_jax.eval.report import over_seeds, seeds_length_table, seeds_table, summarize
     try:
         seeds = [int(s) for s in FLAGS.seeds]
     except ValueError:
@@ -121,7 +121,8 @@ def several_seeds():
         sys.exit(EXIT_FAILED)
     over = {"name": out.name, **over_seeds([summarize(out / f"seed{s}") for s in seeds])}
     (out / "seeds.json").write_text(json.dumps(over, indent=2))
-    print(f"over {len(seeds)} seeds -> {out / 'seeds.json'}\n{seeds_table([over])}", flush=True)
+    print(f"over {len(seeds)} seeds -> {out / 'seeds.json'}\n{seeds_table([over])}\n\n"
+          f"{seeds_length_table([over])}", flush=True)
 
 
 def _without(argv: list[str], names: tuple[str, ...]) -> list[str]:

@@ -84,6 +84,9 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     cell = over["niah"]["niah_single_1@512"]
     assert over["seeds"] == 2 and cell["std"] == 0.0 and len(cell["values"]) == 2
     assert cell["pooled"]["n"] == 2 * exp["niah_intervals"]["niah_single_1@512"]["n"]
+    whole = over["niah_by_length"]["512"]                  # both tasks of the length, both seeds
+    assert whole["pooled"]["n"] == 2 * sum(iv["n"] for iv in exp["niah_intervals"].values())
+    assert whole["std"] == 0.0 and "| seeds | hwh | 2 | " in out and "NIAH@512" in out
     assert (tmp_path / "rep" / "niah_extrapolation.png").exists()
 
     out = run("launch.analyze", f"--checkpoint={work}", "--seq_len=256", "--num_samples=1",

@@ -70,6 +70,20 @@ def over_seeds(exps: list[dict]) -> dict:
             lo, hi = stats.wilson(right, n)
             cell["pooled"] = {"n": n, "right": right, "lo": 100 * lo, "hi": 100 * hi}
         out["niah"][k] = cell
+    lengths = sorted({int(k.split("@")[1]) for e in exps for k in e.get("niah_intervals", {})})
+    out["niah_by_length"] = {}                   # all tasks of a length together
+    for length in lengths:
+        per_seed = []
+        for e in exps:
+            ivs = [iv for k, iv in e.get("niah_intervals", {}).items()
+                   if int(k.split("@")[1]) == length]
+            if ivs:
+                per_seed.append((sum(i["right"] for i in ivs), sum(i["n"] for i in ivs)))
+        cell = spread([100 * r / n for r, n in per_seed])
+        right, n = sum(r for r, _ in per_seed), sum(n for _, n in per_seed)
+        lo, hi = stats.wilson(right, n)
+        cell["pooled"] = {"n": n, "right": right, "lo": 100 * lo, "hi": 100 * hi}
+        out["niah_by_length"][str(length)] = cell
     out["mqar"] = spread([statistics.mean(e["mqar"].values()) if e["mqar"] else None
                           for e in exps])
     out["heldout_loss"] = spread([e["heldout_loss"] for e in exps])
@@ -102,6 +116,26 @@ def seeds_table(groups: list[dict]) -> str:
                      + " | ".join(fmt_spread(g["niah"].get(k)) for k in keys)
                      + f" | {fmt_spread(g['mqar'], '.3f')} | "
                      f"{fmt_spread(g['heldout_loss'], '.3f')} |")
+    return "\n".join(lines)
+
+
+def seeds_length_table(groups: list[dict]) -> str:
+    """Rows: configurations trained with several seeds; columns: NIAH lengths, all tasks of a
+    length together: right/n = share [pooled 95% interval] (the seeds' own shares min-max)."""
+    lengths = sorted({int(k) for g in groups for k in g.get("niah_by_length", {})})
+    lines = ["| configuration | arch | seeds | " + " | ".join(f"NIAH@{n}" for n in lengths)
+             + " |", "|---|---|---:|" + "---|" * len(lengths)]
+    for g in groups:
+        cells = []
+        for length in lengths:
+            c = g.get("niah_by_length", {}).get(str(length))
+            if c is None:
+                cells.append("-")
+                continue
+            p = c["pooled"]
+            cells.append(f"{p['right']}/{p['n']} = {100 * p['right'] / p['n']:.0f}% "
+                         f"[{p['lo']:.0f}, {p['hi']:.0f}] (seeds {c['min']:.0f}-{c['max']:.0f})")
+        lines.append(f"| {g['name']} | {g['arch']} | {g['seeds']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -243,7 +277,9 @@ def report(workdirs: list[str | Path], out_dir: str | Path) -> str:
     if over:
         text += ("\nOver seeds (NIAH score: mean +- sd over seeds (min-max) [95% interval of "
                  "the share right, prompts of all seeds pooled] n prompts):\n\n"
-                 f"{seeds_table(over)}\n")
+                 f"{seeds_table(over)}\n\nAll tasks of a length together (prompts right over "
+                 f"the seeds [95% interval] (each seed's own share, min-max)):\n\n"
+                 f"{seeds_length_table(over)}\n")
     text += "\nTraining (every run; loss = mean of the last logged steps):\n\n" + \
         "| run | steps | train loss | held-out loss | median tokens/s | closing evaluation |\n" \
         "|---|---:|---:|---:|---:|---|\n" + "".join(
