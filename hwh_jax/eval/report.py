@@ -66,9 +66,7 @@ def over_seeds(exps: list[dict]) -> dict:
         cell = spread([e["niah"].get(k) for e in exps])
         ivs = [e["niah_intervals"][k] for e in exps if k in e.get("niah_intervals", {})]
         if ivs:
-            n, right = sum(i["n"] for i in ivs), sum(i["right"] for i in ivs)
-            lo, hi = stats.wilson(right, n)
-            cell["pooled"] = {"n": n, "right": right, "lo": 100 * lo, "hi": 100 * hi}
+            cell["pooled"] = _pooled(sum(i["right"] for i in ivs), sum(i["n"] for i in ivs))
         out["niah"][k] = cell
     lengths = sorted({int(k.split("@")[1]) for e in exps for k in e.get("niah_intervals", {})})
     out["niah_by_length"] = {}                   # all tasks of a length together
@@ -80,14 +78,18 @@ def over_seeds(exps: list[dict]) -> dict:
             if ivs:
                 per_seed.append((sum(i["right"] for i in ivs), sum(i["n"] for i in ivs)))
         cell = spread([100 * r / n for r, n in per_seed])
-        right, n = sum(r for r, _ in per_seed), sum(n for _, n in per_seed)
-        lo, hi = stats.wilson(right, n)
-        cell["pooled"] = {"n": n, "right": right, "lo": 100 * lo, "hi": 100 * hi}
+        cell["pooled"] = _pooled(sum(r for r, _ in per_seed), sum(n for _, n in per_seed))
         out["niah_by_length"][str(length)] = cell
     out["mqar"] = spread([statistics.mean(e["mqar"].values()) if e["mqar"] else None
                           for e in exps])
     out["heldout_loss"] = spread([e["heldout_loss"] for e in exps])
     return out
+
+
+def _pooled(right: int, n: int) -> dict:
+    """Prompts right of n pooled over seeds, with the 95% Wilson interval in percent."""
+    lo, hi = stats.wilson(right, n)
+    return {"n": n, "right": right, "lo": 100 * lo, "hi": 100 * hi}
 
 
 def fmt_spread(cell: dict | None, spec: str = ".0f") -> str:
