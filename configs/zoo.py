@@ -29,7 +29,7 @@ def get_config(arg: str = "pure,gdn"):
     form, *rest = arg.split(",")
     if form not in FORMS:
         raise ValueError(f"configs/zoo.py:{arg}: {form!r} is not one of {list(FORMS)}")
-    want = 1 if form.startswith("swa") else (2 if form.startswith("layerwise") else 1)
+    want = 2 if form.startswith("layerwise") else 1      # values before the optional size
     if len(rest) not in (want, want + 1):
         raise ValueError(f"configs/zoo.py:{arg}: {form} takes {want} value(s) then an "
                          f"optional size (the module docstring)")
