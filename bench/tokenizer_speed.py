@@ -4,10 +4,16 @@ r"""Tokenizer and preparation throughput on this host's CPUs.
       --out results.jsonl
 
 Rows: the GPT-2 BPE's tokens/s on one core, on the same documents already in memory (only
-encoding is timed): the pure-Python reference (``GPT2BPEReference``), tiktoken with GPT-2's own
-regex (``GPT2BPE.encode_exact``) and ``GPT2BPE``'s fast path (``encode_arrays``: the regex
-without its look-ahead, uint32 arrays); then ``shards.prepare`` of the corpus end to end (read, decode, tokenise in ``workers``
-processes, write shards) for each --workers count. Both tokenizers' ids are checked equal.
+encoding is timed): the pure-Python reference (``GPT2BPEReference``, with its cache of pieces),
+tiktoken with GPT-2's own regex (``GPT2BPE.encode_exact``) and ``GPT2BPE`` (``encode_arrays``:
+NumPy pre-tokenizer and table of pieces, uint32 arrays), each fresh; then the reference and
+``GPT2BPE`` again after a pass over the rest of the corpus (their caches filled by other text
+of the same kind: the steady state of a long preparation). --repeats rounds, interleaved; the
+ratio row gives the median, min and max over the rounds of each one's rate over the
+reference's in the same round and state. Then ``GPT2BPE`` over the whole corpus in one pass,
+and ``shards.prepare`` of the corpus end to end (read, decode, tokenise in ``workers``
+processes, write shards) for each --workers count. The character classes' build (once a
+process) is a row of its own. Every tokenizer's ids are checked equal to the reference's.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -26,6 +33,8 @@ def main():
                    help="a shipped corpus or any text file/folder")
     p.add_argument("--reference_chars", type=float, default=20e6,
                    help="characters the slow reference tokenises (the fast one: all)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="interleaved timings of the reference and the fast paths on the text")
     p.add_argument("--workers", type=int, nargs="*", default=[1, 2],
                    help="process counts to time shards.prepare with")
     p.add_argument("--out", default="", help="also write the rows as JSON lines here")
@@ -50,23 +59,55 @@ def main():
         chars += len(sample[-1])
         if chars >= args.reference_chars:
             break
+    rest = [docs[len(sample) - 1][len(sample[-1]):], *docs[len(sample):]]
+    rest = [d for d in rest if d]
     bpe_dir = resolve("gpt2_bpe")
-    fast, ref = GPT2BPE(bpe_dir), GPT2BPEReference(bpe_dir)
-    runs = (("reference", ref.encode_batch, sample),
-            ("tiktoken_gpt2_regex", lambda ts: [fast.encode_exact(t) for t in ts], sample),
-            ("gpt2bpe_fast_path", fast.encode_arrays, sample),
-            ("gpt2bpe_fast_path", fast.encode_arrays, docs))
-    for name, encode, texts in runs:
+    fresh = GPT2BPE(bpe_dir)
+    t0 = time.perf_counter()
+    fresh.encode("the character classes, once a process")
+    emit({"part": "gpt2bpe_start", "seconds": round(time.perf_counter() - t0, 2)})
+    ref_ids = None
+
+    def timed(name, encode, texts, repeat):
+        nonlocal ref_ids
         t0 = time.perf_counter()
         ids = encode(texts)
         dt = time.perf_counter() - t0
         n = sum(map(len, ids))
-        emit({"part": "encode_one_core", "tokenizer": name, "chars": sum(map(len, texts)),
-              "tokens": n, "seconds": round(dt, 2), "tokens_per_s": round(n / dt)})
-        if texts is sample and name == "reference":
-            ref_ids = ids
+        if name == "reference":
+            ref_ids = [list(map(int, x)) for x in ids]
         elif texts is sample and [list(map(int, x)) for x in ids] != ref_ids:
             raise SystemExit(f"{name}'s ids differ from the reference's")
+        emit({"part": "encode_one_core", "tokenizer": name, "repeat": repeat,
+              "chars": sum(map(len, texts)), "tokens": n, "seconds": round(dt, 2),
+              "tokens_per_s": round(n / dt)})
+        return n / dt
+
+    ratios = {}
+    for r in range(args.repeats):           # interleaved: each ratio from neighbouring runs
+        fast = GPT2BPE(bpe_dir)
+        speed = {
+            "reference": timed("reference", GPT2BPEReference(bpe_dir).encode_batch, sample, r),
+            "tiktoken_gpt2_regex": timed("tiktoken_gpt2_regex",
+                                         lambda ts: [fast.encode_exact(t) for t in ts], sample, r),
+            "gpt2bpe": timed("gpt2bpe", fast.encode_arrays, sample, r)}
+        if rest:                            # both caches first filled by the rest of the corpus
+            ref = GPT2BPEReference(bpe_dir)
+            ref.encode_batch(rest)
+            speed["reference_after_rest"] = timed("reference_after_rest", ref.encode_batch,
+                                                  sample, r)
+            fast = GPT2BPE(bpe_dir)
+            fast.encode_arrays(rest)
+            speed["gpt2bpe_after_rest"] = timed("gpt2bpe_after_rest", fast.encode_arrays,
+                                                sample, r)
+        for name, v in speed.items():
+            base = speed["reference_after_rest" if name.endswith("after_rest") else "reference"]
+            ratios.setdefault(name, []).append(v / base)
+    emit({"part": "ratio_to_reference", "repeats": args.repeats,
+          **{name: {"median": round(statistics.median(v), 1), "min": round(min(v), 1),
+                    "max": round(max(v), 1)} for name, v in ratios.items()
+             if not name.startswith("reference")}})
+    timed("gpt2bpe_whole_corpus_one_pass", GPT2BPE(bpe_dir).encode_arrays, docs, 0)
     size = sum(f.stat().st_size for f in files)
     for w in args.workers:
         with tempfile.TemporaryDirectory() as tmp:

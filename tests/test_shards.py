@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hwh_jax.data import shards, sources
+from hwh_jax.data import bpe_pieces, shards, sources
 from hwh_jax.data.packing import concat_documents
 from hwh_jax.data.paths import resolve
 from hwh_jax.data.pipeline import DataSpec, build_splits
@@ -73,17 +73,36 @@ def test_fast_gpt2_equals_the_reference_on_edge_cases_and_a_sample(gpt2):
 
 def test_the_fast_path_equals_tiktoken_with_gpt2s_own_regex_on_random_text(gpt2):
     """Random strings over every white-space character of the regex engine (and some that are
-    not white space there), letters, digits, punctuation, contractions and the fast path's own
-    marker characters: ``encode`` (look-ahead-free pattern and markers) == ``encode_exact``."""
+    not white space there), letters, digits, punctuation and contractions, one at a time and as
+    one batch (texts laid end to end, long ones cut at newlines): the fast path (NumPy
+    pre-tokenizer, table of pieces) == ``encode_exact`` (tiktoken with GPT-2's own regex)."""
     alphabet = (list("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2005\u200a\u2028\u2029\u202f\u205f"
                      "\u3000\x1c\x1d\u200b") + list("aZé日1٣'\"-.,!sdmtlvre")
-                + ["\ue000", "\ue001", "🤖", "'s", "'ll", "<|endoftext|>"])
+                + ["\ue000", "🤖", "'s", "'ll", "'re", "'v", "<|endoftext|>", "x" * 20])
     rng = np.random.default_rng(0)
-    for _ in range(4000):
-        text = "".join(rng.choice(alphabet, int(rng.integers(0, 40))))
+    texts = ["".join(rng.choice(alphabet, int(rng.integers(0, 40)))) for _ in range(3000)]
+    for text in texts[:1000]:
         assert gpt2.encode(text) == gpt2.encode_exact(text), repr(text)
-    every_marker = "".join(gpt2._marker_ids) + "  x"       # no marker left: the exact path
-    assert gpt2.encode(every_marker) == gpt2.encode_exact(every_marker)
+    for group_chars in (1 << 18, 50):               # one group; many, long texts cut
+        got = bpe_pieces.encode_documents(texts, gpt2._table, group_chars=group_chars)
+        for text, ids in zip(texts, got):
+            assert ids.tolist() == gpt2.encode_exact(text), repr(text)
+
+
+def test_the_piece_table_gives_the_same_ids_when_cleared_or_grown(gpt2):
+    """A table cleared at every group with new pieces (max_entries=0), and one grown from 16
+    slots by a corpus, give tiktoken's ids; a text with a lone surrogate goes tiktoken's way,
+    the others of its batch the fast way."""
+    text = next(iter(sources.text_documents(resolve("wikitext2/valid.txt.gz"))))[:200_000]
+    want = gpt2.encode_exact(text)
+    cleared = bpe_pieces.PieceTable(gpt2.enc, max_entries=0)
+    assert bpe_pieces.encode_documents([text], cleared, group_chars=5000)[0].tolist() == want
+    grown = bpe_pieces.PieceTable(gpt2.enc, min_bits=4)
+    assert bpe_pieces.encode_documents([text] * 2, grown)[1].tolist() == want
+    assert grown.bits > 12 and grown.used * 2 <= 1 << grown.bits
+    odd = ["fine text", "a lone \ud800 surrogate", "more 's text"]
+    assert [ids.tolist() for ids in gpt2.encode_arrays(odd)] == \
+        [gpt2.encode_exact(t) for t in odd]
 
 
 def _documents(n=300, seed=0):

@@ -3,9 +3,9 @@ seqio's ``SentencePieceVocabulary``), and a small SentencePiece model trained on
 
 All expose ``encode(str) -> list[int]``, ``encode_batch(list[str]) -> list[list[int]]``,
 ``decode(ids) -> str``, ``vocab_size``, ``eos_id``, ``pad_id`` and ``name`` (which keys the
-token caches). ``GPT2BPE`` runs on Hugging Face ``tokenizers`` (Rust);
-``GPT2BPEReference`` is the same algorithm in plain Python (Radford et al.'s ``encoder.py``),
-the specification the fast one is tested against.
+token caches). ``GPT2BPE`` runs on tiktoken's BPE (Rust) with GPT-2's pre-tokenizer as array
+operations (``bpe_pieces``); ``GPT2BPEReference`` is the same algorithm in plain Python
+(Radford et al.'s ``encoder.py``), the specification the fast one is tested against.
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import regex
+
+from hwh_jax.data import bpe_pieces
 
 
 @functools.lru_cache()
@@ -110,16 +112,15 @@ class GPT2BPE:
     r"""GPT-2's byte-level BPE from ``encoder.json`` and ``vocab.bpe`` through tiktoken (Rust):
     the merge ranks of ``encoder.json`` over raw bytes, GPT-2's regex, no special-token
     handling (``<|endoftext|>`` in text is text, as in the reference). The same ids as
-    ``GPT2BPEReference`` (tests), about 20x faster on one core (docs/training.md).
+    ``GPT2BPEReference`` (tests); speed on one core in docs/training.md.
 
-    Speed: GPT-2's regex ends a whitespace run that other text follows one character early
-    (``\s+(?!\S)``: "a\n\n b" splits as "a", "\n\n", " b"), and that look-ahead puts tiktoken
-    on its backtracking regex engine, which takes about half its time. So the split points of
-    that kind are found with NumPy (``_run_ends``), a private-use character the text does not
-    hold (``_MARKERS``) is put at each, the text is encoded with the pattern without the
-    look-ahead (the marker now ends the run and is a piece of its own: two ids, after a lone
-    space three, the first the space's own), and the marker's ids are taken out.
-    ``encode_exact`` is tiktoken with GPT-2's own regex, the fast path's reference in tests."""
+    Speed: tiktoken splits text with GPT-2's regex, whose white-space look-ahead
+    (``\s+(?!\S)``) puts it on a backtracking regex engine, then looks each piece up. Here the
+    split is a few NumPy passes over the code points of a whole batch of texts
+    (``bpe_pieces.piece_starts``), and the pieces' ids come from a hash table of the pieces
+    seen before (``bpe_pieces.PieceTable``), filled by tiktoken's BPE of one piece: the function
+    tiktoken itself applies to each piece. ``encode_exact`` is tiktoken with GPT-2's own regex,
+    the fast path's reference in tests and the path of texts with lone surrogates."""
 
     def __init__(self, folder: str | Path):
         import tiktoken
@@ -133,14 +134,7 @@ class GPT2BPE:
         special = {"<|endoftext|>": self.eos_id}
         self.enc = tiktoken.Encoding("gpt2_bpe", pat_str=_TIKTOKEN_PATTERN, mergeable_ranks=ranks,
                                      special_tokens=special)
-        self._plain = tiktoken.Encoding("gpt2_bpe_plain", pat_str=_PLAIN_PATTERN,
-                                        mergeable_ranks=ranks, special_tokens=special)
-        space = self._plain.encode_ordinary(" ")
-        self._marker_ids = {}
-        for m in _MARKERS:     # a marker must be two ids, alone and after a space
-            ids = self._plain.encode_ordinary(m)
-            if len(ids) == 2 and self._plain.encode_ordinary(" " + m) == space + ids:
-                self._marker_ids[m] = ids
+        self._table = None                   # bpe_pieces.PieceTable, built on first use
         self.pad_id = self.eos_id
         self.vocab_size = len(encoder)
         self.name = "gpt2_bpe"
@@ -151,29 +145,7 @@ class GPT2BPE:
 
     def encode_array(self, text: str) -> np.ndarray:
         """The ids of ``text`` as uint32 (no Python list on the way)."""
-        try:
-            cuts = _run_ends(text)
-        except UnicodeEncodeError:                      # lone surrogates: tiktoken's own way
-            return np.asarray(self.encode_exact(text), np.uint32)
-        if not len(cuts):
-            return self._plain.encode_to_numpy(text, disallowed_special=())
-        marker = next((m for m in self._marker_ids if m not in text), None)
-        if marker is None:
-            return np.asarray(self.encode_exact(text), np.uint32)
-        parts, prev = [], 0
-        for c in cuts.tolist():
-            parts += (text[prev:c], marker)
-            prev = c
-        parts.append(text[prev:])
-        ids = self._plain.encode_to_numpy("".join(parts), disallowed_special=())
-        a, b = self._marker_ids[marker]
-        hits = np.flatnonzero((ids[:-1] == a) & (ids[1:] == b))
-        if len(hits) != len(cuts):      # not expected: the marker's bytes are its own; if it
-            return np.asarray(self.encode_exact(text), np.uint32)   # happens, the exact path
-        keep = np.ones(len(ids), bool)
-        keep[hits] = False
-        keep[hits + 1] = False
-        return ids[keep]
+        return self.encode_arrays([text])[0]
 
     def encode(self, text: str) -> list[int]:
         return self.encode_array(text).tolist()
@@ -182,33 +154,39 @@ class GPT2BPE:
         return self.enc.encode_ordinary(text)
 
     def encode_batch(self, texts) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
+        return [ids.tolist() for ids in self.encode_arrays(texts)]
 
     def encode_arrays(self, texts) -> list[np.ndarray]:
-        return [self.encode_array(t) for t in texts]
+        """The ids of each text as uint32, all texts encoded at once."""
+        if self._table is None:
+            self._table = bpe_pieces.PieceTable(self.enc)
+        texts = list(texts)
+        try:
+            return bpe_pieces.encode_documents(texts, self._table)
+        except UnicodeEncodeError:          # lone surrogates somewhere: those texts go
+            pass                            # tiktoken's own way
+        plain = [i for i, t in enumerate(texts) if _encodable(t)]
+        out = [None] * len(texts)
+        for i, ids in zip(plain, bpe_pieces.encode_documents([texts[i] for i in plain],
+                                                             self._table)):
+            out[i] = ids
+        return [np.asarray(self.encode_exact(t), np.uint32) if ids is None else ids
+                for t, ids in zip(texts, out)]
 
     def decode(self, ids) -> str:
         return self.enc.decode([int(i) for i in ids], errors="replace")
 
 
-# GPT2BPEReference.PATTERN in the form tiktoken's regex engine takes (the same alternatives),
-# and without its look-ahead alternative (GPT2BPE's fast path)
+# GPT2BPEReference.PATTERN in the form tiktoken's regex engine takes (the same alternatives)
 _TIKTOKEN_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-_PLAIN_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+"""
-_MARKERS = tuple(chr(c) for c in range(0xE000, 0xE040))       # Unicode private use
-# Unicode White_Space (the \s of tiktoken's regex engine) as a table over code points; every
-# code point past its end is not white space
-_WHITESPACE = np.zeros(0x3002, bool)
-_WHITESPACE[[*range(0x9, 0xE), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028,
-             0x2029, 0x202F, 0x205F, 0x3000]] = True
 
 
-def _run_ends(text: str) -> np.ndarray:
-    """Indices of the last character of each run of >= 2 whitespace characters that other text
-    follows: where GPT-2's look-ahead splits a run."""
-    code = np.frombuffer(text.encode("utf-32-le"), np.uint32)
-    ws = _WHITESPACE[np.minimum(code, len(_WHITESPACE) - 1)]
-    return np.flatnonzero(ws[1:-1] & ws[:-2] & ~ws[2:]) + 1
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 class SentencePieceTokenizer:
