@@ -15,8 +15,8 @@ each piece by BPE on its own. Read left to right, the regex's pieces are:
 points (the classes read from tiktoken's own regex engine, so both agree on every character),
 and ``PieceTable`` keeps the ids of every piece seen before, keyed by its UTF-8 bytes (pieces
 of up to 15 bytes: nearly all of them in prose), in an open-addressing hash table looked up for
-all pieces of a text at once. A piece not in the table is encoded by tiktoken's BPE of one
-piece (the same function tiktoken applies to each regex match), so the ids are tiktoken's by
+all pieces of a text at once. Pieces not in the table are encoded by tiktoken itself (all of
+a batch's new pieces in one call, a newline between each), so the ids are tiktoken's by
 construction; tests compare both on random text over every class and on the shipped corpora.
 """
 from __future__ import annotations
