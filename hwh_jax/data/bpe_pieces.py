@@ -291,14 +291,12 @@ def _encode_group(texts: list[str], table: PieceTable) -> list[np.ndarray]:
     full = np.flatnonzero(lengths)
     a = np.flatnonzero(piece_starts(code, first[full]))         # pieces' first characters
     raw = joined.encode("utf-8")
+    buf = np.frombuffer(raw + bytes(16), np.uint8)
     if len(raw) == len(code):                                   # ASCII: characters are bytes
         ba = a
-    else:
-        width = (code >= 0x80).view(np.uint8) + (code >= 0x800).view(np.uint8) \
-            + (code >= 0x10000).view(np.uint8) + np.uint8(1)
-        ba = np.cumsum(width, dtype=np.int64)[a] - width[a]
+    else:                                                       # bytes that start a character
+        ba = np.flatnonzero((buf[:len(raw)] & 0xC0) != 0x80)[a]
     blen = np.diff(ba, append=len(raw))
-    buf = np.frombuffer(raw + bytes(16), np.uint8)
     short = blen <= _MAX_BYTES
     sa, sl = ba[short], blen[short]
     k1, k2 = keys_of(buf, sa, sl)
