@@ -107,17 +107,7 @@ def _analyze(models, out: Path):
                             chunk=FLAGS.chunk, seed=FLAGS.seed)
         if FLAGS.qr_samples and tok is not None:
             from hwh_jax.eval import niah
-            prompts, spans = [], []
-            for s in range(FLAGS.qr_samples):
-                smp = niah.make_sample("niah_single_2", seq_len, round(100 * s / max(
-                    FLAGS.qr_samples - 1, 1)), tok, max_new_tokens=0, seed=s,
-                    reserve=0)
-                ids = tok.encode(smp.prompt)
-                at = smp.prompt.index(smp.expected[0])   # the needle value, in tokens:
-                lo = len(tok.encode(smp.prompt[:at]))     # prefix lengths (one token of slack
-                hi = len(tok.encode(smp.prompt[:at + len(smp.expected[0])]))  # at the start)
-                prompts.append(ids)
-                spans.append((max(lo - 1, 0), hi))
+            prompts, spans = niah.needle_prompts(tok, seq_len, FLAGS.qr_samples)
             qr = qr_scores(model, prompts, spans)
             for layer in res["layers"]:
                 for h in layer["taxonomy"]:

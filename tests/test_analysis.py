@@ -220,3 +220,15 @@ def test_launch_analyze_on_an_hf_checkpoint(tmp_path):
     for name in ("heatmap_layer00.png", "heatmap_layer01.png", "retrieval_by_depth.png"):
         assert (folder / name).exists()
     assert (tmp_path / "an" / "gpband.png").exists()
+
+
+def test_trace_table_finds_each_heads_first_step_at_the_threshold():
+    from hwh_jax.analysis.trace import trace_table
+    scores = [{1: [0.0, 0.3], 3: [0.05]}, {1: [0.2, 0.1], 3: [0.05]}, {1: [0.05, 0.4], 3: [0.1]}]
+    rows = trace_table([100, 200, 400], scores, 0.1)
+    assert [(r["layer"], r["head"], r["first_step"]) for r in rows] == \
+        [(1, 0, 200), (1, 1, 100), (3, 0, 400)]
+    assert rows[0]["scores"] == [0.0, 0.2, 0.05]
+    assert trace_table([100, 200], scores[:2], 0.9)[0]["first_step"] is None
+    with pytest.raises(ValueError, match="increasing"):
+        trace_table([200, 100], scores[:2], 0.1)

@@ -32,7 +32,8 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     """A tiny experiment (training + its closing evaluation + experiment.json); launch.eval then
     runs every suite on the checkpoint; the report tabulates it and a folder of two seed runs
     (copies of it: each run and a row over the seeds; cross-model figures); launch.analyze
-    analyses its hybrid heads. (launch.generate: tests/test_multiprocess.py and
+    analyses its hybrid heads; launch.trace_retrieval follows its FA heads over its two
+    checkpoints. (launch.generate: tests/test_multiprocess.py and
     test_faults.py; decoding itself: tests/test_inference.py.)"""
     import json
     import shutil
@@ -48,7 +49,7 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
               "--config.data.heldout_fraction=0.1", "--config.train.steps=4",
               "--config.train.batch_size=4", "--config.train.warmup_steps=1",
               "--config.train.eval_every=0", "--config.train.log_every=2",
-              "--config.train.mesh=1,1,1",
+              "--config.train.checkpoint_every=2", "--config.train.mesh=1,1,1",
               "--config.eval.niah_factors=(8,)", "--config.eval.niah_depths=2",
               "--config.eval.niah_tasks=('niah_single_1','niah_single_3')")
     assert "NIAH (mean score" in out and "niah_single_1@512 " in out and "experiment run (hwh" in out
@@ -88,6 +89,14 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     assert whole["pooled"]["n"] == 2 * sum(iv["n"] for iv in exp["niah_intervals"].values())
     assert whole["std"] == 0.0 and "| seeds | hwh | 2 | " in out and "NIAH@512" in out
     assert (tmp_path / "rep" / "niah_extrapolation.png").exists()
+
+    out = run("launch.trace_retrieval", f"--checkpoint={work}", "--qr_samples=2",
+              "--seq_len=256", "--threshold=0.01", f"--out={tmp_path / 'trace'}")
+    trace = json.loads((tmp_path / "trace" / "trace.json").read_text())
+    heads = trace["heads"]                         # hwh_tiny: FA heads in its middle layers
+    assert trace["steps"] == [2, 4] and heads and all(len(h["scores"]) == 2 for h in heads)
+    assert all(h["first_step"] in (None, 2, 4) for h in heads)
+    assert "FA heads reach QRscore 0.01" in out and (tmp_path / "trace" / "trace.png").exists()
 
     out = run("launch.analyze", f"--checkpoint={work}", "--seq_len=256", "--num_samples=1",
               "--num_queries=4", "--qr_samples=1", f"--out={tmp_path / 'an'}")

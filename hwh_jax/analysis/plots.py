@@ -74,3 +74,26 @@ def retrieval_by_depth(result: dict, path: Path, title: str):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def retrieval_trace(steps, rows, threshold: float, path: Path, title: str):
+    """QRscore of every FA head against the training step, the threshold dashed, a dot where
+    each head first reaches it."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    layers = sorted({r["layer"] for r in rows})
+    cmap = plt.get_cmap("viridis", max(len(layers), 2))
+    for r in rows:
+        color = cmap(layers.index(r["layer"]))
+        ax.plot(steps, r["scores"], color=color, lw=1, alpha=0.8,
+                label=f"layer {r['layer']}" if r["head"] == 0 else None)
+        if r["first_step"] is not None:
+            ax.plot(r["first_step"], r["scores"][list(steps).index(r["first_step"])], "o",
+                    color=color, ms=4)
+    ax.axhline(threshold, color="tab:red", ls="--", lw=1, label=f"threshold {threshold:g}")
+    ax.set_ylim(0, 1)
+    if len(steps) <= 12:
+        ax.set_xticks(list(steps))
+    ax.set_title(title, fontsize=9)
+    finish_line_chart(fig, ax, path, xlabel="training step (checkpoint)",
+                      ylabel="QRscore (mass on the needle)", legend_size=7)

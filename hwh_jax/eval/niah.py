@@ -154,6 +154,23 @@ def make_sample(task: str, length: int, depth: int, tokenizer, *, max_new_tokens
     return NiahSample(task, length, depth, prompt, [value], len(tokenizer.encode(prompt)))
 
 
+def needle_prompts(tokenizer, length: int, count: int, *, task: str = "niah_single_2"):
+    """``count`` NIAH prompts of ``length`` tokens, needles at depths spread over 0-100%, ending
+    where the answer starts, and each needle value's token span (start, end): the prompts of the
+    QRscore probe (``hwh_jax.analysis.run.qr_scores``). The span starts one token early (the
+    value's first token may merge with the space before it)."""
+    prompts, spans = [], []
+    for s in range(count):
+        smp = make_sample(task, length, round(100 * s / max(count - 1, 1)), tokenizer,
+                          max_new_tokens=0, seed=s, reserve=0)
+        at = smp.prompt.index(smp.expected[0])
+        lo = len(tokenizer.encode(smp.prompt[:at]))
+        hi = len(tokenizer.encode(smp.prompt[:at + len(smp.expected[0])]))
+        prompts.append(tokenizer.encode(smp.prompt))
+        spans.append((max(lo - 1, 0), hi))
+    return prompts, spans
+
+
 def string_match_all(prediction: str, expected: list[str]) -> float:
     """RULER's metric: 100 x share of expected strings found (case-insensitive) in prediction."""
     pred = prediction.lower()
