@@ -18,3 +18,14 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 from absl import flags  # noqa: E402
 
 flags.FLAGS.mark_as_parsed()
+
+# The longest test files first: pytest-xdist's --dist loadfile hands files to the workers in
+# this order, so the long ones do not start last while the other worker idles.
+LONG_FILES_FIRST = ("test_training.py", "test_multiprocess.py", "test_launch.py", "test_zoo.py",
+                    "test_export.py", "test_inference.py", "test_bench.py", "test_shards.py",
+                    "test_docs_commands.py", "test_memory.py", "test_model.py", "test_faults.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
