@@ -16,7 +16,7 @@ flags.DEFINE_list("checkpoint", None, "launch.train workdir(s), comma-separated"
 flags.DEFINE_string("out", "", "output folder (default <first checkpoint>/eval)")
 flags.DEFINE_integer("step", None, "checkpoint step (default: the newest)")
 # Evaluation settings: unset flags keep hwh_jax.eval.EvalSpec's defaults (its docstring).
-flags.DEFINE_list("suite", None, "any of niah, mqar, ppl, retrieval, commonsense")
+flags.DEFINE_list("suite", None, "any of niah, mqar, ppl, longppl, retrieval, commonsense")
 flags.DEFINE_list("niah_tasks", None, "niah_single_1/2/3")
 flags.DEFINE_list("niah_factors", None, "NIAH lengths as multiples of the training length")
 flags.DEFINE_integer("niah_depths", None, "evenly spaced needle depths (RULER uses 40)")
@@ -26,6 +26,11 @@ flags.DEFINE_string("ppl_text", None, "text file for perplexity (default: held-o
 flags.DEFINE_list("commonsense_tasks", None, "default: all seven")
 flags.DEFINE_integer("commonsense_limit", None, "first N examples per task (0 = all)")
 flags.DEFINE_integer("mqar_examples", None, "sequences per MQAR setting")
+flags.DEFINE_integer("longppl_factor", None, "LongPPL windows as multiples of the training length")
+flags.DEFINE_integer("longppl_short", None, "LongPPL's short context in tokens (default: the "
+                     "training length)")
+flags.DEFINE_string("longppl_evaluator", None, "a launch.train workdir whose model chooses "
+                    "LongPPL's key tokens (default: each evaluated model itself)")
 flags.DEFINE_integer("batch_size", None, "sequences per forward / generate call")
 flags.mark_flags_as_required(["checkpoint"])
 FLAGS = flags.FLAGS
@@ -35,7 +40,8 @@ SPEC_FLAGS = {"suite": ("suites", tuple), "niah_tasks": ("niah_tasks", tuple),
               "ppl_factor": ("ppl_factor", int), "ppl_text": ("ppl_text", str),
               "commonsense_tasks": ("commonsense_tasks", tuple),
               "commonsense_limit": ("commonsense_limit", int),
-              "mqar_examples": ("mqar_examples", int), "batch_size": ("batch_size", int)}
+              "mqar_examples": ("mqar_examples", int), "batch_size": ("batch_size", int),
+              "longppl_factor": ("longppl_factor", int), "longppl_short": ("longppl_short", int)}
 
 
 def main(argv):
@@ -59,11 +65,14 @@ def _evaluate(spec, out: Path):
     from hwh_jax.eval import suite
     from hwh_jax.training.restore import load_run
     results = []
+    evaluator = load_run(FLAGS.longppl_evaluator).eval_model() if FLAGS.longppl_evaluator \
+        else None
     for i, ckpt in enumerate(FLAGS.checkpoint):
         loaded = load_run(ckpt, FLAGS.step)
         print(f"== {loaded.name} (step {loaded.step})", flush=True)
         results.append(suite.run_suite(loaded.eval_model(), spec,
-                                       out / f"{i}_{loaded.name.replace('@', '_')}"))
+                                       out / f"{i}_{loaded.name.replace('@', '_')}",
+                                       evaluator=evaluator))
     suite.compare(results, out)
     (out / "summary.json").write_text(json.dumps(
         [{k: r[k] for k in r if k not in ("niah",)} for r in results], indent=2))

@@ -294,3 +294,46 @@ def test_bootstrap_interval_of_a_mean():
     assert stats.bootstrap_mean([3.0, 3.0, 3.0]) == (3.0, 3.0, 3.0)
     mean, lo, hi = stats.bootstrap_mean(np.random.default_rng(0).normal(10, 1, 400))
     assert lo < mean < hi and 0.15 < hi - lo < 0.25     # ~ 2 x 1.96 / sqrt(400) = 0.196
+
+
+def test_longppl_short_contexts_key_tokens_and_the_suite(tmp_path):
+    """Each token's short-context log-prob is the model's from exactly the context the module
+    documents (all of it below ``short``; then short - stride + 1 .. short tokens, scored as a
+    sequence of its own); key tokens and LongPPL from constructed log-probs; the suite writes
+    its result and figure, with the model as its own evaluator or another one."""
+    from hwh_jax.eval import longppl
+    from hwh_jax.eval.suite import EvalModel, EvalSpec, run_suite
+    model = HybridLM(model_config("transformer", "tiny", dtype="float32", vocab_size=128),
+                     rngs=nnx.Rngs(0))
+    scorer = Scorer(model, batch_size=4)
+    rng = np.random.default_rng(0)
+    L, short, stride = 24, 8, 4
+    windows = rng.integers(1, 128, (2, L + 1)).astype(np.int32)
+    got = longppl.short_context_logprobs(scorer, windows, short=short, stride=stride)
+    assert np.allclose(got[:, :short], longppl.window_logprobs(scorer, windows)[:, :short],
+                       atol=1e-5)
+    for p in (short, short + stride - 1, short + stride, L - 1):     # every sub-window's edge
+        s = stride * ((p - short) // stride + 1)
+        assert short - stride < p - s + 1 <= short
+        alone = longppl.window_logprobs(scorer, windows[:, s:p + 2])[:, -1]
+        assert np.allclose(got[:, p], alone, atol=1e-5), p
+    long_lp = np.array([[-0.1, -1.0, -5.0, -0.5]])
+    short_lp = np.array([[-3.0, -1.5, -9.0, -2.6]])
+    assert longppl.key_tokens(long_lp, short_lp).tolist() == [[True, False, False, True]]
+
+    stream = rng.integers(1, 128, 2000).astype(np.int32)
+    subject = EvalModel(model, type("Tok", (), {"name": "t", "eos_id": 0, "pad_id": 0,
+                                                  "vocab_size": 128})(), 32, "m", heldout=stream)
+    spec = EvalSpec(suites=("longppl",), longppl_factor=2, longppl_windows=3, batch_size=4)
+    res = run_suite(subject, spec, tmp_path / "self")["longppl"]
+    assert res["tokens"] == 3 * 64 and res["evaluator"] == "m" and res["short"] == 32
+    assert sum(r["key_tokens"] for r in res["by_position"]) == res["key_tokens"]
+    assert (tmp_path / "self" / "longppl.png").exists()
+    other = HybridLM(model_config("transformer", "tiny", dtype="float32", vocab_size=128),
+                     rngs=nnx.Rngs(1))
+    judge = EvalModel(other, subject.tokenizer, 32, "judge")
+    res = run_suite(subject, spec, tmp_path / "judged", evaluator=judge)["longppl"]
+    assert res["evaluator"] == "judge" and res["tokens"] == 3 * 64
+    judge.tokenizer = type("Tok", (), {"name": "other"})()
+    with pytest.raises(ValueError, match="tokenizer"):
+        run_suite(subject, spec, tmp_path / "bad", evaluator=judge)

@@ -63,13 +63,15 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
 
     ev = tmp_path / "ev"
     out = run("launch.eval", f"--checkpoint={work}", f"--out={ev}",
-              "--suite=niah,mqar,ppl,commonsense", "--niah_factors=8", "--niah_depths=1",
+              "--suite=niah,mqar,ppl,longppl,commonsense", "--niah_factors=8", "--niah_depths=1",
+              "--longppl_factor=2", f"--longppl_evaluator={work}",
               "--niah_samples=2",
               "--niah_tasks=niah_single_2", "--ppl_factor=2", "--commonsense_limit=3",
               "--commonsense_tasks=piqa,lambada_openai", "--mqar_examples=4", "--batch_size=4")
     assert "lambada_openai: acc" in out and "mqar seq 256 pairs 16" in out
     res = json.loads((ev / "0_hwh_run" / "results.json").read_text())
     assert {r["depth"] for r in res["niah"]} == {0} and len(res["ppl"]) == 8
+    assert res["longppl"]["evaluator"] == "hwh@run" and res["longppl"]["length"] == 128
     assert set(res["commonsense"]) == {"piqa", "lambada_openai"}   # every task's loader and
     # scoring: tests/test_eval.py
     assert all(0 <= v["acc"] <= 1 and v["examples"] == 3 for v in res["commonsense"].values())

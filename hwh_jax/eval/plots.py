@@ -91,3 +91,27 @@ def ppl_chart(per_model: dict, path: Path, train_len: int | None = None):
         ax.axvline(train_len, color="grey", ls="--", lw=1, label="training length")
     ax.set_yscale("log")
     finish_line_chart(fig, ax, path, xlabel="position (tokens)", ylabel="perplexity")
+
+
+def longppl_chart(result: dict, path: Path, title: str, train_len: int | None = None):
+    """Per position bucket: the loss over all tokens and over the key tokens (lines), and the
+    key tokens' share (bars, right axis)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rows = result["by_position"]
+    mids = [(r["start"] + r["end"]) / 2 for r in rows]
+    ax.plot(mids, [r["loss"] for r in rows], marker=".", label="all tokens")
+    ax.plot(mids, [np.nan if r["key_loss"] is None else r["key_loss"] for r in rows],
+            marker=".", label=f"key tokens ({result['key_tokens']} of {result['tokens']})")
+    if train_len:
+        ax.axvline(train_len, color="grey", ls="--", lw=1, label="training length")
+    share_ax = ax.twinx()
+    width = 0.8 * (rows[0]["end"] - rows[0]["start"])
+    share_ax.bar(mids, [100 * r["key_tokens"] / r["tokens"] for r in rows], width=width,
+                 color="tab:green", alpha=0.2)
+    share_ax.set_ylabel("key tokens (%)", color="tab:green")
+    ax.set_zorder(share_ax.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    ax.set_title(f"{title}: LongPPL {result['longppl']:.2f}" if result["longppl"] else title,
+                 fontsize=9)
+    finish_line_chart(fig, ax, path, xlabel="position (tokens)", ylabel="loss (nats/token)")

@@ -18,13 +18,13 @@ from typing import Callable
 
 import numpy as np
 
-from hwh_jax.eval import commonsense, mqar, niah, perplexity, plots, stats
+from hwh_jax.eval import commonsense, longppl, mqar, niah, perplexity, plots, stats
 from hwh_jax.eval.retrieval_probe import retrieval_probe
 from hwh_jax.eval.scoring import Scorer
 from hwh_jax.data.sources import read_text
 from hwh_jax.inference.generate import Generator
 
-SUITES = ("niah", "mqar", "ppl", "retrieval", "commonsense")
+SUITES = ("niah", "mqar", "ppl", "longppl", "retrieval", "commonsense")
 
 
 @dataclasses.dataclass
@@ -71,6 +71,11 @@ class EvalSpec:
     retrieval_documents: int = 64       # synthetic NIAH-format documents from held-out text
     commonsense_tasks: tuple = commonsense.TASKS
     commonsense_limit: int = 0          # first N examples per task; 0 = all
+    longppl_factor: int = 4             # LongPPL windows of factor x training length
+    longppl_short: int = 0              # the evaluator's short context; 0 = the training length
+    longppl_alpha: float = 2.0          # key tokens: long - short log-prob > alpha ...
+    longppl_beta: float = -2.0          # ... and long-context log-prob > beta
+    longppl_windows: int = 16
 
     def validate(self):
         bad = [s for s in self.suites if s not in SUITES]
@@ -107,8 +112,11 @@ def spec_from_config(e) -> EvalSpec:
     return EvalSpec(**{k: _tupled(v) for k, v in e.items() if k in fields})
 
 
-def run_suite(subject: EvalModel, spec: EvalSpec, out_dir: str | Path, log=print) -> dict:
-    """Every suite of ``spec`` on ``subject``; ``results.json`` is rewritten after each."""
+def run_suite(subject: EvalModel, spec: EvalSpec, out_dir: str | Path, log=print,
+              evaluator: EvalModel | None = None) -> dict:
+    """Every suite of ``spec`` on ``subject``; ``results.json`` is rewritten after each.
+    ``evaluator``: the model choosing LongPPL's key tokens (default ``subject`` itself; it must
+    share its tokenizer)."""
     spec.validate()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -117,7 +125,7 @@ def run_suite(subject: EvalModel, spec: EvalSpec, out_dir: str | Path, log=print
     results = {"model": subject.name, "arch": subject.arch, "step": subject.step,
                "workdir": str(subject.workdir), "train_len": L,
                "spec": dataclasses.asdict(spec)}
-    max_len = int(L * max(max(spec.niah_factors), spec.ppl_factor))
+    max_len = int(L * max(max(spec.niah_factors), spec.ppl_factor, spec.longppl_factor))
     scorer = Scorer(subject.model, batch_size=spec.batch_size, max_len=max_len)
     t0 = time.time()
 
@@ -143,7 +151,7 @@ def run_suite(subject: EvalModel, spec: EvalSpec, out_dir: str | Path, log=print
         results["niah_intervals"] = niah_intervals(rows)
         save(False)
 
-    if "ppl" in spec.suites or "retrieval" in spec.suites:
+    if {"ppl", "longppl", "retrieval"} & set(spec.suites):
         stream = _heldout_stream(subject, spec)
     if "retrieval" in spec.suites:   # first: one forward pass per batch, in the log at once
         results["retrieval"] = retrieval_probe(scorer, tok, stream, L,
@@ -167,6 +175,21 @@ def run_suite(subject: EvalModel, spec: EvalSpec, out_dir: str | Path, log=print
             scorer, stream, max_len=spec.ppl_factor * L, bucket=bucket,
             max_windows=spec.ppl_windows, log=log)
         plots.ppl_chart({subject.name: results["ppl"]}, out_dir / "ppl_by_position.png", L)
+        save(False)
+    if "longppl" in spec.suites:
+        judge = scorer
+        if evaluator is not None:
+            if evaluator.tokenizer.name != tok.name:
+                raise ValueError(f"LongPPL evaluator {evaluator.name} has tokenizer "
+                                 f"{evaluator.tokenizer.name}, {subject.name} {tok.name}")
+            judge = Scorer(evaluator.model, batch_size=spec.batch_size, max_len=max_len)
+        short = spec.longppl_short or L
+        results["longppl"] = longppl.evaluate_longppl(
+            scorer, judge, stream, length=spec.longppl_factor * L, short=short,
+            stride=max(short // 2, 1), alpha=spec.longppl_alpha, beta=spec.longppl_beta,
+            max_windows=spec.longppl_windows, log=log)
+        results["longppl"]["evaluator"] = subject.name if evaluator is None else evaluator.name
+        plots.longppl_chart(results["longppl"], out_dir / "longppl.png", subject.name, L)
         save(False)
     if "mqar" in spec.suites:
         vocab = spec.mqar_vocab or min(tok.vocab_size, 8192)
