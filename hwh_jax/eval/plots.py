@@ -110,6 +110,7 @@ def longppl_chart(result: dict, path: Path, title: str, train_len: int | None = 
     share_ax.bar(mids, [100 * r["key_tokens"] / r["tokens"] for r in rows], width=width,
                  color="tab:green", alpha=0.2)
     share_ax.set_ylabel("key tokens (%)", color="tab:green")
+    share_ax.set_ylim(bottom=0)
     ax.set_zorder(share_ax.get_zorder() + 1)
     ax.patch.set_visible(False)
     ax.set_title(f"{title}: LongPPL {result['longppl']:.2f}" if result["longppl"] else title,
