@@ -114,7 +114,7 @@ class PieceTable:
     def _alloc(self):
         self.k1 = np.zeros(1 << self.bits, np.uint64)
         self.k2 = np.zeros(1 << self.bits, np.uint64)          # a key's k2 is never 0: 0 empty
-        self.vals = np.zeros(1 << self.bits, np.int64)         # _pack(first id, count, offset)
+        self.vals = np.zeros(1 << self.bits, np.int64)   # first id | count << 20 | offset << 24
 
     def _slots(self, k1, k2):
         return ((k1 * _MUL1 ^ k2 * _MUL2) >> np.uint64(64 - self.bits)).astype(np.int64)
