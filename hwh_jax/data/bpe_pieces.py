@@ -123,7 +123,7 @@ class PieceTable:
         """Each key's slot: its own, or the empty one where it would go."""
         slots, mask = self._slots(k1, k2), (1 << self.bits) - 1
         t2 = self.k2[slots]
-        todo = np.flatnonzero((t2 != k2) & (t2 != 0) | (self.k1[slots] != k1) & (t2 != 0))
+        todo = np.flatnonzero((t2 != 0) & ((t2 != k2) | (self.k1[slots] != k1)))
         slots[todo] = (slots[todo] + 1) & mask
         while len(todo):
             s = slots[todo]
@@ -267,7 +267,7 @@ def _cuts(text: str, every: int) -> list[int]:
         at = text.find("\n", at)
         if at < 0:
             break
-        if not (text[at - 1].isspace() or text[at - 1] == "'" or _is_space(text[at - 1])):
+        if not (text[at - 1] == "'" or _is_space(text[at - 1])):
             cuts.append(at)
             at += every
         else:

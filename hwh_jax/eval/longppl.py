@@ -31,16 +31,19 @@ def window_logprobs(scorer, windows: np.ndarray) -> np.ndarray:
     return np.concatenate(out)
 
 
-def short_context_logprobs(scorer, windows: np.ndarray, *, short: int,
-                           stride: int) -> np.ndarray:
+def short_context_logprobs(scorer, windows: np.ndarray, *, short: int, stride: int,
+                           long_lp: np.ndarray | None = None) -> np.ndarray:
     """[n, L] log-probabilities of the same tokens as ``window_logprobs``, each from at most
-    ``short`` tokens of context (the module's docstring says which)."""
+    ``short`` tokens of context (the module's docstring says which). ``long_lp``: the same
+    scorer's ``window_logprobs`` of ``windows`` if at hand (the first ``short`` positions are
+    theirs)."""
     n, L = windows.shape[0], windows.shape[1] - 1
     if not 0 < stride <= short:
         raise ValueError(f"LongPPL: stride {stride} must be in [1, short={short}]")
     out = np.empty((n, L), np.float32)
     head = min(short, L)
-    out[:, :head] = window_logprobs(scorer, windows[:, :head + 1])
+    out[:, :head] = (long_lp if long_lp is not None
+                     else window_logprobs(scorer, windows[:, :head + 1]))[:, :head]
     starts = list(range(stride, max(L - short + stride, stride), stride)) if L > short else []
     if starts:
         padded = np.pad(windows, [(0, 0), (0, short + stride)])
@@ -72,8 +75,9 @@ def evaluate_longppl(scorer, evaluator, stream: np.ndarray, *, length: int, shor
     windows = np.stack([stream[i * length:(i + 1) * length + 1] for i in range(n)])
     model_lp = window_logprobs(scorer, windows)
     long_lp = model_lp if evaluator is scorer else window_logprobs(evaluator, windows)
-    key = key_tokens(long_lp, short_context_logprobs(evaluator, windows, short=short,
-                                                     stride=stride), alpha=alpha, beta=beta)
+    short_lp = short_context_logprobs(evaluator, windows, short=short, stride=stride,
+                                      long_lp=long_lp)
+    key = key_tokens(long_lp, short_lp, alpha=alpha, beta=beta)
     bucket = bucket or short
     rows = []
     for s in range(0, length, bucket):
