@@ -105,6 +105,21 @@ def test_the_piece_table_gives_the_same_ids_when_cleared_or_grown(gpt2):
         [gpt2.encode_exact(t) for t in odd]
 
 
+def test_distinct_pieces_are_exact_even_when_their_mixes_collide(monkeypatch):
+    """New pieces are told apart by a sort of a 64-bit mix of their keys, then checked word by
+    word: with every mix equal (both multipliers 0) the sort of the full keys decides."""
+    rng = np.random.default_rng(1)
+    k1 = rng.integers(0, 40, 2000).astype(np.uint64)
+    k2 = rng.integers(1, 4, 2000).astype(np.uint64)
+    want = set(zip(k1.tolist(), k2.tolist()))
+    for mul in (None, np.uint64(0)):
+        if mul is not None:
+            monkeypatch.setattr(bpe_pieces, "_MUL1", mul)
+            monkeypatch.setattr(bpe_pieces, "_MUL2", mul)
+        one = bpe_pieces._distinct(k1, k2)
+        assert len(one) == len(want) == len(set(zip(k1[one].tolist(), k2[one].tolist())))
+
+
 def _documents(n=300, seed=0):
     rng = np.random.default_rng(seed)
     words = ["alpha", "beta", "gamma", "delta", "the", "a", "of", "\n", "42", "é"]

@@ -58,24 +58,26 @@ def piece_starts(code: np.ndarray, doc_starts: np.ndarray) -> np.ndarray:
     laid end to end (``doc_starts``: each non-empty document's first index; a piece never
     crosses from one document to the next)."""
     n = len(code)
-    cls = character_classes()[code]
+    cls = np.take(character_classes(), code)
     start = np.empty(n, bool)
     start[0] = True
     np.not_equal(cls[1:], cls[:-1], out=start[1:])
     start[doc_starts] = True
-    last = np.zeros(n, bool)                     # the last character of its document
-    last[doc_starts[1:] - 1] = True
-    last[-1] = True
+    new_doc = np.zeros(n + 2, bool)              # [i]: i starts a document or is past the end
+    new_doc[doc_starts] = True
+    new_doc[n:] = True
     # a white-space run that other text of its document follows: its last character starts a
     # piece, and a space there joins the text after it
-    e = np.flatnonzero((cls[1:] != _SPACE) & (cls[:-1] == _SPACE) & ~last[:-1]) + 1
-    start[e - 1] = True
-    start[e[code[e - 1] == _BLANK]] = False
+    space = cls == _SPACE
+    run_end = space[:-1] & ~space[1:] & ~new_doc[1:n]       # [i]: i ends such a run
+    start[:-1] |= run_end
+    start[1:] &= ~(run_end & (code[:-1] == _BLANK))
     # contractions: an apostrophe that starts a piece, then s t m d, or re ve ll
-    p = np.flatnonzero(start & (code == _APOSTROPHE) & ~last)
+    p = np.flatnonzero(code == _APOSTROPHE)
+    p = p[start[p] & ~new_doc[p + 1]]
     if len(p):
         c1 = code[p + 1]
-        has2 = ~last[p + 1]
+        has2 = ~new_doc[p + 2]
         c2 = np.where(has2, code[np.minimum(p + 2, n - 1)], 0)
         two = (c1 < 128) & _TWO[np.minimum(c1, 127)]
         three = has2 & ((((c1 == ord("r")) | (c1 == ord("v"))) & (c2 == ord("e")))
@@ -94,10 +96,11 @@ class PieceTable:
 
     An open-addressing hash table over two uint64 keys (the piece's bytes, zero-padded, with
     its length in the last byte: exact, no two pieces share a key), linear probing, all
-    lookups of a text as one vectorised probe loop. New pieces are encoded by the tiktoken
-    Encoding ``enc`` (GPT-2's regex): all pieces holding more than white space in one call, a
-    newline between each (a newline is a piece of its own there and no such piece's ids hold
-    its id), white-space pieces one by one. Cleared when it would hold more than
+    lookups of a text as one vectorised probe loop. A slot is one row of 32 bytes (key, value
+    and a scratch word), so a probe touches one cache line. New pieces are encoded by the
+    tiktoken Encoding ``enc`` (GPT-2's regex): all pieces holding more than white space in one
+    call, a newline between each (a newline is a piece of its own there and no such piece's ids
+    hold its id), white-space pieces one by one. Cleared when it would hold more than
     ``max_entries`` pieces (memory stays bounded on any corpus)."""
 
     def __init__(self, enc, *, max_entries: int = 1 << 20, min_bits: int = 16):
@@ -112,44 +115,50 @@ class PieceTable:
         self.ids = np.zeros(0, np.uint32)         # every entry's ids, laid end to end
 
     def _alloc(self):
-        self.k1 = np.zeros(1 << self.bits, np.uint64)
-        self.k2 = np.zeros(1 << self.bits, np.uint64)          # a key's k2 is never 0: 0 empty
-        self.vals = np.zeros(1 << self.bits, np.int64)   # first id | count << 20 | offset << 24
+        # each slot: k1, k2 (never 0 in a key: 0 marks an empty slot), the value (first id |
+        # count << 20 | offset << 24), and a scratch word for insertion
+        self.rows = np.zeros((1 << self.bits, 4), np.uint64)
 
     def _slots(self, k1, k2):
         return ((k1 * _MUL1 ^ k2 * _MUL2) >> np.uint64(64 - self.bits)).astype(np.int64)
 
-    def find(self, k1, k2) -> np.ndarray:
-        """Each key's slot: its own, or the empty one where it would go."""
+    def find(self, k1, k2):
+        """Each key's (slot, value, found): its own slot and value, or the empty slot where it
+        would go (value 0, found False)."""
         slots, mask = self._slots(k1, k2), (1 << self.bits) - 1
-        t2 = self.k2[slots]
-        todo = np.flatnonzero((t2 != 0) & ((t2 != k2) | (self.k1[slots] != k1)))
-        slots[todo] = (slots[todo] + 1) & mask
+        r = np.take(self.rows, slots, axis=0)
+        found = (r[:, 1] == k2) & (r[:, 0] == k1)
+        vals = r[:, 2].copy()
+        todo = np.flatnonzero(~found & (r[:, 1] != 0))
         while len(todo):
-            s = slots[todo]
-            t2 = self.k2[s]
-            done = (t2 == 0) | ((t2 == k2[todo]) & (self.k1[s] == k1[todo]))
-            todo = todo[~done]
-            slots[todo] = (slots[todo] + 1) & mask
-        return slots
+            slots[todo] = s = (slots[todo] + 1) & mask
+            r = np.take(self.rows, s, axis=0)
+            hit = (r[:, 1] == k2[todo]) & (r[:, 0] == k1[todo])
+            found[todo], vals[todo] = hit, r[:, 2]
+            todo = todo[~hit & (r[:, 1] != 0)]
+        return slots, vals, found
 
     def _put(self, k1, k2, vals):
         """Insert distinct keys not in the table."""
         slots, mask = self._slots(k1, k2), (1 << self.bits) - 1
         todo = np.arange(len(k1))
+        placed = np.zeros(len(k1), bool)
+        tag = np.arange(1, len(k1) + 1, dtype=np.uint64)
         while len(todo):
-            free = todo[self.k2[slots[todo]] == 0]
-            _, first = np.unique(slots[free], return_index=True)   # one key a free slot
-            won = free[first]
-            s = slots[won]
-            self.k1[s], self.k2[s], self.vals[s] = k1[won], k2[won], vals[won]
-            todo = np.setdiff1d(todo, won, assume_unique=True)
+            free = todo[np.take(self.rows, slots[todo], axis=0)[:, 1] == 0]
+            s = slots[free]
+            self.rows[s, 3] = tag[free]            # keys that meet at a slot: one tag stays
+            won = free[self.rows[s, 3] == tag[free]]
+            self.rows[slots[won], :3] = np.stack([k1[won], k2[won], vals[won]], 1)
+            placed[won] = True
+            todo = todo[~placed[todo]]
             slots[todo] = (slots[todo] + 1) & mask
 
-    def look_up(self, slots):
-        """(first id, count, offset into ``ids``) of the entries at ``slots``."""
-        v = self.vals[slots]
-        return v & _ID_MASK, (v >> _ID_BITS) & 15, v >> (_ID_BITS + 4)
+    @staticmethod
+    def fields(vals):
+        """(first id, count, offset into ``ids``) of table values."""
+        vals = vals.view(np.int64)
+        return vals & _ID_MASK, (vals >> _ID_BITS) & 15, vals >> (_ID_BITS + 4)
 
     def make_room(self, count: int) -> bool:
         """Clear the table if ``count`` more entries would pass ``max_entries``; whether it
@@ -199,18 +208,34 @@ class PieceTable:
         off = len(self.ids) + np.cumsum(cnt) - cnt
         if len(flat) and flat.max() > _ID_MASK:
             raise ValueError(f"bpe_pieces: token id {flat.max()} needs more than {_ID_BITS} bits")
-        vals = flat[np.minimum(off - len(self.ids), len(flat) - 1)].astype(np.int64) \
-            | (cnt << _ID_BITS) | (off << (_ID_BITS + 4))
+        vals = (flat[np.minimum(off - len(self.ids), len(flat) - 1)].astype(np.int64)
+                | (cnt << _ID_BITS) | (off << (_ID_BITS + 4))).astype(np.uint64)
         self.ids = np.concatenate([self.ids, flat])
         if (self.used + len(k1)) * 2 > (1 << self.bits):       # keep the load under a half
-            old = np.flatnonzero(self.k2)
-            kept = self.k1[old], self.k2[old], self.vals[old]
+            old = self.rows[self.rows[:, 1] != 0]
+            kept = old[:, 0], old[:, 1], old[:, 2]
             while (self.used + len(k1)) * 2 > (1 << self.bits):
                 self.bits += 1
             self._alloc()
             self._put(*kept)
         self._put(k1, k2, vals)
         self.used += len(k1)
+
+
+def _distinct(k1: np.ndarray, k2: np.ndarray) -> np.ndarray:
+    """The index of one occurrence of each distinct key (k1, k2): keys sorted by a 64-bit mix
+    of both words (one integer sort), their equality checked after; should two keys share a mix,
+    by a sort of both words."""
+    mix = k1 * _MUL1 ^ k2 * _MUL2
+    order = np.argsort(mix)
+    sorted_mix = mix[order]
+    head = np.empty(len(mix), bool)
+    head[:1] = True
+    np.not_equal(sorted_mix[1:], sorted_mix[:-1], out=head[1:])
+    rep = order[head][np.cumsum(head) - 1]          # each key's group's first key
+    if (k1[rep] == k1[order]).all() and (k2[rep] == k2[order]).all():
+        return order[head]
+    return np.unique(np.stack([k1, k2], 1).view("V16").ravel(), return_index=True)[1]
 
 
 def _widen(values: np.ndarray, where: np.ndarray) -> np.ndarray:
@@ -222,8 +247,8 @@ def _widen(values: np.ndarray, where: np.ndarray) -> np.ndarray:
 def keys_of(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray):
     """The table keys (k1, k2) of the pieces buf[starts : starts + lengths] (lengths <= 15;
     ``buf`` uint8 with 16 bytes of padding at its end)."""
-    rows = np.lib.stride_tricks.as_strided(buf, (len(buf) - 15, 16), (1, 1))[starts]
-    keys = rows.view(np.uint64)
+    windows = np.ndarray((len(buf) - 15,), "V16", buffer=buf, strides=(1,))   # 16 bytes from each
+    keys = windows[starts].view(np.uint64).reshape(-1, 2)
     k1 = keys[:, 0] & _LOW[lengths]
     k2 = (keys[:, 1] & _HIGH[lengths]) | (lengths.astype(np.uint64) << np.uint64(56))
     return k1, k2
@@ -292,52 +317,53 @@ def _encode_group(texts: list[str], table: PieceTable) -> list[np.ndarray]:
     a = np.flatnonzero(piece_starts(code, first[full]))         # pieces' first characters
     raw = joined.encode("utf-8")
     buf = np.frombuffer(raw + bytes(16), np.uint8)
-    if len(raw) == len(code):                                   # ASCII: characters are bytes
-        ba = a
-    else:                                                       # bytes that start a character
-        ba = np.flatnonzero((buf[:len(raw)] & 0xC0) != 0x80)[a]
+    ba = a                                                      # ... as byte offsets in raw
+    if not joined.isascii():        # after each character of 2, 3 or 4 UTF-8 bytes: 1, 2, 3 more
+        wide = np.flatnonzero(code >= 0x80)
+        cw = code[wide]
+        more = np.zeros(len(a) + 1, np.int64)
+        np.add.at(more, np.searchsorted(a, wide, side="right"),
+                  1 + (cw >= 0x800) + (cw >= 0x10000))
+        ba = a + np.cumsum(more[:-1])
     blen = np.diff(ba, append=len(raw))
     short = blen <= _MAX_BYTES
-    sa, sl = ba[short], blen[short]
+    every = short.all()
+    sa, sl = (ba, blen) if every else (ba[short], blen[short])
     k1, k2 = keys_of(buf, sa, sl)
-    slots = table.find(k1, k2)
+    slots, vals, found = table.find(k1, k2)
     for _ in range(2):      # a second round only if the table was cleared to make room
-        m = np.flatnonzero(table.k2[slots] == 0)
+        m = np.flatnonzero(~found)
         if not len(m):
             break
-        _, one = np.unique(np.stack([k1[m], k2[m]], 1).view("V16").ravel(), return_index=True)
+        one = _distinct(k1[m], k2[m])
         if table.make_room(len(one)):
-            slots = table.find(k1, k2)
+            slots, vals, found = table.find(k1, k2)
             continue
-        bits = table.bits
         new = m[one]
-        piece_end = np.append(a[1:], len(code))[np.flatnonzero(short)[new]] - 1
+        piece_end = np.append(a[1:], len(code))[new if every else np.flatnonzero(short)[new]] - 1
         spacey = character_classes()[code[piece_end]] == _SPACE
         table.add(k1[new], k2[new], spacey)
-        if table.bits == bits:
-            slots[m] = table.find(k1[m], k2[m])
-        else:                                                   # the table grew: all move
-            slots = table.find(k1, k2)
-    first_id, cnt, off = table.look_up(slots)
-    if not short.all():
-        first_id, cnt, off = (_widen(x, short) for x in (first_id, cnt, off))
+        _, vals[m], found[m] = table.find(k1[m], k2[m])
+    if not every:
+        vals = _widen(vals, short)
+    first_id, cnt, off = table.fields(vals)
+    more = np.flatnonzero(cnt > 1)                  # pieces of the table with further ids
     long_ids = {}
     for j in np.flatnonzero(~short).tolist():                   # pieces over 15 bytes
         long_ids[j] = table.encode_piece(raw[ba[j]:ba[j] + blen[j]])
         cnt[j] = len(long_ids[j])
     ends = np.cumsum(cnt)
     ids = np.repeat(first_id.astype(np.uint32), cnt)    # then the further ids of longer ones
-    more = np.flatnonzero(cnt > 1)
     if len(more):
-        at, n_more, off_more = ends[more] - cnt[more], cnt[more], off[more]
-        for k in range(1, int(n_more.max())):
-            sel = n_more > k
-            ids[at[sel] + k] = table.ids[np.minimum(off_more[sel] + k, len(table.ids) - 1)]
+        extra = cnt[more] - 1                           # each further id: its piece and rank
+        piece = np.repeat(more, extra)
+        rank = np.arange(len(piece)) - np.repeat(np.cumsum(extra) - extra, extra) + 1
+        at = ends[piece] - cnt[piece] + rank
+        ids[at] = table.ids[off[piece] + rank]
     for j, got in long_ids.items():
         ids[ends[j] - len(got):ends[j]] = got
-    # each text's tokens: the pieces from its first character on
-    piece_text = np.searchsorted(first[full], a, side="right") - 1
-    per_text = np.bincount(piece_text, weights=cnt, minlength=len(full)).astype(np.int64)
-    for d, part in zip(full.tolist(), np.split(ids, np.cumsum(per_text)[:-1])):
+    # each text's tokens: from its first piece's on (a text's first character starts a piece)
+    bounds = np.concatenate([[0], ends])[np.searchsorted(a, first[full])]
+    for d, part in zip(full.tolist(), np.split(ids, bounds[1:])):
         out[d] = part
     return out
