@@ -337,3 +337,16 @@ def test_longppl_short_contexts_key_tokens_and_the_suite(tmp_path):
     judge.tokenizer = type("Tok", (), {"name": "other"})()
     with pytest.raises(ValueError, match="tokenizer"):
         run_suite(subject, spec, tmp_path / "bad", evaluator=judge)
+
+
+def test_extrapolation_chart_pools_the_seeds_of_an_architecture(tmp_path):
+    from hwh_jax.eval import plots
+    assert plots.seed_groups(["hwh@seed0", "gdn", "hwh@seed1", "swa/seed2", "hwh_seed"]) == {
+        "hwh": ["hwh@seed0", "hwh@seed1"], "gdn": ["gdn"], "swa": ["swa/seed2"],
+        "hwh_seed": ["hwh_seed"]}
+    rows = lambda score: [{"task": t, "length": L, "depth": d, "score": score}    # noqa: E731
+                          for t in ("niah_single_1", "niah_single_2") for L in (64, 128)
+                          for d in (0, 50)]
+    plots.extrapolation_chart({"a@seed0": rows(1.0), "a@seed1": rows(0.0), "b": rows(0.5)},
+                              tmp_path / "x.png", train_len=64)
+    assert (tmp_path / "x.png").stat().st_size > 10_000

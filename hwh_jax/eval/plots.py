@@ -1,6 +1,7 @@
 """Figures of the evaluation suite: NIAH heatmaps, extrapolation lines, perplexity by position."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -38,14 +39,27 @@ def niah_heatmap(rows, task: str, title: str, path: Path, train_len: int | None 
     plt.close(fig)
 
 
+def seed_groups(names) -> dict[str, list[str]]:
+    """Model names by their architecture: ``ARCH@seedN`` and ``ARCH/seedN`` under ARCH, any
+    other name alone, in the order first seen."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        seeded = re.fullmatch(r"(.+)[@/]seed\d+", name)
+        groups.setdefault(seeded.group(1) if seeded else name, []).append(name)
+    return groups
+
+
 def extrapolation_chart(per_model: dict, path: Path, train_len: int | None = None):
     """NIAH score vs length: one panel per task and one of their mean, one line (one colour) per
     model, with the 95% Wilson interval of each cell's share right as a bar; a model missing a
-    cell has a gap there."""
+    cell has a gap there. Models named ``ARCH@seedN`` or ``ARCH/seedN`` of an ARCH with several
+    seeds share ARCH's colour: each seed a thin line, and their prompts pooled a thick one with
+    the bars."""
     plt = pyplot()
     tasks = sorted({r["task"] for rows in per_model.values() for r in rows})
     lengths = sorted({r["length"] for rows in per_model.values() for r in rows})
-    fig, axes = plt.subplots(1, len(tasks) + 1, figsize=(3.2 * (len(tasks) + 1), 3.4),
+    groups = seed_groups(per_model)
+    fig, axes = plt.subplots(1, len(tasks) + 1, figsize=(3.2 * (len(tasks) + 1), 3.6),
                              sharey=True, squeeze=False)
     axes = axes[0]
 
@@ -56,13 +70,19 @@ def extrapolation_chart(per_model: dict, path: Path, train_len: int | None = Non
         c = share(s)
         return c["mean"], max(c["mean"] - c["lo"], 0.0), max(c["hi"] - c["mean"], 0.0)
 
-    for i, (name, rows) in enumerate(per_model.items()):
+    for i, (group, names) in enumerate(groups.items()):
         colour = f"C{i % 10}"
+        x = np.array(lengths) * 1.03 ** (i - (len(groups) - 1) / 2)       # bars side by side
+        pooled = [r for name in names for r in per_model[name]]
+        label = group if len(names) == 1 else f"{group} ({len(names)} seeds)"
         for ax, task in zip(axes, tasks + [None]):
-            mean, below, above = np.array([cell(rows, task, L) for L in lengths]).T
-            x = np.array(lengths) * 1.03 ** (i - (len(per_model) - 1) / 2)   # bars side by side
-            ax.errorbar(x, mean, yerr=[below, above], marker="o", color=colour, label=name,
-                        capsize=2, lw=1.2, elinewidth=0.8)
+            if len(names) > 1:
+                for name in names:
+                    ax.plot(x, [cell(per_model[name], task, L)[0] for L in lengths],
+                            color=colour, lw=0.7, alpha=0.35)
+            mean, below, above = np.array([cell(pooled, task, L) for L in lengths]).T
+            ax.errorbar(x, mean, yerr=[below, above], marker="o", color=colour, label=label,
+                        capsize=2, lw=1.2 if len(names) == 1 else 2.0, elinewidth=0.8)
     for ax, task in zip(axes, tasks + ["mean of the tasks"]):
         if train_len:
             ax.axvline(train_len, color="grey", ls="--", lw=1)
@@ -74,8 +94,9 @@ def extrapolation_chart(per_model: dict, path: Path, train_len: int | None = Non
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("NIAH score; bars: 95% interval\n(dashed: training length)")
     handles, labels = axes[0].get_legend_handles_labels()
+    rows = -(-len(labels) // 6)
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.tight_layout(rect=(0, 0.04 + 0.06 * rows, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
