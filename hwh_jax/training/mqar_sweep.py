@@ -52,9 +52,9 @@ class SweepSpec:
     settings: tuple = ((64, 4), (128, 8), (256, 16), (512, 64))   # (sequence length, pairs)
     vocab: int = 8192
     heads: int = 4                  # heads a layer; HwH: 1 FA + 3 GDN in each of its 2 layers
-    steps: int = 2000
+    steps: int = 6000
     batch_size: int = 64
-    lrs: tuple = (1e-3, 3e-3)
+    lrs: tuple = (1e-3, 3e-3, 1e-2)
     seeds: tuple = (0, 1, 2)
     warmup_steps: int = 100
     weight_decay: float = 0.1
