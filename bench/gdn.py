@@ -33,8 +33,9 @@ import _bench
 from _bench import median_ms, rel_err
 from kernels_pallas.gdn import GDNSettings, gated_delta_rule, gated_delta_rule_pallas
 from kernels_pallas.gdn import pallas as gdn_pallas
-from kernels_pallas.gdn import scan_kernels, wy_kernels
-from kernels_pallas.gdn.common import KernelConfig
+from kernels_pallas.gdn import wy_kernels
+from kernels_pallas.linear_scan import scan as scan_kernels
+from kernels_pallas.linear_scan.common import KernelConfig
 from kernels_pallas.gdn.chunk_reference import chunk_local_cumsum
 
 

@@ -4,6 +4,7 @@ launch settings) and ``op.py`` (the public entry: shapes checked, implementation
 ``chosen()`` tells which implementation each op ran."""
 from kernels_pallas.attention import (AttentionSettings, attention, attention_reference,
                                       cached_attention, cached_attention_blockwise)
+from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
 from kernels_pallas.dispatch import KernelSettings, chosen
 from kernels_pallas.gdn import GDNSettings, gated_delta_rule, gated_delta_rule_step
 from kernels_pallas.rms_norm import RMSNormSettings, rms_norm
@@ -11,7 +12,8 @@ from kernels_pallas.sharding import kernel_mesh
 from kernels_pallas.short_conv import ShortConvSettings, short_conv
 from kernels_pallas.softmax_xent import SoftmaxXentSettings, softmax_xent
 
-__all__ = ["AttentionSettings", "GDNSettings", "KernelSettings", "RMSNormSettings",
-           "ShortConvSettings", "SoftmaxXentSettings", "attention", "attention_reference",
-           "cached_attention", "cached_attention_blockwise", "chosen", "gated_delta_rule",
-           "gated_delta_rule_step", "kernel_mesh", "rms_norm", "short_conv", "softmax_xent"]
+__all__ = ["AttentionSettings", "DecaySettings", "GDNSettings", "KernelSettings",
+           "RMSNormSettings", "ShortConvSettings", "SoftmaxXentSettings", "attention",
+           "attention_reference", "cached_attention", "cached_attention_blockwise", "chosen",
+           "gated_delta_rule", "gated_delta_rule_step", "gated_linear_attention", "kernel_mesh",
+           "rms_norm", "short_conv", "softmax_xent"]

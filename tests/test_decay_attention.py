@@ -88,3 +88,70 @@ def test_bf16_inputs_keep_an_fp32_state():
                                           chunk_size=16, output_final_state=True)
     assert o.dtype == jnp.bfloat16 and s.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(o, np.float32), ref, atol=0.1, rtol=0.05)
+
+
+def _kernel_inputs(seed):
+    r = np.random.default_rng(seed)
+    b, t, h, kd, vd = 1, 40, 2, 16, 16                 # T not a multiple of the chunk: padded
+    q, k = (jnp.asarray(r.normal(size=(b, t, h, kd)), jnp.float32) for _ in range(2))
+    v = jnp.asarray(r.normal(size=(b, t, h, vd)), jnp.float32)
+    g = jnp.asarray(-r.uniform(0.0, 1.5, size=(b, t, h)), jnp.float32)
+    h0 = jnp.asarray(r.normal(size=(b, h, kd, vd)), jnp.float32)
+    do = jnp.asarray(r.normal(size=(b, t, h, vd)), jnp.float32)
+    ds = jnp.asarray(r.normal(size=(b, h, kd, vd)), jnp.float32)
+    return (q, k, v, g, h0), do, ds
+
+
+@pytest.mark.parametrize("layout", ["triton", "tpu", "triton_recompute"])
+def test_pallas_kernels_equal_the_chunked_form_with_gradients(layout):
+    """``impl="pallas"`` (the linear_scan kernels, interpreted: the generic interpreter for the
+    Triton layout, TPU semantics for the TPU layout) against the chunked jnp form: outputs,
+    final state and the gradients of q, k, v, g and the initial state, fp32."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
+    interpret = pltpu.InterpretParams() if layout == "tpu" else True
+    settings = DecaySettings(impl="pallas", interpret=interpret, chunk_size=16,
+                             recompute=layout.endswith("recompute"))
+    args, do, ds = _kernel_inputs(5)
+
+    def loss(fn):
+        def f(q, k, v, g, h0):
+            o, s = fn(q, k, v, g, scale=0.3, initial_state=h0, output_final_state=True)
+            return jnp.sum(o * do) + jnp.sum(s * ds), (o, s)
+        return jax.jit(jax.grad(f, argnums=(0, 1, 2, 3, 4), has_aux=True))
+
+    want, (o_w, s_w) = loss(lambda *a, **kw: gated_linear_attention_chunked(
+        *a, chunk_size=16, **kw))(*args)
+    got, (o_g, s_g) = loss(lambda *a, **kw: gated_linear_attention(
+        *a, settings=settings, **kw))(*args)
+    np.testing.assert_allclose(o_g, o_w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(s_g, s_w, rtol=1e-5, atol=1e-5)
+    for name, a, b in zip("q k v g h0".split(), want, got):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_pallas_path_bf16_error_and_its_refusals():
+    from kernels_pallas import chosen
+    from kernels_pallas.decay_attention import (DecaySettings, gated_linear_attention,
+                                                gated_linear_attention_pallas)
+    (q, k, v, g, _), _, _ = _kernel_inputs(6)
+    settings = DecaySettings(impl="pallas", interpret=True, chunk_size=16)
+    want, _ = gated_linear_attention_chunked(q, k, v, g, chunk_size=16)
+    o, _ = gated_linear_attention(*(a.astype(jnp.bfloat16) for a in (q, k, v)), g,
+                                  settings=settings)
+    assert o.dtype == jnp.bfloat16
+    err = np.abs(np.asarray(o, np.float32) - np.asarray(want)).max()
+    assert err <= 1e-2 * np.abs(np.asarray(want)).max(), err
+    per_key = jnp.broadcast_to(g[..., None], q.shape)
+    with pytest.raises(ValueError, match="decay per head"):
+        gated_linear_attention_pallas(q, k, v, per_key, settings=settings)
+    o_key, _ = gated_linear_attention(q, k, v, per_key, settings=settings)  # the jnp form runs
+    np.testing.assert_allclose(o_key, want, rtol=1e-5, atol=1e-5)
+    assert chosen()["gated_linear_attention@cpu"] == "chunk_reference"
+    with pytest.raises(ValueError, match="g must be"):
+        gated_linear_attention(q, k, v, g[:, :, :1], settings=settings)
+    with pytest.raises(ValueError, match="no compiled lowering"):
+        gated_linear_attention(q, k, v, g, settings=DecaySettings(impl="pallas"))
+    with pytest.raises(ValueError, match="impl="):
+        DecaySettings(impl="triton")

@@ -104,8 +104,8 @@ def test_bf16_inputs_close_to_fp32_spec():
 def test_backward_stores_follow_the_inputs_dtype_except_triton_wide_keys():
     """S_n, dS_{n+1}, v, dv are stored in the inputs' dtype (bf16 in training), fp32 under
     Triton at K > 128 (the bf16 stores exceeded the H200's shared memory there)."""
-    from kernels_pallas.gdn import scan_kernels
-    from kernels_pallas.gdn.common import KernelConfig
+    from kernels_pallas.linear_scan import scan as scan_kernels
+    from kernels_pallas.linear_scan.common import KernelConfig
     bf16, f32 = jnp.bfloat16, jnp.float32
     cfg = lambda layout: KernelConfig(chunk=64, layout=layout, block_v=64)  # noqa: E731
     assert scan_kernels.store_dtype(cfg("triton"), bf16, 128) == bf16

@@ -36,7 +36,7 @@ from hwh_jax.layers.linear import dense
 from hwh_jax.layers.norms import GatedRMSNorm, RMSNorm
 from hwh_jax.layers.rope import apply_rope
 from hwh_jax.layers.variables import data, partitioned
-from kernels_pallas.decay_attention import (gated_linear_attention_chunked,
+from kernels_pallas.decay_attention import (DecaySettings, gated_linear_attention,
                                             gated_linear_attention_step)
 from kernels_pallas.short_conv import ShortConvSettings, causal_conv1d, silu_norm
 
@@ -57,7 +57,8 @@ class DecayLinearHeads(nnx.Module):
 
     def __init__(self, kind: str, d_model: int, num_heads: int, key_dim: int, value_dim: int, *,
                  layer: int = 0, num_layers: int = 1, conv_size: int = 4,
-                 norm_eps: float = 1e-6, chunk_size: int = 64, rope_theta: float = 10000.0,
+                 norm_eps: float = 1e-6, rope_theta: float = 10000.0,
+                 settings: DecaySettings | None = None,
                  conv_settings: ShortConvSettings | None = None, dtype, param_dtype,
                  rngs: nnx.Rngs):
         if kind not in KINDS:
@@ -67,7 +68,8 @@ class DecayLinearHeads(nnx.Module):
                              f"{key_dim}")
         self.kind, self.num_heads, self.key_dim, self.value_dim = kind, num_heads, key_dim, \
             value_dim
-        self.chunk_size, self.rope_theta, self.dtype = chunk_size, rope_theta, dtype
+        self.settings = DecaySettings() if settings is None else settings
+        self.rope_theta, self.dtype = rope_theta, dtype
         self.lower_bound = layer / num_layers if kind == "hgrn2" else 0.0
         n, K, V = num_heads, key_dim, value_dim
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -189,8 +191,7 @@ class DecayLinearHeads(nnx.Module):
                                      segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
             g = jnp.where(start.reshape(*start.shape, *([1] * (g.ndim - 2))),
                           RESET_LOG_DECAY, g)
-        o, _ = gated_linear_attention_chunked(q, k, v, g, scale=self.scale,
-                                              chunk_size=self.chunk_size)
+        o, _ = gated_linear_attention(q, k, v, g, scale=self.scale, settings=self.settings)
         return self._out(o, gate, skip)
 
     # ------------------------------------------------------------ inference
@@ -231,8 +232,8 @@ class DecayLinearHeads(nnx.Module):
                                                    cache["state"], scale=self.scale)
             o = o[:, None]
         else:
-            o, state = gated_linear_attention_chunked(
-                q, k, v, g, scale=self.scale, chunk_size=self.chunk_size,
+            o, state = gated_linear_attention(
+                q, k, v, g, scale=self.scale, settings=self.settings,
                 initial_state=cache["state"], output_final_state=True)
         new["state"] = state
         return self._out(o, gate, skip), new

@@ -3,13 +3,21 @@ GLA and HGRN-2 share (``gated_linear_attention``; decode ``gated_linear_attentio
 
   reference.py        token by token (``lax.scan``): the specification, and the decode step
   chunk_reference.py  the chunked form in jnp, checked against it
+  pallas.py           the chunked form with the Pallas scan of ``kernels_pallas.linear_scan``
+                      under one custom_vjp (a decay per head)
+  settings.py         ``DecaySettings``: implementation and launch settings as one value
+  op.py               ``gated_linear_attention``: shapes checked, the implementation dispatched
 
 The decay is per head and token (scalar: Lightning, RetNet, Mamba-2) or per key dimension as
 well (GLA, HGRN-2); ``g`` is its logarithm, so g = 0 is plain linear attention.
 """
 from kernels_pallas.decay_attention.chunk_reference import gated_linear_attention_chunked
+from kernels_pallas.decay_attention.op import gated_linear_attention
+from kernels_pallas.decay_attention.pallas import gated_linear_attention_pallas
 from kernels_pallas.decay_attention.reference import (gated_linear_attention_recurrent,
                                                       gated_linear_attention_step)
+from kernels_pallas.decay_attention.settings import DecaySettings
 
-__all__ = ["gated_linear_attention_chunked", "gated_linear_attention_recurrent",
+__all__ = ["DecaySettings", "gated_linear_attention", "gated_linear_attention_chunked",
+           "gated_linear_attention_pallas", "gated_linear_attention_recurrent",
            "gated_linear_attention_step"]

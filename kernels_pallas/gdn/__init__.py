@@ -3,7 +3,7 @@
   reference.py        token by token (``lax.scan``): the specification, and the decode step
   chunk_reference.py  the chunked WY/UT form in jnp: the plain-XLA path and the kernels' model
   pallas.py           the chunked form as Pallas kernels (``wy_kernels.py`` per chunk,
-                      ``scan_kernels.py`` across chunks) under one custom_vjp
+                      ``linear_scan.scan`` across chunks) under one custom_vjp
   settings.py         ``GDNSettings``: implementation and launch settings as one value
   op.py               ``gated_delta_rule``: shapes checked, the implementation dispatched
 """

@@ -26,22 +26,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas.linear_scan.common import chunk_local_cumsum, pad_time
+
 _HI = jax.lax.Precision.HIGHEST
 _NEG = -1e30  # stands for -inf before exp; finite so that 0 * it stays 0 in gradients
-
-
-def pad_time(x, pad):
-    if pad == 0:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[1] = (0, pad)
-    return jnp.pad(x, widths)
-
-
-def chunk_local_cumsum(g, chunk_size):
-    """g [B, N*C, H] -> chunk-local inclusive cumulative sum, same shape."""
-    B, T, H = g.shape
-    return jnp.cumsum(g.reshape(B, T // chunk_size, chunk_size, H), axis=2).reshape(B, T, H)
 
 
 def unit_lower_inverse(A, base: int = 16):

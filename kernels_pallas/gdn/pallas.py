@@ -2,10 +2,10 @@
 
 Six kernels under one ``jax.custom_vjp`` (notation of ``chunk_reference.py``):
   forward   ``wy_kernels.wy_forward``        per chunk: X = (I + A)^-1, then w, u, QK.
-            ``scan_kernels.scan_forward``    sequential over chunks: v, o and the state (under
+            ``linear_scan.scan_forward``     sequential over chunks: v, o and the state (under
                                              differentiation also storing S_n and v per chunk).
-  backward  ``scan_kernels.scan_backward``   sequential, backwards: dv and dS_{n+1} per chunk, dS_0.
-            ``scan_kernels.state_grads``     per chunk: dq, dk, dw, dQK, dG through the state.
+  backward  ``linear_scan.scan_backward``    sequential, backwards: dv and dS_{n+1} per chunk, dS_0.
+            ``linear_scan.state_grads``      per chunk: dq, dk, dw, dQK, dG through the state.
             ``wy_kernels.wy_backward``       per chunk: adds dq, dk, dG through the WY form; dv,
                                              dbeta.
 Saved between the passes: the inputs, the initial state, X, w, QK, the chunk states S_n and the
@@ -21,10 +21,11 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas.dispatch import pow2
-from kernels_pallas.gdn import scan_kernels, wy_kernels
-from kernels_pallas.gdn.chunk_reference import chunk_local_cumsum, pad_time
-from kernels_pallas.gdn.common import KernelConfig
+from kernels_pallas.gdn import wy_kernels
 from kernels_pallas.gdn.settings import GDNSettings
+from kernels_pallas.linear_scan import scan as scan_kernels
+from kernels_pallas.linear_scan.common import (KernelConfig, chunk_local_cumsum, default_block_v,
+                                               layout, pad_time, reverse_chunk_cumsum)
 
 f32 = jnp.float32
 
@@ -37,13 +38,6 @@ wy_backward = _jit(wy_kernels.wy_backward, "scale", "out_dtypes")
 scan_forward = _jit(scan_kernels.scan_forward, "store")
 scan_backward = _jit(scan_kernels.scan_backward)
 state_grads = _jit(scan_kernels.state_grads)
-
-
-def _reverse_chunk_cumsum(x, C):
-    """x [B, T, H] -> sum over later positions of the same chunk (inclusive)."""
-    B, T, H = x.shape
-    x = x.reshape(B, T // C, C, H)
-    return jnp.flip(jnp.cumsum(jnp.flip(x, 2), 2), 2).reshape(B, T, H)
 
 
 def _op(cfg, scale):
@@ -87,43 +81,11 @@ def _op(cfg, scale):
         dq, dk, dv, db, dG = wy_backward(cfg, qs, kc, vc, b, G, X, dw, dv_new.astype(cd), dqk,
                                          dq, dk, dG, scale=scale,
                                          out_dtypes=(q.dtype, k.dtype, v.dtype))
-        dg = _reverse_chunk_cumsum(dG, C)
+        dg = reverse_chunk_cumsum(dG, C)
         return dq, dk, dv, dg.astype(g.dtype), db.astype(beta.dtype), dS0
 
     op.defvjp(forward, bwd)
     return op
-
-
-def layout(settings: GDNSettings) -> str:
-    """"triton" or "tpu": the kernels' memory layout and lowering for ``settings``."""
-    interpret = settings.interpret
-    if interpret is False or interpret is None:
-        platform = settings.target()
-        if platform in ("gpu", "tpu"):
-            return "triton" if platform == "gpu" else "tpu"
-        raise ValueError(f"gated_delta_rule(impl='pallas') has no compiled lowering on platform "
-                         f"{platform!r}: set interpret=True (generic interpreter) or "
-                         f"interpret=pltpu.InterpretParams() (TPU semantics) in GDNSettings")
-    if interpret is True:
-        return "triton"
-    from jax.experimental.pallas import tpu as pltpu
-    if isinstance(interpret, pltpu.InterpretParams):
-        return "tpu"
-    raise ValueError(f"gated_delta_rule: interpret must be False, True or a "
-                     f"pltpu.InterpretParams, got {interpret!r}")
-
-
-def default_block_v(layout, B, H, K, V, programs=128):
-    """Value columns per program of the sequential scan. "tpu": V, or 128 when it divides V.
-    "triton": the largest power of two dividing V, at most 64, halved (down to 16) while the
-    grid B x H x V/block has fewer than ``programs`` programs (about one per SM of an H200),
-    since the scan's speed is the latency of its chunk loop times the waves of programs."""
-    if layout == "tpu":
-        return 128 if V % 128 == 0 else V
-    bv = min(64, V & -V)
-    while bv > 16 and B * H * (V // bv) < programs:
-        bv //= 2
-    return bv
 
 
 def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,

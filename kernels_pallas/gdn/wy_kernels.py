@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels_pallas.gdn.common import chunk_call, col_blocks, dot, dot_nt, f32
+from kernels_pallas.linear_scan.common import chunk_call, col_blocks, dot, dot_nt, f32
 _NEG = -1e30
 
 

@@ -1,4 +1,5 @@
-"""What the GDN Pallas kernels share: launch settings, matmul helpers, the per-chunk launcher."""
+"""What the chunked linear-recurrence Pallas kernels share: launch settings and layout, matmul
+helpers, the per-chunk launcher, padding and chunk-local cumulative sums."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +14,7 @@ f32 = jnp.float32
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-    """How the GDN kernels are launched. ``layout``: "triton" | "tpu"; ``interpret``: False,
+    """How the chunked kernels are launched. ``layout``: "triton" | "tpu"; ``interpret``: False,
     True (generic interpreter) or a ``pltpu.InterpretParams``."""
     chunk: int
     layout: str
@@ -104,3 +105,58 @@ def chunk_call(cfg, kernel, ins, outs, btH, *, name, num_warps=None):
         interpret=cfg.interpret, name=name, **params,
     )(*(swap(a) for a, _ in ins))
     return tuple(swap(r) for r in res)
+
+
+def pad_time(x, pad):
+    """x [B, T, ...] with ``pad`` zeros after its last token."""
+    if pad == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (0, pad)
+    return jnp.pad(x, widths)
+
+
+def chunk_local_cumsum(g, chunk_size):
+    """g [B, N*C, H] -> chunk-local inclusive cumulative sum, same shape."""
+    B, T, H = g.shape
+    return jnp.cumsum(g.reshape(B, T // chunk_size, chunk_size, H), axis=2).reshape(B, T, H)
+
+
+def reverse_chunk_cumsum(x, chunk_size):
+    """x [B, N*C, H] -> the sum over each position and the later ones of its chunk (the
+    cotangent of ``chunk_local_cumsum``)."""
+    B, T, H = x.shape
+    x = x.reshape(B, T // chunk_size, chunk_size, H)
+    return jnp.flip(jnp.cumsum(jnp.flip(x, 2), 2), 2).reshape(B, T, H)
+
+
+def layout(settings) -> str:
+    """"triton" or "tpu": the kernels' memory layout and lowering for a ``KernelSettings``."""
+    interpret = settings.interpret
+    if interpret is False or interpret is None:
+        platform = settings.target()
+        if platform in ("gpu", "tpu"):
+            return "triton" if platform == "gpu" else "tpu"
+        raise ValueError(f"{settings.OP}(impl='pallas') has no compiled lowering on platform "
+                         f"{platform!r}: set interpret=True (generic interpreter) or "
+                         f"interpret=pltpu.InterpretParams() (TPU semantics) in its settings")
+    if interpret is True:
+        return "triton"
+    from jax.experimental.pallas import tpu as pltpu
+    if isinstance(interpret, pltpu.InterpretParams):
+        return "tpu"
+    raise ValueError(f"{settings.OP}: interpret must be False, True or a "
+                     f"pltpu.InterpretParams, got {interpret!r}")
+
+
+def default_block_v(layout, B, H, K, V, programs=128):
+    """Value columns per program of the sequential scan. "tpu": V, or 128 when it divides V.
+    "triton": the largest power of two dividing V, at most 64, halved (down to 16) while the
+    grid B x H x V/block has fewer than ``programs`` programs (about one per SM of an H200),
+    since the scan's speed is the latency of its chunk loop times the waves of programs."""
+    if layout == "tpu":
+        return 128 if V % 128 == 0 else V
+    bv = min(64, V & -V)
+    while bv > 16 and B * H * (V // bv) < programs:
+        bv //= 2
+    return bv

@@ -1,6 +1,8 @@
-"""The inter-chunk pass of chunked Gated DeltaNet as Pallas kernels, forward and backward.
+"""The inter-chunk pass of a chunked gated linear recurrence as Pallas kernels, forward and
+backward: Gated DeltaNet's (``kernels_pallas.gdn``), and with w = 0 and u = v the recurrence
+of linear attention with a scalar decay (``kernels_pallas.decay_attention``).
 
-The chunk-parallel part of the WY/UT form (``pallas.py``) leaves, for each chunk n of C tokens
+The chunk-parallel part of GDN's WY/UT form (``gdn/pallas.py``) leaves, for each chunk n of C tokens
 of one (batch, head): the scaled queries q and keys k [C, K], w [C, K], u [C, V], the masked
 intra-chunk scores QK [C, C] (QK_ij = q_i.k_j exp(G_i - G_j), j <= i) and the chunk-local
 cumulative log gates G [C]. What is left is sequential over chunks and independent across
@@ -34,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels_pallas.gdn.common import chunk_call, col_blocks, compiler_params, dot, dot_nt, f32
+from kernels_pallas.linear_scan.common import chunk_call, col_blocks, compiler_params, dot, dot_nt, f32
 
 
 # ---------------------------------------------------------------- per-chunk bodies (values)

@@ -1,0 +1,74 @@
+"""``gated_linear_attention``: the public entry, which checks shapes and runs the implementation
+its ``DecaySettings`` choose; under ``kernel_mesh`` the Pallas kernels run per device shard."""
+from __future__ import annotations
+
+from kernels_pallas import dispatch, sharding
+from kernels_pallas.decay_attention.chunk_reference import gated_linear_attention_chunked
+from kernels_pallas.decay_attention.pallas import gated_linear_attention_pallas
+from kernels_pallas.decay_attention.reference import gated_linear_attention_recurrent
+from kernels_pallas.decay_attention.settings import DecaySettings
+
+
+def _check_shapes(q, k, v, g, initial_state):
+    if q.ndim != 4:
+        raise ValueError(f"gated_linear_attention: q must be [B,T,H,K], got shape {q.shape}")
+    B, T, H, K = q.shape
+    if k.shape != q.shape:
+        raise ValueError(f"gated_linear_attention: k shape {k.shape} != q shape {q.shape}")
+    if v.ndim != 4 or v.shape[:3] != (B, T, H):
+        raise ValueError(f"gated_linear_attention: v must be [B={B},T={T},H={H},V], got "
+                         f"{v.shape}")
+    if g.shape not in ((B, T, H), (B, T, H, K)):
+        raise ValueError(f"gated_linear_attention: g must be [B,T,H]={(B, T, H)} (a decay per "
+                         f"head) or [B,T,H,K]={(B, T, H, K)} (per key), got {g.shape}")
+    if initial_state is not None and initial_state.shape != (B, H, K, v.shape[-1]):
+        raise ValueError(f"gated_linear_attention: initial_state must be [B,H,K,V]="
+                         f"{(B, H, K, v.shape[-1])}, got {initial_state.shape}")
+
+
+def gated_linear_attention(q, k, v, g, *, scale=None, initial_state=None,
+                           output_final_state=False, settings: DecaySettings | None = None):
+    """Linear attention with a decaying state over a sequence, fla layout.
+
+    Args:
+      q, k: [B, T, H, K]; v: [B, T, H, V]; g: log decay (<= 0), [B, T, H] (per head) or
+      [B, T, H, K] (per key dimension); scale: query scale, default K**-0.5;
+      initial_state: [B, H, K, V] (fp32); output_final_state: also return the last state;
+      settings: which implementation and how it is launched (default ``DecaySettings()``).
+    Returns:
+      (o [B, T, H, V] in v's dtype, final state [B, H, K, V] fp32 or None).
+    """
+    settings = DecaySettings() if settings is None else settings
+    _check_shapes(q, k, v, g, initial_state)
+    impl = settings.choose()
+    if impl == "pallas" and g.ndim == 4:            # no kernel for a decay per key dimension
+        impl = "chunk_reference"
+    impl = dispatch.record(settings, impl)
+    kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state)
+    if impl == "recurrent":
+        return gated_linear_attention_recurrent(q, k, v, g, **kw)
+    if impl == "chunk_reference":
+        return gated_linear_attention_chunked(q, k, v, g, chunk_size=settings.chunk_size, **kw)
+    km = sharding.current()
+    if km is None:
+        return gated_linear_attention_pallas(q, k, v, g, settings=settings, **kw)
+    return _pallas_per_shard(km, q, k, v, g, settings=settings, **kw)
+
+
+def _pallas_per_shard(km, q, k, v, g, *, initial_state, output_final_state, **kw):
+    """The Pallas kernels on each device's rows and heads (``kernels_pallas.sharding``)."""
+    b, h = km.batch_spec(q.shape[0]), km.head_spec(q.shape[2])
+    x4, x3, st = sharding.P(b, None, h, None), sharding.P(b, None, h), sharding.P(b, h, None, None)
+    args, specs = [q, k, v, g], [x4, x4, x4, x3]
+    if initial_state is not None:
+        args.append(initial_state)
+        specs.append(st)
+
+    def local(q, k, v, g, h0=None):
+        o, s = gated_linear_attention_pallas(q, k, v, g, initial_state=h0,
+                                             output_final_state=output_final_state, **kw)
+        return (o, s) if output_final_state else o
+
+    out = sharding.per_shard(local, km, tuple(specs), (x4, st) if output_final_state else x4)(
+        *args)
+    return out if output_final_state else (out, None)

@@ -1,0 +1,157 @@
+"""Linear attention with a decay per head (Lightning, RetNet, Mamba-2) as Pallas kernels:
+``gated_linear_attention(impl="pallas")``.
+
+The chunked form of ``chunk_reference.py`` is the inter-chunk scan of ``kernels_pallas.
+linear_scan`` with no delta rule (w = 0, u = v). Per chunk of C tokens, with G the chunk-local
+cumulative log decay and E_ij = exp(G_i - G_j) for j <= i (0 above the diagonal, masked before
+``exp``, so every exponent is <= 0):
+
+    QK      = (q k^T) * E                                    per chunk, XLA ([C, C] matmuls)
+    forward   ``linear_scan.scan_forward``:  o_n = (q e^G) S_n + QK_n v_n,
+                                             S_{n+1} = e^{G_last} S_n + (k e^{G_last - G})^T v_n
+    backward  ``linear_scan.scan_backward``: dv and dS_{n+1} per chunk, dS_0;
+              ``linear_scan.state_grads``:   dq, dk, dQK, dG through the state;
+              then through QK in XLA: dq += (dQK * E) k, dk += (dQK * E)^T q,
+              dG += row sums - column sums of dQK * QK; dg = the chunk's reverse cumsum of dG.
+
+Under one ``jax.custom_vjp``; saved between the passes: the inputs, QK, the chunk states S_n
+(``DecaySettings.recompute``: the inputs only, the forward scan rerun in the backward). The
+scan reads a zero w (the delta rule's correction) it does not need: a T x K read a pass that
+a scan without the delta rule would save. A decay per key dimension (GLA, HGRN-2) does not
+factor into one E per chunk and has no kernel here.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kernels_pallas.decay_attention.settings import DecaySettings
+from kernels_pallas.dispatch import pow2
+from kernels_pallas.linear_scan import scan as scan_kernels
+from kernels_pallas.linear_scan.common import (KernelConfig, chunk_local_cumsum, default_block_v,
+                                               layout, pad_time, reverse_chunk_cumsum)
+
+f32 = jnp.float32
+_HI = jax.lax.Precision.HIGHEST
+
+# nested jits (config static): one lowering, hence one Triton compilation, per shape and config
+_jit = lambda fn, *names: jax.jit(fn, static_argnums=0, static_argnames=names)  # noqa: E731
+scan_forward = _jit(scan_kernels.scan_forward, "store")
+scan_backward = _jit(scan_kernels.scan_backward)
+state_grads = _jit(scan_kernels.state_grads)
+
+
+def _chunks(x, C):
+    """[B, N*C, H, X] -> [B, N, H, C, X]."""
+    B, T, H, X = x.shape
+    return x.reshape(B, T // C, C, H, X).transpose(0, 1, 3, 2, 4)
+
+
+def _decay_matrix(G, C):
+    """E [B, N, H, C, C] fp32: exp(G_i - G_j) for j <= i, else 0."""
+    B, T, H = G.shape
+    Gc = G.reshape(B, T // C, C, H).transpose(0, 1, 3, 2)
+    causal = jnp.tril(jnp.ones((C, C), bool))
+    diff = jnp.where(causal, Gc[..., :, None] - Gc[..., None, :], 0.0)
+    return jnp.where(causal, jnp.exp(diff), 0.0)
+
+
+def _scores(qs, k, E, C):
+    """q k^T per chunk [B, N, H, C, C] fp32, and QK = that * E laid out [B, T, H, C]."""
+    s = jnp.einsum("bnhik,bnhjk->bnhij", _chunks(qs, C), _chunks(k, C),
+                   preferred_element_type=f32)
+    qk = s * E
+    B, N, H = qk.shape[:3]
+    return s, qk.transpose(0, 1, 3, 2, 4).reshape(B, N * C, H, C)
+
+
+def _op(cfg, scale):
+    """The custom_vjp op on padded inputs: (q, k, v, g [B, T, H], S0) -> (o, S_N)."""
+    C = cfg.chunk
+
+    def prepare(q, k, v, g):
+        cd = jnp.result_type(q.dtype, k.dtype, v.dtype)
+        qs = q.astype(cd) if scale == 1.0 else (q.astype(f32) * scale).astype(cd)
+        G = chunk_local_cumsum(g.astype(f32), C)
+        return qs, k.astype(cd), v.astype(cd), G
+
+    def primal(q, k, v, g, S0, store):
+        qs, kc, vc, G = prepare(q, k, v, g)
+        _, qk = _scores(qs, kc, _decay_matrix(G, C), C)
+        qk = qk.astype(qs.dtype)
+        outs = scan_forward(cfg, qs, kc, jnp.zeros_like(kc), vc, qk, G, S0, store=store)
+        return outs, qk
+
+    @jax.custom_vjp
+    def op(q, k, v, g, S0):
+        return primal(q, k, v, g, S0, False)[0]
+
+    def forward(q, k, v, g, S0):
+        store = not cfg.recompute
+        outs, qk = primal(q, k, v, g, S0, store)
+        saved = (qk, outs[2]) if store else ()                  # QK, S_n
+        return tuple(outs[:2]), (q, k, v, g, S0, saved)
+
+    def bwd(res, cts):
+        q, k, v, g, S0, saved = res
+        do, dSN = cts
+        qs, kc, vc, G = prepare(q, k, v, g)
+        cd, w = qs.dtype, jnp.zeros_like(kc)
+        E = _decay_matrix(G, C)
+        s, qk = _scores(qs, kc, E, C)
+        if saved:
+            qk_in, h = saved
+        else:
+            qk_in = qk.astype(cd)
+            h = scan_forward(cfg, qs, kc, w, vc, qk_in, G, S0, store=True)[2]
+        dv, dh, dS0 = scan_backward(cfg, qs, kc, w, qk_in, G, do.astype(cd), dSN.astype(f32))
+        dq, dk, _, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, vc, dv, do.astype(cd))
+        dqk = _chunks(dqk.astype(f32), C)                        # [B, N, H, C(i), C(j)]
+        ds = dqk * E                                             # d(q k^T)
+        B, T, H, K = q.shape
+        unchunk = lambda x: x.transpose(0, 1, 3, 2, 4).reshape(B, T, H, -1)  # noqa: E731
+        dq = dq + unchunk(jnp.einsum("bnhij,bnhjk->bnhik", ds, _chunks(kc.astype(f32), C),
+                                     precision=_HI))
+        dk = dk + unchunk(jnp.einsum("bnhij,bnhik->bnhjk", ds, _chunks(qs.astype(f32), C),
+                                     precision=_HI))
+        p = dqk * s * E                                          # dQK * QK
+        dG = dG + (p.sum(-1) - p.sum(-2)).transpose(0, 1, 3, 2).reshape(B, T, H)
+        dg = reverse_chunk_cumsum(dG, C)
+        return ((dq * scale).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
+                dg.astype(g.dtype), dS0)
+
+    op.defvjp(forward, bwd)
+    return op
+
+
+def gated_linear_attention_pallas(q, k, v, g, *, scale=None, initial_state=None,
+                                  output_final_state=False,
+                                  settings: DecaySettings = DecaySettings()):
+    """Same contract as ``gated_linear_attention`` for a decay per head (g [B, T, H]), as the
+    kernels of the module docstring, launched as ``settings`` says (its ``impl`` is not read)."""
+    if g.ndim != 3:
+        raise ValueError(f"gated_linear_attention(impl='pallas') takes a decay per head, "
+                         f"g [B, T, H]; got g of shape {g.shape} (a decay per key dimension "
+                         f"runs impl='chunk_reference')")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    C = settings.chunk_size
+    lay = layout(settings)
+    bv = default_block_v(lay, B, H, K, V) if settings.block_v is None else settings.block_v
+    if V % bv:
+        raise ValueError(f"gated_linear_attention(impl='pallas'): block_v={bv} does not divide "
+                         f"V={V}")
+    if lay == "triton" and settings.interpret is not True:
+        for name, n in (("K", K), ("block_v", bv), ("chunk_size", C)):
+            if not pow2(n) or n < 16 and name != "block_v":
+                raise ValueError(f"gated_linear_attention(impl='pallas') on GPU needs {name} a "
+                                 f"power of two >= 16, got {n}")
+    cfg = KernelConfig(chunk=C, layout=lay, block_v=bv, interpret=settings.interpret,
+                       num_warps=settings.num_warps, num_stages=settings.num_stages,
+                       chunk_warps=settings.chunk_warps, recompute=settings.recompute)
+    scale = K ** -0.5 if scale is None else float(scale)
+    pad = (-T) % C
+    S0 = (jnp.zeros((B, H, K, V), f32) if initial_state is None
+          else initial_state.astype(f32))
+    o, S = _op(cfg, scale)(*(pad_time(x, pad) for x in (q, k, v, g)), S0)
+    return o[:, :T].astype(v.dtype), (S if output_final_state else None)

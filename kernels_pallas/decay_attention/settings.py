@@ -1,0 +1,46 @@
+"""``DecaySettings``: how ``gated_linear_attention`` runs, as one frozen value."""
+from __future__ import annotations
+
+import dataclasses
+
+from kernels_pallas.dispatch import KernelSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class DecaySettings(KernelSettings):
+    """Implementation and launch settings of ``gated_linear_attention``.
+
+    impl: "auto" | "recurrent" (``reference.py``, token by token) | "chunk_reference" (the
+    chunked form in XLA) | "pallas" (the chunked form with the Pallas scan of
+    ``kernels_pallas.linear_scan``: Triton on GPU, Mosaic on TPU; a decay per head only, a
+    decay per key dimension runs "chunk_reference"). "auto" is "chunk_reference" on every
+    platform until the kernels are timed against it on a GPU. chunk_size: C of the chunked
+    forms. The rest concern the Pallas kernels only: block_v: value columns per program of the
+    sequential scans (None: ``linear_scan.common.default_block_v``); num_warps / num_stages: the
+    scans' launch on GPU; chunk_warps: the per-chunk gradient kernel's; recompute: save only
+    the inputs for the backward and rerun the forward scan there.
+    """
+    chunk_size: int = 64
+    block_v: int | None = None
+    num_warps: int = 4
+    num_stages: int = 2
+    chunk_warps: int = 4
+    recompute: bool = False
+
+    OP = "gated_linear_attention"
+    IMPLS = ("auto", "recurrent", "chunk_reference", "pallas")
+    AUTO = {}
+    FALLBACK = "chunk_reference"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.chunk_size < 1:
+            raise ValueError(f"gated_linear_attention: chunk_size must be >= 1, got "
+                             f"{self.chunk_size}")
+        for name in ("num_warps", "num_stages", "chunk_warps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"gated_linear_attention: {name} must be >= 1, got "
+                                 f"{getattr(self, name)}")
+        if self.block_v is not None and self.block_v < 1:
+            raise ValueError(f"gated_linear_attention: block_v must be >= 1 or None, got "
+                             f"{self.block_v}")
