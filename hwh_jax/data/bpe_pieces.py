@@ -330,14 +330,14 @@ def _encode_group(texts: list[str], table: PieceTable) -> list[np.ndarray]:
     every = short.all()
     sa, sl = (ba, blen) if every else (ba[short], blen[short])
     k1, k2 = keys_of(buf, sa, sl)
-    slots, vals, found = table.find(k1, k2)
+    _, vals, found = table.find(k1, k2)
     for _ in range(2):      # a second round only if the table was cleared to make room
         m = np.flatnonzero(~found)
         if not len(m):
             break
         one = _distinct(k1[m], k2[m])
         if table.make_room(len(one)):
-            slots, vals, found = table.find(k1, k2)
+            _, vals, found = table.find(k1, k2)
             continue
         new = m[one]
         piece_end = np.append(a[1:], len(code))[new if every else np.flatnonzero(short)[new]] - 1
