@@ -1,8 +1,9 @@
 """Every command shown in README.md and docs/*.md runs as written: each `python -m launch.X` line's
 flags and `--config.*` overrides parse against the real flags and config (absl's
-`--only_check_args`: nothing runs), each `python bench/X.py` / `tools/X.py` line names only
+parse, as `--only_check_args` checks: nothing runs), each `python bench/X.py` / `tools/X.py` line names only
 options its parser knows, and each script it names exists."""
 import concurrent.futures
+import json
 import re
 import shlex
 import subprocess
@@ -63,10 +64,34 @@ def test_the_docs_show_commands():
     assert sum(kind == "launch" for _, _, kind, _, _ in COMMANDS) >= 15
 
 
-def _check_launch(module, args):
-    proc = subprocess.run([sys.executable, "-m", module, *args, "--only_check_args"],
+_CHECK = """
+import importlib, json, sys
+from absl import flags
+importlib.import_module(sys.argv[1])
+FLAGS = flags.FLAGS
+own = set(FLAGS)
+for args in json.loads(sys.stdin.read()):
+    for name in set(FLAGS) - own:       # a config's override flags, defined by the last parse
+        delattr(FLAGS, name)
+    FLAGS.unparse_flags()
+    sys.argv = [sys.argv[1], *args]     # ml_collections reads the overrides from sys.argv
+    try:
+        FLAGS(sys.argv)
+        print(json.dumps([0, ""]))
+    except Exception as e:
+        print(json.dumps([1, f"{type(e).__name__}: {e}"[-1500:]]))
+"""
+
+
+def _check_launch(module, arg_lists):
+    """Each argument list parsed against ``module``'s flags and config, as absl's app.run
+    parses them before main (what --only_check_args checks), in one process per module:
+    [(returncode, error)] in order."""
+    proc = subprocess.run([sys.executable, "-c", _CHECK, module], input=json.dumps(arg_lists),
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
-    return proc.returncode, (proc.stderr or proc.stdout)[-1500:]
+    if proc.returncode != 0:
+        return [(proc.returncode, proc.stderr[-1500:])] * len(arg_lists)
+    return [tuple(json.loads(line)) for line in proc.stdout.splitlines() if line.startswith("[")]
 
 
 def test_launch_commands_parse():
@@ -74,11 +99,17 @@ def test_launch_commands_parse():
     todo = [(doc, line, target, args) for doc, line, kind, target, args in COMMANDS
             if kind == "launch"]
     unique = list(dict.fromkeys((target, tuple(args)) for _, _, target, args in todo))
+    by_module = {}
+    for target, args in unique:
+        by_module.setdefault(target, []).append(list(args))
     with concurrent.futures.ThreadPoolExecutor(2) as pool:     # each distinct command once
-        checked = dict(zip(unique, pool.map(lambda c: _check_launch(c[0], list(c[1])), unique)))
-    results = [checked[(target, tuple(args))] for _, _, target, args in todo]
-    bad = [f"{doc}: {line}\n  -> {err}" for (doc, line, _, _), (rc, err) in zip(todo, results)
-           if rc != 0]
+        results = dict(zip(by_module, pool.map(lambda m: _check_launch(m, by_module[m]),
+                                               by_module)))
+    checked = {(m, tuple(a)): r for m, lists in by_module.items()
+               for a, r in zip(lists, results[m])}
+    assert len(checked) == len(unique), "a module's check printed fewer results than commands"
+    bad = [f"{doc}: {line}\n  -> {checked[(target, tuple(args))][1]}"
+           for doc, line, target, args in todo if checked[(target, tuple(args))][0] != 0]
     assert not bad, "\n".join(bad)
 
 
