@@ -73,3 +73,34 @@ def test_bad_sweep_settings_name_the_flag():
         SweepSpec(settings=((16, 8),)).validate()
     with pytest.raises(ValueError, match="--archs"):
         SweepSpec(archs=("mamba",)).validate()
+
+
+def test_the_loss_and_hits_at_query_positions_equal_those_over_every_position():
+    """The trials run the LM head at each row's query positions only; their loss and correct
+    queries equal the masked loss and argmax over the logits of every position (fp32)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from hwh_jax.eval.mqar import IGNORE
+    from hwh_jax.layers.loss import cross_entropy
+    spec = SweepSpec(seeds=(0, 1), **TINY)
+    cfg = mqar_sweep.sweep_config("transformer", 32, spec)
+    init, step, hits, _ = mqar_sweep._trial_steps(cfg, spec)
+    states = init(jnp.asarray([0, 1], jnp.int32))
+    x, y = mqar_sweep.train_batch(spec, 0)
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    got_hits = np.asarray(hits(states, x, y))
+    wants = []
+    for t in range(2):
+        params = jax.tree.map(lambda a: a[t], states["params"])
+        model = nnx.merge(nnx.graphdef(mqar_sweep.HybridLM(cfg, rngs=nnx.Rngs(0))), params)
+        logits = model.logits(model.hidden(x), dtype=jnp.float32)
+        mask = (y != IGNORE).astype(jnp.float32)
+        wants.append(float(cross_entropy(logits, jnp.maximum(y, 0), mask)[0]))
+        right = ((jnp.argmax(logits, -1) == y) & (y != IGNORE)).sum(-1)
+        np.testing.assert_array_equal(got_hits[t], np.asarray(right))
+    _, losses = step(states, jnp.asarray([1e-3, 1e-3]), x, y)   # the loss before the update
+    np.testing.assert_allclose(np.asarray(losses), wants, rtol=1e-5)
+    assert set(np.asarray((y != IGNORE).sum(-1)).tolist()) == {2, 4}   # rows of both settings

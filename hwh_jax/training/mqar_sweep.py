@@ -143,11 +143,24 @@ def _trial_steps(cfg: ModelConfig, spec: SweepSpec):
         s = init_train_state(cfg, tx, seed)
         return {"params": s["params"], "opt_state": s["opt_state"]}
 
+    queries = max(pairs for _, pairs in spec.settings)     # most query positions in a row
+
+    def at_queries(model, x, y):
+        """Hidden states and labels at each row's query positions only ([N, queries], rows
+        with fewer padded and masked): the LM head, most of a small model's work, runs on
+        them and not on every position."""
+        where = jax.vmap(lambda row: jnp.nonzero(row != IGNORE, size=queries,
+                                                 fill_value=0)[0])(y)
+        h = jnp.take_along_axis(model.hidden(x), where[..., None], axis=1)
+        labels = jnp.take_along_axis(y, where, axis=1)
+        mask = jnp.arange(queries) < (y != IGNORE).sum(-1, keepdims=True)
+        return h, jnp.where(mask, labels, IGNORE)
+
     def loss_fn(params, x, y):
         model = nnx.merge(graphdef, params)
-        logits = model.logits(model.hidden(x), dtype=None)
-        mask = (y != IGNORE).astype(jnp.float32)
-        loss, _, _ = cross_entropy(logits, jnp.maximum(y, 0), mask)
+        h, labels = at_queries(model, x, y)
+        mask = (labels != IGNORE).astype(jnp.float32)
+        loss, _, _ = cross_entropy(model.logits(h, dtype=None), jnp.maximum(labels, 0), mask)
         return loss
 
     def step(state, lr, x, y):
@@ -159,8 +172,9 @@ def _trial_steps(cfg: ModelConfig, spec: SweepSpec):
 
     def hits(state, x, y):
         model = nnx.merge(graphdef, state["params"])
-        pred = jnp.argmax(model.logits(model.hidden(x), dtype=jnp.float32), -1)
-        return ((pred == y) & (y != IGNORE)).sum(-1)
+        h, labels = at_queries(model, x, y)
+        pred = jnp.argmax(model.logits(h, dtype=jnp.float32), -1)
+        return ((pred == labels) & (labels != IGNORE)).sum(-1)
 
     return (jax.jit(jax.vmap(init)),
             jax.jit(jax.vmap(step, in_axes=(0, 0, None, None)), donate_argnums=0),
