@@ -32,10 +32,9 @@ import jax.numpy as jnp
 import _bench
 from _bench import median_ms, rel_err
 from kernels_pallas.gdn import GDNSettings, gated_delta_rule, gated_delta_rule_pallas
-from kernels_pallas.gdn import pallas as gdn_pallas
 from kernels_pallas.gdn import wy_kernels
 from kernels_pallas.linear_scan import scan as scan_kernels
-from kernels_pallas.linear_scan.common import KernelConfig
+from kernels_pallas.linear_scan.common import KernelConfig, default_block_v
 from kernels_pallas.gdn.chunk_reference import chunk_local_cumsum
 
 
@@ -92,7 +91,7 @@ def check(impl, shape, opts=None):
 
 def default_cfg(shape, **over):
     B, T, H, K, V = shape
-    kw = dict(chunk=64, layout="triton", block_v=gdn_pallas.default_block_v("triton", B, H, K, V))
+    kw = dict(chunk=64, layout="triton", block_v=default_block_v("triton", B, H, K, V))
     kw.update(over)
     return KernelConfig(**kw)
 

@@ -26,10 +26,9 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas.decay_attention.settings import DecaySettings
-from kernels_pallas.dispatch import pow2
 from kernels_pallas.linear_scan import scan as scan_kernels
-from kernels_pallas.linear_scan.common import (KernelConfig, chunk_local_cumsum, default_block_v,
-                                               layout, pad_time, reverse_chunk_cumsum)
+from kernels_pallas.linear_scan.common import (chunk_local_cumsum, kernel_config, pad_time,
+                                               reverse_chunk_cumsum)
 
 f32 = jnp.float32
 _HI = jax.lax.Precision.HIGHEST
@@ -136,19 +135,9 @@ def gated_linear_attention_pallas(q, k, v, g, *, scale=None, initial_state=None,
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = settings.chunk_size
-    lay = layout(settings)
-    bv = default_block_v(lay, B, H, K, V) if settings.block_v is None else settings.block_v
-    if V % bv:
-        raise ValueError(f"gated_linear_attention(impl='pallas'): block_v={bv} does not divide "
-                         f"V={V}")
-    if lay == "triton" and settings.interpret is not True:
-        for name, n in (("K", K), ("block_v", bv), ("chunk_size", C)):
-            if not pow2(n) or n < 16 and name != "block_v":
-                raise ValueError(f"gated_linear_attention(impl='pallas') on GPU needs {name} a "
-                                 f"power of two >= 16, got {n}")
-    cfg = KernelConfig(chunk=C, layout=lay, block_v=bv, interpret=settings.interpret,
-                       num_warps=settings.num_warps, num_stages=settings.num_stages,
-                       chunk_warps=settings.chunk_warps, recompute=settings.recompute)
+    cfg = kernel_config(settings, B, H, K, V, num_warps=settings.num_warps,
+                        num_stages=settings.num_stages, chunk_warps=settings.chunk_warps,
+                        recompute=settings.recompute)
     scale = K ** -0.5 if scale is None else float(scale)
     pad = (-T) % C
     S0 = (jnp.zeros((B, H, K, V), f32) if initial_state is None

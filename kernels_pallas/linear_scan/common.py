@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels_pallas.dispatch import pow2
+
 f32 = jnp.float32
 
 
@@ -160,3 +162,22 @@ def default_block_v(layout, B, H, K, V, programs=128):
     while bv > 16 and B * H * (V // bv) < programs:
         bv //= 2
     return bv
+
+
+def kernel_config(settings, B, H, K, V, **launch) -> KernelConfig:
+    """The ``KernelConfig`` of a chunked op's ``settings`` (``chunk_size``, ``block_v``,
+    ``interpret`` and the launch fields named in ``launch``) for [B, T, H, K] keys and V value
+    columns: the layout, the scan's value block, and on GPU the power-of-two shapes Triton
+    needs, refused by name."""
+    C = settings.chunk_size
+    lay = layout(settings)
+    bv = default_block_v(lay, B, H, K, V) if settings.block_v is None else settings.block_v
+    if V % bv:
+        raise ValueError(f"{settings.OP}(impl='pallas'): block_v={bv} does not divide V={V}")
+    if lay == "triton" and settings.interpret is not True:
+        for name, n in (("K", K), ("block_v", bv), ("chunk_size", C)):
+            if not pow2(n) or n < 16 and name != "block_v":
+                raise ValueError(f"{settings.OP}(impl='pallas') on GPU needs {name} a power "
+                                 f"of two >= 16, got {n}")
+    return KernelConfig(chunk=C, layout=lay, block_v=bv, interpret=settings.interpret,
+                        **launch)
