@@ -181,4 +181,7 @@ def test_the_evaluation_launchers_run_under_several_processes(four, cache, tmp_p
                                  f"--out={tmp_path / 'analysis'}"], cache, 2)
     assert "analysis in" in outs[0] and "analysis in" not in outs[1]
     assert (tmp_path / "analysis" / "gpband.png").exists()
-    assert list((tmp_path / "analysis").glob("0_*/analysis.json"))
+    res = json.loads(next((tmp_path / "analysis").glob("0_*/analysis.json")).read_text())
+    heads = [h for layer in res["layers"] for h in layer["taxonomy"]]
+    assert heads and all(0 <= h["ld_score"] <= 1 for h in heads)    # (QRscores: the trace's
+    # test in tests/test_launch.py runs the same scoring)
