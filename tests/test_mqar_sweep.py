@@ -75,9 +75,10 @@ def test_bad_sweep_settings_name_the_flag():
         SweepSpec(archs=("mamba",)).validate()
 
 
-def test_the_loss_and_hits_at_query_positions_equal_those_over_every_position():
-    """The trials run the LM head at each row's query positions only; their loss and correct
-    queries equal the masked loss and argmax over the logits of every position (fp32)."""
+def test_the_grouped_loss_and_hits_equal_zoologys_padded_batch_over_every_position():
+    """The trials train on one group per setting at its own length and run the LM head at the
+    query positions only; their loss and correct queries equal Zoology's form: every row padded
+    to the longest, the masked loss and argmax over the logits of every position (fp32)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -86,21 +87,25 @@ def test_the_loss_and_hits_at_query_positions_equal_those_over_every_position():
     from hwh_jax.eval.mqar import IGNORE
     from hwh_jax.layers.loss import cross_entropy
     spec = SweepSpec(seeds=(0, 1), **TINY)
-    cfg = mqar_sweep.sweep_config("transformer", 32, spec)
+    cfg = mqar_sweep.sweep_config("gdn", 32, spec)
     init, step, hits, _ = mqar_sweep._trial_steps(cfg, spec)
     states = init(jnp.asarray([0, 1], jnp.int32))
-    x, y = mqar_sweep.train_batch(spec, 0)
-    x, y = jnp.asarray(x), jnp.asarray(y)
-    got_hits = np.asarray(hits(states, x, y))
+    groups = mqar_sweep.train_batch(spec, 0)
+    assert [g[0].shape for g in groups] == [(4, 16), (4, 32)]
+    assert [g[2].shape for g in groups] == [(4, 2), (4, 4)]
+    x = np.concatenate([np.pad(g[0], ((0, 0), (0, 32 - g[0].shape[1]))) for g in groups])
+    y = np.full(x.shape, IGNORE, np.int32)
+    for r, (where, answers) in enumerate((w, a) for g in groups for w, a in zip(g[1], g[2])):
+        y[r, where] = answers
     wants = []
     for t in range(2):
         params = jax.tree.map(lambda a: a[t], states["params"])
         model = nnx.merge(nnx.graphdef(mqar_sweep.HybridLM(cfg, rngs=nnx.Rngs(0))), params)
-        logits = model.logits(model.hidden(x), dtype=jnp.float32)
-        mask = (y != IGNORE).astype(jnp.float32)
-        wants.append(float(cross_entropy(logits, jnp.maximum(y, 0), mask)[0]))
+        logits = model.logits(model.hidden(jnp.asarray(x)), dtype=jnp.float32)
+        mask = (y != IGNORE).astype(np.float32)
+        wants.append(float(cross_entropy(logits, jnp.maximum(jnp.asarray(y), 0), mask)[0]))
         right = ((jnp.argmax(logits, -1) == y) & (y != IGNORE)).sum(-1)
-        np.testing.assert_array_equal(got_hits[t], np.asarray(right))
-    _, losses = step(states, jnp.asarray([1e-3, 1e-3]), x, y)   # the loss before the update
+        got = np.concatenate([np.asarray(hits(states, *g))[t] for g in groups])
+        np.testing.assert_array_equal(got, np.asarray(right))
+    _, losses = step(states, jnp.asarray([1e-3, 1e-3]), groups)   # the loss before the update
     np.testing.assert_allclose(np.asarray(losses), wants, rtol=1e-5)
-    assert set(np.asarray((y != IGNORE).sum(-1)).tolist()) == {2, 4}   # rows of both settings

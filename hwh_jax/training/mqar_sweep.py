@@ -5,8 +5,9 @@ width / heads dimensions, a SwiGLU of 2 x width) is trained on multi-query assoc
 (``hwh_jax.eval.mqar``: keys and values from a vocabulary of 8,192, the value the target at each
 query, every other position outside the loss) and scored on fresh sequences of every
 (sequence length, key-value pairs) setting. As in Zoology's own configs, one model learns all
-settings at once: each batch mixes them, every row padded at its end to the longest (causal
-models: the padding after a row's last query changes none of its predictions).
+settings at once: each batch mixes them (Zoology pads every row to the longest; here each
+setting's rows are a group of their own length, the same loss for a causal model at about half
+the tokens), and the LM head runs at the query positions only.
 
 Every (seed, learning rate) pair of one architecture and width is one trial, and the trials
 train as one program: the step is ``vmap``-ed over their parameters, optimizer states and
@@ -33,7 +34,7 @@ from flax import nnx
 from hwh_jax.eval import stats
 from hwh_jax.eval.mqar import IGNORE, multiquery_ar
 from hwh_jax.layers.config import LayerSpec, ModelConfig
-from hwh_jax.layers.loss import cross_entropy
+from hwh_jax.layers.loss import token_nll
 from hwh_jax.models.lm import HybridLM
 from hwh_jax.models.params import count_params
 from hwh_jax.models.variants import build_layers
@@ -101,39 +102,42 @@ def sweep_config(arch: str, width: int, spec: SweepSpec) -> ModelConfig:
                        dtype=spec.dtype, gdn_chunk_size=min(64, spec.max_len))
 
 
-def _settings_batch(spec: SweepSpec, counts, seed: int):
-    """Rows of MQAR for each setting (``counts[i]`` of setting i), padded to the longest:
-    inputs [N, T_max] int32 and labels [N, T_max] (IGNORE outside queries), and each row's
-    setting index."""
-    inputs, labels, which = [], [], []
-    for i, ((length, pairs), n) in enumerate(zip(spec.settings, counts)):
-        if not n:
-            continue
-        b = multiquery_ar(spec.vocab, n, length, pairs, seed=seed * 1009 + i)
-        pad = spec.max_len - length
-        inputs.append(np.pad(b.inputs, ((0, 0), (0, pad))))
-        labels.append(np.pad(b.labels, ((0, 0), (0, pad)), constant_values=IGNORE))
-        which += [i] * n
-    return np.concatenate(inputs), np.concatenate(labels), np.asarray(which)
+def _setting_rows(spec: SweepSpec, i: int, n: int, seed: int):
+    """``n`` rows of setting ``i`` at its own length: inputs [n, T_i], and each row's query
+    positions and answers [n, pairs_i] (int32)."""
+    length, pairs = spec.settings[i]
+    b = multiquery_ar(spec.vocab, n, length, pairs, seed=seed * 1009 + i)
+    rows, where = np.nonzero(b.labels != IGNORE)        # row-major: each row's in order
+    if len(rows) != n * pairs:
+        raise AssertionError(f"MQAR rows of {pairs} pairs hold {len(rows)} queries, not "
+                             f"{n * pairs}")
+    where = where.reshape(n, pairs).astype(np.int32)
+    return b.inputs, where, np.take_along_axis(b.labels, where, axis=1)
 
 
-def train_batch(spec: SweepSpec, step: int, data_seed: int = 0):
-    """Step ``step``'s batch: the settings mixed evenly (the remainder to the first ones)."""
+def train_batch(spec: SweepSpec, step: int, data_seed: int = 0) -> tuple:
+    """Step ``step``'s batch: the settings mixed evenly (the remainder to the first ones), one
+    (inputs, where, answers) group per setting at its own length, so no row is padded (Zoology pads
+    every row to the longest; a causal model's predictions before a row's end do not depend on
+    the padding after it, so the loss is the same, at about half the tokens)."""
     k, r = divmod(spec.batch_size, len(spec.settings))
-    counts = [k + (i < r) for i in range(len(spec.settings))]
-    x, y, _ = _settings_batch(spec, counts, seed=1_000_000 * (data_seed + 1) + step)
-    return x, y
+    seed = 1_000_000 * (data_seed + 1) + step
+    return tuple(_setting_rows(spec, i, k + (i < r), seed)
+                 for i in range(len(spec.settings)) if k + (i < r))
 
 
-def eval_set(spec: SweepSpec, split: str):
-    """The validation or test sequences: ``eval_examples`` of every setting."""
+def eval_set(spec: SweepSpec, split: str) -> tuple:
+    """The validation or test sequences: ``eval_examples`` of every setting, a group each."""
     seed = {"validation": 1, "test": 2}[split]     # training batches use seeds >= 1,000,000
-    return _settings_batch(spec, [spec.eval_examples] * len(spec.settings), seed=seed)
+    return tuple(_setting_rows(spec, i, spec.eval_examples, seed)
+                 for i in range(len(spec.settings)))
 
 
 def _trial_steps(cfg: ModelConfig, spec: SweepSpec):
-    """(init(seeds) -> states, step(states, lrs, x, y) -> (states, losses), hits(states, x, y)
-    -> [trials, N] correct queries, [N] queries): every function over a leading trial axis."""
+    """(init(seeds) -> states, step(states, lrs, groups) -> (states, losses), hits(states,
+    inputs, where, answers) -> [trials, N] correct queries a row): every function over a leading
+    trial axis; ``groups`` a tuple of (inputs, where, answers) of any lengths, the loss the mean
+    over all their queries."""
     opt = OptimizerSpec(lr=1.0, min_lr_ratio=0.1, warmup_steps=spec.warmup_steps,
                         total_steps=spec.steps, weight_decay=spec.weight_decay)
     tx, schedule = make_optimizer(opt)       # unit peak: each trial scales by its own lr
@@ -143,54 +147,43 @@ def _trial_steps(cfg: ModelConfig, spec: SweepSpec):
         s = init_train_state(cfg, tx, seed)
         return {"params": s["params"], "opt_state": s["opt_state"]}
 
-    queries = max(pairs for _, pairs in spec.settings)     # most query positions in a row
+    def at_queries(model, x, where):
+        """Hidden states at the query positions only: the LM head, most of a small model's
+        work, runs on them and not on every position."""
+        return jnp.take_along_axis(model.hidden(x), where[..., None], axis=1)
 
-    def at_queries(model, x, y):
-        """Hidden states and labels at each row's query positions only ([N, queries], rows
-        with fewer padded and masked): the LM head, most of a small model's work, runs on
-        them and not on every position."""
-        where = jax.vmap(lambda row: jnp.nonzero(row != IGNORE, size=queries,
-                                                 fill_value=0)[0])(y)
-        h = jnp.take_along_axis(model.hidden(x), where[..., None], axis=1)
-        labels = jnp.take_along_axis(y, where, axis=1)
-        mask = jnp.arange(queries) < (y != IGNORE).sum(-1, keepdims=True)
-        return h, jnp.where(mask, labels, IGNORE)
-
-    def loss_fn(params, x, y):
+    def loss_fn(params, groups):
         model = nnx.merge(graphdef, params)
-        h, labels = at_queries(model, x, y)
-        mask = (labels != IGNORE).astype(jnp.float32)
-        loss, _, _ = cross_entropy(model.logits(h, dtype=None), jnp.maximum(labels, 0), mask)
-        return loss
+        total, count = 0.0, 0
+        for x, where, answers in groups:
+            nll, _ = token_nll(model.logits(at_queries(model, x, where), dtype=None), answers)
+            total, count = total + nll.sum(), count + answers.size
+        return total / count
 
-    def step(state, lr, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(state["params"], x, y)
+    def step(state, lr, groups):
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"], groups)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         updates = jax.tree.map(lambda u: u * lr, updates)
         return {"params": optax.apply_updates(state["params"], updates),
                 "opt_state": opt_state}, loss
 
-    def hits(state, x, y):
+    def hits(state, x, where, answers):
         model = nnx.merge(graphdef, state["params"])
-        h, labels = at_queries(model, x, y)
-        pred = jnp.argmax(model.logits(h, dtype=jnp.float32), -1)
-        return ((pred == labels) & (labels != IGNORE)).sum(-1)
+        pred = jnp.argmax(model.logits(at_queries(model, x, where), dtype=jnp.float32), -1)
+        return (pred == answers).sum(-1)
 
     return (jax.jit(jax.vmap(init)),
-            jax.jit(jax.vmap(step, in_axes=(0, 0, None, None)), donate_argnums=0),
-            jax.jit(jax.vmap(hits, in_axes=(0, None, None))), schedule)
+            jax.jit(jax.vmap(step, in_axes=(0, 0, None)), donate_argnums=0),
+            jax.jit(jax.vmap(hits, in_axes=(0, None, None, None))), schedule)
 
 
-def _score(hits_fn, states, data, spec, batch):
+def _score(hits_fn, states, groups, spec, batch):
     """Correct queries per (trial, setting) and queries per setting."""
-    x, y, which = data
     right = np.zeros((len(spec.seeds) * len(spec.lrs), len(spec.settings)), np.int64)
-    for i in range(0, len(x), batch):
-        h = np.asarray(hits_fn(states, x[i:i + batch], y[i:i + batch]))
-        for s in range(len(spec.settings)):
-            right[:, s] += h[:, which[i:i + batch] == s].sum(-1)
-    queries = np.array([int((y[which == s] != IGNORE).sum()) for s in range(len(spec.settings))])
-    return right, queries
+    for s, group in enumerate(groups):
+        for i in range(0, len(group[0]), batch):
+            right[:, s] += np.asarray(hits_fn(states, *(a[i:i + batch] for a in group))).sum(-1)
+    return right, np.array([g[2].size for g in groups])
 
 
 def run_cell(arch: str, width: int, spec: SweepSpec, log=print) -> dict:
@@ -203,8 +196,7 @@ def run_cell(arch: str, width: int, spec: SweepSpec, log=print) -> dict:
     t0, losses = time.time(), None
     every = max(spec.steps // 4, 1)
     for t in range(spec.steps):
-        x, y = train_batch(spec, t)
-        states, losses = step(states, lrs, x, y)
+        states, losses = step(states, lrs, train_batch(spec, t))
         if (t + 1) % every == 0 or t + 1 == spec.steps:
             loss = np.asarray(losses)
             log(f"  {arch} d={width}: step {t + 1}/{spec.steps}, loss "
