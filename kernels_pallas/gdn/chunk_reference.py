@@ -37,9 +37,11 @@ def unit_lower_inverse(A, base: int = 16):
 
     A is zero-padded to base * 2^m (the padded inverse's top-left block is the inverse wanted).
     The m diagonal blocks of size ``base`` are inverted together, row by row (row i =
-    e_i - A_i X); then neighbouring blocks are merged exactly, all pairs of a level at once:
-    for [[A11, 0], [A21, A22]], X21 = -X22 A21 X11. Every step is a batched matmul, so the
-    sequential depth is base - 1 + log2(m) whatever the batch, and there is no power series.
+    e_i - A_i X, a ``fori_loop``: one body to compile instead of base - 1, which took a third
+    of the compile time of a small GDN model's training step on the CPU); then neighbouring
+    blocks are merged exactly, all pairs of a level at once: for [[A11, 0], [A21, A22]],
+    X21 = -X22 A21 X11. Every step is a batched matmul, so the sequential depth is
+    base - 1 + log2(m) whatever the batch, and there is no power series.
     """
     C = A.shape[-1]
     base = min(base, C)
@@ -52,9 +54,14 @@ def unit_lower_inverse(A, base: int = 16):
     Ab = jnp.swapaxes(A.reshape(*lead, nb, base, nb, base), -3, -2)
     D = jnp.moveaxis(jnp.diagonal(Ab, axis1=-4, axis2=-3), -1, -3)    # [..., nb, base, base]
     X = jnp.broadcast_to(jnp.eye(base, dtype=A.dtype), D.shape)
-    for i in range(1, base):
-        row = -jnp.einsum("...j,...jk->...k", D[..., i, :i], X[..., :i, :], precision=_HI)
-        X = X.at[..., i, :].add(row)
+
+    def substitute(i, X):             # row i = e_i - D_i X (D_ij = 0 for j >= i: strictly lower)
+        d = jax.lax.dynamic_index_in_dim(D, i, axis=-2, keepdims=False)
+        row = jax.lax.dynamic_index_in_dim(X, i, axis=-2, keepdims=False)
+        row = row - jnp.einsum("...j,...jk->...k", d, X, precision=_HI)
+        return jax.lax.dynamic_update_index_in_dim(X, row, i, axis=-2)
+
+    X = jax.lax.fori_loop(1, base, substitute, X)
     s, m = base, nb
     while m > 1:
         # sub-diagonal blocks A21 of each pair at this level, [..., m/2, s, s]
