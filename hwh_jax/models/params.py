@@ -21,9 +21,16 @@ def _count(abstract_module) -> int:
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(state)))
 
 
-@functools.lru_cache(maxsize=512)
 def mixer_params(cfg: ModelConfig, spec: LayerSpec) -> int:
     """Parameters of one layer's token mixer (FA heads, GDN heads, output projection)."""
+    # a mixer reads neither the other layers (only their number), nor the name, the MLP or the
+    # vocabulary: configs that differ only there share one count
+    return _mixer_params(cfg.replace(layers=(spec,) * cfg.num_layers, arch="",
+                                     mlp_hidden=1, vocab_size=1), spec)
+
+
+@functools.lru_cache(maxsize=512)
+def _mixer_params(cfg: ModelConfig, spec: LayerSpec) -> int:
     return _count(nnx.eval_shape(lambda: HeadwiseMixer(cfg, spec, rngs=nnx.Rngs(0))))
 
 
