@@ -12,7 +12,6 @@ import dataclasses
 import json
 import logging
 import math
-import signal
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from hwh_jax.eval.suite import EvalModel, run_suite
 from hwh_jax.models.params import param_table
 from hwh_jax.profiling import host_gc, profile
 from hwh_jax.training import memory
+from hwh_jax.training.signals import StopOnSignal
 from hwh_jax.training import sharding as shd
 from hwh_jax.training import workdir as workdir_lib
 from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
@@ -57,7 +57,7 @@ def train_and_evaluate(config, workdir: str | Path) -> RunResult:
     """Train ``config`` in ``workdir`` (resuming from its newest checkpoint), then evaluate.
     SIGTERM / SIGINT at any point end the run with a complete checkpoint of the last step
     trained (docs/training.md, "Faults")."""
-    with _Stop() as stop:
+    with StopOnSignal("saving a checkpoint and stopping") as stop:
         run = Run(config, workdir, stop)
         run.make_mesh()
         run.load_data()
@@ -84,7 +84,7 @@ class Run:
 
     def __init__(self, config, workdir: str | Path, stop=None):
         self.config, self.c = config, config.train
-        self.stop = stop or _Stop()
+        self.stop = stop or StopOnSignal("saving a checkpoint and stopping")
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.specs = run_specs(config)
@@ -473,30 +473,6 @@ class _StopVote:
 
 class _Stopped(Exception):
     """Raised inside the closing evaluation when a stop signal arrived."""
-
-
-class _Stop:
-    """SIGTERM / SIGINT set a flag; the loop saves a checkpoint and returns cleanly."""
-
-    def __init__(self):
-        self.signal = None
-        self._old = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: signals cannot be caught here
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        self.signal = signal.Signals(signum).name
-        log.warning("received %s: saving a checkpoint and stopping", self.signal)
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 class _Tracer:
