@@ -8,7 +8,9 @@ Trains 2-layer models of each architecture and width on multi-query associative 
 (seed, learning rate) of one architecture and width as one vmapped program, and writes
 ``results.json`` (every seed's test accuracy at its best learning rate, cells with mean, sd
 and pooled 95% intervals), ``table.md`` and ``mqar_sweep.png`` (accuracy against width, a panel
-per sequence length). The logic is ``hwh_jax.training.mqar_sweep``.
+per sequence length). Stopped (SIGTERM, Ctrl-C, a time limit) or killed, the same command
+continues: finished cells are kept and a cut cell goes on from its last saved step. The logic
+is ``hwh_jax.training.mqar_sweep``.
 """
 import dataclasses
 
@@ -31,6 +33,8 @@ flags.DEFINE_integer("vocab", None, "vocabulary (default 8192)")
 flags.DEFINE_integer("heads", None, "heads a layer (default 4)")
 flags.DEFINE_integer("eval_examples", None, "validation and test sequences per setting (256)")
 flags.DEFINE_string("dtype", None, "compute dtype (default bfloat16)")
+flags.DEFINE_integer("save_every", 1000, "steps between saves of a cell's trials (to continue "
+                     "a killed sweep: the same command into the same --out continues it)")
 flags.mark_flags_as_required(["out"])
 FLAGS = flags.FLAGS
 
@@ -43,7 +47,7 @@ def main(argv):
 
 
 def run():
-    from hwh_jax.training.mqar_sweep import SweepSpec, merge, sweep, table
+    from hwh_jax.training.mqar_sweep import Stopped, SweepSpec, merge, sweep, table
     if FLAGS.report:
         cells = merge(FLAGS.report, FLAGS.out)
         print(f"{table(cells)}\n\nresults, table and figure in {FLAGS.out}", flush=True)
@@ -63,7 +67,11 @@ def run():
             given[name] = FLAGS[name].value
     spec = SweepSpec(**given)
     print(f"MQAR sweep: {dataclasses.asdict(spec)}", flush=True)
-    cells = sweep(spec, FLAGS.out)
+    try:
+        cells = sweep(spec, FLAGS.out, save_every=FLAGS.save_every)
+    except Stopped as e:
+        print(e, flush=True)
+        return
     print(f"\n{table(cells)}\n\nresults, table and figure in {FLAGS.out}", flush=True)
 
 

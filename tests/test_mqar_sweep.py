@@ -25,18 +25,51 @@ def test_trials_trained_together_equal_a_trial_trained_alone():
 
 
 def test_a_tiny_sweep_writes_cells_with_intervals(tmp_path):
-    spec = SweepSpec(archs=("hwh",), seeds=(0, 1), **{**TINY, "lrs": (1e-3, 3e-3)})
+    spec = SweepSpec(archs=("transformer",), seeds=(0, 1), **{**TINY, "lrs": (1e-3, 3e-3)})
     lines = []
     cells = mqar_sweep.sweep(spec, tmp_path, log=lines.append)
-    assert len(cells) == 2 and any("[1/1] hwh d=32: mean accuracy" in s for s in lines)
+    assert len(cells) == 2 and any("[1/1] transformer d=32: mean accuracy" in s for s in lines)
     for c in cells:
         assert c["seeds"] == 2 and c["queries"] == 2 * 8 * c["pairs"]
         assert 0 <= c["lo"] <= c["mean"] <= c["hi"] <= 1
         assert set(c["lrs"]) <= {1e-3, 3e-3}
     saved = json.loads((tmp_path / "results.json").read_text())
     assert len(saved["rows"]) == 2 * 2 and saved["spec"]["steps"] == 4
-    assert "| hwh | 32 |" in (tmp_path / "table.md").read_text()
+    assert "| transformer | 32 |" in (tmp_path / "table.md").read_text()
     assert (tmp_path / "mqar_sweep.png").stat().st_size > 0
+
+
+def test_a_sweep_stopped_by_sigterm_continues_as_if_uninterrupted(tmp_path):
+    """SIGTERM during a cell (step 2 of 4): the trials are saved after the next step and the
+    sweep stops; the same sweep into the same folder goes on from step 3 and ends with the
+    uninterrupted sweep's losses and answers (fp32, CPU); run once more it trains nothing, and
+    a sweep of other settings into the folder is refused naming the field."""
+    import os
+    import signal
+    spec = SweepSpec(archs=("transformer",), seeds=(0,), **{**TINY, "lrs": (3e-3, 1e-2)})
+    straight = mqar_sweep.sweep(spec, tmp_path / "straight", log=lambda s: None)
+
+    def log(line):
+        lines.append(line)
+        if "step 2/4" in line:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    lines, cut = [], tmp_path / "cut"
+    with pytest.raises(mqar_sweep.Stopped, match="at step 3/4 of transformer d=32"):
+        mqar_sweep.sweep(spec, cut, log=log)
+    assert (cut / "partial_transformer_32.npz").exists() and not (cut / "results.json").exists()
+    lines = []
+    assert mqar_sweep.sweep(spec, cut, log=log) == straight
+    assert any("continuing from step 3" in s for s in lines)
+    assert not (cut / "partial_transformer_32.npz").exists()
+    rows = lambda d: json.loads((d / "results.json").read_text())["rows"]  # noqa: E731
+    assert rows(cut) == rows(tmp_path / "straight")          # final losses included
+    lines = []
+    assert mqar_sweep.sweep(spec, cut, log=lines.append) == straight
+    assert lines == [f"[1/1] transformer d=32: in {cut / 'results.json'} already"]
+    with pytest.raises(ValueError, match="steps=4"):
+        mqar_sweep.sweep(SweepSpec(archs=("transformer",), seeds=(0,), **{**TINY, "steps": 5}),
+                         cut, log=lambda s: None)
 
 
 def test_sweeps_run_apart_merge_into_one(tmp_path):
@@ -97,15 +130,18 @@ def test_the_grouped_loss_and_hits_equal_zoologys_padded_batch_over_every_positi
     y = np.full(x.shape, IGNORE, np.int32)
     for r, (where, answers) in enumerate((w, a) for g in groups for w, a in zip(g[1], g[2])):
         y[r, where] = answers
-    wants = []
-    for t in range(2):
-        params = jax.tree.map(lambda a: a[t], states["params"])
-        model = nnx.merge(nnx.graphdef(mqar_sweep.HybridLM(cfg, rngs=nnx.Rngs(0))), params)
+    graphdef = nnx.graphdef(mqar_sweep.HybridLM(cfg, rngs=nnx.Rngs(0)))
+
+    @jax.vmap
+    def zoology(params):           # every position's logits, the masked loss, right per row
+        model = nnx.merge(graphdef, params)
         logits = model.logits(model.hidden(jnp.asarray(x)), dtype=jnp.float32)
         mask = (y != IGNORE).astype(np.float32)
-        wants.append(float(cross_entropy(logits, jnp.maximum(jnp.asarray(y), 0), mask)[0]))
-        right = ((jnp.argmax(logits, -1) == y) & (y != IGNORE)).sum(-1)
-        got = np.concatenate([np.asarray(hits(states, *g))[t] for g in groups])
-        np.testing.assert_array_equal(got, np.asarray(right))
+        loss = cross_entropy(logits, jnp.maximum(jnp.asarray(y), 0), mask)[0]
+        return loss, ((jnp.argmax(logits, -1) == y) & (y != IGNORE)).sum(-1)
+
+    wants, right = jax.jit(zoology)(states["params"])
+    got = np.concatenate([np.asarray(hits(states, *g)) for g in groups], axis=1)
+    np.testing.assert_array_equal(got, np.asarray(right))
     _, losses = step(states, jnp.asarray([1e-3, 1e-3]), groups)   # the loss before the update
-    np.testing.assert_allclose(np.asarray(losses), wants, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(losses), np.asarray(wants), rtol=1e-5)

@@ -40,6 +40,7 @@ from hwh_jax.models.params import count_params
 from hwh_jax.models.variants import build_layers
 from hwh_jax.plotting import pyplot
 from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
+from hwh_jax.training.signals import StopOnSignal
 from hwh_jax.training.state import init_train_state
 
 ARCHS = ("transformer", "gdn", "layerwise", "hwh", "hwh_rope")
@@ -186,22 +187,69 @@ def _score(hits_fn, states, groups, spec, batch):
     return right, np.array([g[2].size for g in groups])
 
 
-def run_cell(arch: str, width: int, spec: SweepSpec, log=print) -> dict:
-    """Train every (seed, lr) trial of ``arch`` at ``width`` as one program; score them."""
+class Stopped(Exception):
+    """A signal stopped the sweep inside a cell; its trials' state is saved to continue."""
+
+
+def _save_partial(path: Path, states, step: int, seconds: float):
+    """The trials' parameters and optimizer states after ``step`` steps, written atomically
+    (floats narrower than fp32 stored as fp32: exact)."""
+    leaves = [np.asarray(x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating)
+                         and x.dtype.itemsize < 4 else x) for x in jax.tree.leaves(states)]
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, step=step, seconds=seconds, **{f"leaf{i}": x for i, x in enumerate(leaves)})
+    tmp.replace(path)
+
+
+def _load_partial(path: Path, states):
+    """(states, step, seconds) from ``_save_partial``'s file, every leaf checked against the
+    freshly initialised ``states`` (another spec's file is an error naming it)."""
+    with np.load(path) as f:
+        leaves, tree = jax.tree.flatten(states)
+        saved = [f[f"leaf{i}"] for i in range(len(leaves))] if len(f.files) == len(leaves) + 2 \
+            else None
+        if saved is None or any(x.shape != y.shape for x, y in zip(saved, leaves)):
+            raise ValueError(f"{path} holds the trials of another sweep spec; delete it or use "
+                             f"another --out")
+        restored = [jnp.asarray(x).astype(y.dtype) for x, y in zip(saved, leaves)]
+        return jax.tree.unflatten(tree, restored), int(f["step"]), float(f["seconds"])
+
+
+def run_cell(arch: str, width: int, spec: SweepSpec, log=print, partial: Path | None = None,
+             save_every: int = 1000, stop=None) -> dict:
+    """Train every (seed, lr) trial of ``arch`` at ``width`` as one program; score them.
+    ``partial``: a file the trials' state is saved to every ``save_every`` steps and when
+    ``stop.signal`` is set (then ``Stopped`` is raised), and continued from when it exists
+    (the batches depend on the step only, so a continued cell trains as an uninterrupted one)."""
     cfg = sweep_config(arch, width, spec)
     init, step, hits, _ = _trial_steps(cfg, spec)
     trials = [(s, lr) for s in spec.seeds for lr in spec.lrs]
     states = init(jnp.asarray([s for s, _ in trials], jnp.int32))
     lrs = jnp.asarray([lr for _, lr in trials], jnp.float32)
-    t0, losses = time.time(), None
+    start, before = 0, 0.0
+    if partial is not None and partial.exists():
+        states, start, before = _load_partial(partial, states)
+        log(f"  {arch} d={width}: continuing from step {start} ({partial.name})")
+    t0, losses = time.time() - before, None
     every = max(spec.steps // 4, 1)
-    for t in range(spec.steps):
+    for t in range(start, spec.steps):
         states, losses = step(states, lrs, train_batch(spec, t))
-        if (t + 1) % every == 0 or t + 1 == spec.steps:
+        done = t + 1
+        if stop is not None and stop.signal and done < spec.steps:
+            _save_partial(partial, states, done, time.time() - t0)
+            raise Stopped(f"stopped by {stop.signal} at step {done}/{spec.steps} of {arch} "
+                          f"d={width}; its trials are saved in {partial}: the same command "
+                          f"continues the sweep")
+        if partial is not None and done % save_every == 0 and done < spec.steps:
+            _save_partial(partial, states, done, time.time() - t0)
+        if done % every == 0 or done == spec.steps:
             loss = np.asarray(losses)
-            log(f"  {arch} d={width}: step {t + 1}/{spec.steps}, loss "
+            log(f"  {arch} d={width}: step {done}/{spec.steps}, loss "
                 f"{loss.min():.3f}-{loss.max():.3f} over {len(trials)} trials "
                 f"({time.time() - t0:.0f}s)")
+    if losses is None:
+        raise ValueError(f"{partial} is at step {start}, not before the sweep's {spec.steps}")
     if not np.all(np.isfinite(np.asarray(losses))):
         log(f"  {arch} d={width}: a non-finite loss in some trial (its scores are what they are)")
     batch = max(spec.batch_size, 1)
@@ -279,30 +327,57 @@ def figure(cells: list[dict], path: Path):
     plt.close(fig)
 
 
-def sweep(spec: SweepSpec, out: str | Path, log=print) -> list[dict]:
+def sweep(spec: SweepSpec, out: str | Path, log=print, save_every: int = 1000) -> list[dict]:
     """Run every (arch, width) cell; ``out``/results.json (rows, cells, spec), table.md and
-    mqar_sweep.png, rewritten after each cell so a cut sweep keeps what it measured."""
+    mqar_sweep.png, rewritten after each cell so a cut sweep keeps what it measured.
+
+    Run again into the same ``out`` with the same spec, it continues: the cells in results.json
+    are kept, and a cell cut by SIGTERM / SIGINT (or a kill: its last ``save_every``) goes on
+    from its saved trials (``out``/partial_ARCH_WIDTH.npz, deleted once the cell is done)."""
     spec.validate()
+    if save_every < 1:
+        raise ValueError(f"--save_every must be >= 1, got {save_every}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cells_done, rows = [], []
+    if (out / "results.json").exists():
+        before = json.loads((out / "results.json").read_text())
+        mine = json.loads(json.dumps(dataclasses.asdict(spec)))
+        for key, value in before["spec"].items():
+            if key not in ("archs", "widths") and value != mine.get(key):
+                raise ValueError(f"{out} holds a sweep with {key}={value!r}, not "
+                                 f"{mine.get(key)!r}: use another --out for other settings")
+        cells_done, rows = before["runs"], before["rows"]
+    kept = {(r["arch"], r["width"]) for r in cells_done}
     total = len(spec.archs) * len(spec.widths)
-    for i, (arch, width) in enumerate((a, w) for a in spec.archs for w in spec.widths):
-        log(f"[{i + 1}/{total}] {arch} d={width}: {len(spec.seeds)} seeds x "
-            f"{len(spec.lrs)} learning rates, {spec.steps} steps")
-        cell = run_cell(arch, width, spec, log=log)
-        rows += cell["rows"]
-        cells_done.append({k: v for k, v in cell.items() if k != "rows"})
-        cells = summarize(rows)
-        (out / "results.json").write_text(json.dumps(
-            {"spec": dataclasses.asdict(spec), "runs": cells_done, "cells": cells,
-             "rows": rows}, indent=1))
-        (out / "table.md").write_text(table(cells) + "\n")
-        figure(cells, out / "mqar_sweep.png")
-        mean = statistics.mean(c["mean"] for c in cells if c["arch"] == arch
-                               and c["width"] == width)
-        log(f"[{i + 1}/{total}] {arch} d={width}: mean accuracy {mean:.3f} over "
-            f"{len(spec.settings)} settings ({cell['seconds']:.0f}s)")
+    with StopOnSignal("saving the trials and stopping after this step") as stop:
+        for i, (arch, width) in enumerate((a, w) for a in spec.archs for w in spec.widths):
+            if (arch, width) in kept:
+                log(f"[{i + 1}/{total}] {arch} d={width}: in {out / 'results.json'} already")
+                continue
+            if stop.signal:
+                raise Stopped(f"stopped by {stop.signal} before {arch} d={width}; the same "
+                              f"command continues the sweep")
+            log(f"[{i + 1}/{total}] {arch} d={width}: {len(spec.seeds)} seeds x "
+                f"{len(spec.lrs)} learning rates, {spec.steps} steps")
+            partial = out / f"partial_{arch}_{width}.npz"
+            cell = run_cell(arch, width, spec, log=log, partial=partial,
+                            save_every=save_every, stop=stop)
+            rows += cell["rows"]
+            cells_done.append({k: v for k, v in cell.items() if k != "rows"})
+            cells = summarize(rows)
+            saved = {**dataclasses.asdict(spec),
+                     "archs": list(dict.fromkeys(r["arch"] for r in cells_done)),
+                     "widths": sorted({r["width"] for r in cells_done})}
+            (out / "results.json").write_text(json.dumps(
+                {"spec": saved, "runs": cells_done, "cells": cells, "rows": rows}, indent=1))
+            (out / "table.md").write_text(table(cells) + "\n")
+            figure(cells, out / "mqar_sweep.png")
+            partial.unlink(missing_ok=True)
+            mean = statistics.mean(c["mean"] for c in cells if c["arch"] == arch
+                                   and c["width"] == width)
+            log(f"[{i + 1}/{total}] {arch} d={width}: mean accuracy {mean:.3f} over "
+                f"{len(spec.settings)} settings ({cell['seconds']:.0f}s)")
     return summarize(rows)
 
 
