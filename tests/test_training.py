@@ -317,7 +317,8 @@ def test_host_gc_freeze_keeps_later_garbage_collectable_and_times_collections():
     before.self = before                       # a cycle alive at freeze time
     try:
         frozen = host_gc.freeze()
-        assert frozen == gc.get_freeze_count() > 0
+        # another thread may free a frozen object meanwhile; nothing else freezes
+        assert 0 < gc.get_freeze_count() <= frozen
         after = Node()
         after.self = after                     # a cycle made after the freeze
         ref_after, ref_before = weakref.ref(after), weakref.ref(before)
