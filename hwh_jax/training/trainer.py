@@ -27,13 +27,13 @@ from hwh_jax.eval.suite import EvalModel, run_suite
 from hwh_jax.models.params import param_table
 from hwh_jax.profiling import host_gc, profile
 from hwh_jax.training import memory
-from hwh_jax.training.signals import StopOnSignal
 from hwh_jax.training import sharding as shd
 from hwh_jax.training import workdir as workdir_lib
 from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
 from hwh_jax.training.flops import flops_per_token, peak_flops
 from hwh_jax.metrics import MetricsWriter, format_duration, plot_loss, progress_line
 from hwh_jax.training.optimizer import make_optimizer
+from hwh_jax.training.signals import StopOnSignal
 from hwh_jax.training.specs import model_config, run_specs
 from hwh_jax.training.state import (init_train_state, jit_step, threefry_kernel,
                                     train_state_shardings)
