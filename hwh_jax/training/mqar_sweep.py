@@ -327,6 +327,13 @@ def figure(cells: list[dict], path: Path):
     plt.close(fig)
 
 
+def _differences(spec: dict, other: dict):
+    """(key, value, other's value) for each field of two saved specs that differs, but the
+    architectures and widths (sweeps of other cells of the same settings may be joined)."""
+    return [(k, v, other.get(k)) for k, v in spec.items()
+            if k not in ("archs", "widths") and v != other.get(k)]
+
+
 def sweep(spec: SweepSpec, out: str | Path, log=print, save_every: int = 1000) -> list[dict]:
     """Run every (arch, width) cell; ``out``/results.json (rows, cells, spec), table.md and
     mqar_sweep.png, rewritten after each cell so a cut sweep keeps what it measured.
@@ -343,10 +350,9 @@ def sweep(spec: SweepSpec, out: str | Path, log=print, save_every: int = 1000) -
     if (out / "results.json").exists():
         before = json.loads((out / "results.json").read_text())
         mine = json.loads(json.dumps(dataclasses.asdict(spec)))
-        for key, value in before["spec"].items():
-            if key not in ("archs", "widths") and value != mine.get(key):
-                raise ValueError(f"{out} holds a sweep with {key}={value!r}, not "
-                                 f"{mine.get(key)!r}: use another --out for other settings")
+        for key, value, other in _differences(before["spec"], mine):
+            raise ValueError(f"{out} holds a sweep with {key}={value!r}, not {other!r}: use "
+                             f"another --out for other settings")
         cells_done, rows = before["runs"], before["rows"]
     kept = {(r["arch"], r["width"]) for r in cells_done}
     total = len(spec.archs) * len(spec.widths)
@@ -397,10 +403,9 @@ def merge(folders: list[str | Path], out: str | Path) -> list[dict]:
     spec = dict(first["spec"])
     runs, rows, seen = [], [], {}
     for path, res in loaded:
-        for key, value in res["spec"].items():
-            if key not in ("archs", "widths") and value != first["spec"][key]:
-                raise ValueError(f"--report: {path} has {key}={value!r}, {first_path} "
-                                 f"{first['spec'][key]!r}: sweeps of other settings")
+        for key, value, other in _differences(res["spec"], first["spec"]):
+            raise ValueError(f"--report: {path} has {key}={value!r}, {first_path} "
+                             f"{other!r}: sweeps of other settings")
         for run in res["runs"]:
             cell = (run["arch"], run["width"])
             if cell in seen:
