@@ -1,4 +1,5 @@
 """Sources, tokenizers, packing, shuffling and per-process sharding of the input pipeline."""
+import concurrent.futures
 import gzip
 import json
 import re
@@ -124,6 +125,19 @@ def test_gpt2_bpe_known_ids():
     assert tok.eos_id == 50256 and tok.vocab_size == 50257
     text = "Héllo  world\n\n it's 12345 ünïcode ✓"
     assert tok.decode(tok.encode(text)) == text
+
+
+def test_gpt2_bpe_from_several_threads():
+    """Grain's in-process prefetch calls a source's __getitem__ from a thread pool: encoding
+    from several threads at once (the piece table filled in place) gives the serial ids."""
+    rng = np.random.default_rng(0)
+    texts = [" ".join(f"{rng.integers(10**6, 10**7)} {WORDS[rng.integers(len(WORDS))]}-"
+                      for _ in range(12)) for _ in range(1200)]
+    serial, tok = GPT2BPE(resolve("gpt2_bpe")), GPT2BPE(resolve("gpt2_bpe"))
+    want = [serial.encode(t) for t in texts]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(tok.encode, texts))
+    assert got == want
 
 
 def test_sentencepiece_direct_and_through_seqio(sp_model):

@@ -16,6 +16,7 @@ import itertools
 import importlib.util
 import json
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -135,6 +136,7 @@ class GPT2BPE:
         self.enc = tiktoken.Encoding("gpt2_bpe", pat_str=_TIKTOKEN_PATTERN, mergeable_ranks=ranks,
                                      special_tokens=special)
         self._table = None                   # bpe_pieces.PieceTable, built on first use
+        self._lock = threading.Lock()        # the table is filled in place: one encoder at a time
         self.pad_id = self.eos_id
         self.vocab_size = len(encoder)
         self.name = "gpt2_bpe"
@@ -157,10 +159,14 @@ class GPT2BPE:
         return [ids.tolist() for ids in self.encode_arrays(texts)]
 
     def encode_arrays(self, texts) -> list[np.ndarray]:
-        """The ids of each text as uint32, all texts encoded at once."""
+        """The ids of each text as uint32, all texts encoded at once. Safe from several threads
+        (grain's in-process prefetch calls a source's ``__getitem__`` from a thread pool)."""
+        with self._lock:
+            return self._encode_arrays(list(texts))
+
+    def _encode_arrays(self, texts: list[str]) -> list[np.ndarray]:
         if self._table is None:
             self._table = bpe_pieces.PieceTable(self.enc)
-        texts = list(texts)
         try:
             return bpe_pieces.encode_documents(texts, self._table)
         except UnicodeEncodeError:          # lone surrogates somewhere: those texts go
