@@ -1,5 +1,5 @@
-r"""Time gated linear attention with a decay per head (Lightning, RetNet, Mamba-2) on one
-accelerator and check its bf16 accuracy.
+r"""Time gated linear attention with a decay per head (Lightning, RetNet, Mamba-2) or per key
+dimension (GLA, HGRN-2: ``--per_key``) on one accelerator and check its bf16 accuracy.
 
   python bench/decay_attention.py --shapes 8,2048,16,128,128 2,8192,16,128,128 \
       --impls pallas chunk_reference --out results.jsonl
@@ -7,8 +7,9 @@ accelerator and check its bf16 accuracy.
 For each (B, T, H, K, V): forward and forward+backward medians (ms) of every implementation in
 --impls (``DecaySettings.impl``), and the relative error of bf16 outputs and gradients (q, k, v,
 g) against an fp32 run of ``chunk_reference`` (itself tested against the recurrent form). fla's
-counterpart, ``chunk_simple_gla``, is timed by ``bench/fla_gdn_anchor.py simple_gla SHAPES`` in
-the same command. Results go to stdout and to --out as JSON lines.
+counterparts, ``chunk_simple_gla`` and ``chunk_gla``, are timed by ``bench/fla_gdn_anchor.py
+simple_gla SHAPES`` and ``... gla SHAPES`` in the same command. Results go to stdout and to
+--out as JSON lines.
 """
 from __future__ import annotations
 
@@ -22,11 +23,11 @@ from _bench import median_ms, rel_err
 from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
 
 
-def inputs(B, T, H, K, V, dtype, seed=0):
+def inputs(B, T, H, K, V, dtype, seed=0, per_key=False):
     ks = jax.random.split(jax.random.key(seed), 5)
     q, k = (jax.random.normal(kk, (B, T, H, K)) * K ** -0.25 for kk in ks[:2])
     v = jax.random.normal(ks[2], (B, T, H, V))
-    g = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, H)) + 3.0)
+    g = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, H, K) if per_key else (B, T, H)) + 3.0)
     do = jax.random.normal(ks[4], (B, T, H, V))
     cast = lambda x: x.astype(dtype)  # noqa: E731
     return cast(q), cast(k), cast(v), g.astype(jnp.float32), cast(do)
@@ -49,6 +50,7 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=["8,2048,16,128,128", "2,8192,16,128,128"],
                     help="B,T,H,K,V")
     ap.add_argument("--impls", nargs="+", default=["pallas", "chunk_reference"])
+    ap.add_argument("--per_key", action="store_true", help="g [B, T, H, K] (GLA, HGRN-2)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -56,13 +58,14 @@ def main():
     rows = []
     for spec in args.shapes:
         shape = tuple(int(x) for x in spec.split(","))
-        x16 = inputs(*shape, jnp.bfloat16)
+        x16 = inputs(*shape, jnp.bfloat16, per_key=args.per_key)
         x32 = tuple(a.astype(jnp.float32) for a in x16)
         f32_fwd, f32_fb = fns("chunk_reference")
         o32, g32 = f32_fwd(*x32[:4]), f32_fb(*x32)
         for impl in args.impls:
             fwd, fwd_bwd = fns(impl)
             row = {"op": "gated_linear_attention", "impl": impl, "shape": list(shape),
+                   "decay": "per_key" if args.per_key else "per_head",
                    "fwd_ms": median_ms(fwd, *x16[:4], reps=args.reps),
                    "fwd_bwd_ms": median_ms(fwd_bwd, *x16, reps=args.reps),
                    "err": {"o": rel_err(fwd(*x16[:4]), o32),

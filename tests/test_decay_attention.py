@@ -90,31 +90,37 @@ def test_bf16_inputs_keep_an_fp32_state():
     np.testing.assert_allclose(np.asarray(o, np.float32), ref, atol=0.1, rtol=0.05)
 
 
-def _kernel_inputs(seed):
+def _kernel_inputs(seed, per_key=False):
     r = np.random.default_rng(seed)
     b, t, h, kd, vd = 1, 40, 2, 16, 16                 # T not a multiple of the chunk: padded
     q, k = (jnp.asarray(r.normal(size=(b, t, h, kd)), jnp.float32) for _ in range(2))
     v = jnp.asarray(r.normal(size=(b, t, h, vd)), jnp.float32)
-    g = jnp.asarray(-r.uniform(0.0, 1.5, size=(b, t, h)), jnp.float32)
+    g = jnp.asarray(-r.uniform(0.0, 6.0 if per_key else 1.5,   # per key: e^-6 a step at most
+                               size=(b, t, h, kd) if per_key else (b, t, h)), jnp.float32)
     h0 = jnp.asarray(r.normal(size=(b, h, kd, vd)), jnp.float32)
     do = jnp.asarray(r.normal(size=(b, t, h, vd)), jnp.float32)
     ds = jnp.asarray(r.normal(size=(b, h, kd, vd)), jnp.float32)
     return (q, k, v, g, h0), do, ds
 
 
+@pytest.mark.parametrize("decay", ["per_head", "per_key"])
 @pytest.mark.parametrize("layout", ["triton", "tpu_recompute"])
-def test_pallas_kernels_equal_the_chunked_form_with_gradients(layout):
-    """``impl="pallas"`` (the linear_scan kernels, interpreted: the generic interpreter for the
-    Triton layout, TPU semantics for the TPU layout, there with the backward rerunning the
-    forward scan) against the chunked jnp form: outputs, final state and the gradients of q,
-    k, v, g and the initial state, fp32."""
+def test_pallas_kernels_equal_the_chunked_form_with_gradients(layout, decay):
+    """``impl="pallas"`` (interpreted: the generic interpreter for the Triton layout, TPU
+    semantics for the TPU layout, there with the backward rerunning the forward scan) against
+    the chunked jnp form: outputs, final state and the gradients of q, k, v, g and the initial
+    state, fp32. A decay per head runs the linear_scan kernels (chunks of 16), a decay per key
+    ``pallas_per_key`` (chunks of 32: two sub-chunks of the intra-chunk scores; the Triton
+    layout in two value blocks)."""
     from jax.experimental.pallas import tpu as pltpu
 
     from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
     interpret = pltpu.InterpretParams() if layout.startswith("tpu") else True
-    settings = DecaySettings(impl="pallas", interpret=interpret, chunk_size=16,
-                             recompute=layout.endswith("recompute"))
-    args, do, ds = _kernel_inputs(5)
+    per_key = decay == "per_key"
+    settings = DecaySettings(impl="pallas", interpret=interpret, chunk_size=32 if per_key else 16,
+                             recompute=layout.endswith("recompute"),
+                             block_v=8 if per_key and layout == "triton" else None)
+    args, do, ds = _kernel_inputs(5, per_key)
 
     def loss(fn):
         def f(q, k, v, g, h0):
@@ -135,7 +141,8 @@ def test_pallas_kernels_equal_the_chunked_form_with_gradients(layout):
 def test_pallas_path_bf16_error_and_its_refusals():
     from kernels_pallas import chosen
     from kernels_pallas.decay_attention import (DecaySettings, gated_linear_attention,
-                                                gated_linear_attention_pallas)
+                                                gated_linear_attention_pallas,
+                                                gated_linear_attention_per_key_pallas)
     (q, k, v, g, _), _, _ = _kernel_inputs(6)
     settings = DecaySettings(impl="pallas", interpret=True, chunk_size=16)
     want, _ = gated_linear_attention_chunked(q, k, v, g, chunk_size=16)
@@ -147,9 +154,16 @@ def test_pallas_path_bf16_error_and_its_refusals():
     per_key = jnp.broadcast_to(g[..., None], q.shape)
     with pytest.raises(ValueError, match="decay per head"):
         gated_linear_attention_pallas(q, k, v, per_key, settings=settings)
-    o_key, _ = gated_linear_attention(q, k, v, per_key, settings=settings)  # the jnp form runs
+    with pytest.raises(ValueError, match="decay per key dimension"):
+        gated_linear_attention_per_key_pallas(q, k, v, g, settings=settings)
+    o_key, _ = gated_linear_attention(q, k, v, per_key, settings=settings)  # the per-key kernels
     np.testing.assert_allclose(o_key, want, rtol=1e-5, atol=1e-5)
-    assert chosen()["gated_linear_attention@cpu"] == "chunk_reference"
+    o_key, _ = gated_linear_attention(*(a.astype(jnp.bfloat16) for a in (q, k, v)), per_key,
+                                      settings=settings)
+    err = np.abs(np.asarray(o_key, np.float32) - np.asarray(want)).max()
+    assert o_key.dtype == jnp.bfloat16 and err <= 1e-2 * np.abs(np.asarray(want)).max(), err
+    assert chosen()["gated_linear_attention@cpu"] == "pallas"
+    assert DecaySettings().choose() == "chunk_reference"          # "auto" until timed on a GPU
     with pytest.raises(ValueError, match="g must be"):
         gated_linear_attention(q, k, v, g[:, :, :1], settings=settings)
     with pytest.raises(ValueError, match="no compiled lowering"):

@@ -1,5 +1,5 @@
-"""The training step, prefill and decode lowered for TPU (and the training step for CUDA) on this
-CPU host through ``jax.export``: the Pallas kernels must be in the program where they are meant
+"""The training step, prefill and decode lowered for TPU (and the training step and the decay
+kernels for CUDA) on this CPU host through ``jax.export``: the Pallas kernels must be in the program where they are meant
 to run (Mosaic custom calls on TPU, Triton ones on GPU), lowered with their platform's checks,
 and the weights' shardings over an 8-device FSDP mesh must be in the module."""
 import jax
@@ -79,3 +79,27 @@ def test_a_kernel_taken_off_the_tpu_path_or_a_bad_block_fails_the_export(monkeyp
                           platforms=["tpu"])(x, x, jax.ShapeDtypeStruct((1, 128, 2, 192),
                                                                         jnp.bfloat16),
                                              gate, gate)
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_the_decay_kernels_lower_with_their_gradients(platform):
+    """Gated linear attention's Pallas kernels, a decay per head and per key dimension, forward
+    and backward at a training shape (bf16, K = V = 128, chunks of 64), lowered for CUDA (Triton)
+    and TPU (Mosaic, with its block-shape checks)."""
+    import jax.numpy as jnp
+
+    from kernels_pallas import DecaySettings, gated_linear_attention
+    settings = DecaySettings(impl="pallas", platform=platform)
+    x = jax.ShapeDtypeStruct((2, 256, 4, 128), jnp.bfloat16)
+    want = {3: {"gdn_scan_fwd", "gdn_scan_bwd", "gdn_state_grads"},
+            4: {"gla_scan_fwd", "gla_scan_bwd"}}
+    for g_dims, kernels in want.items():
+        g = jax.ShapeDtypeStruct((2, 256, 4, 128)[:g_dims], jnp.float32)
+
+        def fwd_bwd(q, k, v, g):
+            o, vjp = jax.vjp(lambda *a: gated_linear_attention(*a, settings=settings)[0],
+                             q, k, v, g)
+            return vjp(o)
+
+        summary = export.summarize(export._export(jax.jit(fwd_bwd), platform)(x, x, x, g))
+        assert set(summary["kernels"]) == kernels, summary["kernels"]

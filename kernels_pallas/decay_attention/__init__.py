@@ -5,6 +5,8 @@ GLA and HGRN-2 share (``gated_linear_attention``; decode ``gated_linear_attentio
   chunk_reference.py  the chunked form in jnp, checked against it
   pallas.py           the chunked form with the Pallas scan of ``kernels_pallas.linear_scan``
                       under one custom_vjp (a decay per head)
+  pallas_per_key.py   the chunked form for a decay per key dimension: scan kernels that carry
+                      the state transposed, the chunk-parallel rest in XLA, one custom_vjp
   settings.py         ``DecaySettings``: implementation and launch settings as one value
   op.py               ``gated_linear_attention``: shapes checked, the implementation dispatched
 
@@ -14,10 +16,11 @@ well (GLA, HGRN-2); ``g`` is its logarithm, so g = 0 is plain linear attention.
 from kernels_pallas.decay_attention.chunk_reference import gated_linear_attention_chunked
 from kernels_pallas.decay_attention.op import gated_linear_attention
 from kernels_pallas.decay_attention.pallas import gated_linear_attention_pallas
+from kernels_pallas.decay_attention.pallas_per_key import gated_linear_attention_per_key_pallas
 from kernels_pallas.decay_attention.reference import (gated_linear_attention_recurrent,
                                                       gated_linear_attention_step)
 from kernels_pallas.decay_attention.settings import DecaySettings
 
 __all__ = ["DecaySettings", "gated_linear_attention", "gated_linear_attention_chunked",
-           "gated_linear_attention_pallas", "gated_linear_attention_recurrent",
-           "gated_linear_attention_step"]
+           "gated_linear_attention_pallas", "gated_linear_attention_per_key_pallas",
+           "gated_linear_attention_recurrent", "gated_linear_attention_step"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from kernels_pallas import dispatch, sharding
 from kernels_pallas.decay_attention.chunk_reference import gated_linear_attention_chunked
 from kernels_pallas.decay_attention.pallas import gated_linear_attention_pallas
+from kernels_pallas.decay_attention.pallas_per_key import gated_linear_attention_per_key_pallas
 from kernels_pallas.decay_attention.reference import gated_linear_attention_recurrent
 from kernels_pallas.decay_attention.settings import DecaySettings
 
@@ -40,33 +41,32 @@ def gated_linear_attention(q, k, v, g, *, scale=None, initial_state=None,
     """
     settings = DecaySettings() if settings is None else settings
     _check_shapes(q, k, v, g, initial_state)
-    impl = settings.choose()
-    if impl == "pallas" and g.ndim == 4:            # no kernel for a decay per key dimension
-        impl = "chunk_reference"
-    impl = dispatch.record(settings, impl)
+    impl = dispatch.record(settings, settings.choose())
     kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state)
     if impl == "recurrent":
         return gated_linear_attention_recurrent(q, k, v, g, **kw)
     if impl == "chunk_reference":
         return gated_linear_attention_chunked(q, k, v, g, chunk_size=settings.chunk_size, **kw)
+    kernels = (gated_linear_attention_pallas if g.ndim == 3
+               else gated_linear_attention_per_key_pallas)
     km = sharding.current()
     if km is None:
-        return gated_linear_attention_pallas(q, k, v, g, settings=settings, **kw)
-    return _pallas_per_shard(km, q, k, v, g, settings=settings, **kw)
+        return kernels(q, k, v, g, settings=settings, **kw)
+    return _pallas_per_shard(km, kernels, q, k, v, g, settings=settings, **kw)
 
 
-def _pallas_per_shard(km, q, k, v, g, *, initial_state, output_final_state, **kw):
+def _pallas_per_shard(km, kernels, q, k, v, g, *, initial_state, output_final_state, **kw):
     """The Pallas kernels on each device's rows and heads (``kernels_pallas.sharding``)."""
     b, h = km.batch_spec(q.shape[0]), km.head_spec(q.shape[2])
     x4, x3, st = sharding.P(b, None, h, None), sharding.P(b, None, h), sharding.P(b, h, None, None)
-    args, specs = [q, k, v, g], [x4, x4, x4, x3]
+    args, specs = [q, k, v, g], [x4, x4, x4, x3 if g.ndim == 3 else x4]
     if initial_state is not None:
         args.append(initial_state)
         specs.append(st)
 
     def local(q, k, v, g, h0=None):
-        o, s = gated_linear_attention_pallas(q, k, v, g, initial_state=h0,
-                                             output_final_state=output_final_state, **kw)
+        o, s = kernels(q, k, v, g, initial_state=h0,
+                       output_final_state=output_final_state, **kw)
         return (o, s) if output_final_state else o
 
     out = sharding.per_shard(local, km, tuple(specs), (x4, st) if output_final_state else x4)(

@@ -11,14 +11,14 @@ class DecaySettings(KernelSettings):
     """Implementation and launch settings of ``gated_linear_attention``.
 
     impl: "auto" | "recurrent" (``reference.py``, token by token) | "chunk_reference" (the
-    chunked form in XLA) | "pallas" (the chunked form with the Pallas scan of
-    ``kernels_pallas.linear_scan``: Triton on GPU, Mosaic on TPU; a decay per head only, a
-    decay per key dimension runs "chunk_reference"). "auto" is "chunk_reference" on every
-    platform until the kernels are timed against it on a GPU. chunk_size: C of the chunked
-    forms. The rest concern the Pallas kernels only: block_v: value columns per program of the
-    sequential scans (None: ``linear_scan.common.default_block_v``); num_warps / num_stages: the
-    scans' launch on GPU; chunk_warps: the per-chunk gradient kernel's; recompute: save only
-    the inputs for the backward and rerun the forward scan there.
+    chunked form in XLA) | "pallas" (Pallas kernels, Triton on GPU, Mosaic on TPU: for a
+    decay per head the scan of ``kernels_pallas.linear_scan``, for a decay per key dimension
+    ``pallas_per_key``). "auto" is "chunk_reference" on every platform until the kernels are
+    timed against it on a GPU. chunk_size: C of the chunked forms. The rest concern the Pallas
+    kernels only: block_v: value columns per program of the sequential scans (None:
+    ``linear_scan.common.default_block_v``); num_warps / num_stages: the scans' launch on GPU;
+    chunk_warps: the per-chunk gradient kernel's (decay per head); recompute: save only the
+    inputs for the backward and rerun the forward scan there.
     """
     chunk_size: int = 64
     block_v: int | None = None

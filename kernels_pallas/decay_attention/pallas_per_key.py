@@ -1,0 +1,331 @@
+"""Linear attention with a decay per key dimension (GLA, HGRN-2) as Pallas kernels:
+``gated_linear_attention(impl="pallas")`` with g [B, T, H, K].
+
+Per chunk of C tokens, with G [C, K] the chunk-local cumulative log decay (per key), qd =
+q e^G, kd = k e^{G_last - G} and a = e^{G_last} [K] (every exponent <= 0):
+
+    o_n     = qd S_n + QK_n v_n,   QK_ij = sum_k q_ik k_jk e^{G_ik - G_jk}  (j <= i)
+    S_{n+1} = diag(a) S_n + kd^T v_n
+
+The decay scales the state's rows (one per key). The scan kernels therefore carry the state
+transposed, S^T [BV, K] per program: the decay is then a broadcast along rows, as the scalar
+decay is, and every product is a plain or transposed matmul (o = qd (S^T)^T, S^T += v^T kd).
+
+  QK        per chunk, XLA, stable: the query rows in sub-chunks of c = 16; against the keys
+            before its sub-chunk, the factors q e^{G - G_r} and k e^{G_r - G} with G_r its first
+            row (both exponents <= 0: one matmul), within it the [c, c, K] weights
+            exp(G_i - G_j) (the ``chunk_reference`` form on 16 rows, not 64)
+    forward   ``_fwd`` kernel: o and S_N (and S_n per chunk for the backward)
+    backward  ``_bwd`` kernel: dS_{n+1} per chunk and dS_0, walking the chunks down:
+              dS_n = diag(a) dS_{n+1} + qd^T do_n;
+              then every other gradient is chunk-parallel: the vjp (XLA autodiff) of the map
+              (q, k, v, g) -> (o_n, S_{n+1}) with S_n held fixed, at the cotangents (do, dS_{n+1})
+
+Under one ``jax.custom_vjp``; saved between the passes: the inputs and the chunk states S_n
+(``DecaySettings.recompute``: the inputs only, the forward scan rerun in the backward). Layouts
+as ``kernels_pallas.linear_scan``: "triton" (grid (B, H, V/BV), a ``fori_loop`` over chunks)
+and "tpu" (grid (B, H, V/BV, N), the state in VMEM scratch, [B, H, T, X] arrays).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels_pallas.decay_attention.settings import DecaySettings
+from kernels_pallas.linear_scan.common import (compiler_params, dot, dot_nt, f32, kernel_config,
+                                               pad_time)
+
+_HI = jax.lax.Precision.HIGHEST
+SUB = 16                    # rows of a sub-chunk of the intra-chunk scores
+
+
+# ---------------------------------------------------------------- per-chunk bodies (values)
+
+def _decays(G):
+    """e^G, e^{G_last - G} [C, K] and e^{G_last} [1, K] of a chunk's G [C, K] (fp32)."""
+    last = jax.lax.broadcasted_iota(jnp.int32, G.shape, 0) == G.shape[0] - 1
+    g_last = jnp.sum(jnp.where(last, G, 0.0), axis=0, keepdims=True)
+    return jnp.exp(G), jnp.exp(g_last - G), jnp.exp(g_last)
+
+
+def _fwd_chunk(ST, q, k, v, qk, G):
+    eq, ek, a = _decays(G)
+    qd = (q.astype(f32) * eq).astype(q.dtype)
+    kd = (k.astype(f32) * ek).astype(k.dtype)
+    o = dot_nt(qd, ST.astype(q.dtype)) + dot(qk, v)               # [C, BV]
+    return o, a * ST + dot(v, kd, trans_a=True)                    # S^T [BV, K]
+
+
+def _bwd_chunk(dST, q, G, do):
+    eq, _, a = _decays(G)
+    qd = (q.astype(f32) * eq).astype(q.dtype)
+    return a * dST + dot(do, qd, trans_a=True)
+
+
+# ---------------------------------------------------------------- kernels
+
+def _fwd_loop(q_ref, k_ref, v_ref, qk_ref, g_ref, s0_ref, o_ref, sN_ref, *store, n_chunks,
+              chunk):
+    def body(n, ST):
+        t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
+        if store:
+            store[0][n, :, :] = ST.astype(store[0].dtype)
+        o, ST = _fwd_chunk(ST, q_ref[t, :], k_ref[t, :], v_ref[t, :], qk_ref[t, :], g_ref[t, :])
+        o_ref[t, :] = o.astype(o_ref.dtype)
+        return ST
+
+    sN_ref[...] = jax.lax.fori_loop(0, n_chunks, body, s0_ref[...].astype(f32))
+
+
+def _bwd_loop(q_ref, g_ref, do_ref, dsN_ref, dh_ref, ds0_ref, *, n_chunks, chunk):
+    def body(i, dST):
+        n = n_chunks - 1 - i
+        t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
+        dh_ref[n, :, :] = dST.astype(dh_ref.dtype)
+        return _bwd_chunk(dST, q_ref[t, :], g_ref[t, :], do_ref[t, :])
+
+    ds0_ref[...] = jax.lax.fori_loop(0, n_chunks, body, dsN_ref[...].astype(f32))
+
+
+def _fwd_grid(q_ref, k_ref, v_ref, qk_ref, g_ref, s0_ref, o_ref, sN_ref, *rest, n_chunks, store):
+    store_refs, S_scr = rest[:-1], rest[-1]
+    n = pl.program_id(3)
+
+    @pl.when(n == 0)
+    def _():
+        S_scr[...] = s0_ref[...].astype(f32)
+
+    ST = S_scr[...]
+    if store:
+        store_refs[0][...] = ST.astype(store_refs[0].dtype)
+    o, ST = _fwd_chunk(ST, q_ref[...], k_ref[...], v_ref[...], qk_ref[...], g_ref[...])
+    o_ref[...] = o.astype(o_ref.dtype)
+    S_scr[...] = ST
+
+    @pl.when(n == n_chunks - 1)
+    def _():
+        sN_ref[...] = ST
+
+
+def _bwd_grid(q_ref, g_ref, do_ref, dsN_ref, dh_ref, ds0_ref, dS_scr, *, n_chunks):
+    i = pl.program_id(3)
+
+    @pl.when(i == 0)
+    def _():
+        dS_scr[...] = dsN_ref[...].astype(f32)
+
+    dST = dS_scr[...]
+    dh_ref[...] = dST.astype(dh_ref.dtype)
+    dST = _bwd_chunk(dST, q_ref[...], g_ref[...], do_ref[...])
+    dS_scr[...] = dST
+
+    @pl.when(i == n_chunks - 1)
+    def _():
+        ds0_ref[...] = dST
+
+
+# ---------------------------------------------------------------- launchers
+
+def _specs(cfg, B, H, T, K, V, reverse=False):
+    """BlockSpecs of a per-token [., T, ., X] array, its value block, the [B, H, V, K] state and
+    the per-chunk [B, N(, H), V, K] states, and the grid, in ``cfg.layout``."""
+    C, BV, sq = cfg.chunk, cfg.block_v, pl.squeezed
+    N = T // C
+    if cfg.layout == "triton":
+        return dict(
+            grid=(B, H, V // BV),
+            seq=lambda X: pl.BlockSpec((sq, T, sq, X), lambda b, h, j: (b, 0, h, 0)),
+            seq_v=pl.BlockSpec((sq, T, sq, BV), lambda b, h, j: (b, 0, h, j)),
+            state=pl.BlockSpec((sq, sq, BV, K), lambda b, h, j: (b, h, j, 0)),
+            chunks=pl.BlockSpec((sq, N, sq, BV, K), lambda b, h, j: (b, 0, h, j, 0)))
+    at = (lambda i: N - 1 - i) if reverse else (lambda i: i)
+    return dict(
+        grid=(B, H, V // BV, N),
+        seq=lambda X: pl.BlockSpec((sq, sq, C, X), lambda b, h, j, n: (b, h, at(n), 0)),
+        seq_v=pl.BlockSpec((sq, sq, C, BV), lambda b, h, j, n: (b, h, at(n), j)),
+        state=pl.BlockSpec((sq, sq, BV, K), lambda b, h, j, n: (b, h, j, 0)),
+        chunks=pl.BlockSpec((sq, sq, sq, BV, K), lambda b, h, j, n: (b, h, at(n), j, 0)))
+
+
+def _per_token(cfg, xs):
+    """[B, T, H, X] -> the kernels' layout ([B, H, T, X] for "tpu")."""
+    return [jnp.swapaxes(x, 1, 2) if cfg.layout == "tpu" else x for x in xs]
+
+
+def _chunk_states(cfg, shape, dtype):
+    B, N, H, V, K = shape
+    return jax.ShapeDtypeStruct((B, H, N, V, K) if cfg.layout == "tpu" else shape, dtype)
+
+
+def _to_bnhvk(cfg, x):
+    return jnp.swapaxes(x, 1, 2) if cfg.layout == "tpu" else x
+
+
+def scan_forward(cfg, q, k, v, qk, G, S0T, *, store=False):
+    """o [B, T, H, V] (v's dtype), S_N^T [B, H, V, K] fp32, and with ``store`` S_n^T for every
+    chunk [B, N, H, V, K] (q's dtype) from [B, T, H, X] inputs (T a multiple of the chunk),
+    QK [B, T, H, C], G [B, T, H, K] fp32 and S_0^T [B, H, V, K] fp32."""
+    B, T, H, K = q.shape
+    V, C = v.shape[-1], cfg.chunk
+    N, s = T // C, _specs(cfg, B, H, T, K, V)
+    tpu = cfg.layout == "tpu"
+    out_shape = [jax.ShapeDtypeStruct((B, H, T, V) if tpu else (B, T, H, V), v.dtype),
+                 jax.ShapeDtypeStruct((B, H, V, K), f32)]
+    outs = [s["seq_v"], s["state"]]
+    if store:
+        out_shape.append(_chunk_states(cfg, (B, N, H, V, K), q.dtype))
+        outs.append(s["chunks"])
+    if tpu:
+        from jax.experimental.pallas import tpu as pltpu
+        kernel = functools.partial(_fwd_grid, n_chunks=N, store=store)
+        scratch = {"scratch_shapes": [pltpu.VMEM((cfg.block_v, K), f32)]}
+    else:
+        kernel, scratch = functools.partial(_fwd_loop, n_chunks=N, chunk=C), {}
+    res = pl.pallas_call(
+        kernel, grid=s["grid"],
+        in_specs=[s["seq"](K), s["seq"](K), s["seq_v"], s["seq"](C), s["seq"](K), s["state"]],
+        out_specs=outs, out_shape=out_shape, interpret=cfg.interpret,
+        name="gla_scan_fwd", **scratch, **compiler_params(cfg),
+    )(*_per_token(cfg, (q, k, v, qk, G)), S0T)
+    o = _per_token(cfg, [res[0]])[0]
+    return (o, res[1]) + ((_to_bnhvk(cfg, res[2]),) if store else ())
+
+
+def scan_backward(cfg, q, G, do, dSNT):
+    """dS_{n+1}^T for every chunk [B, N, H, V, K] (fp32) and dS_0^T [B, H, V, K] from the
+    cotangents do [B, T, H, V] and dS_N^T [B, H, V, K]."""
+    B, T, H, K = q.shape
+    V, C = do.shape[-1], cfg.chunk
+    N, s = T // C, _specs(cfg, B, H, T, K, V, reverse=True)
+    if cfg.layout == "tpu":
+        from jax.experimental.pallas import tpu as pltpu
+        kernel = functools.partial(_bwd_grid, n_chunks=N)
+        scratch = {"scratch_shapes": [pltpu.VMEM((cfg.block_v, K), f32)]}
+    else:
+        kernel, scratch = functools.partial(_bwd_loop, n_chunks=N, chunk=C), {}
+    dh, dS0 = pl.pallas_call(
+        kernel, grid=s["grid"],
+        in_specs=[s["seq"](K), s["seq"](K), s["seq_v"], s["state"]],
+        out_specs=[s["chunks"], s["state"]],
+        out_shape=[_chunk_states(cfg, (B, N, H, V, K), f32),
+                   jax.ShapeDtypeStruct((B, H, V, K), f32)],
+        interpret=cfg.interpret, name="gla_scan_bwd", **scratch, **compiler_params(cfg),
+    )(*_per_token(cfg, (q, G, do)), dSNT)
+    return _to_bnhvk(cfg, dh), dS0
+
+
+# ---------------------------------------------------------------- chunk-parallel parts (XLA)
+
+def _chunks(x, C):
+    """[B, N*C, H, X] -> [B, N, H, C, X]."""
+    B, T, H, X = x.shape
+    return x.reshape(B, T // C, C, H, X).transpose(0, 1, 3, 2, 4)
+
+
+def intra_scores(q, k, G, C):
+    """QK [B, N, H, C, C] fp32 (0 above the diagonal) from [B, T, H, K] q, k and G, stable for
+    any decay: one block row of c = 16 query rows at a time (the module docstring's sub-chunks),
+    laid side by side: the keys before it, its own [c, c] block, zeros after it."""
+    c = SUB if C % SUB == 0 else C
+    qc, kc, Gc = (_chunks(x.astype(f32), C) for x in (q, k, G))    # [B, N, H, C, K]
+    tri = jnp.tril(jnp.ones((c, c), bool))[..., None]
+    rows = []
+    for r in range(0, C, c):
+        qr, kr, Gr = qc[..., r:r + c, :], kc[..., r:r + c, :], Gc[..., r:r + c, :]
+        w = jnp.where(tri, jnp.exp(jnp.minimum(Gr[..., :, None, :] - Gr[..., None, :, :], 0.0)),
+                      0.0)                                          # [.., c, c, K]
+        blocks = [jnp.einsum("bnhik,bnhjk,bnhijk->bnhij", qr, kr, w, precision=_HI)]
+        if r:                                                       # keys of the earlier rows
+            ref = Gr[..., :1, :]                                    # G_r: G_i <= G_r <= G_j
+            before = kc[..., :r, :] * jnp.exp(jnp.minimum(ref - Gc[..., :r, :], 0.0))
+            blocks.insert(0, jnp.einsum("bnhik,bnhjk->bnhij", qr * jnp.exp(Gr - ref), before,
+                                        precision=_HI))
+        if r + c < C:
+            blocks.append(jnp.zeros((*qr.shape[:-1], C - r - c), f32))
+        rows.append(jnp.concatenate(blocks, axis=-1))
+    return jnp.concatenate(rows, axis=-2)
+
+
+def _prepare(q, k, v, g, C, scale):
+    """q * scale, k, v in the compute dtype, and G, the chunk-local cumsum of g (fp32)."""
+    cd = jnp.result_type(q.dtype, k.dtype, v.dtype)
+    qs = q.astype(cd) if scale == 1.0 else (q.astype(f32) * scale).astype(cd)
+    B, T, H, K = g.shape
+    G = jnp.cumsum(g.astype(f32).reshape(B, T // C, C, H, K), axis=2).reshape(B, T, H, K)
+    return qs, k.astype(cd), v.astype(cd), G
+
+
+def _chunk_outputs(q, k, v, g, hT, C, scale):
+    """Every chunk's (o_n, S_{n+1}) with the entering states S_n^T [B, N, H, V, K] given: the
+    map the backward differentiates (fp32)."""
+    qs, kc, vc, G = (x.astype(f32) for x in _prepare(q, k, v, g, C, scale))
+    qk = intra_scores(qs, kc, G, C)
+    Qc, Kc, Vc, Gc = (_chunks(x, C) for x in (qs, kc, vc, G))       # [B, N, H, C, X]
+    g_last = Gc[..., -1:, :]
+    hT = hT.astype(f32)
+    o = (jnp.einsum("bnhij,bnhjv->bnhiv", qk, Vc, precision=_HI)
+         + jnp.einsum("bnhck,bnhvk->bnhcv", Qc * jnp.exp(Gc), hT, precision=_HI))
+    sT = jnp.exp(g_last) * hT + jnp.einsum("bnhcv,bnhck->bnhvk", Vc, Kc * jnp.exp(g_last - Gc),
+                                           precision=_HI)
+    return o, sT
+
+
+def _op(cfg, scale):
+    """The custom_vjp op on padded inputs: (q, k, v, g [B, T, H, K], S0^T) -> (o, S_N^T)."""
+    C = cfg.chunk
+
+    def primal(q, k, v, g, S0T, store):
+        qs, kc, vc, G = _prepare(q, k, v, g, C, scale)
+        qk = intra_scores(qs, kc, G, C)
+        B, N, H = qk.shape[:3]
+        qk = qk.transpose(0, 1, 3, 2, 4).reshape(B, N * C, H, C).astype(qs.dtype)
+        return scan_forward(cfg, qs, kc, vc, qk, G, S0T, store=store)
+
+    @jax.custom_vjp
+    def op(q, k, v, g, S0T):
+        return primal(q, k, v, g, S0T, False)
+
+    def forward(q, k, v, g, S0T):
+        store = not cfg.recompute
+        outs = primal(q, k, v, g, S0T, store)
+        return outs[:2], (q, k, v, g, S0T, outs[2] if store else None)
+
+    def bwd(res, cts):
+        q, k, v, g, S0T, hT = res
+        do, dSNT = cts
+        if hT is None:
+            hT = primal(q, k, v, g, S0T, True)[2]
+        qs, _, _, G = _prepare(q, k, v, g, C, scale)
+        dhT, dS0T = scan_backward(cfg, qs, G, do.astype(qs.dtype), dSNT.astype(f32))
+        B, T, H, V = do.shape
+        _, vjp = jax.vjp(lambda *a: _chunk_outputs(*a, hT, C, scale), q, k, v, g)
+        dq, dk, dv, dg = vjp((_chunks(do.astype(f32), C), dhT))
+        return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg.astype(g.dtype),
+                dS0T)
+
+    op.defvjp(forward, bwd)
+    return op
+
+
+def gated_linear_attention_per_key_pallas(q, k, v, g, *, scale=None, initial_state=None,
+                                          output_final_state=False,
+                                          settings: DecaySettings = DecaySettings()):
+    """Same contract as ``gated_linear_attention`` for a decay per key dimension (g [B, T, H,
+    K]), as the kernels of the module docstring, launched as ``settings`` says."""
+    B, T, H, K = q.shape
+    if g.shape != (B, T, H, K):
+        raise ValueError(f"gated_linear_attention_per_key_pallas takes a decay per key "
+                         f"dimension, g [B, T, H, K] = {(B, T, H, K)}; got {g.shape}")
+    V = v.shape[-1]
+    C = settings.chunk_size
+    cfg = kernel_config(settings, B, H, K, V, num_warps=settings.num_warps,
+                        num_stages=settings.num_stages, recompute=settings.recompute)
+    scale = K ** -0.5 if scale is None else float(scale)
+    pad = (-T) % C
+    S0T = (jnp.zeros((B, H, V, K), f32) if initial_state is None
+           else jnp.swapaxes(initial_state.astype(f32), -1, -2))
+    o, SNT = _op(cfg, scale)(*(pad_time(x, pad) for x in (q, k, v, g)), S0T)
+    return o[:, :T].astype(v.dtype), (jnp.swapaxes(SNT, -1, -2) if output_final_state else None)
