@@ -1,7 +1,8 @@
 """The training step, prefill and decode lowered for TPU (and the training step and the decay
-kernels for CUDA) on this CPU host through ``jax.export``: the Pallas kernels must be in the program where they are meant
-to run (Mosaic custom calls on TPU, Triton ones on GPU), lowered with their platform's checks,
-and the weights' shardings over an 8-device FSDP mesh must be in the module."""
+kernels for CUDA) on this CPU host through ``jax.export``: the Pallas kernels must be in the
+program where they are meant to run (Mosaic custom calls on TPU, Triton ones on GPU), lowered
+with their platform's checks, and the weights' shardings over an 8-device FSDP mesh must be in
+the module."""
 import jax
 import pytest
 
