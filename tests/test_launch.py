@@ -32,9 +32,11 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     """A tiny experiment (training + its closing evaluation + experiment.json); launch.eval then
     runs every suite on the checkpoint; the report tabulates it and a folder of two seed runs
     (copies of it: each run and a row over the seeds; cross-model figures); launch.analyze
-    launch.trace_retrieval follows its FA heads over its two checkpoints. (launch.generate and
-    launch.analyze on a trained run: tests/test_multiprocess.py; generate also test_faults.py,
-    analyze also test_analysis.py; decoding itself: tests/test_inference.py.)"""
+    launch.trace_retrieval follows its FA heads over its two checkpoints. The Transformer: the
+    launchers do not depend on the mixer, and it compiles fastest (HwH's evaluation through the
+    launchers: tests/test_multiprocess.py; launch.generate and launch.analyze on a trained run
+    there too; generate also test_faults.py, analyze also test_analysis.py; decoding itself,
+    every architecture: tests/test_inference.py.)"""
     import json
     import shutil
 
@@ -43,7 +45,7 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(read_text(resolve("tinyshakespeare/input.txt.gz"))[:150_000])
     work = tmp_path / "run"
-    out = run("launch.experiment", "--config=configs/hwh_tiny.py", f"--out={work}",
+    out = run("launch.experiment", "--config=configs/transformer_tiny.py", f"--out={work}",
               "--config.seq_len=64", "--config.model.gdn_chunk_size=16",
               f"--config.data.paths=('{corpus}',)", "--config.data.sp_vocab_size=512",
               "--config.data.heldout_fraction=0.1", "--config.train.steps=4",
@@ -52,7 +54,8 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
               "--config.train.checkpoint_every=2", "--config.train.mesh=1,1,1",
               "--config.eval.niah_factors=(8,)", "--config.eval.niah_depths=2",
               "--config.eval.niah_tasks=('niah_single_1','niah_single_3')")
-    assert "NIAH (mean score" in out and "niah_single_1@512 " in out and "experiment run (hwh" in out
+    assert "NIAH (mean score" in out and "niah_single_1@512 " in out
+    assert "experiment run (transformer" in out
     exp = json.loads((work / "experiment.json").read_text())
     assert exp["tokens"] == 4 * 4 * 64 and exp["tokens_per_s"] > 0
     assert set(exp["niah"]) == {"niah_single_1@512", "niah_single_3@512"}
@@ -69,9 +72,9 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
               "--niah_tasks=niah_single_2", "--ppl_factor=2", "--commonsense_limit=3",
               "--commonsense_tasks=piqa,lambada_openai", "--mqar_examples=4", "--batch_size=4")
     assert "lambada_openai: acc" in out and "mqar seq 256 pairs 16" in out
-    res = json.loads((ev / "0_hwh_run" / "results.json").read_text())
+    res = json.loads((ev / "0_transformer_run" / "results.json").read_text())
     assert {r["depth"] for r in res["niah"]} == {0} and len(res["ppl"]) == 8
-    assert res["longppl"]["evaluator"] == "hwh@run" and res["longppl"]["length"] == 128
+    assert res["longppl"]["evaluator"] == "transformer@run" and res["longppl"]["length"] == 128
     assert set(res["commonsense"]) == {"piqa", "lambada_openai"}   # every task's loader and
     # scoring: tests/test_eval.py
     assert all(0 <= v["acc"] <= 1 and v["examples"] == 3 for v in res["commonsense"].values())
@@ -81,21 +84,22 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     for s in (0, 1):
         shutil.copytree(work, seeds / f"seed{s}")
     out = run("launch.experiment", f"--report={work},{seeds}", f"--out={tmp_path / 'rep'}")
-    assert "| run | hwh |" in out and "| seeds/seed1 | hwh |" in out and "S-NIAH-3@512" in out
-    assert "parameter spread 0.0%" in out and "Over seeds" in out and "| seeds | hwh | 2 |" in out
+    assert "| run | transformer |" in out and "| seeds/seed1 | transformer |" in out
+    assert "S-NIAH-3@512" in out and "parameter spread 0.0%" in out and "Over seeds" in out
+    assert "| seeds | transformer | 2 |" in out
     over = json.loads((tmp_path / "rep" / "seeds.json").read_text())[0]
     cell = over["niah"]["niah_single_1@512"]
     assert over["seeds"] == 2 and cell["std"] == 0.0 and len(cell["values"]) == 2
     assert cell["pooled"]["n"] == 2 * exp["niah_intervals"]["niah_single_1@512"]["n"]
     whole = over["niah_by_length"]["512"]                  # both tasks of the length, both seeds
     assert whole["pooled"]["n"] == 2 * sum(iv["n"] for iv in exp["niah_intervals"].values())
-    assert whole["std"] == 0.0 and "| seeds | hwh | 2 | " in out and "NIAH@512" in out
+    assert whole["std"] == 0.0 and "| seeds | transformer | 2 | " in out and "NIAH@512" in out
     assert (tmp_path / "rep" / "niah_extrapolation.png").exists()
 
     out = run("launch.trace_retrieval", f"--checkpoint={work}", "--qr_samples=2",
               "--seq_len=256", "--threshold=0.01", f"--out={tmp_path / 'trace'}")
     trace = json.loads((tmp_path / "trace" / "trace.json").read_text())
-    heads = trace["heads"]                         # hwh_tiny: FA heads in its middle layers
+    heads = trace["heads"]                         # every head of the Transformer is FA
     assert trace["steps"] == [2, 4] and heads and all(len(h["scores"]) == 2 for h in heads)
     assert all(h["first_step"] in (None, 2, 4) for h in heads)
     assert "FA heads reach QRscore 0.01" in out and (tmp_path / "trace" / "trace.png").exists()
