@@ -33,10 +33,10 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     runs every suite on the checkpoint; the report tabulates it and a folder of two seed runs
     (copies of it: each run and a row over the seeds; cross-model figures); launch.analyze
     launch.trace_retrieval follows its FA heads over its two checkpoints. The Transformer: the
-    launchers do not depend on the mixer, and it compiles fastest (HwH's evaluation through the
-    launchers: tests/test_multiprocess.py; launch.generate and launch.analyze on a trained run
-    there too; generate also test_faults.py, analyze also test_analysis.py; decoding itself,
-    every architecture: tests/test_inference.py.)"""
+    launchers do not depend on the mixer, and it compiles fastest (HwH's decoding, scoring and
+    training: tests/test_inference.py, test_eval.py, test_training.py; launch.generate and
+    launch.analyze on a trained run: tests/test_multiprocess.py; generate also test_faults.py,
+    analyze also test_analysis.py.)"""
     import json
     import shutil
 
