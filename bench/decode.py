@@ -28,6 +28,13 @@ step costs what it costs at the end of a full context (cached attention computes
 allocated slot and masks by the slots' times, a GDN state costs the same whatever its values);
 prefill figures are then absent from the row. ``--profile DIR`` also traces one decode loop and
 prints where its device time goes (``hwh_jax.profiling.profile``).
+
+Each row also carries the step's memory floor (``hwh_jax.inference.roofline``): the bytes a
+step must move (every weight once, the FA cache read, the linear-attention states read and
+rewritten: ``step_bytes``) and ``floor_ms``, their time at the device's peak memory bandwidth
+(--memory_bandwidth in bytes/s, default the vendor's figure for the device kind; none on a CPU),
+with ``x_floor`` = decode_ms / floor_ms: near 1 a step is bound by memory, far above it by
+kernel launches or compute.
 """
 from __future__ import annotations
 
@@ -46,12 +53,13 @@ from _bench import emit, is_oom, print_device, write_jsonl
 import kernels_pallas
 from hwh_jax.inference import Generator
 from hwh_jax.inference.cache import cache_bytes
+from hwh_jax.inference.roofline import decode_step_bytes, floor_ms, peak_memory_bandwidth
 from hwh_jax.models import HybridLM, model_config
 from hwh_jax.profiling import profile
 
 
 def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir="",
-            prefill=True, decode_reps=3):
+            prefill=True, decode_reps=3, bandwidth=None):
     gen = Generator(model)   # its compiled decode loop: what generate() runs after the prefill
     graphdef, state = gen.graphdef, gen.state
 
@@ -126,6 +134,10 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
         loops.append(1e3 * (time.perf_counter() - t) / decode_steps)
     row.update(decode_ms=statistics.median(loops), decode_ms_runs=loops,
                decode_call_ms=1e3 * statistics.median(times))
+    step_bytes = decode_step_bytes(state, cfg, batch, context)
+    row.update(step_bytes=step_bytes, floor_ms=floor_ms(step_bytes["total"], bandwidth))
+    if row["floor_ms"]:
+        row["x_floor"] = row["decode_ms"] / row["floor_ms"]
     if profile_dir:
         _, last, cache = jax.block_until_ready(after_prompt())
         with profile.capture(profile_dir):
@@ -153,9 +165,12 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--profile", default="",
                     help="directory: trace one decode loop per row and print its device time")
+    ap.add_argument("--memory_bandwidth", type=float, default=0.0,
+                    help="bytes/s of the floor (0: the device kind's peak, if known)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     print_device()
+    bandwidth = args.memory_bandwidth or peak_memory_bandwidth(jax.devices()[0].device_kind)
     rows = []
     for arch in args.archs:
         cfg = model_config(arch, args.size, dtype=args.dtype)
@@ -169,7 +184,7 @@ def main():
                             if args.profile else "")
                     row.update(measure(model, cfg, T, B, args.prefill_chunk,
                                        args.decode_steps, prof, args.prefill == "full",
-                                       args.decode_reps))
+                                       args.decode_reps, bandwidth))
                 except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                     if not is_oom(e):
                         raise
@@ -180,14 +195,16 @@ def main():
                 emit(rows, row)
                 write_jsonl(args.out, rows)          # after every row: a cut run keeps its rows
     print(f"\n{'arch':12s} {'ctx':>6s} {'B':>3s} {'cache GiB':>9s} {'prefill s':>9s} "
-          f"{'decode ms/token':>15s} {'per call':>9s}")
+          f"{'decode ms/token':>15s} {'per call':>9s} {'floor ms':>9s} {'x floor':>8s}")
     for r in rows:
         if r.get("oom"):
             print(f"{r['arch']:12s} {r['context']:6d} {r['batch']:3d} {r['cache_gib']:9.2f}  OOM")
             continue
         pre = f"{r['prefill_s']:9.2f}" if "prefill_s" in r else f"{'-':>9}"
+        floor = (f"{r['floor_ms']:9.3f} {r['x_floor']:8.1f}" if r.get("floor_ms")
+                 else f"{'-':>9} {'-':>8}")
         print(f"{r['arch']:12s} {r['context']:6d} {r['batch']:3d} {r['cache_gib']:9.2f} "
-              f"{pre} {r['decode_ms']:15.2f} {r['decode_call_ms']:9.2f}")
+              f"{pre} {r['decode_ms']:15.2f} {r['decode_call_ms']:9.2f} {floor}")
 
 
 if __name__ == "__main__":

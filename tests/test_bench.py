@@ -28,14 +28,16 @@ def _run(tmp_path, script, *args):
 def test_decode_bench_rows_and_profile(tmp_path):
     rows, stdout = _run(tmp_path, "decode.py", "--archs", "transformer", "--size", "tiny",
                         "--contexts", "128", "--batches", "1", "--decode_steps", "2",
-                        "--decode_reps", "3")
+                        "--decode_reps", "3", "--memory_bandwidth", "1e11")
     (row,) = rows
     assert (row["arch"], row["context"], row["batch"]) == ("transformer", 128, 1)
     assert len(row["decode_ms_runs"]) == 3
     assert row["decode_ms"] == statistics.median(row["decode_ms_runs"])
     assert row["prefill_s"] > 0 and row["cache_gib"] > 0
+    assert row["floor_ms"] == pytest.approx(1e3 * row["step_bytes"]["total"] / 1e11)
+    assert row["x_floor"] == pytest.approx(row["decode_ms"] / row["floor_ms"])
     assert row["profile"]["steps"] == 2
-    assert "decode ms/token" in stdout
+    assert "decode ms/token" in stdout and "x floor" in stdout
 
 
 def test_train_step_bench_rows_and_profile(tmp_path):

@@ -203,3 +203,32 @@ def test_prefill_and_decode_update_the_cache_in_place():
     gen.decode(gen.state, logits, cache2, jax.random.key(0), steps=2, temperature=0.0,
                top_p=1.0)
     assert all(a.is_deleted() for a in jax.tree.leaves(cache2))
+
+
+def test_decode_step_bytes_count_weights_and_cache_by_hand():
+    """The memory floor of a decode step (``hwh_jax.inference.roofline``) for the tiny
+    Transformer in bf16, counted by hand: the tied table and every block's matrices in bf16, the
+    norm scales in fp32; the K and V cache read whole, one slot written; HwH's GDN states read
+    and written; an untied table costs only the looked-up rows."""
+    from hwh_jax.inference import Generator
+    from hwh_jax.inference.roofline import decode_step_bytes, floor_ms, peak_memory_bandwidth
+    cfg = model_config("transformer", "tiny", dtype="bfloat16")
+    d, L, mlp, V, HD = cfg.d_model, len(cfg.layers), cfg.mlp_hidden, cfg.vocab_size, 8 * 16
+    state = Generator(HybridLM(cfg, rngs=nnx.Rngs(0))).state
+    B, T = 2, 64
+    got = decode_step_bytes(state, cfg, B, T)
+    weights = 2 * (V * d + L * (4 * d * HD + 3 * d * mlp)) + 4 * (2 * L + 1) * d
+    kv = L * 2 * B * T * HD * 2                          # K and V, bf16
+    assert got == {"weights": weights, "cache_read": kv, "cache_written": kv // T,
+                   "total": weights + kv + kv // T}
+    untied = cfg.replace(tie_embeddings=False)
+    u = decode_step_bytes(Generator(HybridLM(untied, rngs=nnx.Rngs(0))).state, untied, B, T)
+    assert u["weights"] == weights + 2 * B * d           # the head's matrix, B rows of the table
+    hwh = model_config("hwh", "tiny", dtype="bfloat16")
+    h = decode_step_bytes(Generator(HybridLM(hwh, rngs=nnx.Rngs(0))).state, hwh, B, T)
+    states = sum(s.num_la for s in hwh.layers) * B * hwh.la_key_dim * hwh.la_value_dim * 4
+    c = cache_bytes(hwh, B, T)                           # the GDN states (fp32) and conv tails
+    assert c["la"] > states and h["cache_written"] == c["la"] + c["fa"] // T
+    assert h["total"] == h["weights"] + c["fa"] + c["fa"] // T + 2 * c["la"]
+    assert peak_memory_bandwidth("NVIDIA H200") == 4.8e12 and peak_memory_bandwidth("cpu") is None
+    assert floor_ms(4.8e9, 4.8e12) == 1.0 and floor_ms(1.0, None) is None
