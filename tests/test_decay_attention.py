@@ -170,3 +170,34 @@ def test_pallas_path_bf16_error_and_its_refusals():
         gated_linear_attention(q, k, v, g, settings=DecaySettings(impl="pallas"))
     with pytest.raises(ValueError, match="impl="):
         DecaySettings(impl="triton")
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (conftest's CPU devices)")
+def test_pallas_per_shard_under_a_mesh():
+    """Under ``kernel_mesh`` (what the trainer traces its steps in) both decays' kernels run in a
+    shard_map on each device's rows and heads, a per-key g sharded as q: the values and
+    gradients of one device."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from hwh_jax.training.sharding import make_mesh
+    from kernels_pallas import kernel_mesh
+    from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
+    mesh = make_mesh((2, 2, 2))
+    settings = DecaySettings(impl="pallas", interpret=True, chunk_size=16)
+    r = np.random.default_rng(8)
+    q, k, v = (jnp.asarray(r.normal(size=(4, 40, 2, 16)), jnp.float32) for _ in range(3))
+    for shape in ((4, 40, 2), (4, 40, 2, 16)):
+        g = jnp.asarray(-r.uniform(0.0, 1.5, size=shape), jnp.float32)
+
+        def f(q, k, v, g):
+            return jnp.sum(jnp.sin(gated_linear_attention(q, k, v, g, settings=settings)[0]))
+
+        grad = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3)))
+        want = grad(q, k, v, g)
+        rows = lambda x: jax.device_put(x, NamedSharding(  # noqa: E731
+            mesh, P(("data", "fsdp"), *[None] * (x.ndim - 1))))
+        with kernel_mesh(mesh):
+            assert "shard_map" in str(jax.make_jaxpr(f)(q, k, v, g))
+            got = grad(*(rows(x) for x in (q, k, v, g)))
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
