@@ -54,6 +54,20 @@ def test_train_step_bench_rows_and_profile(tmp_path):
     assert "tok/s" in stdout
 
 
+def test_gated_recurrence_bench_rows(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gated_recurrence.py"),
+                           "--shapes", "2,64,32", "--recurrent", "--reps", "2", "--out", str(out)],
+                          cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu",
+                                         "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["impl"] for r in rows] == ["scan", "recurrent"]
+    for r in rows:                      # bf16 inputs against the fp32 recurrence
+        assert r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 and max(r["err"].values()) < 1e-2
+
+
 def _triton_regs():
     import importlib.util
     spec = importlib.util.spec_from_file_location("triton_regs", ROOT / "bench" / "triton_regs.py")

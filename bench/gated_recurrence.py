@@ -1,0 +1,74 @@
+r"""Time HGRN's element-wise gated recurrence, h_t = a_t * h_{t-1} + b_t, on one accelerator and
+check its bf16 accuracy.
+
+  python bench/gated_recurrence.py --shapes 8,2048,2048 2,8192,2048 --out results.jsonl
+
+For each (B, T, D): forward and forward+backward medians (ms) of ``gated_recurrence_scan`` (an
+associative scan, XLA) and ``gated_recurrence_recurrent`` (``lax.scan`` over tokens, with
+--recurrent: slow on long sequences), and the relative error of bf16 inputs' outputs and
+gradients against an fp32 run of the recurrent form. fla's counterpart, ``chunk_hgrn`` (its
+gate the log of a), is timed by ``bench/fla_gdn_anchor.py hgrn B,T,1,D,D`` in the same
+command. Results go to stdout and to --out as JSON lines.
+"""
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+
+import _bench
+from _bench import median_ms, rel_err
+from kernels_pallas.gated_recurrence import gated_recurrence_recurrent, gated_recurrence_scan
+
+IMPLS = {"scan": gated_recurrence_scan, "recurrent": gated_recurrence_recurrent}
+
+
+def inputs(B, T, D, dtype, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 3)
+    a = jax.nn.sigmoid(jax.random.normal(ks[0], (B, T, D)) + 3.0)   # forget gates near 0.95
+    b = (1 - a) * jax.random.normal(ks[1], (B, T, D))
+    do = jax.random.normal(ks[2], (B, T, D))
+    return a.astype(dtype), b.astype(dtype), do.astype(dtype)
+
+
+def fns(impl):
+    def fwd(a, b):
+        return IMPLS[impl](a, b)[0]
+
+    def fwd_bwd(a, b, do):
+        h, vjp = jax.vjp(fwd, a, b)
+        return vjp(do.astype(h.dtype))
+    return jax.jit(fwd), jax.jit(fwd_bwd)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", nargs="+", default=["8,2048,2048", "2,8192,2048"], help="B,T,D")
+    ap.add_argument("--recurrent", action="store_true", help="also time the lax.scan form")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    _bench.print_device()
+    rows = []
+    for spec in args.shapes:
+        shape = tuple(int(x) for x in spec.split(","))
+        x16 = inputs(*shape, jnp.bfloat16)
+        x32 = tuple(x.astype(jnp.float32) for x in x16)
+        ref_fwd, ref_fb = fns("recurrent")
+        h32, g32 = ref_fwd(*x32[:2]), ref_fb(*x32)
+        for impl in ["scan"] + (["recurrent"] if args.recurrent else []):
+            fwd, fwd_bwd = fns(impl)
+            row = {"op": "gated_recurrence", "impl": impl, "shape": list(shape),
+                   "fwd_ms": median_ms(fwd, *x16[:2], reps=args.reps),
+                   "fwd_bwd_ms": median_ms(fwd_bwd, *x16, reps=args.reps),
+                   "err": {"h": rel_err(fwd(*x16[:2]), h32),
+                           **{f"d{n}": rel_err(a, b)
+                              for n, a, b in zip("ab", fwd_bwd(*x16), g32)}}}
+            _bench.emit(rows, row)
+    if args.out:
+        _bench.write_jsonl(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()
