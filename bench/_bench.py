@@ -87,6 +87,18 @@ def median_ms(fn, *args, warmup=3, reps=20) -> float:
     return statistics.median(times)
 
 
+def fwd_bwd_row(fwd, fwd_bwd, inputs, cotangent, want_out, want_grads, names, out="o",
+                reps=20) -> dict:
+    """Timing and accuracy of an op: fwd(*inputs) and fwd_bwd(*inputs, cotangent) medians (ms),
+    and the relative error of the output and of each input's gradient (``names``) against a
+    reference's (``want_out``, ``want_grads``)."""
+    return {"fwd_ms": median_ms(fwd, *inputs, reps=reps),
+            "fwd_bwd_ms": median_ms(fwd_bwd, *inputs, cotangent, reps=reps),
+            "err": {out: rel_err(fwd(*inputs), want_out),
+                    **{f"d{n}": rel_err(a, b)
+                       for n, a, b in zip(names, fwd_bwd(*inputs, cotangent), want_grads)}}}
+
+
 def device_ms(fn, *args, reps=20):
     """(device time per call in ms, its kernels) of ``fn(*args)`` from a profiler trace of
     ``reps`` calls: the sum of the kernels' durations, without the per-call launch and host

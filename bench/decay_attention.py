@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 
 import _bench
-from _bench import median_ms, rel_err
 from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
 
 
@@ -66,11 +65,8 @@ def main():
             fwd, fwd_bwd = fns(impl)
             row = {"op": "gated_linear_attention", "impl": impl, "shape": list(shape),
                    "decay": "per_key" if args.per_key else "per_head",
-                   "fwd_ms": median_ms(fwd, *x16[:4], reps=args.reps),
-                   "fwd_bwd_ms": median_ms(fwd_bwd, *x16, reps=args.reps),
-                   "err": {"o": rel_err(fwd(*x16[:4]), o32),
-                           **{f"d{n}": rel_err(a, b)
-                              for n, a, b in zip("qkvg", fwd_bwd(*x16), g32)}}}
+                   **_bench.fwd_bwd_row(fwd, fwd_bwd, x16[:4], x16[4], o32, g32, "qkvg",
+                                        reps=args.reps)}
             _bench.emit(rows, row)
     if args.out:
         _bench.write_jsonl(args.out, rows)

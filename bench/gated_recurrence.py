@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 
 import _bench
-from _bench import median_ms, rel_err
 from kernels_pallas.gated_recurrence import gated_recurrence_recurrent, gated_recurrence_scan
 
 IMPLS = {"scan": gated_recurrence_scan, "recurrent": gated_recurrence_recurrent}
@@ -60,11 +59,8 @@ def main():
         for impl in ["scan"] + (["recurrent"] if args.recurrent else []):
             fwd, fwd_bwd = fns(impl)
             row = {"op": "gated_recurrence", "impl": impl, "shape": list(shape),
-                   "fwd_ms": median_ms(fwd, *x16[:2], reps=args.reps),
-                   "fwd_bwd_ms": median_ms(fwd_bwd, *x16, reps=args.reps),
-                   "err": {"h": rel_err(fwd(*x16[:2]), h32),
-                           **{f"d{n}": rel_err(a, b)
-                              for n, a, b in zip("ab", fwd_bwd(*x16), g32)}}}
+                   **_bench.fwd_bwd_row(fwd, fwd_bwd, x16[:2], x16[2], h32, g32, "ab", out="h",
+                                        reps=args.reps)}
             _bench.emit(rows, row)
     if args.out:
         _bench.write_jsonl(args.out, rows)
