@@ -300,7 +300,6 @@ def _op(cfg, scale):
             hT = primal(q, k, v, g, S0T, True)[2]
         qs, _, _, G = _prepare(q, k, v, g, C, scale)
         dhT, dS0T = scan_backward(cfg, qs, G, do.astype(qs.dtype), dSNT.astype(f32))
-        B, T, H, V = do.shape
         _, vjp = jax.vjp(lambda *a: _chunk_outputs(*a, hT, C, scale), q, k, v, g)
         dq, dk, dv, dg = vjp((_chunks(do.astype(f32), C), dhT))
         return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg.astype(g.dtype),
