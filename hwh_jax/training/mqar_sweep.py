@@ -371,14 +371,7 @@ def sweep(spec: SweepSpec, out: str | Path, log=print, save_every: int = 1000) -
                             save_every=save_every, stop=stop)
             rows += cell["rows"]
             cells_done.append({k: v for k, v in cell.items() if k != "rows"})
-            cells = summarize(rows)
-            saved = {**dataclasses.asdict(spec),
-                     "archs": list(dict.fromkeys(r["arch"] for r in cells_done)),
-                     "widths": sorted({r["width"] for r in cells_done})}
-            (out / "results.json").write_text(json.dumps(
-                {"spec": saved, "runs": cells_done, "cells": cells, "rows": rows}, indent=1))
-            (out / "table.md").write_text(table(cells) + "\n")
-            figure(cells, out / "mqar_sweep.png")
+            cells = _write(out, dataclasses.asdict(spec), cells_done, rows)
             partial.unlink(missing_ok=True)
             mean = statistics.mean(c["mean"] for c in cells if c["arch"] == arch
                                    and c["width"] == width)
@@ -413,14 +406,20 @@ def merge(folders: list[str | Path], out: str | Path) -> list[dict]:
             seen[cell] = path
         runs += res["runs"]
         rows += res["rows"]
-    spec["archs"] = list(dict.fromkeys(r["arch"] for r in runs))
-    spec["widths"] = sorted({r["width"] for r in runs})
-    cells = summarize(rows)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    return _write(out, spec, runs, rows, merged_from=[str(f) for f in folders])
+
+
+def _write(out: Path, spec: dict, runs: list[dict], rows: list[dict], **extra) -> list[dict]:
+    """results.json (the spec with the architectures and widths of ``runs``, the runs, the
+    cells summarised from ``rows``, the rows and ``extra``), table.md and mqar_sweep.png into
+    ``out``; the cells."""
+    spec = {**spec, "archs": list(dict.fromkeys(r["arch"] for r in runs)),
+            "widths": sorted({r["width"] for r in runs})}
+    cells = summarize(rows)
     (out / "results.json").write_text(json.dumps(
-        {"spec": spec, "runs": runs, "cells": cells, "rows": rows,
-         "merged_from": [str(f) for f in folders]}, indent=1))
+        {"spec": spec, "runs": runs, "cells": cells, "rows": rows, **extra}, indent=1))
     (out / "table.md").write_text(table(cells) + "\n")
     figure(cells, out / "mqar_sweep.png")
     return cells
