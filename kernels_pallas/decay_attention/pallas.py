@@ -27,8 +27,8 @@ import jax.numpy as jnp
 
 from kernels_pallas.decay_attention.settings import DecaySettings
 from kernels_pallas.linear_scan import scan as scan_kernels
-from kernels_pallas.linear_scan.common import (chunk_local_cumsum, kernel_config, pad_time,
-                                               reverse_chunk_cumsum)
+from kernels_pallas.linear_scan.common import (chunk_local_cumsum, chunked, kernel_config,
+                                               pad_time, reverse_chunk_cumsum)
 
 f32 = jnp.float32
 _HI = jax.lax.Precision.HIGHEST
@@ -38,12 +38,6 @@ _jit = lambda fn, *names: jax.jit(fn, static_argnums=0, static_argnames=names)  
 scan_forward = _jit(scan_kernels.scan_forward, "store")
 scan_backward = _jit(scan_kernels.scan_backward)
 state_grads = _jit(scan_kernels.state_grads)
-
-
-def _chunks(x, C):
-    """[B, N*C, H, X] -> [B, N, H, C, X]."""
-    B, T, H, X = x.shape
-    return x.reshape(B, T // C, C, H, X).transpose(0, 1, 3, 2, 4)
 
 
 def _decay_matrix(G, C):
@@ -57,25 +51,27 @@ def _decay_matrix(G, C):
 
 def _scores(qs, k, E, C):
     """q k^T per chunk [B, N, H, C, C] fp32, and QK = that * E laid out [B, T, H, C]."""
-    s = jnp.einsum("bnhik,bnhjk->bnhij", _chunks(qs, C), _chunks(k, C),
+    s = jnp.einsum("bnhik,bnhjk->bnhij", chunked(qs, C), chunked(k, C),
                    preferred_element_type=f32)
     qk = s * E
     B, N, H = qk.shape[:3]
     return s, qk.transpose(0, 1, 3, 2, 4).reshape(B, N * C, H, C)
 
 
+def prepare(q, k, v, g, C, scale):
+    """q * scale, k, v in their common compute dtype, and G, the chunk-local cumulative sum of
+    g (fp32; a decay per head or per key)."""
+    cd = jnp.result_type(q.dtype, k.dtype, v.dtype)
+    qs = q.astype(cd) if scale == 1.0 else (q.astype(f32) * scale).astype(cd)
+    return qs, k.astype(cd), v.astype(cd), chunk_local_cumsum(g.astype(f32), C)
+
+
 def _op(cfg, scale):
     """The custom_vjp op on padded inputs: (q, k, v, g [B, T, H], S0) -> (o, S_N)."""
     C = cfg.chunk
 
-    def prepare(q, k, v, g):
-        cd = jnp.result_type(q.dtype, k.dtype, v.dtype)
-        qs = q.astype(cd) if scale == 1.0 else (q.astype(f32) * scale).astype(cd)
-        G = chunk_local_cumsum(g.astype(f32), C)
-        return qs, k.astype(cd), v.astype(cd), G
-
     def primal(q, k, v, g, S0, store):
-        qs, kc, vc, G = prepare(q, k, v, g)
+        qs, kc, vc, G = prepare(q, k, v, g, C, scale)
         _, qk = _scores(qs, kc, _decay_matrix(G, C), C)
         qk = qk.astype(qs.dtype)
         outs = scan_forward(cfg, qs, kc, jnp.zeros_like(kc), vc, qk, G, S0, store=store)
@@ -94,7 +90,7 @@ def _op(cfg, scale):
     def bwd(res, cts):
         q, k, v, g, S0, saved = res
         do, dSN = cts
-        qs, kc, vc, G = prepare(q, k, v, g)
+        qs, kc, vc, G = prepare(q, k, v, g, C, scale)
         cd, w = qs.dtype, jnp.zeros_like(kc)
         E = _decay_matrix(G, C)
         s, qk = _scores(qs, kc, E, C)
@@ -105,13 +101,13 @@ def _op(cfg, scale):
             h = scan_forward(cfg, qs, kc, w, vc, qk_in, G, S0, store=True)[2]
         dv, dh, dS0 = scan_backward(cfg, qs, kc, w, qk_in, G, do.astype(cd), dSN.astype(f32))
         dq, dk, _, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, vc, dv, do.astype(cd))
-        dqk = _chunks(dqk.astype(f32), C)                        # [B, N, H, C(i), C(j)]
+        dqk = chunked(dqk.astype(f32), C)                        # [B, N, H, C(i), C(j)]
         ds = dqk * E                                             # d(q k^T)
         B, T, H, K = q.shape
         unchunk = lambda x: x.transpose(0, 1, 3, 2, 4).reshape(B, T, H, -1)  # noqa: E731
-        dq = dq + unchunk(jnp.einsum("bnhij,bnhjk->bnhik", ds, _chunks(kc.astype(f32), C),
+        dq = dq + unchunk(jnp.einsum("bnhij,bnhjk->bnhik", ds, chunked(kc.astype(f32), C),
                                      precision=_HI))
-        dk = dk + unchunk(jnp.einsum("bnhij,bnhik->bnhjk", ds, _chunks(qs.astype(f32), C),
+        dk = dk + unchunk(jnp.einsum("bnhij,bnhik->bnhjk", ds, chunked(qs.astype(f32), C),
                                      precision=_HI))
         p = dqk * s * E                                          # dQK * QK
         dG = dG + (p.sum(-1) - p.sum(-2)).transpose(0, 1, 3, 2).reshape(B, T, H)

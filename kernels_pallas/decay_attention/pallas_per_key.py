@@ -34,9 +34,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels_pallas.decay_attention.pallas import prepare
 from kernels_pallas.decay_attention.settings import DecaySettings
-from kernels_pallas.linear_scan.common import (compiler_params, dot, dot_nt, f32, kernel_config,
-                                               pad_time)
+from kernels_pallas.linear_scan.common import (chunked, compiler_params, dot, dot_nt, f32,
+                                               kernel_config, pad_time)
 
 _HI = jax.lax.Precision.HIGHEST
 SUB = 16                    # rows of a sub-chunk of the intra-chunk scores
@@ -219,18 +220,12 @@ def scan_backward(cfg, q, G, do, dSNT):
 
 # ---------------------------------------------------------------- chunk-parallel parts (XLA)
 
-def _chunks(x, C):
-    """[B, N*C, H, X] -> [B, N, H, C, X]."""
-    B, T, H, X = x.shape
-    return x.reshape(B, T // C, C, H, X).transpose(0, 1, 3, 2, 4)
-
-
 def intra_scores(q, k, G, C):
     """QK [B, N, H, C, C] fp32 (0 above the diagonal) from [B, T, H, K] q, k and G, stable for
     any decay: one block row of c = 16 query rows at a time (the module docstring's sub-chunks),
     laid side by side: the keys before it, its own [c, c] block, zeros after it."""
     c = SUB if C % SUB == 0 else C
-    qc, kc, Gc = (_chunks(x.astype(f32), C) for x in (q, k, G))    # [B, N, H, C, K]
+    qc, kc, Gc = (chunked(x.astype(f32), C) for x in (q, k, G))    # [B, N, H, C, K]
     tri = jnp.tril(jnp.ones((c, c), bool))[..., None]
     rows = []
     for r in range(0, C, c):
@@ -249,21 +244,12 @@ def intra_scores(q, k, G, C):
     return jnp.concatenate(rows, axis=-2)
 
 
-def _prepare(q, k, v, g, C, scale):
-    """q * scale, k, v in the compute dtype, and G, the chunk-local cumsum of g (fp32)."""
-    cd = jnp.result_type(q.dtype, k.dtype, v.dtype)
-    qs = q.astype(cd) if scale == 1.0 else (q.astype(f32) * scale).astype(cd)
-    B, T, H, K = g.shape
-    G = jnp.cumsum(g.astype(f32).reshape(B, T // C, C, H, K), axis=2).reshape(B, T, H, K)
-    return qs, k.astype(cd), v.astype(cd), G
-
-
 def _chunk_outputs(q, k, v, g, hT, C, scale):
     """Every chunk's (o_n, S_{n+1}) with the entering states S_n^T [B, N, H, V, K] given: the
     map the backward differentiates (fp32)."""
-    qs, kc, vc, G = (x.astype(f32) for x in _prepare(q, k, v, g, C, scale))
+    qs, kc, vc, G = (x.astype(f32) for x in prepare(q, k, v, g, C, scale))
     qk = intra_scores(qs, kc, G, C)
-    Qc, Kc, Vc, Gc = (_chunks(x, C) for x in (qs, kc, vc, G))       # [B, N, H, C, X]
+    Qc, Kc, Vc, Gc = (chunked(x, C) for x in (qs, kc, vc, G))       # [B, N, H, C, X]
     g_last = Gc[..., -1:, :]
     hT = hT.astype(f32)
     o = (jnp.einsum("bnhij,bnhjv->bnhiv", qk, Vc, precision=_HI)
@@ -278,7 +264,7 @@ def _op(cfg, scale):
     C = cfg.chunk
 
     def primal(q, k, v, g, S0T, store):
-        qs, kc, vc, G = _prepare(q, k, v, g, C, scale)
+        qs, kc, vc, G = prepare(q, k, v, g, C, scale)
         qk = intra_scores(qs, kc, G, C)
         B, N, H = qk.shape[:3]
         qk = qk.transpose(0, 1, 3, 2, 4).reshape(B, N * C, H, C).astype(qs.dtype)
@@ -298,10 +284,10 @@ def _op(cfg, scale):
         do, dSNT = cts
         if hT is None:
             hT = primal(q, k, v, g, S0T, True)[2]
-        qs, _, _, G = _prepare(q, k, v, g, C, scale)
+        qs, _, _, G = prepare(q, k, v, g, C, scale)
         dhT, dS0T = scan_backward(cfg, qs, G, do.astype(qs.dtype), dSNT.astype(f32))
         _, vjp = jax.vjp(lambda *a: _chunk_outputs(*a, hT, C, scale), q, k, v, g)
-        dq, dk, dv, dg = vjp((_chunks(do.astype(f32), C), dhT))
+        dq, dk, dv, dg = vjp((chunked(do.astype(f32), C), dhT))
         return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg.astype(g.dtype),
                 dS0T)
 

@@ -119,9 +119,16 @@ def pad_time(x, pad):
 
 
 def chunk_local_cumsum(g, chunk_size):
-    """g [B, N*C, H] -> chunk-local inclusive cumulative sum, same shape."""
-    B, T, H = g.shape
-    return jnp.cumsum(g.reshape(B, T // chunk_size, chunk_size, H), axis=2).reshape(B, T, H)
+    """g [B, N*C, H, ...] -> chunk-local inclusive cumulative sum, same shape."""
+    B, T = g.shape[:2]
+    return jnp.cumsum(g.reshape(B, T // chunk_size, chunk_size, *g.shape[2:]),
+                      axis=2).reshape(g.shape)
+
+
+def chunked(x, chunk_size):
+    """[B, N*C, H, X] -> [B, N, H, C, X]: each chunk of each head as one [C, X] block."""
+    B, T, H, X = x.shape
+    return x.reshape(B, T // chunk_size, chunk_size, H, X).transpose(0, 1, 3, 2, 4)
 
 
 def reverse_chunk_cumsum(x, chunk_size):
