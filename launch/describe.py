@@ -4,6 +4,8 @@ r"""Print a config's parameter count and per-layer FA/LA allocation, without all
   python -m launch.describe --config=configs/hwh_tiny.py --forward   # plus one jitted forward
   python -m launch.describe --table                                  # docs/models.md tables
   python -m launch.describe --cache=380m        # decode-cache MiB per arch and context (bf16)
+  python -m launch.describe --cache=380m --floor=4.8e12 --contexts=32768 --batches=1,32
+                                        # plus each decode step's bytes and memory floor
   python -m launch.describe --plot=alloc.png --archs=transformer,layerwise,hwh --size=380m
 """
 from absl import app, flags
@@ -18,6 +20,9 @@ flags.DEFINE_bool("table", False, "print the markdown tables of every architectu
 flags.DEFINE_bool("forward", False, "also run one jitted forward pass on random tokens")
 flags.DEFINE_string("cache", "", "size: print the decode-cache table of every architecture")
 flags.DEFINE_list("contexts", ["2048", "8192", "32768", "65536"], "contexts of the cache table")
+flags.DEFINE_float("floor", 0.0, "bytes/s: with --cache, also each decode step's bytes and its "
+                   "time at that memory bandwidth (hwh_jax.inference.roofline), per context")
+flags.DEFINE_list("batches", ["1"], "batches of the --floor table")
 flags.DEFINE_string("plot", "", "PNG path: the head allocation of --archs at --size, side by side")
 flags.DEFINE_list("archs", ["transformer", "layerwise", "hwh"], "architectures of --plot")
 flags.DEFINE_string("size", "380m", "size of --plot")
@@ -44,6 +49,12 @@ def main(argv):
         configs = {a: model_config(a, FLAGS.cache) for a in ARCHS}
         print(f"decode cache, MiB at batch 1, bf16 KV, fp32 GDN state ({FLAGS.cache}):")
         print(cache_table(configs, [int(c) for c in FLAGS.contexts]))
+        if FLAGS.floor:
+            from hwh_jax.inference.roofline import floor_table
+            for c in FLAGS.contexts:
+                print(f"\ndecode step at {int(c):,} tokens: bytes moved and floor at "
+                      f"{FLAGS.floor / 1e12:g} TB/s ({FLAGS.cache}):")
+                print(floor_table(configs, int(c), [int(b) for b in FLAGS.batches], FLAGS.floor))
         return
     config = FLAGS.config
     cfg = model_config_from_dict(config.model)

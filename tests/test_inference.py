@@ -232,3 +232,7 @@ def test_decode_step_bytes_count_weights_and_cache_by_hand():
     assert h["total"] == h["weights"] + c["fa"] + c["fa"] // T + 2 * c["la"]
     assert peak_memory_bandwidth("NVIDIA H200") == 4.8e12 and peak_memory_bandwidth("cpu") is None
     assert floor_ms(4.8e9, 4.8e12) == 1.0 and floor_ms(1.0, None) is None
+    from hwh_jax.inference.roofline import floor_table
+    lines = floor_table({"transformer": cfg}, T, [B], 1e9).splitlines()   # 1 GB/s: ms = MB
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 4
+    assert lines[2] == f"| transformer | {got['total'] / 1e9:.3f} | {got['total'] / 1e6:.3f} |"

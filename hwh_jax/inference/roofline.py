@@ -11,10 +11,13 @@ one far above it by launches or compute (``bench/decode.py`` prints the ratio).
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from hwh_jax.inference.cache import cache_bytes
 from hwh_jax.layers.config import ModelConfig
+from hwh_jax.models.lm import HybridLM
 
 # Peak memory bandwidth (bytes/s) by device kind prefix: the vendors' figures. A copy kernel
 # reaches about 90% of it on an H200 (4.27 of 4.8 TB/s).
@@ -51,3 +54,27 @@ def decode_step_bytes(state, cfg: ModelConfig, batch: int, context: int) -> dict
 def floor_ms(step_bytes: float, bandwidth: float | None) -> float | None:
     """Milliseconds to move ``step_bytes`` at ``bandwidth`` bytes/s (None without one)."""
     return None if not bandwidth else 1e3 * step_bytes / bandwidth
+
+
+def held_weights(cfg: ModelConfig):
+    """The parameters' shapes as the decoder holds them (matrices in the compute dtype, as
+    ``Generator``), without allocating them."""
+    _, state = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, cfg.compute_dtype if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating)
+        else x.dtype), state)
+
+
+def floor_table(configs: dict[str, ModelConfig], context: int, batches, bandwidth: float) -> str:
+    """Markdown table: GB a decode step moves and its floor in ms at ``bandwidth`` bytes/s, per
+    architecture (rows) and batch (columns), at ``context``."""
+    head = "| arch | " + " | ".join(f"batch {b}: GB | ms" for b in batches) + " |"
+    lines = [head, "|---" * (2 * len(batches) + 1) + "|"]
+    for name, cfg in configs.items():
+        weights = held_weights(cfg)
+        cells = []
+        for b in batches:
+            total = decode_step_bytes(weights, cfg, b, context)["total"]
+            cells.append(f"{total / 1e9:.3f} | {floor_ms(total, bandwidth):.3f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
