@@ -91,6 +91,16 @@ def test_sweeps_run_apart_merge_into_one(tmp_path):
     saved = json.loads((tmp_path / "all" / "results.json").read_text())
     assert saved["spec"]["archs"] == ["transformer", "gdn"] and len(saved["runs"]) == 2
     assert (tmp_path / "all" / "mqar_sweep.png").exists()
+    assert saved["merged_from"] == [str(tmp_path / "transformer"), str(tmp_path / "gdn")]
+    shutil.copytree(tmp_path / "transformer", tmp_path / "more")     # a merge merged again
+    more = json.loads((tmp_path / "more" / "results.json").read_text())
+    for r in more["runs"] + more["rows"]:
+        r["arch"] = "hwh"
+    (tmp_path / "more" / "results.json").write_text(json.dumps(more))
+    again = mqar_sweep.merge([tmp_path / "all", tmp_path / "more"], tmp_path / "again")
+    assert sorted(again, key=key) == sorted(want + [{**c, "arch": "hwh"} for c in cells], key=key)
+    assert json.loads((tmp_path / "again" / "results.json").read_text())["merged_from"] == [
+        str(tmp_path / "transformer"), str(tmp_path / "gdn"), str(tmp_path / "more")]
     with pytest.raises(ValueError, match="transformer d=32 is in"):
         mqar_sweep.merge([tmp_path / "transformer", tmp_path / "transformer"], tmp_path / "x")
     other["spec"]["steps"] = 5

@@ -304,24 +304,30 @@ def table(cells: list[dict]) -> str:
 
 def figure(cells: list[dict], path: Path):
     """Zoology's figure: a panel per sequence length, accuracy against width (log), a line per
-    architecture with the seeds' standard deviation as error bars."""
+    architecture through the mean over seeds and every seed's accuracy as a dot (three seeds
+    tell more than a standard deviation: one seed that has not learned shows as a lone dot)."""
     plt = pyplot()
     settings = sorted({(c["seq_len"], c["pairs"]) for c in cells})
+    archs = sorted({c["arch"] for c in cells})
     fig, axes = plt.subplots(1, len(settings), figsize=(3.2 * len(settings), 3.2), sharey=True,
                              squeeze=False)
     for ax, (length, pairs) in zip(axes[0], settings):
-        for arch in sorted({c["arch"] for c in cells}):
+        for i, arch in enumerate(archs):
             cs = sorted((c for c in cells if c["arch"] == arch and c["seq_len"] == length
                          and c["pairs"] == pairs), key=lambda c: c["width"])
-            ax.errorbar([c["width"] for c in cs], [c["mean"] for c in cs],
-                        yerr=[c["std"] for c in cs], marker="o", ms=3, capsize=2, label=arch)
+            shift = 2 ** (0.06 * (i - (len(archs) - 1) / 2))    # apart on the log axis
+            line, = ax.plot([c["width"] * shift for c in cs], [c["mean"] for c in cs],
+                            marker="o", ms=3, label=arch)
+            ax.plot([c["width"] * shift for c in cs for _ in c["accuracies"]],
+                    [a for c in cs for a in c["accuracies"]], ls="none", marker=".", ms=4,
+                    alpha=0.5, color=line.get_color())
         ax.set_xscale("log", base=2)
         ax.set_title(f"T={length}, {pairs} pairs", fontsize=9)
         ax.set_xlabel("model width")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("MQAR accuracy")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    axes[0][0].set_ylabel("MQAR accuracy (line: mean; dots: seeds)")
+    axes[0][0].legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -384,7 +390,8 @@ def merge(folders: list[str | Path], out: str | Path) -> list[dict]:
     """Sweeps run apart (one process per architecture, side by side) as one: their rows
     summarised together into ``out``'s results.json, table.md and mqar_sweep.png. Every spec
     field but the architectures and widths must agree (else the error names the field); a cell
-    (architecture, width) found in two folders is an error too."""
+    (architecture, width) found in two folders is an error too. A folder that is itself a merge
+    counts as the folders it came from (``merged_from`` lists the sweeps' own folders)."""
     loaded = []
     for folder in folders:
         path = Path(folder) / "results.json"
@@ -394,8 +401,9 @@ def merge(folders: list[str | Path], out: str | Path) -> list[dict]:
         loaded.append((path, json.loads(path.read_text())))
     first_path, first = loaded[0]
     spec = dict(first["spec"])
-    runs, rows, seen = [], [], {}
-    for path, res in loaded:
+    runs, rows, seen, sources = [], [], {}, []
+    for (path, res), folder in zip(loaded, folders):
+        sources += res.get("merged_from", [str(folder)])
         for key, value, other in _differences(res["spec"], first["spec"]):
             raise ValueError(f"--report: {path} has {key}={value!r}, {first_path} "
                              f"{other!r}: sweeps of other settings")
@@ -408,7 +416,7 @@ def merge(folders: list[str | Path], out: str | Path) -> list[dict]:
         rows += res["rows"]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    return _write(out, spec, runs, rows, merged_from=[str(f) for f in folders])
+    return _write(out, spec, runs, rows, merged_from=sources)
 
 
 def _write(out: Path, spec: dict, runs: list[dict], rows: list[dict], **extra) -> list[dict]:
