@@ -13,8 +13,9 @@ class DecaySettings(KernelSettings):
     impl: "auto" | "recurrent" (``reference.py``, token by token) | "chunk_reference" (the
     chunked form in XLA) | "pallas" (Pallas kernels, Triton on GPU, Mosaic on TPU: for a
     decay per head the scan of ``kernels_pallas.linear_scan``, for a decay per key dimension
-    ``pallas_per_key``). "auto" is "chunk_reference" on every platform until the kernels are
-    timed against it on a GPU. chunk_size: C of the chunked forms. The rest concern the Pallas
+    ``pallas_per_key``). "auto" is "chunk_reference" on every platform: on an H200 the per-key
+    kernels train 5.3x faster than it but their forward alone is 2x slower
+    (docs/benchmarks.md), and the per-head kernels are not yet timed beside it. chunk_size: C of the chunked forms. The rest concern the Pallas
     kernels only: block_v: value columns per program of the sequential scans (None:
     ``linear_scan.common.default_block_v``); num_warps / num_stages: the scans' launch on GPU;
     chunk_warps: the per-chunk gradient kernel's (decay per head); recompute: save only the
