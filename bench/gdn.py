@@ -38,7 +38,7 @@ from kernels_pallas.linear_scan.common import KernelConfig, default_block_v
 from kernels_pallas.gdn.chunk_reference import chunk_local_cumsum
 
 
-def inputs(B, T, H, K, V, dtype, seed=0):
+def inputs(B, T, H, K, V, dtype, seed=0, decay=True):
     ks = jax.random.split(jax.random.key(seed), 6)
     q = jax.random.normal(ks[0], (B, T, H, K))
     k = jax.random.normal(ks[1], (B, T, H, K))
@@ -46,6 +46,8 @@ def inputs(B, T, H, K, V, dtype, seed=0):
     k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
     v = jax.random.normal(ks[2], (B, T, H, V))
     g = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, H)) + 3.0)
+    if not decay:                                           # DeltaNet: GDN with g = 0
+        g = jnp.zeros_like(g)
     beta = jax.nn.sigmoid(jax.random.normal(ks[4], (B, T, H)))
     do = jax.random.normal(ks[5], (B, T, H, V))
     cast = lambda x: x.astype(dtype)  # noqa: E731
@@ -75,9 +77,9 @@ def fns(impl, **opts):
 
 
 
-def check(impl, shape, opts=None):
+def check(impl, shape, opts=None, decay=True):
     B, T, H, K, V = shape
-    x16 = inputs(B, T, H, K, V, jnp.bfloat16, seed=1)
+    x16 = inputs(B, T, H, K, V, jnp.bfloat16, seed=1, decay=decay)
     x32 = tuple(a.astype(jnp.float32) for a in x16)
     f16, fb16 = fns(impl, **(opts or {}))
     _, fb32 = fns("chunk_reference")
@@ -175,6 +177,8 @@ def main():
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--tune", action="store_true",
                     help="time launch settings per kernel and use the best for the pallas rows")
+    ap.add_argument("--no_decay", action="store_true",
+                    help="g = 0: DeltaNet, which runs the GDN kernels (fla: chunk_delta_rule)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     ceil = _bench.ceilings()
@@ -194,7 +198,7 @@ def main():
     for spec in args.shapes:
         shape = tuple(int(s) for s in spec.split(","))
         B, T, H, K, V = shape
-        x = inputs(*shape, jnp.bfloat16)
+        x = inputs(*shape, jnp.bfloat16, decay=not args.no_decay)
         flops_fwd = B * T * H * (4 * 64 * (K + V) + 6 * K * V)
         bytes_fwd = 2 * B * T * H * (2 * K + 2 * V) + 4 * B * T * H * 2
         opts = {}
@@ -205,7 +209,8 @@ def main():
         for name in args.impls:
             impl, variant = parse_impl(name)
             po = {**opts, **variant} if impl == "pallas" else {}
-            row = {"impl": name, "shape": list(shape), "opts": po}
+            row = {"impl": name, "shape": list(shape), "opts": po,
+                   "decay": not args.no_decay}
             try:
                 f, fb = fns(impl, **po)
                 row.update(fwd_ms=median_ms(f, *x[:5]), fwd_bwd_ms=median_ms(fb, *x))
@@ -213,7 +218,7 @@ def main():
                 row["fwd_bwd_tflops"] = 3 * flops_fwd / row["fwd_bwd_ms"] / 1e9
                 row["fwd_tbps"] = bytes_fwd / row["fwd_ms"] / 1e9
                 if args.check:
-                    row["rel_err_bf16_vs_fp32"] = check(impl, shape, po)
+                    row["rel_err_bf16_vs_fp32"] = check(impl, shape, po, decay=not args.no_decay)
                 if args.breakdown and impl == "pallas":
                     row["breakdown"] = breakdown(shape, x, default_cfg(shape, **po))
             except Exception as e:  # noqa: BLE001  (one variant failing to compile: record it)

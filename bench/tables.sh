@@ -6,6 +6,13 @@
 #       step2k     the 380m training step at 2K, HwH and the Transformer, 44 sequences a step
 #       steplong   the 380m step at 8K and 32K, HwH and the Transformer, 65,536 tokens a step
 #       decode     prefill-free decode at 32K, batch 1 and 32, HwH and the Transformer
+#       decay      gated linear attention, a decay per head (Lightning, RetNet, Mamba-2), the
+#                  Pallas kernels and the jnp form against fla's chunk_simple_gla
+#       decay_key  the same with a decay per key dimension (GLA, HGRN-2) against fla's chunk_gla
+#       delta_rule DeltaNet (the GDN kernels with g = 0) against fla's chunk_delta_rule
+#       hgrn       HGRN's element-wise recurrence (associative scan) against fla's chunk_hgrn
+#                  (the mixer parts at B=8, T=2K and B=2, T=8K, 16 heads of 128; each fla op
+#                  autotunes on first use, minutes on a bare machine: one or two parts a call)
 # Each part writes OUT_DIR/PART.jsonl (rows as the scripts print them) and OUT_DIR/PART.log.
 # The step parts set the XLA flags docs/training.md measured fastest for training on an H200
 # (command buffers off, cuBLAS for every product) unless XLA_FLAGS is set; decode keeps XLA's
@@ -18,6 +25,7 @@ export PYTHONUNBUFFERED=1
 TRAIN_FLAGS=${XLA_FLAGS:-"--xla_gpu_enable_command_buffer= --xla_gpu_enable_triton_gemm=false"}
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}
 SHAPES="8,2048,16,128,128 2,8192,16,128,128 32,2048,13,64,64"
+MIXER_SHAPES="8,2048,16,128,128 2,8192,16,128,128"
 
 for part in "$@"; do
   echo "=== $part ($(date -u +%T))"
@@ -34,7 +42,19 @@ for part in "$@"; do
     decode)
       python3 bench/decode.py --size 380m --archs hwh transformer --contexts 32768 \
         --batches 1 32 --prefill none --decode_reps 5 --out "$OUT/decode.jsonl" ;;
-    *) echo "unknown part $part (gdn, step2k, steplong, decode)"; exit 2 ;;
+    decay)
+      python3 bench/decay_attention.py --shapes $MIXER_SHAPES --out "$OUT/decay.jsonl"
+      python3 bench/fla_gdn_anchor.py simple_gla $MIXER_SHAPES | tee "$OUT/decay_fla.jsonl" ;;
+    decay_key)
+      python3 bench/decay_attention.py --per_key --shapes $MIXER_SHAPES --out "$OUT/decay_key.jsonl"
+      python3 bench/fla_gdn_anchor.py gla $MIXER_SHAPES | tee "$OUT/decay_key_fla.jsonl" ;;
+    delta_rule)
+      python3 bench/gdn.py --no_decay --check --shapes $MIXER_SHAPES --impls pallas --out "$OUT/delta_rule.jsonl"
+      python3 bench/fla_gdn_anchor.py delta_rule $MIXER_SHAPES | tee "$OUT/delta_rule_fla.jsonl" ;;
+    hgrn)
+      python3 bench/gated_recurrence.py --shapes 8,2048,2048 2,8192,2048 --out "$OUT/hgrn.jsonl"
+      python3 bench/fla_gdn_anchor.py hgrn 8,2048,1,2048,2048 2,8192,1,2048,2048 | tee "$OUT/hgrn_fla.jsonl" ;;
+    *) echo "unknown part $part (gdn, step2k, steplong, decode, decay, decay_key, delta_rule, hgrn)"; exit 2 ;;
   esac 2>&1 | grep -v "^I[0-9]" | tee "$OUT/$part.log"
 done
 echo "=== done ($(date -u +%T))"
