@@ -1,8 +1,10 @@
 """The small-scale reproduction of docs/results.md: the paper's claims at the `small` size.
 
 ``--config=configs/experiment.py:ARCH[,L]`` with ARCH one of transformer, gdn, layerwise, hwh,
-hwh_rope, hwh_uniform (the `small` size, parameters matched by hwh_jax.models.variants) and L the
-training length (default 512). Every experiment sees the same tokens: 67 public-domain books
+hwh_rope, hwh_uniform (the `small` size, parameters matched by hwh_jax.models.variants) or a
+form of the mixer zoo with its values joined by "/" (``configs/zoo.py``'s FORM,KIND[,R] as
+FORM/KIND[/R]: ``layerwise/gla/3`` = 3 GLA layers : 1 RoPE FA layer, ``hwh/mamba2`` = HwH's
+allocation with Mamba-2 linear heads, ``pure/hgrn2``), and L the training length (default 512). Every experiment sees the same tokens: 67 public-domain books
 (the shipped ``gutenberg/``) through a SentencePiece vocabulary trained on it, 600 steps of
 64 sequences of 512 tokens (19.7M tokens), half of the sequences synthetic retrieval
 documents in RULER's NIAH format (1-8 needles, all asked for, the answers' value tokens
@@ -13,16 +15,23 @@ with the retrieval probe (teacher-forced, on synthetic documents from held-out b
 single 1/2/3 at L, 2L and 4L (essay and noise haystacks, never trained on), MQAR and
 perplexity by position up to 4L. Override any field on the command line.
 """
-from configs import base
+from configs import base, zoo
 
 ARCHS = ("transformer", "gdn", "layerwise", "hwh", "hwh_rope", "hwh_uniform")
 
 
 def get_config(arg: str = "hwh"):
     arch, _, length = arg.partition(",")
-    if arch not in ARCHS:
-        raise ValueError(f"experiment arch {arch!r} is not one of {ARCHS}")
-    config = base.get_config(f"{arch}_small")
+    if "/" in arch:                            # a zoo form: FORM/KIND[/R]
+        try:
+            config = zoo.get_config(",".join(arch.split("/")) + ",small")
+        except ValueError as e:
+            raise ValueError(f"configs/experiment.py:{arg}: {e}") from None
+    elif arch in ARCHS:
+        config = base.get_config(f"{arch}_small")
+    else:
+        raise ValueError(f"experiment arch {arch!r} is not one of {ARCHS} nor a zoo form "
+                         f"FORM/KIND[/R] (configs/zoo.py)")
     config.unlock()
     L = int(length or 512)
     config.seq_len = L

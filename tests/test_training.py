@@ -275,6 +275,34 @@ def test_experiment_configs_match_parameters_and_tokens():
         experiment.get_config("swa")
 
 
+def test_experiment_configs_take_the_zoo_forms():
+    """configs/experiment.py:FORM/KIND[/R]: every linear-head kind layer-wise at 3:1 and
+    head-wise trains the reproduction's tokens on the same data and evaluation, with parameters
+    within 5% of the Transformer's; a bad form names itself."""
+    from configs import experiment
+    from hwh_jax.layers.config import LA_KINDS
+    from hwh_jax.models.params import count_params
+    from hwh_jax.training.specs import model_config
+    ref = experiment.get_config("transformer")
+    want = count_params(model_config(ref, 8192))
+    for kind in LA_KINDS:
+        for form in (f"layerwise/{kind}/3", f"hwh/{kind}"):
+            config = experiment.get_config(f"{form},512")
+            assert config.model.la_kind == kind
+            assert (config.train.steps, config.train.batch_size, config.seq_len) == (
+                ref.train.steps, ref.train.batch_size, ref.seq_len)
+            assert config.data.to_dict() == ref.data.to_dict()
+            assert config.eval.to_dict() == ref.eval.to_dict()
+            cfg = model_config(config, 8192)
+            shown = form.split("/")[0] + ("" if kind == "gdn" else f"/{kind}")
+            assert cfg.arch == shown, (form, cfg.arch)       # the name in logs and reports
+            got = count_params(cfg)
+            assert abs(got - want) <= 0.05 * want, (form, got, want)
+        assert experiment.get_config(f"layerwise/{kind}/3").model.ratio == (1, 3)
+    with pytest.raises(ValueError, match="experiment.py:hwh/lstm.*'lstm'"):
+        experiment.get_config("hwh/lstm")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cross_entropy_matches_autodiff_of_the_plain_formula(dtype):
     """token_nll's hand-written backward (d logits in the logits' dtype, one pass) against
