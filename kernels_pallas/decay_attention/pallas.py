@@ -18,7 +18,7 @@ Under one ``jax.custom_vjp``; saved between the passes: the inputs, QK, the chun
 (``DecaySettings.recompute``: the inputs only, the forward scan rerun in the backward). The
 scan reads a zero w (the delta rule's correction) it does not need: a T x K read a pass that
 a scan without the delta rule would save. A decay per key dimension (GLA, HGRN-2) does not
-factor into one E per chunk and has no kernel here.
+factor into one E per chunk: its kernels are ``pallas_per_key.py``.
 """
 from __future__ import annotations
 
@@ -125,9 +125,9 @@ def gated_linear_attention_pallas(q, k, v, g, *, scale=None, initial_state=None,
     """Same contract as ``gated_linear_attention`` for a decay per head (g [B, T, H]), as the
     kernels of the module docstring, launched as ``settings`` says (its ``impl`` is not read)."""
     if g.ndim != 3:
-        raise ValueError(f"gated_linear_attention(impl='pallas') takes a decay per head, "
-                         f"g [B, T, H]; got g of shape {g.shape} (a decay per key dimension "
-                         f"runs impl='chunk_reference')")
+        raise ValueError(f"gated_linear_attention_pallas takes a decay per head, g [B, T, H]; "
+                         f"got g of shape {g.shape} (a decay per key dimension: "
+                         f"gated_linear_attention_per_key_pallas)")
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = settings.chunk_size
