@@ -18,15 +18,14 @@ seeds). The logic is ``hwh_jax.eval.report``.
 import json
 import logging
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from absl import app, flags
 from ml_collections import config_flags
 
 from launch import EXIT_FAILED, devices, one_line_errors, setup_logging
+from launch.processes import argv_without, run_side_by_side
 
 config_flags.DEFINE_config_file("config", None, "run config file (e.g. configs/experiment.py:hwh)")
 flags.DEFINE_string("out", None, "the run's workdir (--config) or the report's folder (--report)")
@@ -88,56 +87,23 @@ def several_seeds():
         raise app.UsageError("an experiment needs its closing evaluation: config.eval.at_end")
     out = Path(FLAGS.out)
     out.mkdir(parents=True, exist_ok=True)
-    child = _without(sys.argv[1:], ("seeds", "side_by_side", "out"))
+    child = argv_without(sys.argv[1:], ("seeds", "side_by_side", "out"))
     env = dict(os.environ)
     if FLAGS.side_by_side > 1:         # on a GPU, each process its share of the memory
         env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / FLAGS.side_by_side:.3f}")
-    waiting, running, failed = list(seeds), {}, []
-    t0 = time.time()
-    while waiting or running:
-        while waiting and len(running) < FLAGS.side_by_side:
-            s = waiting.pop(0)
-            log = open(out / f"seed{s}.console.log", "w")
-            cmd = [sys.executable, "-m", "launch.experiment", *child, f"--config.seed={s}",
-                   f"--out={out / f'seed{s}'}"]
-            running[s] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env),
-                          log)
-            print(f"seed {s}: training into {out / f'seed{s}'} "
-                  f"(console: {out / f'seed{s}.console.log'})", flush=True)
-        time.sleep(1.0)
-        for s, (proc, log) in list(running.items()):
-            if proc.poll() is None:
-                continue
-            log.close()
-            del running[s]
-            last = (out / f"seed{s}.console.log").read_text().strip().splitlines()[-1:] or [""]
-            print(f"seed {s}: exit {proc.returncode} after {time.time() - t0:.0f}s: {last[0]}",
-                  flush=True)
-            if proc.returncode:
-                failed.append(s)
-    if failed:
-        print(f"error: seeds {failed} failed; their consoles: "
-              + ", ".join(str(out / f"seed{s}.console.log") for s in failed), file=sys.stderr)
+    jobs = [(f"seed {s}", [sys.executable, "-m", "launch.experiment", *child,
+                           f"--config.seed={s}", f"--out={out / f'seed{s}'}"],
+             out / f"seed{s}.console.log") for s in seeds]
+    failed, stopped = run_side_by_side(jobs, FLAGS.side_by_side, env)
+    if failed or stopped:
+        print(f"error: {', '.join(failed) or 'no seed'} did not finish"
+              + (" (stopped by a signal: the same command continues)" if stopped else "")
+              + "; consoles in " + str(out), file=sys.stderr)
         sys.exit(EXIT_FAILED)
     over = {"name": out.name, **over_seeds([summarize(out / f"seed{s}") for s in seeds])}
     (out / "seeds.json").write_text(json.dumps(over, indent=2))
     print(f"over {len(seeds)} seeds -> {out / 'seeds.json'}\n{seeds_table([over])}\n\n"
           f"{seeds_length_table([over])}", flush=True)
-
-
-def _without(argv: list[str], names: tuple[str, ...]) -> list[str]:
-    """argv less the flags ``names`` (as --name=value or --name value)."""
-    kept, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        name = a.lstrip("-").split("=")[0]
-        if a.startswith("-") and name in names:
-            skip = "=" not in a
-            continue
-        kept.append(a)
-    return kept
 
 
 if __name__ == "__main__":

@@ -2,21 +2,30 @@ r"""MQAR as a training task: Zoology's sweep of recall against model width.
 
   python -m launch.mqar --out=$OUT/mqar
   python -m launch.mqar --archs=transformer,hwh --widths=64,128 --steps=500 --out=DIR
-  python -m launch.mqar --report=DIR_A,DIR_B --out=DIR   # sweeps run side by side, as one
+  python -m launch.mqar --side_by_side=8 --out=$OUT/mqar   # 8 cells at once, one process each
+  python -m launch.mqar --report=DIR_A,DIR_B --out=DIR   # sweeps run apart, as one
 
 Trains 2-layer models of each architecture and width on multi-query associative recall, every
 (seed, learning rate) of one architecture and width as one vmapped program, and writes
 ``results.json`` (every seed's test accuracy at its best learning rate, cells with mean, sd
 and pooled 95% intervals), ``table.md`` and ``mqar_sweep.png`` (accuracy against width, a panel
 per sequence length). Stopped (SIGTERM, Ctrl-C, a time limit) or killed, the same command
-continues: finished cells are kept and a cut cell goes on from its last saved step. The logic
+continues: finished cells are kept and a cut cell goes on from its last saved step. With
+--side_by_side=N every (architecture, width) cell is a process of its own into
+``OUT/cells/ARCH_WIDTH`` (console ``OUT/cells/ARCH_WIDTH.console.log``), N at a time (small
+models share one GPU; no memory preallocation unless XLA_PYTHON_CLIENT_PREALLOCATE is set), and
+the finished cells are merged into --out; a signal to the command reaches every cell. The logic
 is ``hwh_jax.training.mqar_sweep``.
 """
 import dataclasses
+import os
+import sys
+from pathlib import Path
 
 from absl import app, flags
 
-from launch import begin, one_line_errors
+from launch import EXIT_FAILED, begin, one_line_errors
+from launch.processes import argv_without, run_side_by_side
 
 flags.DEFINE_string("out", None, "output folder")
 flags.DEFINE_list("report", None, "sweep folders (each a --out of its own) to tabulate and plot "
@@ -35,6 +44,9 @@ flags.DEFINE_integer("eval_examples", None, "validation and test sequences per s
 flags.DEFINE_string("dtype", None, "compute dtype (default bfloat16)")
 flags.DEFINE_integer("save_every", 1000, "steps between saves of a cell's trials (to continue "
                      "a killed sweep: the same command into the same --out continues it)")
+flags.DEFINE_integer("side_by_side", 1, "cells trained at once, each (architecture, width) a "
+                     "process of its own into OUT/cells, merged into --out at the end (1: the "
+                     "cells in turn in this process)")
 flags.mark_flags_as_required(["out"])
 FLAGS = flags.FLAGS
 
@@ -67,12 +79,41 @@ def run():
             given[name] = FLAGS[name].value
     spec = SweepSpec(**given)
     print(f"MQAR sweep: {dataclasses.asdict(spec)}", flush=True)
+    if FLAGS.side_by_side != 1:
+        cells_side_by_side(spec, merge, table)
+        return
     try:
         cells = sweep(spec, FLAGS.out, save_every=FLAGS.save_every)
     except Stopped as e:
         print(e, flush=True)
         return
     print(f"\n{table(cells)}\n\nresults, table and figure in {FLAGS.out}", flush=True)
+
+
+def cells_side_by_side(spec, merge, table):
+    """Each (architecture, width) cell its own ``launch.mqar`` process, ``--side_by_side`` at a
+    time, then the finished cells merged into --out (module docstring)."""
+    spec.validate()
+    out = Path(FLAGS.out)
+    cells = out / "cells"
+    child = argv_without(sys.argv[1:], ("archs", "widths", "out", "side_by_side"))
+    env = dict(os.environ)
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # cells differ in memory
+    names = [(a, w) for a in spec.archs for w in spec.widths]
+    jobs = [(f"{a} d={w}", [sys.executable, "-m", "launch.mqar", *child, f"--archs={a}",
+                            f"--widths={w}", f"--out={cells / f'{a}_{w}'}"],
+             cells / f"{a}_{w}.console.log") for a, w in names]
+    failed, stopped = run_side_by_side(jobs, FLAGS.side_by_side, env)
+    done = [cells / f"{a}_{w}" for a, w in names if (cells / f"{a}_{w}" / "results.json").exists()]
+    if done:
+        print(f"\n{table(merge(done, out))}\n\n{len(done)} of {len(names)} cells; results, "
+              f"table and figure in {out}", flush=True)
+    if len(done) < len(names):
+        print(f"error: {len(names) - len(done)} cells did not finish"
+              + (f" ({', '.join(failed)} failed)" if failed and not stopped else "")
+              + (" (stopped by a signal)" if stopped else "")
+              + f"; the same command continues them; consoles in {cells}", file=sys.stderr)
+        sys.exit(EXIT_FAILED)
 
 
 if __name__ == "__main__":

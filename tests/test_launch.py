@@ -113,7 +113,8 @@ def test_seeds_run_side_by_side_and_a_failed_seed_is_named(tmp_path):
                           "--config.train.steps=0"], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 1, out.stderr[-2000:]
-    assert "seed 0: training into" in out.stdout and "seed 1: exit 2" in out.stdout
-    assert "error: seeds [0, 1] failed" in out.stderr or "error: seeds [1, 0] failed" in out.stderr
+    assert "seed 0: started (console:" in out.stdout and "seed 1: exit 2" in out.stdout
+    assert ("error: seed 0, seed 1 did not finish" in out.stderr
+            or "error: seed 1, seed 0 did not finish" in out.stderr), out.stderr[-2000:]
     for s in (0, 1):
         assert "train.steps" in (tmp_path / f"seed{s}.console.log").read_text()

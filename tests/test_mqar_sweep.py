@@ -155,3 +155,37 @@ def test_the_grouped_loss_and_hits_equal_zoologys_padded_batch_over_every_positi
     np.testing.assert_array_equal(got, np.asarray(right))
     _, losses = step(states, jnp.asarray([1e-3, 1e-3]), groups)   # the loss before the update
     np.testing.assert_allclose(np.asarray(losses), np.asarray(wants), rtol=1e-5)
+
+
+def test_cells_side_by_side_equal_the_sweep_and_continue(tmp_path):
+    """launch.mqar --side_by_side=2: each (arch, width) cell its own process, merged into --out;
+    the cells equal the same sweep in one process, and the same command again keeps the
+    finished cells (each cell's console follows on)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    spec = SweepSpec(archs=("transformer", "gdn"), seeds=(0,),
+                     **{**TINY, "warmup_steps": SweepSpec.warmup_steps})
+    cmd = [sys.executable, "-m", "launch.mqar", "--side_by_side=2", "--archs=transformer,gdn",
+           "--widths=32", "--settings=16:2,32:4", "--vocab=64", "--heads=4", "--steps=4",
+           "--batch_size=8", "--lrs=3e-3", "--seeds=0", "--eval_examples=8",
+           "--dtype=float32", f"--out={tmp_path / 'sbs'}"]
+    for _ in range(2):
+        run = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "2 of 2 cells" in run.stdout and "transformer d=32: exit 0" in run.stdout
+    console = (tmp_path / "sbs" / "cells" / "gdn_32.console.log").read_text()
+    assert console.count("MQAR sweep:") == 2 and "in " in console and "already" in console
+    merged = json.loads((tmp_path / "sbs" / "results.json").read_text())
+    want = mqar_sweep.sweep(spec, tmp_path / "one", log=lambda s: None)
+    key = lambda c: (c["arch"], c["width"], c["seq_len"])  # noqa: E731
+    for a, b in zip(sorted(merged["cells"], key=key), sorted(want, key=key)):
+        assert key(a) == key(b) and a["accuracies"] == b["accuracies"]
+    one = json.loads((tmp_path / "one" / "results.json").read_text())["rows"]
+    assert len(merged["rows"]) == len(one) == 4
+    for a, b in zip(sorted(merged["rows"], key=key), sorted(one, key=key)):
+        assert key(a) == key(b) and a["right"] == b["right"]
+        assert a["final_loss"] == pytest.approx(b["final_loss"], rel=1e-6)   # trained alike
+    assert sorted(merged["merged_from"]) == sorted(
+        str(tmp_path / "sbs" / "cells" / c) for c in ("transformer_32", "gdn_32"))
