@@ -189,3 +189,34 @@ def test_cells_side_by_side_equal_the_sweep_and_continue(tmp_path):
         assert a["final_loss"] == pytest.approx(b["final_loss"], rel=1e-6)   # trained alike
     assert sorted(merged["merged_from"]) == sorted(
         str(tmp_path / "sbs" / "cells" / c) for c in ("transformer_32", "gdn_32"))
+
+
+def test_a_signal_to_the_side_by_side_command_reaches_every_cell(tmp_path):
+    """SIGTERM to `launch.mqar --side_by_side=2` while both cells train: each cell saves its
+    trials and stops, the command names what did not finish and exits 1."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "sbs"
+    cmd = [sys.executable, "-m", "launch.mqar", "--side_by_side=2", "--archs=transformer",
+           "--widths=32,64", "--settings=16:2", "--vocab=64", "--heads=4", "--steps=1000000",
+           "--batch_size=4", "--lrs=3e-3", "--seeds=0", "--eval_examples=4",
+           "--dtype=float32", f"--out={out}"]
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    consoles = [out / "cells" / f"transformer_{w}.console.log" for w in (32, 64)]
+    deadline = time.time() + 300
+    while not all(c.exists() and "[1/1]" in c.read_text() for c in consoles):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.5)
+    time.sleep(2.0)                                  # inside the training loop
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "2 cells did not finish (stopped by a signal)" in stderr
+    for w, console in zip((32, 64), consoles):
+        assert "stopped by SIGTERM at step" in console.read_text()
+        assert (out / "cells" / f"transformer_{w}" / f"partial_transformer_{w}.npz").exists()
