@@ -4,7 +4,8 @@
 hwh_rope, hwh_uniform (the `small` size, parameters matched by hwh_jax.models.variants) or a
 form of the mixer zoo with its values joined by "/" (``configs/zoo.py``'s FORM,KIND[,R] as
 FORM/KIND[/R]: ``layerwise/gla/3`` = 3 GLA layers : 1 RoPE FA layer, ``hwh/mamba2`` = HwH's
-allocation with Mamba-2 linear heads, ``pure/hgrn2``), and L the training length (default 512). Every experiment sees the same tokens: 67 public-domain books
+allocation with Mamba-2 linear heads, ``pure/hgrn2``), and L the training length (default
+512). Every experiment sees the same tokens: 67 public-domain books
 (the shipped ``gutenberg/``) through a SentencePiece vocabulary trained on it, 600 steps of
 64 sequences of 512 tokens (19.7M tokens), half of the sequences synthetic retrieval
 documents in RULER's NIAH format (1-8 needles, all asked for, the answers' value tokens

@@ -15,7 +15,8 @@ class DecaySettings(KernelSettings):
     decay per head the scan of ``kernels_pallas.linear_scan``, for a decay per key dimension
     ``pallas_per_key``). "auto" is "chunk_reference" on every platform: on an H200 the per-key
     kernels train 5.3x faster than it but their forward alone is 2x slower
-    (docs/benchmarks.md), and the per-head kernels are not yet timed beside it. chunk_size: C of the chunked forms. The rest concern the Pallas
+    (docs/benchmarks.md), and the per-head kernels are not yet timed beside it.
+    chunk_size: C of the chunked forms. The rest concern the Pallas
     kernels only: block_v: value columns per program of the sequential scans (None:
     ``linear_scan.common.default_block_v``); num_warps / num_stages: the scans' launch on GPU;
     chunk_warps: the per-chunk gradient kernel's (decay per head); recompute: save only the
