@@ -149,3 +149,10 @@ ENTRY %main (x: f32[8]) -> f32[8] {
 """
     src = profile.hlo_sources(text)
     assert src["loop_tanh_fusion_3"] == "jit(f)/tanh @ b.py:7"
+
+
+def test_the_linear_attention_kernels_have_a_category_of_their_own():
+    assert profile.category("gdn_scan_fwd") == "gdn"
+    for name in ("linear_scan_fwd", "linear_state_grads", "gla_scan_bwd"):
+        assert profile.category(name) == "linear_attention", name
+    assert profile.category("loop_add_fusion") == "fusion/other"

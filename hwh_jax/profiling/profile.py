@@ -8,10 +8,11 @@ The trace's device events (processes named ``/device:...``, one thread per strea
 per kernel and, given the program's HLO text, per source operation (one cuBLAS kernel serves
 products of different operations: each is its own row, with its launches per step), and grouped
 into categories by kernel name (``CATEGORIES``: the GDN Pallas kernels by their ``gdn_`` names,
-the short-convolution kernels, attention, matmuls, copies, the rest as fusions). ``busy_ms`` is
-the union of the kernels' intervals per step: beside the step's wall time it tells how much of
-the step the device was idle (launch gaps, host work); ``span_ms`` is the traced steps' first
-kernel start to last kernel end per step (what the device took for them, idle included), and
+the other linear-attention scans (``linear_``, ``gla_``), the short-convolution kernels,
+attention, matmuls, copies, the rest as fusions). ``busy_ms`` is the union of the kernels'
+intervals per step: beside the step's wall time it tells how much of the step the device was
+idle (launch gaps, host work); ``span_ms`` is the traced steps' first kernel start to last
+kernel end per step (what the device took for them, idle included), and
 ``longest_gaps`` the longest idle gaps, each with when it began (ms into the trace) and the kernel
 before it (a gap between steps shows there, where per-kernel sums hide it); ``gaps_after``
 charges each idle gap between kernels to the kernel that ran just before it (a device idling
@@ -38,6 +39,7 @@ from hwh_jax.profiling import hlo
 # (category, pattern on the lower-cased kernel name), first match wins.
 CATEGORIES = (
     ("gdn", r"gdn_"),
+    ("linear_attention", r"linear_scan|linear_state|gla_scan"),
     ("short_conv", r"short_conv"),
     ("attention", r"cudnn|fmha|flash|attention|splash"),
     ("matmul", r"gemm|nvjet|cutlass|cublas|xmma|wgmma|dot|matmul"),

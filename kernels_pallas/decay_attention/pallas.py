@@ -2,9 +2,9 @@
 ``gated_linear_attention(impl="pallas")``.
 
 The chunked form of ``chunk_reference.py`` is the inter-chunk scan of ``kernels_pallas.
-linear_scan`` with no delta rule (w = 0, u = v). Per chunk of C tokens, with G the chunk-local
-cumulative log decay and E_ij = exp(G_i - G_j) for j <= i (0 above the diagonal, masked before
-``exp``, so every exponent is <= 0):
+linear_scan`` with no delta rule (``w=None``: w = 0, u = v, neither read nor multiplied). Per
+chunk of C tokens, with G the chunk-local cumulative log decay and E_ij = exp(G_i - G_j) for
+j <= i (0 above the diagonal, masked before ``exp``, so every exponent is <= 0):
 
     QK      = (q k^T) * E                                    per chunk, XLA ([C, C] matmuls)
     forward   ``linear_scan.scan_forward``:  o_n = (q e^G) S_n + QK_n v_n,
@@ -15,10 +15,9 @@ cumulative log decay and E_ij = exp(G_i - G_j) for j <= i (0 above the diagonal,
               dG += row sums - column sums of dQK * QK; dg = the chunk's reverse cumsum of dG.
 
 Under one ``jax.custom_vjp``; saved between the passes: the inputs, QK, the chunk states S_n
-(``DecaySettings.recompute``: the inputs only, the forward scan rerun in the backward). The
-scan reads a zero w (the delta rule's correction) it does not need: a T x K read a pass that
-a scan without the delta rule would save. A decay per key dimension (GLA, HGRN-2) does not
-factor into one E per chunk: its kernels are ``pallas_per_key.py``.
+(``DecaySettings.recompute``: the inputs only, the forward scan rerun in the backward). A
+decay per key dimension (GLA, HGRN-2) does not factor into one E per chunk: its kernels are
+``pallas_per_key.py``.
 """
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ _HI = jax.lax.Precision.HIGHEST
 _jit = lambda fn, *names: jax.jit(fn, static_argnums=0, static_argnames=names)  # noqa: E731
 scan_forward = _jit(scan_kernels.scan_forward, "store")
 scan_backward = _jit(scan_kernels.scan_backward)
-state_grads = _jit(scan_kernels.state_grads)
+state_grads = _jit(scan_kernels.state_grads, "with_dw")
 
 
 def _decay_matrix(G, C):
@@ -74,7 +73,7 @@ def _op(cfg, scale):
         qs, kc, vc, G = prepare(q, k, v, g, C, scale)
         _, qk = _scores(qs, kc, _decay_matrix(G, C), C)
         qk = qk.astype(qs.dtype)
-        outs = scan_forward(cfg, qs, kc, jnp.zeros_like(kc), vc, qk, G, S0, store=store)
+        outs = scan_forward(cfg, qs, kc, None, vc, qk, G, S0, store=store)
         return outs, qk
 
     @jax.custom_vjp
@@ -91,16 +90,18 @@ def _op(cfg, scale):
         q, k, v, g, S0, saved = res
         do, dSN = cts
         qs, kc, vc, G = prepare(q, k, v, g, C, scale)
-        cd, w = qs.dtype, jnp.zeros_like(kc)
+        cd = qs.dtype
         E = _decay_matrix(G, C)
         s, qk = _scores(qs, kc, E, C)
         if saved:
             qk_in, h = saved
         else:
             qk_in = qk.astype(cd)
-            h = scan_forward(cfg, qs, kc, w, vc, qk_in, G, S0, store=True)[2]
-        dv, dh, dS0 = scan_backward(cfg, qs, kc, w, qk_in, G, do.astype(cd), dSN.astype(f32))
-        dq, dk, _, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, vc, dv, do.astype(cd))
+            h = scan_forward(cfg, qs, kc, None, vc, qk_in, G, S0, store=True)[2]
+        dv, dh, dS0 = scan_backward(cfg, qs, kc, None, qk_in, G, do.astype(cd),
+                                    dSN.astype(f32))
+        dq, dk, _, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, vc, dv, do.astype(cd),
+                                         with_dw=False)
         dqk = chunked(dqk.astype(f32), C)                        # [B, N, H, C(i), C(j)]
         ds = dqk * E                                             # d(q k^T)
         B, T, H, K = q.shape

@@ -15,7 +15,9 @@ cumulative log gates G [C]. What is left is sequential over chunks and independe
 
 with qd = q e^G and kd = k e^{G_last - G}, both <= 1 in size since G falls within a chunk.
 The backward kernel needs S_n, recomputed by the forward kernel (``store=True`` writes S_n and
-v_n); nothing but the inputs is kept between the passes. Everything the kernels do not need
+v_n); nothing but the inputs is kept between the passes. Without the delta rule (``w=None``:
+w = 0, v = u) the kernels neither read w nor form its products, the forward stores S_n only,
+and ``state_grads`` leaves dw out. Everything the kernels do not need
 sequentially (dq, dk, dw, dQK, dG from S_n, dS_{n+1}, v_n, dv_n) is batched matmuls in XLA.
 
 Two launch layouts run the same per-chunk bodies:
@@ -55,10 +57,22 @@ def _decayed(q, k, G):
     return qd, kd, jnp.exp(g_last)
 
 
+def _rows(ref, t):
+    """ref[t, :], or None for an absent input (w without the delta rule)."""
+    return None if ref is None else ref[t, :]
+
+
+def _without_w(kernel):
+    """``kernel`` for a call with no w input: its w_ref (the third) is None."""
+    def run(q_ref, k_ref, *refs, **kw):
+        return kernel(q_ref, k_ref, None, *refs, **kw)
+    return run
+
+
 def _fwd_chunk(S, q, k, w, u, qk, G):
     qd, kd, a_last = _decayed(q, k, G)
     Sc = S.astype(q.dtype)
-    v = u.astype(f32) - dot(w, Sc)
+    v = u.astype(f32) if w is None else u.astype(f32) - dot(w, Sc)
     vc = v.astype(q.dtype)
     o = dot(qd, Sc) + dot(qk, vc)
     return o, v, a_last * S + dot(kd, vc, trans_a=True)
@@ -67,7 +81,9 @@ def _fwd_chunk(S, q, k, w, u, qk, G):
 def _bwd_chunk(dS, q, k, w, qk, G, do):
     qd, kd, a_last = _decayed(q, k, G)
     dv = dot(qk, do, trans_a=True) + dot(kd, dS.astype(q.dtype))
-    dS = a_last * dS + dot(qd, do, trans_a=True) - dot(w, dv.astype(q.dtype), trans_a=True)
+    dS = a_last * dS + dot(qd, do, trans_a=True)
+    if w is not None:
+        dS = dS - dot(w, dv.astype(q.dtype), trans_a=True)
     return dv, dS
 
 
@@ -79,10 +95,10 @@ def _fwd_kernel_loop(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
         t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
         if store_refs:
             store_refs[0][n, :, :] = S.astype(store_refs[0].dtype)
-        o, v, S = _fwd_chunk(S, q_ref[t, :], k_ref[t, :], w_ref[t, :], u_ref[t, :],
+        o, v, S = _fwd_chunk(S, q_ref[t, :], k_ref[t, :], _rows(w_ref, t), u_ref[t, :],
                              qk_ref[t, :], g_ref[t, :])
         o_ref[t, :] = o.astype(o_ref.dtype)
-        if store_refs:
+        if len(store_refs) > 1:
             store_refs[1][t, :] = v.astype(store_refs[1].dtype)
         return S
 
@@ -95,7 +111,7 @@ def _bwd_kernel_loop(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
         n = n_chunks - 1 - i
         t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
         dh_ref[n, :, :] = dS.astype(dh_ref.dtype)
-        dv, dS = _bwd_chunk(dS, q_ref[t, :], k_ref[t, :], w_ref[t, :], qk_ref[t, :],
+        dv, dS = _bwd_chunk(dS, q_ref[t, :], k_ref[t, :], _rows(w_ref, t), qk_ref[t, :],
                             g_ref[t, :], do_ref[t, :])
         dv_ref[t, :] = dv.astype(dv_ref.dtype)
         return dS
@@ -117,10 +133,10 @@ def _fwd_kernel_grid(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
     S = S_scr[...]
     if store:
         store_refs[0][...] = S.astype(store_refs[0].dtype)
-    o, v, S = _fwd_chunk(S, q_ref[...], k_ref[...], w_ref[...], u_ref[...], qk_ref[...],
-                         g_ref[...])
+    o, v, S = _fwd_chunk(S, q_ref[...], k_ref[...], None if w_ref is None else w_ref[...],
+                         u_ref[...], qk_ref[...], g_ref[...])
     o_ref[...] = o.astype(o_ref.dtype)
-    if store:
+    if len(store_refs) > 1:
         store_refs[1][...] = v.astype(store_refs[1].dtype)
     S_scr[...] = S
 
@@ -139,8 +155,8 @@ def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
 
     dS = dS_scr[...]
     dh_ref[...] = dS.astype(dh_ref.dtype)
-    dv, dS = _bwd_chunk(dS, q_ref[...], k_ref[...], w_ref[...], qk_ref[...], g_ref[...],
-                        do_ref[...])
+    dv, dS = _bwd_chunk(dS, q_ref[...], k_ref[...], None if w_ref is None else w_ref[...],
+                        qk_ref[...], g_ref[...], do_ref[...])
     dv_ref[...] = dv.astype(dv_ref.dtype)
     dS_scr[...] = dS
 
@@ -168,14 +184,15 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
     from_k = jnp.zeros((C, 1), f32)
     for i, ck in enumerate(kblocks):
         dqd = jnp.zeros((C, ck.size), f32)
-        dw = jnp.zeros((C, ck.size), f32)
+        dw = None if dw_ref is None else jnp.zeros((C, ck.size), f32)
         dkd = jnp.zeros((C, ck.size), f32)
         for cv in vblocks:
             h, dh = h_ref[ck, cv], dh_ref[ck, cv]
             do, v = do_ref[:, cv], v_ref[:, cv].astype(cd)
             hc = h.astype(cd)
             dqd += dot_nt(do, hc)
-            dw -= dot_nt(dv_ref[:, cv].astype(cd), hc)
+            if dw is not None:
+                dw -= dot_nt(dv_ref[:, cv].astype(cd), hc)
             dkd += dot_nt(v, dh.astype(cd))
             hdh += jnp.sum(jnp.sum(h.astype(f32) * dh.astype(f32), axis=1, keepdims=True),
                            axis=0, keepdims=True)
@@ -187,7 +204,8 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
         from_k += jnp.sum(dk * k_ref[:, ck].astype(f32), axis=1, keepdims=True)
         dq_ref[:, ck] = dq
         dk_ref[:, ck] = dk
-        dw_ref[:, ck] = dw.astype(dw_ref.dtype)
+        if dw is not None:
+            dw_ref[:, ck] = dw.astype(dw_ref.dtype)
     d_last = jnp.sum(from_k, axis=0, keepdims=True) + jnp.exp(g_last) * hdh
     dg_ref[...] = from_q - from_k + jnp.where(last, d_last, 0.0)
     dqk_ref[...] = dqk.astype(dqk_ref.dtype)
@@ -210,10 +228,14 @@ def store_dtype(cfg, dtype, K):
 
 
 def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
-    """Forward kernel. [B, T, H, X] inputs (T a multiple of the chunk), G [B, T, H] fp32,
-    S0 [B, H, K, V] fp32. Returns o [B, T, H, V] (u's dtype), S_N, and with ``store`` also
-    S_n for every chunk [B, N, H, K, V] and v [B, T, H, V], in ``store_dtype``."""
+    """Forward kernel. [B, T, H, X] inputs (T a multiple of the chunk; w None: no delta rule),
+    G [B, T, H] fp32, S0 [B, H, K, V] fp32. Returns o [B, T, H, V] (u's dtype), S_N, and with
+    ``store`` also S_n for every chunk [B, N, H, K, V] and (with w) v [B, T, H, V], in
+    ``store_dtype``."""
     B, T, H, K = q.shape
+    delta = w is not None
+    kernel = _fwd_kernel_loop if delta else _without_w(_fwd_kernel_loop)
+    ws = (w,) if delta else ()
     sd = store_dtype(cfg, q.dtype, K)
     V = u.shape[-1]
     C, BV = cfg.chunk, cfg.block_v
@@ -223,53 +245,59 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
                  jax.ShapeDtypeStruct((B, H, K, V), f32)]
     if cfg.layout == "triton":
         if store:
-            out_shape += [jax.ShapeDtypeStruct((B, N, H, K, V), sd),
-                          jax.ShapeDtypeStruct((B, T, H, V), sd)]
+            out_shape += [jax.ShapeDtypeStruct((B, N, H, K, V), sd)]
+            out_shape += [jax.ShapeDtypeStruct((B, T, H, V), sd)] if delta else []
         seq = lambda X: pl.BlockSpec((sq, T, sq, X), lambda b, h, j: (b, 0, h, 0))  # noqa: E731
         seq_v = pl.BlockSpec((sq, T, sq, BV), lambda b, h, j: (b, 0, h, j))
         state = pl.BlockSpec((sq, sq, K, BV), lambda b, h, j: (b, h, 0, j))
         outs = [seq_v, state]
         if store:
-            outs += [pl.BlockSpec((sq, N, sq, K, BV), lambda b, h, j: (b, 0, h, 0, j)), seq_v]
+            outs += [pl.BlockSpec((sq, N, sq, K, BV), lambda b, h, j: (b, 0, h, 0, j))]
+            outs += [seq_v] if delta else []
         res = pl.pallas_call(
-            functools.partial(_fwd_kernel_loop, n_chunks=N, chunk=C),
+            functools.partial(kernel, n_chunks=N, chunk=C),
             grid=(B, H, NV),
-            in_specs=[seq(K), seq(K), seq(K), seq_v, seq(C), seq(1), state],
+            in_specs=[seq(K), seq(K)] + [seq(K)] * delta + [seq_v, seq(C), seq(1), state],
             out_specs=outs, out_shape=out_shape, interpret=cfg.interpret,
-            name="gdn_scan_fwd", **compiler_params(cfg),
-        )(q, k, w, u, qk, G[..., None], S0)
+            name="gdn_scan_fwd" if delta else "linear_scan_fwd", **compiler_params(cfg),
+        )(q, k, *ws, u, qk, G[..., None], S0)
         return tuple(res)
 
     # "tpu": [B, H, T, X], one chunk per grid step along the last ("arbitrary") axis.
     from jax.experimental.pallas import tpu as pltpu
     if store:
-        out_shape += [jax.ShapeDtypeStruct((B, H, N, K, V), sd),
-                      jax.ShapeDtypeStruct((B, H, T, V), sd)]
+        out_shape += [jax.ShapeDtypeStruct((B, H, N, K, V), sd)]
+        out_shape += [jax.ShapeDtypeStruct((B, H, T, V), sd)] if delta else []
     out_shape[0] = jax.ShapeDtypeStruct((B, H, T, V), u.dtype)
     blk = lambda X: pl.BlockSpec((sq, sq, C, X), lambda b, h, j, n: (b, h, n, 0))  # noqa: E731
     blk_v = pl.BlockSpec((sq, sq, C, BV), lambda b, h, j, n: (b, h, n, j))
     state = pl.BlockSpec((sq, sq, K, BV), lambda b, h, j, n: (b, h, 0, j))
     outs = [blk_v, state]
     if store:
-        outs += [pl.BlockSpec((sq, sq, sq, K, BV), lambda b, h, j, n: (b, h, n, 0, j)), blk_v]
+        outs += [pl.BlockSpec((sq, sq, sq, K, BV), lambda b, h, j, n: (b, h, n, 0, j))]
+        outs += [blk_v] if delta else []
+    grid_kernel = _fwd_kernel_grid if delta else _without_w(_fwd_kernel_grid)
     res = pl.pallas_call(
-        functools.partial(_fwd_kernel_grid, n_chunks=N, store=store),
+        functools.partial(grid_kernel, n_chunks=N, store=store),
         grid=(B, H, NV, N),
-        in_specs=[blk(K), blk(K), blk(K), blk_v, blk(C), blk(1), state],
+        in_specs=[blk(K), blk(K)] + [blk(K)] * delta + [blk_v, blk(C), blk(1), state],
         out_specs=outs, out_shape=out_shape,
         scratch_shapes=[pltpu.VMEM((K, BV), f32)], interpret=cfg.interpret,
-        name="gdn_scan_fwd", **compiler_params(cfg),
-    )(*(_to_bhtx(x) for x in (q, k, w, u, qk, G[..., None])), S0)
+        name="gdn_scan_fwd" if delta else "linear_scan_fwd", **compiler_params(cfg),
+    )(*(_to_bhtx(x) for x in (q, k, *ws, u, qk, G[..., None])), S0)
     o, sN = _to_bhtx(res[0]), res[1]
     if not store:
         return o, sN
-    return o, sN, jnp.swapaxes(res[2], 1, 2), _to_bhtx(res[3])
+    return (o, sN, jnp.swapaxes(res[2], 1, 2)) + ((_to_bhtx(res[3]),) if delta else ())
 
 
 def scan_backward(cfg, q, k, w, qk, G, do, dSN):
     """Backward kernel: dv [B, T, H, V] and dS_{n+1} for every chunk [B, N, H, K, V] (in
-    ``store_dtype``) and dS_0 (fp32), given the cotangents do [B, T, H, V] and dS_N [B, H, K, V]."""
+    ``store_dtype``) and dS_0 (fp32), given the cotangents do [B, T, H, V] and dS_N [B, H, K, V]
+    (w None: no delta rule)."""
     B, T, H, K = q.shape
+    delta = w is not None
+    ws = (w,) if delta else ()
     sd = store_dtype(cfg, q.dtype, K)
     V = do.shape[-1]
     C, BV = cfg.chunk, cfg.block_v
@@ -283,14 +311,15 @@ def scan_backward(cfg, q, k, w, qk, G, do, dSN):
         seq_v = pl.BlockSpec((sq, T, sq, BV), lambda b, h, j: (b, 0, h, j))
         state = pl.BlockSpec((sq, sq, K, BV), lambda b, h, j: (b, h, 0, j))
         dv, dh, dS0 = pl.pallas_call(
-            functools.partial(_bwd_kernel_loop, n_chunks=N, chunk=C),
+            functools.partial(_bwd_kernel_loop if delta else _without_w(_bwd_kernel_loop),
+                              n_chunks=N, chunk=C),
             grid=(B, H, NV),
-            in_specs=[seq(K), seq(K), seq(K), seq(C), seq(1), seq_v, state],
+            in_specs=[seq(K), seq(K)] + [seq(K)] * delta + [seq(C), seq(1), seq_v, state],
             out_specs=[seq_v, pl.BlockSpec((sq, N, sq, K, BV), lambda b, h, j: (b, 0, h, 0, j)),
                        state],
-            out_shape=out_shape, interpret=cfg.interpret, name="gdn_scan_bwd",
-            **compiler_params(cfg),
-        )(q, k, w, qk, G[..., None], do, dSN)
+            out_shape=out_shape, interpret=cfg.interpret,
+            name="gdn_scan_bwd" if delta else "linear_scan_bwd", **compiler_params(cfg),
+        )(q, k, *ws, qk, G[..., None], do, dSN)
         return dv, dh, dS0
 
     from jax.experimental.pallas import tpu as pltpu
@@ -303,26 +332,36 @@ def scan_backward(cfg, q, k, w, qk, G, do, dSN):
     blk_v = pl.BlockSpec((sq, sq, C, BV), lambda b, h, j, i: (b, h, last - i, j))
     state = pl.BlockSpec((sq, sq, K, BV), lambda b, h, j, i: (b, h, 0, j))
     dv, dh, dS0 = pl.pallas_call(
-        functools.partial(_bwd_kernel_grid, n_chunks=N),
+        functools.partial(_bwd_kernel_grid if delta else _without_w(_bwd_kernel_grid),
+                          n_chunks=N),
         grid=(B, H, NV, N),
-        in_specs=[blk(K), blk(K), blk(K), blk(C), blk(1), blk_v, state],
+        in_specs=[blk(K), blk(K)] + [blk(K)] * delta + [blk(C), blk(1), blk_v, state],
         out_specs=[blk_v,
                    pl.BlockSpec((sq, sq, sq, K, BV), lambda b, h, j, i: (b, h, last - i, 0, j)),
                    state],
         out_shape=out_shape, scratch_shapes=[pltpu.VMEM((K, BV), f32)],
-        interpret=cfg.interpret, name="gdn_scan_bwd", **compiler_params(cfg),
-    )(*(_to_bhtx(x) for x in (q, k, w, qk, G[..., None], do)), dSN)
+        interpret=cfg.interpret, name="gdn_scan_bwd" if delta else "linear_scan_bwd",
+        **compiler_params(cfg),
+    )(*(_to_bhtx(x) for x in (q, k, *ws, qk, G[..., None], do)), dSN)
     return _to_bhtx(dv), jnp.swapaxes(dh, 1, 2), dS0
 
 
-def state_grads(cfg, q, k, G, h, dh, v, dv, do):
-    """Per chunk, in parallel: dq, dk (fp32) of the state path, dw, dQK (q's dtype) and dG
-    (fp32 [B, T, H]) from S_n (h) and dS_{n+1} (dh) [B, N, H, K, V], v, dv, do [B, T, H, V]."""
+def _state_grads_kernel_no_dw(*refs, blk):
+    """``_state_grads_kernel`` with no dw output (its 11th ref, None here)."""
+    return _state_grads_kernel(*refs[:10], None, *refs[10:], blk=blk)
+
+
+def state_grads(cfg, q, k, G, h, dh, v, dv, do, *, with_dw=True):
+    """Per chunk, in parallel: dq, dk (fp32) of the state path, dw (None unless ``with_dw``),
+    dQK (q's dtype) and dG (fp32 [B, T, H]) from S_n (h) and dS_{n+1} (dh) [B, N, H, K, V], v,
+    dv, do [B, T, H, V]."""
     B, T, H, K = q.shape
     V, C = v.shape[-1], cfg.chunk
-    dq, dk, dw, dqk, dG = chunk_call(
-        cfg, functools.partial(_state_grads_kernel, blk=cfg.chunk_block),
+    kernel = _state_grads_kernel if with_dw else _state_grads_kernel_no_dw
+    outs = chunk_call(
+        cfg, functools.partial(kernel, blk=cfg.chunk_block),
         [(q, K), (k, K), (G[..., None], 1), (h, None), (dh, None), (v, V), (dv, V), (do, V)],
-        [(K, f32), (K, f32), (K, q.dtype), (C, q.dtype), (1, f32)], (B, T, H),
-        name="gdn_state_grads")
-    return dq, dk, dw, dqk, dG[..., 0]
+        [(K, f32), (K, f32)] + [(K, q.dtype)] * with_dw + [(C, q.dtype), (1, f32)], (B, T, H),
+        name="gdn_state_grads" if with_dw else "linear_state_grads")
+    dq, dk, *dw, dqk, dG = outs
+    return dq, dk, (dw[0] if with_dw else None), dqk, dG[..., 0]
