@@ -11,11 +11,11 @@ one far above it by launches or compute (``bench/decode.py`` prints the ratio).
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from hwh_jax.inference.cache import cache_bytes
+from hwh_jax.inference.generate import matrices_in
 from hwh_jax.layers.config import ModelConfig
 from hwh_jax.models.lm import HybridLM
 
@@ -60,9 +60,7 @@ def held_weights(cfg: ModelConfig):
     """The parameters' shapes as the decoder holds them (matrices in the compute dtype, as
     ``Generator``), without allocating them."""
     _, state = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-        x.shape, cfg.compute_dtype if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating)
-        else x.dtype), state)
+    return jax.eval_shape(lambda s: matrices_in(s, cfg.compute_dtype), state)
 
 
 def floor_table(configs: dict[str, ModelConfig], context: int, batches, bandwidth: float) -> str:
