@@ -193,12 +193,13 @@ def main():
             out.flush()
 
     rows = []
+    decay = not args.no_decay                       # --no_decay: DeltaNet
     if out:
         out.write(json.dumps({"ceilings": ceil}) + "\n")
     for spec in args.shapes:
         shape = tuple(int(s) for s in spec.split(","))
         B, T, H, K, V = shape
-        x = inputs(*shape, jnp.bfloat16, decay=not args.no_decay)
+        x = inputs(*shape, jnp.bfloat16, decay=decay)
         flops_fwd = B * T * H * (4 * 64 * (K + V) + 6 * K * V)
         bytes_fwd = 2 * B * T * H * (2 * K + 2 * V) + 4 * B * T * H * 2
         opts = {}
@@ -209,8 +210,7 @@ def main():
         for name in args.impls:
             impl, variant = parse_impl(name)
             po = {**opts, **variant} if impl == "pallas" else {}
-            row = {"impl": name, "shape": list(shape), "opts": po,
-                   "decay": not args.no_decay}
+            row = {"impl": name, "shape": list(shape), "opts": po, "decay": decay}
             try:
                 f, fb = fns(impl, **po)
                 row.update(fwd_ms=median_ms(f, *x[:5]), fwd_bwd_ms=median_ms(fb, *x))
@@ -218,7 +218,7 @@ def main():
                 row["fwd_bwd_tflops"] = 3 * flops_fwd / row["fwd_bwd_ms"] / 1e9
                 row["fwd_tbps"] = bytes_fwd / row["fwd_ms"] / 1e9
                 if args.check:
-                    row["rel_err_bf16_vs_fp32"] = check(impl, shape, po, decay=not args.no_decay)
+                    row["rel_err_bf16_vs_fp32"] = check(impl, shape, po, decay=decay)
                 if args.breakdown and impl == "pallas":
                     row["breakdown"] = breakdown(shape, x, default_cfg(shape, **po))
             except Exception as e:  # noqa: BLE001  (one variant failing to compile: record it)

@@ -80,7 +80,7 @@ def run():
     spec = SweepSpec(**given)
     print(f"MQAR sweep: {dataclasses.asdict(spec)}", flush=True)
     if FLAGS.side_by_side != 1:
-        cells_side_by_side(spec, merge, table)
+        cells_side_by_side(spec)
         return
     try:
         cells = sweep(spec, FLAGS.out, save_every=FLAGS.save_every)
@@ -90,9 +90,10 @@ def run():
     print(f"\n{table(cells)}\n\nresults, table and figure in {FLAGS.out}", flush=True)
 
 
-def cells_side_by_side(spec, merge, table):
+def cells_side_by_side(spec):
     """Each (architecture, width) cell its own ``launch.mqar`` process, ``--side_by_side`` at a
     time, then the finished cells merged into --out (module docstring)."""
+    from hwh_jax.training.mqar_sweep import merge, table
     spec.validate()
     out = Path(FLAGS.out)
     cells = out / "cells"

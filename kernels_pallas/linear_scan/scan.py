@@ -234,7 +234,6 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
     ``store_dtype``."""
     B, T, H, K = q.shape
     delta = w is not None
-    kernel = _fwd_kernel_loop if delta else _without_w(_fwd_kernel_loop)
     ws = (w,) if delta else ()
     sd = store_dtype(cfg, q.dtype, K)
     V = u.shape[-1]
@@ -255,7 +254,8 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
             outs += [pl.BlockSpec((sq, N, sq, K, BV), lambda b, h, j: (b, 0, h, 0, j))]
             outs += [seq_v] if delta else []
         res = pl.pallas_call(
-            functools.partial(kernel, n_chunks=N, chunk=C),
+            functools.partial(_fwd_kernel_loop if delta else _without_w(_fwd_kernel_loop),
+                              n_chunks=N, chunk=C),
             grid=(B, H, NV),
             in_specs=[seq(K), seq(K)] + [seq(K)] * delta + [seq_v, seq(C), seq(1), state],
             out_specs=outs, out_shape=out_shape, interpret=cfg.interpret,
@@ -276,9 +276,9 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
     if store:
         outs += [pl.BlockSpec((sq, sq, sq, K, BV), lambda b, h, j, n: (b, h, n, 0, j))]
         outs += [blk_v] if delta else []
-    grid_kernel = _fwd_kernel_grid if delta else _without_w(_fwd_kernel_grid)
     res = pl.pallas_call(
-        functools.partial(grid_kernel, n_chunks=N, store=store),
+        functools.partial(_fwd_kernel_grid if delta else _without_w(_fwd_kernel_grid),
+                          n_chunks=N, store=store),
         grid=(B, H, NV, N),
         in_specs=[blk(K), blk(K)] + [blk(K)] * delta + [blk_v, blk(C), blk(1), state],
         out_specs=outs, out_shape=out_shape,
