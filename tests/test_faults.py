@@ -128,14 +128,19 @@ def test_deleted_metadata_falls_back_with_one_line(corpus, four_steps, tmp_path,
     assert len(said) == 1 and "unreadable" in said[0], said
 
 
+@pytest.mark.parametrize("how", ["next_log_line", "compiler_killed"])
 def test_a_signal_during_the_closing_evaluation_ends_cleanly(corpus, tmp_path, monkeypatch,
-                                                              capsys):
+                                                              capsys, how):
     """SIGTERM while the final model is evaluated: the evaluation stops at its next log line,
-    the run returns (status 0 in launch.train) with the last step's checkpoint complete."""
+    or, where the signal also killed a compiler the evaluation was running (a process group's
+    SIGTERM reaches ptxas), at the error that follows; the run returns (status 0 in
+    launch.train) with the last step's checkpoint complete."""
     from hwh_jax.training import trainer
 
     def evaluate(subject, spec, out_dir, log=print):
         os.kill(os.getpid(), signal.SIGTERM)
+        if how == "compiler_killed":
+            raise RuntimeError("INTERNAL: ptxas exited with non-zero error code 15")
         log("niah_single_1 @ 64: scoring")
         raise AssertionError("the evaluation went on after the signal")
 
@@ -144,8 +149,9 @@ def test_a_signal_during_the_closing_evaluation_ends_cleanly(corpus, tmp_path, m
     config.eval.at_end = True
     res = train_and_evaluate(config, tmp_path)
     assert res.final_step == 3 and saved_steps(tmp_path) == [2, 3]
-    assert "stopped by SIGTERM during the evaluation; the checkpoint of step 3 is complete" in \
-        capsys.readouterr().out
+    cut = " (cut off: RuntimeError)" if how == "compiler_killed" else ""
+    assert (f"stopped by SIGTERM during the evaluation{cut}; the checkpoint of step 3 is "
+            f"complete") in capsys.readouterr().out
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 3
 
 

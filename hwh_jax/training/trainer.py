@@ -356,10 +356,15 @@ class Run:
                     raise _Stopped(self.stop.signal)
             try:
                 self.evaluation = run_suite(subject, spec, self.workdir / "eval", log=log_or_stop)
-            except _Stopped as s:
-                print(f"stopped by {s} during the evaluation; the checkpoint of step {self.step} "
-                      f"is complete (python -m launch.eval --checkpoint={self.workdir} evaluates "
-                      f"it)", flush=True)
+            except Exception as e:
+                # a signal sent to the process group also reaches the compilers the evaluation
+                # runs (ptxas), which then fail its next compile: that is the stop, not a bug
+                if not (isinstance(e, _Stopped) or self.stop.signal):
+                    raise
+                cut = "" if isinstance(e, _Stopped) else f" (cut off: {type(e).__name__})"
+                print(f"stopped by {self.stop.signal} during the evaluation{cut}; the checkpoint "
+                      f"of step {self.step} is complete (python -m launch.eval "
+                      f"--checkpoint={self.workdir} evaluates it)", flush=True)
                 return
             if "niah_intervals" in self.evaluation:
                 print("NIAH (mean score [95% interval of the share right] n): " + ", ".join(
