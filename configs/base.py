@@ -54,6 +54,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.gdn_chunk_size = 64
     m.la_kind = "gdn"                      # the linear heads: gdn | deltanet | lightning |
     #                                        retnet | mamba2 | gla | hgrn | hgrn2 (docs/models.md)
+    m.la_short_conv = False                # a short convolution on q, k, v of lightning, retnet,
+    #                                        gla, hgrn2 (the kinds without one; docs/models.md)
     m.remat = "none"                       # "block": recompute each block's activations in the
     #                                        backward (fits more sequences; ~1/3 more compute)
     m.kernel_platform = ""                 # kernels chosen for "cpu" | "gpu" | "tpu"; "" = this

@@ -10,7 +10,7 @@ import optax
 import pytest
 from flax import nnx
 
-from hwh_jax.layers.config import LA_KINDS, LayerSpec, ModelConfig
+from hwh_jax.layers.config import LA_CONV_OPTIONAL, LA_KINDS, LayerSpec, ModelConfig
 from hwh_jax.models import HybridLM
 
 VOCAB = 128
@@ -18,10 +18,12 @@ KINDS = [k for k in LA_KINDS if k != "gdn"]     # GDN: tests/test_inference.py, 
 
 
 def _model(kind):
-    """Two head-wise layers (1 FA + 3 linear heads, then 2 + 2), small enough to compile fast."""
+    """Two head-wise layers (1 FA + 3 linear heads, then 2 + 2), small enough to compile fast;
+    KIND+conv: ``la_short_conv``."""
+    kind, _, conv = kind.partition("+")
     cfg = ModelConfig(vocab_size=VOCAB, d_model=64, num_heads=4, head_dim=16, la_key_dim=16,
                       la_value_dim=16, mlp_hidden=128, layers=(LayerSpec(1, 3), LayerSpec(2, 2)),
-                      dtype="float32", gdn_chunk_size=8, la_kind=kind)
+                      dtype="float32", gdn_chunk_size=8, la_kind=kind, la_short_conv=bool(conv))
     return HybridLM(cfg, rngs=nnx.Rngs(0))
 
 
@@ -29,7 +31,7 @@ def _tokens(B, T, seed=0):
     return jnp.asarray(np.random.default_rng(seed).integers(1, VOCAB, (B, T)), jnp.int32)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + [f"{k}+conv" for k in LA_CONV_OPTIONAL])
 def test_every_kind_decodes_packs_and_trains(kind):
     model = _model(kind)
     # prefill 13 tokens (crossing chunks of 8), then one token at a time; row 0 left-padded
@@ -73,6 +75,21 @@ def test_every_kind_decodes_packs_and_trains(kind):
         params, opt, loss = step(params, opt)
         losses.append(float(loss))
     assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+
+
+def test_short_conv_is_where_the_kind_has_none():
+    """la_short_conv: a convolution on q, k, v (HGRN-2: q and its input; its forget gate stays
+    the token's own) that changes the output, and a refusal naming the key for the kinds that
+    have one already or no q, k."""
+    x = _tokens(1, 12)
+    for kind in LA_CONV_OPTIONAL:
+        plain, conv = _model(kind), _model(kind + "+conv")
+        heads = conv.blocks[0].mixer.la
+        assert [c is not None for c in heads._convs()] == [True, kind != "hgrn2", True], kind
+        assert not np.allclose(plain(x), conv(x), atol=1e-3), kind
+    for kind in ("gdn", "deltanet", "mamba2", "hgrn"):
+        with pytest.raises(ValueError, match=f"la_short_conv .*la_kind='{kind}'"):
+            _model(kind + "+conv")
 
 
 def test_named_zoo_configs_build_what_they_name():

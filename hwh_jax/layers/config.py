@@ -18,6 +18,7 @@ from kernels_pallas import (AttentionSettings, DecaySettings, GDNSettings, RMSNo
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 LA_KINDS = ("gdn", "deltanet", "lightning", "retnet", "mamba2", "gla", "hgrn", "hgrn2")
+LA_CONV_OPTIONAL = ("lightning", "retnet", "gla", "hgrn2")   # la_short_conv adds a convolution
 REMAT = ("none", "block")   # activations kept for the backward pass: all; each block's input only
 
 
@@ -74,6 +75,8 @@ class ModelConfig:
     la_kind: str = "gdn"               # the linear heads: gdn, deltanet, lightning, retnet,
                                        # mamba2, gla, hgrn, hgrn2 (layers/decay_heads.py,
                                        # layers/hgrn_heads.py)
+    la_short_conv: bool = False        # a short convolution on q, k, v of the kinds without
+                                       # one (LA_CONV_OPTIONAL; layers/decay_heads.py)
     remat: str = "none"                # "block": recompute each block's activations in the
                                        # backward pass (less memory, ~1/3 more compute)
     kernel_platform: str = ""          # platform the kernels are chosen and lowered for
@@ -103,6 +106,11 @@ class ModelConfig:
         if self.la_kind not in LA_KINDS:
             raise ValueError(f"ModelConfig.la_kind must be one of {list(LA_KINDS)}, got "
                              f"{self.la_kind!r}")
+        if self.la_short_conv and self.la_kind not in LA_CONV_OPTIONAL:
+            raise ValueError(f"ModelConfig.la_short_conv adds a short convolution to the kinds "
+                             f"{list(LA_CONV_OPTIONAL)}; la_kind={self.la_kind!r} "
+                             f"{'has no q, k' if self.la_kind == 'hgrn' else 'has one already'}: "
+                             f"set model.la_short_conv=False")
         if self.remat not in REMAT:
             raise ValueError(f"ModelConfig.remat must be one of {list(REMAT)}, got "
                              f"{self.remat!r}")

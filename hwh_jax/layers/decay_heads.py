@@ -19,18 +19,25 @@ input):
              v = x W_i; out = RMSNorm over all heads (no gate). lb, the forget gate's lower
              bound, rises with depth: layer / num_layers (fixed; HGRN learns it)
 
+``short_conv=True`` (``ModelConfig.la_short_conv``) gives the kinds without a convolution one:
+q, k, v = SiLU(ShortConv(.)) of their projections, as GDN's and Mamba-2's, the convolution's SiLU
+taking the place of Lightning's and HGRN-2's own on q and k; HGRN-2's forget gate stays the
+token's own (its k = 1 - f is not convolved), RetNet rotates the convolved q and k.
+
 The norms are per head over V (weight shared by the heads, as GDN's) except HGRN-2's. With
-segment ids the decay at a document's first token is -80 (the state restarts) and Mamba-2's
-convolution does not reach across documents. Inference (``init_cache`` / ``extend``): the fp32
-state, and for Mamba-2 the last W-1 inputs of its convolution; left padding (``valid`` False)
+segment ids the decay at a document's first token is -80 (the state restarts) and no
+convolution reaches across documents. Inference (``init_cache`` / ``extend``): the fp32
+state, and with a convolution the last W-1 inputs of it; left padding (``valid`` False)
 writes nothing (k, v and g zeroed).
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from hwh_jax.layers.config import LA_CONV_OPTIONAL
 from hwh_jax.layers.gdn import RESET_LOG_DECAY, ShortConv, _a_log_init, _dt_bias_init
 from hwh_jax.layers.linear import dense
 from hwh_jax.layers.norms import GatedRMSNorm, RMSNorm
@@ -57,12 +64,15 @@ class DecayLinearHeads(nnx.Module):
 
     def __init__(self, kind: str, d_model: int, num_heads: int, key_dim: int, value_dim: int, *,
                  layer: int = 0, num_layers: int = 1, conv_size: int = 4,
-                 norm_eps: float = 1e-6, rope_theta: float = 10000.0,
+                 short_conv: bool = False, norm_eps: float = 1e-6, rope_theta: float = 10000.0,
                  settings: DecaySettings | None = None,
                  conv_settings: ShortConvSettings | None = None, dtype, param_dtype,
                  rngs: nnx.Rngs):
         if kind not in KINDS:
             raise ValueError(f"linear-head kind must be one of {KINDS}, got {kind!r}")
+        if short_conv and kind not in LA_CONV_OPTIONAL:
+            raise ValueError(f"short_conv adds a convolution to {LA_CONV_OPTIONAL}; {kind!r} has "
+                             f"one already")
         if kind == "retnet" and key_dim % 2:
             raise ValueError(f"retnet heads rotate q and k: la_key_dim must be even, got "
                              f"{key_dim}")
@@ -85,9 +95,11 @@ class DecayLinearHeads(nnx.Module):
         mamba = kind == "mamba2"
         self.dt_proj = data_or_none(mamba, lambda: dense(d_model, n, names, **kw))
         conv_kw = dict(settings=conv_settings, param_dtype=param_dtype, rngs=rngs)
-        self.q_conv = data_or_none(mamba, lambda: ShortConv(n * K, conv_size, **conv_kw))
-        self.k_conv = data_or_none(mamba, lambda: ShortConv(n * K, conv_size, **conv_kw))
-        self.v_conv = data_or_none(mamba, lambda: ShortConv(n * V, conv_size, **conv_kw))
+        self.has_conv = mamba or short_conv
+        self.q_conv = data_or_none(self.has_conv, lambda: ShortConv(n * K, conv_size, **conv_kw))
+        self.k_conv = data_or_none(self.has_conv and kind != "hgrn2",
+                                   lambda: ShortConv(n * K, conv_size, **conv_kw))
+        self.v_conv = data_or_none(self.has_conv, lambda: ShortConv(n * V, conv_size, **conv_kw))
         if mamba:
             self.A_log = nnx.Param(partitioned(_a_log_init, ("heads",))(
                 rngs.params(), (n,), param_dtype))
@@ -128,7 +140,8 @@ class DecayLinearHeads(nnx.Module):
 
     def _heads(self, q, k, v, extra, positions, convs=None):
         """q, k [B, T, n, K], v [B, T, n, V] and the log decay (scalar [B, T, n] or per key
-        [B, T, n, K], fp32) from the projections; ``convs``: Mamba-2's convolved q, k, v."""
+        [B, T, n, K], fp32) from the projections; ``convs``: q, k, v after the convolutions
+        (``has_conv``)."""
         B, T, _ = q.shape
         n, K, V = self.num_heads, self.key_dim, self.value_dim
         f32 = jnp.float32
@@ -140,9 +153,13 @@ class DecayLinearHeads(nnx.Module):
             q, k = q.reshape(B, T, n, K), k.reshape(B, T, n, K)
             x = v.reshape(B, T, n, V)
             return q, k, (x.astype(f32) * dt[..., None]).astype(x.dtype), g, x
+        conv = convs is not None
+        if conv:
+            q, k, v = convs
         q, k, v = q.reshape(B, T, n, K), k.reshape(B, T, n, K), v.reshape(B, T, n, V)
         if kind == "lightning":
-            q, k = jax.nn.silu(q), jax.nn.silu(k)
+            if not conv:
+                q, k = jax.nn.silu(q), jax.nn.silu(k)
             g = jnp.broadcast_to(fixed_log_decay(kind, n), (B, T, n))
         elif kind == "retnet":
             q = apply_rope(q, positions, theta=self.rope_theta)
@@ -154,7 +171,8 @@ class DecayLinearHeads(nnx.Module):
         else:                                                             # hgrn2
             f = jax.nn.sigmoid(k.astype(f32))
             f = self.lower_bound + (1.0 - self.lower_bound) * f
-            q, k, g = jax.nn.silu(q), (1.0 - f).astype(k.dtype), jnp.log(f)
+            q = q if conv else jax.nn.silu(q)
+            k, g = (1.0 - f).astype(k.dtype), jnp.log(f)
         return q, k, v, g, None
 
     def _out(self, o, gate, skip):
@@ -182,9 +200,9 @@ class DecayLinearHeads(nnx.Module):
         if positions is None:
             positions = jnp.arange(T)[None]
         convs = None
-        if self.kind == "mamba2":
-            convs = (self.q_conv(q, segment_ids), self.k_conv(k, segment_ids),
-                     self.v_conv(v, segment_ids))
+        if self.has_conv:
+            convs = tuple(x if c is None else c(x, segment_ids)
+                          for x, c in zip((q, k, v), self._convs()))
         q, k, v, g, skip = self._heads(q, k, v, extra, positions, convs)
         if segment_ids is not None:
             start = jnp.concatenate([jnp.zeros_like(segment_ids[:, :1], bool),
@@ -198,10 +216,14 @@ class DecayLinearHeads(nnx.Module):
     def init_cache(self, batch: int, dtype):
         n, K, V = self.num_heads, self.key_dim, self.value_dim
         cache = {"state": jnp.zeros((batch, n, K, V), jnp.float32)}
-        if self.kind == "mamba2":
-            W = self.q_conv.kernel.shape[0]
-            cache["conv"] = jnp.zeros((batch, W - 1, n * (2 * K + V)), dtype)
+        if self.has_conv:
+            W, C = self.q_conv.kernel.shape[0], sum(c.kernel.shape[1] for c in self._convs() if c)
+            cache["conv"] = jnp.zeros((batch, W - 1, C), dtype)
         return cache
+
+    def _convs(self):
+        """The convolutions of q, k, v (None where that input has none)."""
+        return self.q_conv, self.k_conv, self.v_conv
 
     def extend(self, proj, valid, cache, *, t0=0, start=None):
         """proj: the input's projections (``projections()``) at times t0 .. t0+Tn-1 [B, Tn,
@@ -209,19 +231,19 @@ class DecayLinearHeads(nnx.Module):
         updated cache)."""
         q, k, v, gate, extra = self._unpack(proj)
         B, Tn, _ = q.shape
-        n, K = self.num_heads, self.key_dim
         start = jnp.zeros((B,), jnp.int32) if start is None else start
         positions = jnp.maximum(t0 + jnp.arange(Tn, dtype=jnp.int32)[None] - start[:, None], 0)
         new = {}
         convs = None
-        if self.kind == "mamba2":
-            x = jnp.concatenate([q, k, v], axis=-1) * valid[..., None].astype(q.dtype)
+        if self.has_conv:                  # every convolution as one, over its inputs side by side
+            ins = [x for x, c in zip((q, k, v), self._convs()) if c is not None]
+            x = jnp.concatenate(ins, axis=-1) * valid[..., None].astype(q.dtype)
             window = cache["conv"]
             xp = jnp.concatenate([window.astype(x.dtype), x], axis=1)
-            w = jnp.concatenate([c.kernel[...] for c in (self.q_conv, self.k_conv, self.v_conv)],
-                                axis=1)
+            w = jnp.concatenate([c.kernel[...] for c in self._convs() if c is not None], axis=1)
             z = silu_norm(causal_conv1d(xp, w)[:, window.shape[1]:])
-            convs = (z[..., :n * K], z[..., n * K:2 * n * K], z[..., 2 * n * K:])
+            outs = iter(jnp.split(z, np.cumsum([a.shape[-1] for a in ins])[:-1], axis=-1))
+            convs = tuple(x if c is None else next(outs) for x, c in zip((q, k, v), self._convs()))
             new["conv"] = xp[:, xp.shape[1] - window.shape[1]:]
         q, k, v, g, skip = self._heads(q, k, v, extra, positions, convs)
         keep = valid[..., None, None]
