@@ -325,8 +325,12 @@ def test_longppl_short_contexts_key_tokens_and_the_suite(tmp_path):
     subject = EvalModel(model, type("Tok", (), {"name": "t", "eos_id": 0, "pad_id": 0,
                                                   "vocab_size": 128})(), 32, "m", heldout=stream)
     spec = EvalSpec(suites=("longppl",), longppl_factor=2, longppl_windows=3, batch_size=4)
-    res = run_suite(subject, spec, tmp_path / "self")["longppl"]
+    said = []
+    res = run_suite(subject, spec, tmp_path / "self", log=said.append)["longppl"]
     assert res["tokens"] == 3 * 64 and res["evaluator"] == "m" and res["short"] == 32
+    line = next(s for s in said if s.startswith("LongPPL"))     # a random model: no key token
+    assert (res["key_tokens"] == 0) == line.startswith("LongPPL undefined: no key token"), line
+    assert f"at most {res['max_gain']:.2f} nats" in line or res["key_tokens"] > 0, line
     assert sum(r["key_tokens"] for r in res["by_position"]) == res["key_tokens"]
     assert (tmp_path / "self" / "longppl.png").exists()
     other = HybridLM(model_config("transformer", "tiny", dtype="float32", vocab_size=128),

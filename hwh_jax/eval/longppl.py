@@ -90,9 +90,15 @@ def evaluate_longppl(scorer, evaluator, stream: np.ndarray, *, length: int, shor
     result = {"longppl": math.exp(min(key_loss, 50)) if key_loss is not None else None,
               "key_loss": key_loss, "ppl": math.exp(min(loss, 50)), "loss": loss,
               "key_tokens": int(key.sum()), "tokens": int(key.size), "windows": n,
+              "max_gain": float((long_lp - short_lp).max()),   # the largest LSD, nats
               "length": length, "short": short, "stride": stride, "alpha": alpha, "beta": beta,
               "by_position": rows}
-    log(f"LongPPL {result['longppl'] if key_loss is None else round(result['longppl'], 2)} "
-        f"over {result['key_tokens']} key tokens of {result['tokens']} (PPL "
-        f"{result['ppl']:.2f}); windows of {length}, short context {short}")
+    where = f"(PPL {result['ppl']:.2f}); windows of {length}, short context {short}"
+    if key_loss is None:
+        log(f"LongPPL undefined: no key token among {result['tokens']} (the long context gains "
+            f"at most {result['max_gain']:.2f} nats on a token, a key token needs {alpha} with a "
+            f"log-prob above {beta}) {where}")
+    else:
+        log(f"LongPPL {result['longppl']:.2f} over {result['key_tokens']} key tokens of "
+            f"{result['tokens']} {where}")
     return result
