@@ -114,6 +114,9 @@ def test_named_zoo_configs_build_what_they_name():
     assert [s.window for s in swa[:4]] == [256, 256, 256, None] and not swa[3].fa_rope
     for arg in ("layerwise,gla,3", "pure,hgrn2", "hwh,lightning", "swa,1024"):
         assert abs(count_params(layers(arg)) / base - 1) < 0.01, arg
+    conv = zoo.get_config("hwh,gla")
+    conv.model.la_short_conv = True
+    assert model_config_from_dict(conv.model).arch == "hwh/gla+conv"
     with pytest.raises(ValueError, match="model.ratio=.1, 24. .* 12 layers"):
         layers("layerwise,gdn,24")
     with pytest.raises(ValueError, match="kind 'mamba' is not one of"):

@@ -90,8 +90,9 @@ def model_config(arch: str, size: str, *, fa_share=None, counts=None, ratio=(1, 
         base = cfg.replace(layers=schedules.transformer(s.num_layers, s.num_heads),
                            mlp_hidden=s.mlp_hidden)
         cfg = cfg.replace(mlp_hidden=matched_mlp_hidden(cfg, base))
-    if cfg.la_kind != "gdn" and sum(cfg.la_heads):     # the name shown: "gla", "hwh/gla"
-        cfg = cfg.replace(arch=cfg.la_kind if arch == "gdn" else f"{arch}/{cfg.la_kind}")
+    if cfg.la_kind != "gdn" and sum(cfg.la_heads):     # the name shown: "gla", "hwh/gla",
+        kind = cfg.la_kind + ("+conv" if cfg.la_short_conv else "")   # "hwh/gla+conv"
+        cfg = cfg.replace(arch=kind if arch == "gdn" else f"{arch}/{kind}")
     return cfg
 
 
