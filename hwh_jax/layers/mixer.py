@@ -117,5 +117,6 @@ def _linear_heads(cfg: ModelConfig, spec: LayerSpec, layer: int, kw: dict):
     return DecayLinearHeads(cfg.la_kind, cfg.d_model, spec.num_la, cfg.la_key_dim,
                             cfg.la_value_dim, layer=layer, num_layers=cfg.num_layers,
                             conv_size=cfg.conv_size, short_conv=cfg.la_short_conv,
-                            norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta, settings=cfg.decay_settings(),
-                            conv_settings=cfg.conv_settings(), **kw)
+                            norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
+                            settings=cfg.decay_settings(), conv_settings=cfg.conv_settings(),
+                            **kw)
