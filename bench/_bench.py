@@ -116,6 +116,24 @@ def device_ms(fn, *args, reps=20):
     return s["kernel_ms"], s["top_kernels_ms"]
 
 
+def device_profile(fn, *args, reps=10, top=12) -> dict:
+    """``profile.summarize`` of ``reps`` calls of the jitted ``fn(*args)``, each kernel named
+    with the source line it came from (its compiled HLO), printed as ``format_summary`` does;
+    {} without device events (the CPU backend)."""
+    hlo = fn.lower(*args).compile().as_text()
+    jax.block_until_ready(fn(*args))
+    with tempfile.TemporaryDirectory() as d:
+        with profile.capture(d):
+            for _ in range(reps):
+                out = fn(*args)
+            jax.block_until_ready(out)
+        s = profile.summarize(d, steps=reps, top=top, hlo_text=hlo)
+    if not s["top_kernels_ms"]:
+        return {}
+    print(profile.format_summary(s), flush=True)
+    return s
+
+
 def ceilings() -> dict:
     """This device's rates measured now: a bf16 8192^3 matmul (TFLOP/s) and a device-to-device
     copy counting read + write (TB/s). Machines of one kind differ by several percent: rows timed

@@ -5,11 +5,15 @@ dimension (GLA, HGRN-2: ``--per_key``) on one accelerator and check its bf16 acc
       --impls pallas chunk_reference --out results.jsonl
 
 For each (B, T, H, K, V): forward and forward+backward medians (ms) of every implementation in
---impls (``DecaySettings.impl``), and the relative error of bf16 outputs and gradients (q, k, v,
-g) against an fp32 run of ``chunk_reference`` (itself tested against the recurrent form). fla's
+--impls (``DecaySettings.impl``, launch settings as in ``pallas:num_warps=8``), and the
+relative error of bf16 outputs and gradients (q, k, v, g) against an fp32 run of
+``chunk_reference`` (itself tested against the recurrent form). fla's
 counterparts, ``chunk_simple_gla`` and ``chunk_gla``, are timed by ``bench/fla_gdn_anchor.py
 simple_gla SHAPES`` and ``... gla SHAPES`` in the same command. Results go to stdout and to
---out as JSON lines.
+--out as JSON lines. ``--profile`` adds each row's device time by kernel (forward and
+forward+backward, from a profiler trace) to the row and prints it, and ``fwd_device_ms`` /
+``fwd_bwd_device_ms``: first kernel start to last kernel end per call of calls queued back to
+back, launch gaps in and the host's dispatch out, as fla's CUDA-event timings measure.
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ def inputs(B, T, H, K, V, dtype, seed=0, per_key=False):
 
 
 def fns(impl):
-    settings = DecaySettings(impl=impl)
+    name, opts = _bench.parse_impl(impl)
+    settings = DecaySettings(impl=name, **opts)
 
     def fwd(q, k, v, g):
         return gated_linear_attention(q, k, v, g, settings=settings)[0]
@@ -51,6 +56,8 @@ def main():
     ap.add_argument("--impls", nargs="+", default=["pallas", "chunk_reference"])
     ap.add_argument("--per_key", action="store_true", help="g [B, T, H, K] (GLA, HGRN-2)")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--profile", action="store_true",
+                    help="also the device time by kernel of each row (a profiler trace)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     _bench.print_device()
@@ -67,6 +74,13 @@ def main():
                    "decay": "per_key" if args.per_key else "per_head",
                    **_bench.fwd_bwd_row(fwd, fwd_bwd, x16[:4], x16[4], o32, g32, "qkvg",
                                         reps=args.reps)}
+            if args.profile:
+                prof = {"fwd": _bench.device_profile(fwd, *x16[:4]),
+                        "fwd_bwd": _bench.device_profile(fwd_bwd, *x16)}
+                row["profile"] = prof
+                for part, p in prof.items():     # calls queued back to back: launch gaps in
+                    if p:                        # (as fla's CUDA-event timings), host time not
+                        row[f"{part}_device_ms"] = p["span_ms"]
             _bench.emit(rows, row)
     if args.out:
         _bench.write_jsonl(args.out, rows)

@@ -12,7 +12,7 @@ registers. Needs ``pip install triton`` (not a
 dependency of the project); reads internals of JAX's Pallas Triton lowering (jaxlib <= 0.10.2,
 what pip gives on the project's CPU machines).
 
-  python bench/triton_regs.py --ops short_conv gdn softmax_xent [--out DIR]
+  python bench/triton_regs.py --ops short_conv gdn softmax_xent decay decay_key [--out DIR]
 """
 from __future__ import annotations
 
@@ -51,6 +51,19 @@ def _gdn():
     return f, (x, x, x, gate, gate, x)
 
 
+def _decay(per_key):
+    from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
+    settings = DecaySettings(impl="pallas")
+
+    def f(q, k, v, g, do):
+        o, vjp = jax.vjp(lambda *a: gated_linear_attention(*a, settings=settings)[0],
+                         q, k, v, g)
+        return o, *vjp(do)
+    x = jax.ShapeDtypeStruct((8, 2048, 16, 128), jnp.bfloat16)   # the mixers' benchmark shape
+    gate = jax.ShapeDtypeStruct(x.shape if per_key else x.shape[:3], jnp.float32)
+    return f, (x, x, x, gate, x)
+
+
 def _softmax_xent():
     from kernels_pallas.softmax_xent import softmax_xent_pallas
     n, v = 44 * 2048, 50304                # the 2K step's logits at 44 sequences, GPT-2's vocabulary
@@ -61,7 +74,8 @@ def _softmax_xent():
 
 
 OPS = {"short_conv": lambda: _short_conv(True), "short_conv_nonorm": lambda: _short_conv(False),
-       "gdn": _gdn, "softmax_xent": _softmax_xent}
+       "gdn": _gdn, "softmax_xent": _softmax_xent, "decay": lambda: _decay(False),
+       "decay_key": lambda: _decay(True)}
 
 
 @contextlib.contextmanager

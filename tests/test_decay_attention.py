@@ -138,6 +138,41 @@ def test_pallas_kernels_equal_the_chunked_form_with_gradients(layout, decay):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+@pytest.mark.parametrize("layout", ["triton", "tpu"])
+def test_per_key_intra_chunk_scores_kernels_against_brute_force(layout):
+    """``intra_key.intra_scores`` (chunks of 32: two sub-chunks) against the pairwise sum
+    A_ij = sum_k q_ik k_jk exp(G_ik - G_jk) over j <= i, and its backward kernel against
+    autodiff of that sum, under a decay of up to e^-12 a step: the exponents reach -380 within a
+    chunk, where factoring e^{G_i} e^{-G_j} would overflow fp32."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    from kernels_pallas.decay_attention import DecaySettings
+    from kernels_pallas.decay_attention.intra_key import intra_scores
+    from kernels_pallas.linear_scan.common import chunk_local_cumsum, chunked, kernel_config
+    r = np.random.default_rng(11)
+    b, t, h, kd, C = 2, 64, 2, 16, 32
+    q, k = (jnp.asarray(r.normal(size=(b, t, h, kd)), jnp.float32) for _ in range(2))
+    G = chunk_local_cumsum(jnp.asarray(-r.uniform(0, 12, size=(b, t, h, kd)), jnp.float32), C)
+    dA = jnp.asarray(r.normal(size=(b, t, h, C)), jnp.float32)
+    interpret = pltpu.InterpretParams() if layout == "tpu" else True
+    cfg = kernel_config(DecaySettings(impl="pallas", interpret=interpret, chunk_size=C),
+                        b, h, kd, kd)
+
+    def brute(q, k, G):
+        qc, kc, Gc = (chunked(x, C) for x in (q, k, G))             # [b, n, h, C, K]
+        causal = jnp.tril(jnp.ones((C, C), bool))[..., None]
+        w = jnp.exp(jnp.where(causal, Gc[..., :, None, :] - Gc[..., None, :, :], -jnp.inf))
+        a = jnp.einsum("bnhik,bnhjk,bnhijk->bnhij", qc, kc, w, precision="highest")
+        return a.transpose(0, 1, 3, 2, 4).reshape(b, t, h, C)
+
+    got, vjp_got = jax.vjp(lambda *a: intra_scores(cfg, *a), q, k, G)
+    want, vjp_want = jax.vjp(brute, q, k, G)
+    assert np.isfinite(np.asarray(got)).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for name, a, w in zip("q k G".split(), vjp_got(dA), vjp_want(dA)):
+        np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
 def test_pallas_path_bf16_error_and_its_refusals():
     from kernels_pallas import chosen
     from kernels_pallas.decay_attention import (DecaySettings, gated_linear_attention,

@@ -11,7 +11,8 @@ j <= i (0 above the diagonal, masked before ``exp``, so every exponent is <= 0):
                                              S_{n+1} = e^{G_last} S_n + (k e^{G_last - G})^T v_n
     backward  ``linear_scan.scan_backward``: dv and dS_{n+1} per chunk, dS_0;
               ``linear_scan.state_grads``:   dq, dk, dQK, dG through the state;
-              then through QK in XLA: dq += (dQK * E) k, dk += (dQK * E)^T q,
+              then through QK in XLA: dq += (dQK * E) k, dk += (dQK * E)^T q (products in
+              the compute dtype, fp32 sums),
               dG += row sums - column sums of dQK * QK; dg = the chunk's reverse cumsum of dG.
 
 Under one ``jax.custom_vjp``; saved between the passes: the inputs, QK, the chunk states S_n
@@ -106,10 +107,12 @@ def _op(cfg, scale):
         ds = dqk * E                                             # d(q k^T)
         B, T, H, K = q.shape
         unchunk = lambda x: x.transpose(0, 1, 3, 2, 4).reshape(B, T, H, -1)  # noqa: E731
-        dq = dq + unchunk(jnp.einsum("bnhij,bnhjk->bnhik", ds, chunked(kc.astype(f32), C),
-                                     precision=_HI))
-        dk = dk + unchunk(jnp.einsum("bnhij,bnhik->bnhjk", ds, chunked(qs.astype(f32), C),
-                                     precision=_HI))
+        # products in the compute dtype (bf16: tensor cores), sums in fp32
+        ds_c, prec = ds.astype(cd), (_HI if cd == f32 else None)
+        dq = dq + unchunk(jnp.einsum("bnhij,bnhjk->bnhik", ds_c, chunked(kc, C), precision=prec,
+                                     preferred_element_type=f32))
+        dk = dk + unchunk(jnp.einsum("bnhij,bnhik->bnhjk", ds_c, chunked(qs, C), precision=prec,
+                                     preferred_element_type=f32))
         p = dqk * s * E                                          # dQK * QK
         dG = dG + (p.sum(-1) - p.sum(-2)).transpose(0, 1, 3, 2).reshape(B, T, H)
         dg = reverse_chunk_cumsum(dG, C)

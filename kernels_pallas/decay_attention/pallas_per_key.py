@@ -11,17 +11,15 @@ The decay scales the state's rows (one per key). The scan kernels therefore carr
 transposed, S^T [BV, K] per program: the decay is then a broadcast along rows, as the scalar
 decay is, and every product is a plain or transposed matmul (o = qd (S^T)^T, S^T += v^T kd).
 
-  QK        per chunk, XLA, stable: the query rows in sub-chunks of c = 16; against the keys
-            before its sub-chunk, the factors q e^{G - G_r} and k e^{G_r - G} with G_r its first
-            row (both exponents <= 0: one matmul), within it the [c, c, K] weights
-            exp(G_i - G_j) (the ``chunk_reference`` form on 16 rows, not 64)
+  QK        per chunk, ``intra_key.intra_scores``: Pallas kernels, stable for any decay
     forward   ``_fwd`` kernel: o and S_N (and S_n per chunk for the backward)
     backward  ``_bwd`` kernel: dS_{n+1} per chunk and dS_0, walking the chunks down:
               dS_n = diag(a) dS_{n+1} + qd^T do_n;
-              then every other gradient is chunk-parallel: the vjp (XLA autodiff) of the map
-              (q, k, v, g) -> (o_n, S_{n+1}) with S_n held fixed, at the cotangents (do, dS_{n+1})
+              then every other gradient is chunk-parallel: the vjp (XLA autodiff, through QK by
+              its own backward kernel) of the map (q, k, v, g) -> (o_n, S_{n+1}) with S_n held
+              fixed, at the cotangents (do, dS_{n+1})
 
-Under one ``jax.custom_vjp``; saved between the passes: the inputs and the chunk states S_n
+Under one ``jax.custom_vjp``; saved between the passes: the inputs, QK and the chunk states S_n
 (``DecaySettings.recompute``: the inputs only, the forward scan rerun in the backward). Layouts
 as ``kernels_pallas.linear_scan``: "triton" (grid (B, H, V/BV), a ``fori_loop`` over chunks)
 and "tpu" (grid (B, H, V/BV, N), the state in VMEM scratch, [B, H, T, X] arrays).
@@ -34,13 +32,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels_pallas.decay_attention.intra_key import intra_scores, known_scores
 from kernels_pallas.decay_attention.pallas import prepare
 from kernels_pallas.decay_attention.settings import DecaySettings
 from kernels_pallas.linear_scan.common import (chunked, compiler_params, dot, dot_nt, f32,
                                                kernel_config, pad_time)
 
 _HI = jax.lax.Precision.HIGHEST
-SUB = 16                    # rows of a sub-chunk of the intra-chunk scores
 
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
@@ -220,35 +218,13 @@ def scan_backward(cfg, q, G, do, dSNT):
 
 # ---------------------------------------------------------------- chunk-parallel parts (XLA)
 
-def intra_scores(q, k, G, C):
-    """QK [B, N, H, C, C] fp32 (0 above the diagonal) from [B, T, H, K] q, k and G, stable for
-    any decay: one block row of c = 16 query rows at a time (the module docstring's sub-chunks),
-    laid side by side: the keys before it, its own [c, c] block, zeros after it."""
-    c = SUB if C % SUB == 0 else C
-    qc, kc, Gc = (chunked(x.astype(f32), C) for x in (q, k, G))    # [B, N, H, C, K]
-    tri = jnp.tril(jnp.ones((c, c), bool))[..., None]
-    rows = []
-    for r in range(0, C, c):
-        qr, kr, Gr = qc[..., r:r + c, :], kc[..., r:r + c, :], Gc[..., r:r + c, :]
-        w = jnp.where(tri, jnp.exp(jnp.minimum(Gr[..., :, None, :] - Gr[..., None, :, :], 0.0)),
-                      0.0)                                          # [.., c, c, K]
-        blocks = [jnp.einsum("bnhik,bnhjk,bnhijk->bnhij", qr, kr, w, precision=_HI)]
-        if r:                                                       # keys of the earlier rows
-            ref = Gr[..., :1, :]                                    # G_r: G_i <= G_r <= G_j
-            before = kc[..., :r, :] * jnp.exp(jnp.minimum(ref - Gc[..., :r, :], 0.0))
-            blocks.insert(0, jnp.einsum("bnhik,bnhjk->bnhij", qr * jnp.exp(Gr - ref), before,
-                                        precision=_HI))
-        if r + c < C:
-            blocks.append(jnp.zeros((*qr.shape[:-1], C - r - c), f32))
-        rows.append(jnp.concatenate(blocks, axis=-1))
-    return jnp.concatenate(rows, axis=-2)
-
-
-def _chunk_outputs(q, k, v, g, hT, C, scale):
-    """Every chunk's (o_n, S_{n+1}) with the entering states S_n^T [B, N, H, V, K] given: the
-    map the backward differentiates (fp32)."""
+def _chunk_outputs(cfg, q, k, v, g, hT, qk, scale):
+    """Every chunk's (o_n, S_{n+1}) with the entering states S_n^T [B, N, H, V, K] and the
+    intra-chunk scores QK [B, T, H, C] of the forward given: the map the backward differentiates
+    (fp32; through QK by ``intra_key``'s backward kernel)."""
+    C = cfg.chunk
     qs, kc, vc, G = (x.astype(f32) for x in prepare(q, k, v, g, C, scale))
-    qk = intra_scores(qs, kc, G, C)
+    qk = chunked(known_scores(cfg, qs, kc, G, qk), C)                # [B, N, H, C, C]
     Qc, Kc, Vc, Gc = (chunked(x, C) for x in (qs, kc, vc, G))       # [B, N, H, C, X]
     g_last = Gc[..., -1:, :]
     hT = hT.astype(f32)
@@ -265,28 +241,28 @@ def _op(cfg, scale):
 
     def primal(q, k, v, g, S0T, store):
         qs, kc, vc, G = prepare(q, k, v, g, C, scale)
-        qk = intra_scores(qs, kc, G, C)
-        B, N, H = qk.shape[:3]
-        qk = qk.transpose(0, 1, 3, 2, 4).reshape(B, N * C, H, C).astype(qs.dtype)
-        return scan_forward(cfg, qs, kc, vc, qk, G, S0T, store=store)
+        qk = intra_scores(cfg, qs, kc, G).astype(qs.dtype)
+        return scan_forward(cfg, qs, kc, vc, qk, G, S0T, store=store), qk
 
     @jax.custom_vjp
     def op(q, k, v, g, S0T):
-        return primal(q, k, v, g, S0T, False)
+        return primal(q, k, v, g, S0T, False)[0]
 
     def forward(q, k, v, g, S0T):
         store = not cfg.recompute
-        outs = primal(q, k, v, g, S0T, store)
-        return outs[:2], (q, k, v, g, S0T, outs[2] if store else None)
+        outs, qk = primal(q, k, v, g, S0T, store)
+        return outs[:2], (q, k, v, g, S0T, (outs[2], qk) if store else None)
 
     def bwd(res, cts):
-        q, k, v, g, S0T, hT = res
+        q, k, v, g, S0T, saved = res
         do, dSNT = cts
-        if hT is None:
-            hT = primal(q, k, v, g, S0T, True)[2]
+        if saved is None:
+            outs, qk = primal(q, k, v, g, S0T, True)
+            saved = outs[2], qk
+        hT, qk = saved
         qs, _, _, G = prepare(q, k, v, g, C, scale)
         dhT, dS0T = scan_backward(cfg, qs, G, do.astype(qs.dtype), dSNT.astype(f32))
-        _, vjp = jax.vjp(lambda *a: _chunk_outputs(*a, hT, C, scale), q, k, v, g)
+        _, vjp = jax.vjp(lambda *a: _chunk_outputs(cfg, *a, hT, qk, scale), q, k, v, g)
         dq, dk, dv, dg = vjp((chunked(do.astype(f32), C), dhT))
         return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg.astype(g.dtype),
                 dS0T)
@@ -307,7 +283,8 @@ def gated_linear_attention_per_key_pallas(q, k, v, g, *, scale=None, initial_sta
     V = v.shape[-1]
     C = settings.chunk_size
     cfg = kernel_config(settings, B, H, K, V, num_warps=settings.num_warps,
-                        num_stages=settings.num_stages, recompute=settings.recompute)
+                        num_stages=settings.num_stages, chunk_warps=settings.chunk_warps,
+                        recompute=settings.recompute)
     scale = K ** -0.5 if scale is None else float(scale)
     pad = (-T) % C
     S0T = (jnp.zeros((B, H, V, K), f32) if initial_state is None

@@ -19,7 +19,8 @@ class DecaySettings(KernelSettings):
     chunk_size: C of the chunked forms. The rest concern the Pallas
     kernels only: block_v: value columns per program of the sequential scans (None:
     ``linear_scan.common.default_block_v``); num_warps / num_stages: the scans' launch on GPU;
-    chunk_warps: the per-chunk gradient kernel's (decay per head); recompute: save only the
+    chunk_warps: the one-chunk-per-program kernels' (the state gradients of a decay per
+    head, the intra-chunk scores of a decay per key); recompute: save only the
     inputs for the backward and rerun the forward scan there.
     """
     chunk_size: int = 64
