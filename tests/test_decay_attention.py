@@ -198,7 +198,12 @@ def test_pallas_path_bf16_error_and_its_refusals():
     err = np.abs(np.asarray(o_key, np.float32) - np.asarray(want)).max()
     assert o_key.dtype == jnp.bfloat16 and err <= 1e-2 * np.abs(np.asarray(want)).max(), err
     assert chosen()["gated_linear_attention@cpu"] == "pallas"
-    assert DecaySettings().choose() == "chunk_reference"          # "auto" until timed on a GPU
+    assert DecaySettings().choose() == "chunk_reference"          # "auto" on CPU and TPU
+    assert DecaySettings(platform="gpu").choose() == "pallas"
+    # a key width the Triton kernels do not take: "auto" on a GPU runs the jnp form instead
+    o24, _ = gated_linear_attention(*(jnp.pad(a, ((0, 0),) * 3 + ((0, 8),)) for a in (q, k)),
+                                    v, g, settings=DecaySettings(platform="gpu", chunk_size=16))
+    assert chosen()["gated_linear_attention@gpu"] == "chunk_reference" and o24.shape == v.shape
     with pytest.raises(ValueError, match="g must be"):
         gated_linear_attention(q, k, v, g[:, :, :1], settings=settings)
     with pytest.raises(ValueError, match="no compiled lowering"):

@@ -13,9 +13,10 @@ class DecaySettings(KernelSettings):
     impl: "auto" | "recurrent" (``reference.py``, token by token) | "chunk_reference" (the
     chunked form in XLA) | "pallas" (Pallas kernels, Triton on GPU, Mosaic on TPU: for a
     decay per head the scan of ``kernels_pallas.linear_scan``, for a decay per key dimension
-    ``pallas_per_key``). "auto" is "chunk_reference" on every platform: on an H200 the per-key
-    kernels train 5.3x faster than it but their forward alone is 2x slower
-    (docs/benchmarks.md), and the per-head kernels are not yet timed beside it.
+    ``pallas_per_key``). "auto" is "pallas" on GPU, where both families run faster than the
+    jnp form forward and backward (an H200: docs/benchmarks.md), except for key widths or
+    chunks the Triton kernels do not take (not a power of two >= 16: the jnp form), and
+    "chunk_reference" elsewhere (the Mosaic TPU layout is tested interpreted, never timed).
     chunk_size: C of the chunked forms. The rest concern the Pallas
     kernels only: block_v: value columns per program of the sequential scans (None:
     ``linear_scan.common.default_block_v``); num_warps / num_stages: the scans' launch on GPU;
@@ -32,7 +33,7 @@ class DecaySettings(KernelSettings):
 
     OP = "gated_linear_attention"
     IMPLS = ("auto", "recurrent", "chunk_reference", "pallas")
-    AUTO = {}
+    AUTO = {"gpu": "pallas"}
     FALLBACK = "chunk_reference"
 
     def __post_init__(self):
