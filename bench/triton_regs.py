@@ -118,8 +118,10 @@ def kernels(op: str):
     return [(n, int(by_name[n]), m) for n, m in zip(names, modules)]
 
 
-def registers(ttir: str, num_warps: int, workdir: str) -> tuple[int, int]:
-    """(registers per thread, spill bytes) of one kernel compiled for sm_90a."""
+def registers(ttir: str, num_warps: int, workdir: str) -> tuple[int, int, int]:
+    """(registers per thread, spill bytes, layout conversions) of one kernel compiled for
+    sm_90a; the conversions are the ``convert_layout`` ops of its TTGIR (each one a round trip
+    through shared memory or shuffles, often behind a barrier; a loop's body counts once)."""
     import triton
     from triton.backends.compiler import GPUTarget
     path = os.path.join(workdir, "k.ttir")
@@ -136,7 +138,7 @@ def registers(ttir: str, num_warps: int, workdir: str) -> tuple[int, int]:
                          capture_output=True, text=True, check=True).stderr
     regs = int(re.search(r"Used (\d+) registers", out).group(1))
     spill = int(re.search(r"(\d+) bytes spill stores", out).group(1))
-    return regs, spill
+    return regs, spill, compiled.asm["ttgir"].count("ttg.convert_layout")
 
 
 def main():
@@ -145,7 +147,7 @@ def main():
     ap.add_argument("--out", default="", help="directory: keep each kernel's TTIR")
     args = ap.parse_args()
     print(f"{'op':18s} {'kernel':24s} {'warps':>5s} {'regs':>5s} {'spill B':>7s} "
-          f"{'programs/SM':>11s}")
+          f"{'programs/SM':>11s} {'conversions':>11s}")
     with tempfile.TemporaryDirectory() as tmp:
         for op in args.ops:
             for name, warps, ttir in kernels(op):
@@ -153,10 +155,10 @@ def main():
                     os.makedirs(args.out, exist_ok=True)
                     with open(os.path.join(args.out, f"{op}_{name}.ttir"), "w") as fh:
                         fh.write(ttir)
-                regs, spill = registers(ttir, warps, tmp)
+                regs, spill, converts = registers(ttir, warps, tmp)
                 per_sm = min(65536 // (-(-regs // 8) * 8 * 32 * warps), 64 // warps)
-                print(f"{op:18s} {name:24s} {warps:5d} {regs:5d} {spill:7d} {per_sm:11d}",
-                      flush=True)
+                print(f"{op:18s} {name:24s} {warps:5d} {regs:5d} {spill:7d} {per_sm:11d} "
+                      f"{converts:11d}", flush=True)
 
 
 if __name__ == "__main__":
