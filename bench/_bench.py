@@ -99,18 +99,24 @@ def fwd_bwd_row(fwd, fwd_bwd, inputs, cotangent, want_out, want_grads, names, ou
                        for n, a, b in zip(names, fwd_bwd(*inputs, cotangent), want_grads)}}}
 
 
-def device_ms(fn, *args, reps=20):
-    """(device time per call in ms, its kernels) of ``fn(*args)`` from a profiler trace of
-    ``reps`` calls: the sum of the kernels' durations, without the per-call launch and host
-    overhead that wall-clock medians of small ops are made of. (None, []) without device events
-    (the CPU backend)."""
+def _traced(fn, args, reps, **summarize_kw) -> dict:
+    """``profile.summarize`` of ``reps`` calls of ``fn(*args)`` queued back to back, after one
+    call waited for."""
     jax.block_until_ready(fn(*args))
     with tempfile.TemporaryDirectory() as d:
         with profile.capture(d):
             for _ in range(reps):
                 out = fn(*args)
             jax.block_until_ready(out)
-        s = profile.summarize(d, steps=reps)
+        return profile.summarize(d, steps=reps, **summarize_kw)
+
+
+def device_ms(fn, *args, reps=20):
+    """(device time per call in ms, its kernels) of ``fn(*args)`` from a profiler trace of
+    ``reps`` calls: the sum of the kernels' durations, without the per-call launch and host
+    overhead that wall-clock medians of small ops are made of. (None, []) without device events
+    (the CPU backend)."""
+    s = _traced(fn, args, reps)
     if not s["top_kernels_ms"]:
         return None, []
     return s["kernel_ms"], s["top_kernels_ms"]
@@ -120,14 +126,7 @@ def device_profile(fn, *args, reps=10, top=12) -> dict:
     """``profile.summarize`` of ``reps`` calls of the jitted ``fn(*args)``, each kernel named
     with the source line it came from (its compiled HLO), printed as ``format_summary`` does;
     {} without device events (the CPU backend)."""
-    hlo = fn.lower(*args).compile().as_text()
-    jax.block_until_ready(fn(*args))
-    with tempfile.TemporaryDirectory() as d:
-        with profile.capture(d):
-            for _ in range(reps):
-                out = fn(*args)
-            jax.block_until_ready(out)
-        s = profile.summarize(d, steps=reps, top=top, hlo_text=hlo)
+    s = _traced(fn, args, reps, top=top, hlo_text=fn.lower(*args).compile().as_text())
     if not s["top_kernels_ms"]:
         return {}
     print(profile.format_summary(s), flush=True)
