@@ -12,13 +12,17 @@ sub-chunks of c = 16 (``SUB``) and keeps every exponent <= 0:
 
   keys before the sub-chunk    one matmul, (q_i e^{G_i - G_r}) (k_j e^{G_r - G_j})^T, with G_r
                                the sub-chunk's first row (G_i <= G_r <= G_j);
-  keys inside it               a loop over its c keys j: the column sum_k q_ik k_jk e^{G_ik - G_jk}
-                               for the rows i >= j (a [c, K] product, never the [c, c, K] tensor).
+  keys inside it               the weights e^{G_ik - G_jk} [c, c, BK] of BK = 16 key columns at
+                               a time (a ``fori_loop`` over K: registers, never memory), summed
+                               over k, placed at the sub-chunk's columns by an exact fp32 product.
 
-The backward takes dA [C, C] and returns dq and dk by the same two parts (every factor again
-<= 1); dG = q * dq - k * dk follows outside the kernel (d exp(G_i - G_j) / dG_i = +, / dG_j = -).
-Only row slices of the blocks are read or written, so the kernels lower in both layouts of
-``linear_scan.common`` ([B, T, H, X] with grid (B, N, H) for Triton, [B, H, T, X] for Mosaic TPU).
+The backward takes dA [C, C] and returns dq (from a sub-chunk's rows of dA: the earlier keys by
+one matmul, its own block as the forward's) and dk (from its columns of dA: the later queries,
+against the sub-chunk's last row of G); dG = q * dq - k * dk follows outside the kernel
+(d exp(G_i - G_j) / dG_i = +, / dG_j = -). ``bench/triton_regs.py --ops decay_key`` gives their
+registers and layout conversions without a GPU. Both layouts of ``linear_scan.common`` ([B, T,
+H, X] with grid (B, N, H) for Triton, [B, H, T, X] for Mosaic TPU) are tested interpreted and
+lower for their compilers (``tests/test_export.py``); neither has run on a TPU.
 """
 from __future__ import annotations
 
@@ -26,7 +30,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-
 from jax.experimental import pallas as pl
 
 from kernels_pallas.linear_scan.common import chunk_call, dot, dot_nt, f32
@@ -55,8 +58,7 @@ def _fwd_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk, sub, bk, fp32_dots):
     dt = q_ref.dtype
     K = q_ref.shape[-1]
     pos = _iota((chunk, bk), 0)
-    # places a [c, c] block at the columns r.. of a [c, C] row block (an exact fp32 product)
-    place = lambda r: (_iota((sub, chunk), 1) == _iota((sub, chunk), 0) + r).astype(f32)  # noqa: E731
+    cols, rows_c = _iota((sub, chunk), 1), _iota((sub, chunk), 0)
     for r in range(0, chunk, sub):
         rows = slice(r, r + sub)
 
@@ -75,7 +77,8 @@ def _fwd_kernel(q_ref, k_ref, g_ref, a_ref, *, chunk, sub, bk, fp32_dots):
 
         acc, diag = jax.lax.fori_loop(0, K // bk, body, (jnp.zeros((sub, chunk), f32),
                                                           jnp.zeros((sub, sub), f32)))
-        acc = acc + dot(diag, place(r), fp32_dots="ieee")
+        place = (cols == rows_c + r).astype(f32)  # [c, c] -> columns r.. of [c, C], exactly
+        acc = acc + dot(diag, place, fp32_dots="ieee")
         a_ref[rows, :] = acc.astype(a_ref.dtype)
 
 
