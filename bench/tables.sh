@@ -7,7 +7,8 @@
 #       steplong   the 380m step at 8K and 32K, HwH and the Transformer, 65,536 tokens a step
 #       decode     prefill-free decode at 32K, batch 1 and 32, HwH and the Transformer
 #       decay      gated linear attention, a decay per head (Lightning, RetNet, Mamba-2), the
-#                  Pallas kernels and the jnp form against fla's chunk_simple_gla
+#                  Pallas kernels and the jnp form against fla's chunk_simple_gla (with
+#                  --profile: device times per call, the measure comparable to fla's)
 #       decay_key  the same with a decay per key dimension (GLA, HGRN-2) against fla's chunk_gla
 #       delta_rule DeltaNet (the GDN kernels with g = 0) against fla's chunk_delta_rule
 #       hgrn       HGRN's element-wise recurrence (associative scan) against fla's chunk_hgrn
@@ -43,10 +44,10 @@ for part in "$@"; do
       python3 bench/decode.py --size 380m --archs hwh transformer --contexts 32768 \
         --batches 1 32 --prefill none --decode_reps 5 --out "$OUT/decode.jsonl" ;;
     decay)
-      python3 bench/decay_attention.py --shapes $MIXER_SHAPES --out "$OUT/decay.jsonl"
+      python3 bench/decay_attention.py --profile --reps 10 --shapes $MIXER_SHAPES --out "$OUT/decay.jsonl"
       python3 bench/fla_gdn_anchor.py simple_gla $MIXER_SHAPES | tee "$OUT/decay_fla.jsonl" ;;
     decay_key)
-      python3 bench/decay_attention.py --per_key --shapes $MIXER_SHAPES --out "$OUT/decay_key.jsonl"
+      python3 bench/decay_attention.py --per_key --profile --reps 10 --shapes $MIXER_SHAPES --out "$OUT/decay_key.jsonl"
       python3 bench/fla_gdn_anchor.py gla $MIXER_SHAPES | tee "$OUT/decay_key_fla.jsonl" ;;
     delta_rule)
       python3 bench/gdn.py --no_decay --check --shapes $MIXER_SHAPES --impls pallas --out "$OUT/delta_rule.jsonl"

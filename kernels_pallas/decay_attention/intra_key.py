@@ -22,7 +22,8 @@ against the sub-chunk's last row of G); dG = q * dq - k * dk follows outside the
 (d exp(G_i - G_j) / dG_i = +, / dG_j = -). ``bench/triton_regs.py --ops decay_key`` gives their
 registers and layout conversions without a GPU. Both layouts of ``linear_scan.common`` ([B, T,
 H, X] with grid (B, N, H) for Triton, [B, H, T, X] for Mosaic TPU) are tested interpreted and
-lower for their compilers (``tests/test_export.py``); neither has run on a TPU.
+lower for their compilers (``tests/test_export.py``); the Triton one runs on GPUs, the Mosaic
+one has not run on a TPU.
 """
 from __future__ import annotations
 
