@@ -8,6 +8,7 @@ from kernels_pallas.decay_attention.pallas import gated_linear_attention_pallas
 from kernels_pallas.decay_attention.pallas_per_key import gated_linear_attention_per_key_pallas
 from kernels_pallas.decay_attention.reference import gated_linear_attention_recurrent
 from kernels_pallas.decay_attention.settings import DecaySettings
+from kernels_pallas.linear_scan.common import triton_takes
 
 
 def _check_shapes(q, k, v, g, initial_state):
@@ -27,14 +28,6 @@ def _check_shapes(q, k, v, g, initial_state):
                          f"{(B, H, K, v.shape[-1])}, got {initial_state.shape}")
 
 
-def _suits_triton(q, settings):
-    """Whether the Triton kernels take this shape (``linear_scan.common.kernel_config``'s
-    rule): "auto" falls back to the jnp form where they do not, rather than refuse."""
-    K, C = q.shape[-1], settings.chunk_size
-    return settings.target() != "gpu" or (dispatch.pow2(K) and K >= 16 and dispatch.pow2(C)
-                                          and C >= 16)
-
-
 def gated_linear_attention(q, k, v, g, *, scale=None, initial_state=None,
                            output_final_state=False, settings: DecaySettings | None = None):
     """Linear attention with a decaying state over a sequence, fla layout.
@@ -50,8 +43,9 @@ def gated_linear_attention(q, k, v, g, *, scale=None, initial_state=None,
     settings = DecaySettings() if settings is None else settings
     _check_shapes(q, k, v, g, initial_state)
     impl = settings.choose()
-    if settings.impl == "auto" and impl == "pallas" and not _suits_triton(q, settings):
-        impl = settings.FALLBACK
+    if (settings.impl == "auto" and impl == "pallas" and settings.target() == "gpu"
+            and not (triton_takes(q.shape[-1]) and triton_takes(settings.chunk_size))):
+        impl = settings.FALLBACK                 # a shape the Triton kernels refuse: the jnp form
     impl = dispatch.record(settings, impl)
     kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state)
     if impl == "recurrent":

@@ -171,6 +171,11 @@ def default_block_v(layout, B, H, K, V, programs=128):
     return bv
 
 
+def triton_takes(n: int) -> bool:
+    """Whether the Triton kernels take n as a key width or chunk size: a power of two >= 16."""
+    return pow2(n) and n >= 16
+
+
 def kernel_config(settings, B, H, K, V, **launch) -> KernelConfig:
     """The ``KernelConfig`` of a chunked op's ``settings`` (``chunk_size``, ``block_v``,
     ``interpret`` and the launch fields named in ``launch``) for [B, T, H, K] keys and V value
@@ -183,7 +188,7 @@ def kernel_config(settings, B, H, K, V, **launch) -> KernelConfig:
         raise ValueError(f"{settings.OP}(impl='pallas'): block_v={bv} does not divide V={V}")
     if lay == "triton" and settings.interpret is not True:
         for name, n in (("K", K), ("block_v", bv), ("chunk_size", C)):
-            if not pow2(n) or n < 16 and name != "block_v":
+            if not (pow2(n) if name == "block_v" else triton_takes(n)):
                 raise ValueError(f"{settings.OP}(impl='pallas') on GPU needs {name} a power "
                                  f"of two >= 16, got {n}")
     return KernelConfig(chunk=C, layout=lay, block_v=bv, interpret=settings.interpret,
