@@ -123,10 +123,12 @@ def device_ms(fn, *args, reps=20):
 
 
 def device_profile(fn, *args, reps=10, top=12) -> dict:
-    """``profile.summarize`` of ``reps`` calls of the jitted ``fn(*args)``, each kernel named
-    with the source line it came from (its compiled HLO), printed as ``format_summary`` does;
-    {} without device events (the CPU backend)."""
-    s = _traced(fn, args, reps, top=top, hlo_text=fn.lower(*args).compile().as_text())
+    """``profile.summarize`` of ``reps`` calls of ``fn(*args)``, each kernel named with the
+    source line it came from (its compiled HLO), printed as ``format_summary`` does; {} without
+    device events (the CPU backend). ``fn``: compiled (``jax.jit(f).lower(...).compile()``, its
+    HLO read as it is) or jitted (compiled once more for its HLO)."""
+    hlo = fn.as_text() if hasattr(fn, "as_text") else fn.lower(*args).compile().as_text()
+    s = _traced(fn, args, reps, top=top, hlo_text=hlo)
     if not s["top_kernels_ms"]:
         return {}
     print(profile.format_summary(s), flush=True)

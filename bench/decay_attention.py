@@ -70,6 +70,7 @@ def main():
         o32, g32 = f32_fwd(*x32[:4]), f32_fb(*x32)
         for impl in args.impls:
             fwd, fwd_bwd = fns(impl)
+            fwd, fwd_bwd = fwd.lower(*x16[:4]).compile(), fwd_bwd.lower(*x16).compile()
             row = {"op": "gated_linear_attention", "impl": impl, "shape": list(shape),
                    "decay": "per_key" if args.per_key else "per_head",
                    **_bench.fwd_bwd_row(fwd, fwd_bwd, x16[:4], x16[4], o32, g32, "qkvg",
