@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(jax.device_count() < 8,
                                 reason="needs 8 devices (conftest's CPU devices)")
 
 GDN_TRAIN = {"gdn_wy_inverse", "gdn_wy_apply", "gdn_scan_fwd", "gdn_scan_bwd",
-             "gdn_state_grads", "gdn_wy_bwd"}
+             "gdn_state_grads", "gdn_wy_bwd", "linear_scan_out"}
 SPLASH_TRAIN = {"splash_mqa_fwd_residuals", "splash_mqa_dkv_no_residuals",
                 "splash_mqa_dq_no_residuals"}
 
@@ -92,7 +92,8 @@ def test_the_decay_kernels_lower_with_their_gradients(platform):
     from kernels_pallas import DecaySettings, gated_linear_attention
     settings = DecaySettings(impl="pallas", platform=platform)
     x = jax.ShapeDtypeStruct((2, 256, 4, 128), jnp.bfloat16)
-    want = {3: {"linear_scan_fwd", "linear_scan_bwd", "linear_state_grads"},   # no delta rule
+    want = {3: {"linear_scan_fwd", "linear_scan_out", "linear_scan_bwd",      # no delta rule
+                "linear_state_grads"},
             4: {"gla_scan_fwd", "gla_scan_bwd", "gla_intra_fwd", "gla_intra_bwd"}}
     for g_dims, kernels in want.items():
         g = jax.ShapeDtypeStruct((2, 256, 4, 128)[:g_dims], jnp.float32)

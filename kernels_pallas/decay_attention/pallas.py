@@ -7,10 +7,12 @@ chunk of C tokens, with G the chunk-local cumulative log decay and E_ij = exp(G_
 j <= i (0 above the diagonal, masked before ``exp``, so every exponent is <= 0):
 
     QK      = (q k^T) * E                                    per chunk, XLA ([C, C] matmuls)
-    forward   ``linear_scan.scan_forward``:  o_n = (q e^G) S_n + QK_n v_n,
-                                             S_{n+1} = e^{G_last} S_n + (k e^{G_last - G})^T v_n
-    backward  ``linear_scan.scan_backward``: dv and dS_{n+1} per chunk, dS_0;
-              ``linear_scan.state_grads``:   dq, dk, dQK, dG through the state;
+    forward   ``linear_scan.scan_forward``:  the states S_{n+1} = e^{G_last} S_n +
+                                             (k e^{G_last - G})^T v_n, storing S_n (under
+                                             differentiation; else fused with o);
+              ``linear_scan.chunk_outputs``: o_n = (q e^G) S_n + QK_n v_n, per chunk;
+    backward  ``linear_scan.scan_backward``: dS_{n+1} per chunk, dS_0;
+              ``linear_scan.state_grads``:   dq, dk, dv, dQK, dG through the state;
               then through QK in XLA: dq += (dQK * E) k, dk += (dQK * E)^T q (products in
               the compute dtype, fp32 sums),
               dG += row sums - column sums of dQK * QK; dg = the chunk's reverse cumsum of dG.
@@ -37,7 +39,8 @@ _HI = jax.lax.Precision.HIGHEST
 _jit = lambda fn, *names: jax.jit(fn, static_argnums=0, static_argnames=names)  # noqa: E731
 scan_forward = _jit(scan_kernels.scan_forward, "store")
 scan_backward = _jit(scan_kernels.scan_backward)
-state_grads = _jit(scan_kernels.state_grads, "with_dw")
+state_grads = _jit(scan_kernels.state_grads)
+chunk_outputs = _jit(scan_kernels.chunk_outputs, "dtype")
 
 
 def _decay_matrix(G, C):
@@ -74,8 +77,10 @@ def _op(cfg, scale):
         qs, kc, vc, G = prepare(q, k, v, g, C, scale)
         _, qk = _scores(qs, kc, _decay_matrix(G, C), C)
         qk = qk.astype(qs.dtype)
-        outs = scan_forward(cfg, qs, kc, None, vc, qk, G, S0, store=store)
-        return outs, qk
+        if not store:
+            return scan_forward(cfg, qs, kc, None, vc, qk, G, S0), qk
+        _, sN, h = scan_forward(cfg, None, kc, None, vc, None, G, S0, store=True)
+        return (chunk_outputs(cfg, qs, qk, G, h, vc, dtype=vc.dtype), sN, h), qk
 
     @jax.custom_vjp
     def op(q, k, v, g, S0):
@@ -98,11 +103,10 @@ def _op(cfg, scale):
             qk_in, h = saved
         else:
             qk_in = qk.astype(cd)
-            h = scan_forward(cfg, qs, kc, None, vc, qk_in, G, S0, store=True)[2]
-        dv, dh, dS0 = scan_backward(cfg, qs, kc, None, qk_in, G, do.astype(cd),
-                                    dSN.astype(f32))
-        dq, dk, _, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, vc, dv, do.astype(cd),
-                                         with_dw=False)
+            h = scan_forward(cfg, None, kc, None, vc, None, G, S0, store=True)[2]
+        _, dh, dS0 = scan_backward(cfg, qs, None, None, None, G, do.astype(cd), dSN.astype(f32))
+        dq, dk, _, dv, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, vc, None, do.astype(cd),
+                                             qk=qk_in)
         dqk = chunked(dqk.astype(f32), C)                        # [B, N, H, C(i), C(j)]
         ds = dqk * E                                             # d(q k^T)
         B, T, H, K = q.shape

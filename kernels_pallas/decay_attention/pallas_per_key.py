@@ -36,7 +36,7 @@ from kernels_pallas.decay_attention.intra_key import intra_scores, known_scores
 from kernels_pallas.decay_attention.pallas import prepare
 from kernels_pallas.decay_attention.settings import DecaySettings
 from kernels_pallas.linear_scan.common import (chunked, compiler_params, dot, dot_nt, f32,
-                                               kernel_config, pad_time)
+                                               kernel_config, pad_time, scan_specs)
 
 _HI = jax.lax.Precision.HIGHEST
 
@@ -128,27 +128,6 @@ def _bwd_grid(q_ref, g_ref, do_ref, dsN_ref, dh_ref, ds0_ref, dS_scr, *, n_chunk
 
 # ---------------------------------------------------------------- launchers
 
-def _specs(cfg, B, H, T, K, V, reverse=False):
-    """BlockSpecs of a per-token [., T, ., X] array, its value block, the [B, H, V, K] state and
-    the per-chunk [B, N(, H), V, K] states, and the grid, in ``cfg.layout``."""
-    C, BV, sq = cfg.chunk, cfg.block_v, pl.squeezed
-    N = T // C
-    if cfg.layout == "triton":
-        return dict(
-            grid=(B, H, V // BV),
-            seq=lambda X: pl.BlockSpec((sq, T, sq, X), lambda b, h, j: (b, 0, h, 0)),
-            seq_v=pl.BlockSpec((sq, T, sq, BV), lambda b, h, j: (b, 0, h, j)),
-            state=pl.BlockSpec((sq, sq, BV, K), lambda b, h, j: (b, h, j, 0)),
-            chunks=pl.BlockSpec((sq, N, sq, BV, K), lambda b, h, j: (b, 0, h, j, 0)))
-    at = (lambda i: N - 1 - i) if reverse else (lambda i: i)
-    return dict(
-        grid=(B, H, V // BV, N),
-        seq=lambda X: pl.BlockSpec((sq, sq, C, X), lambda b, h, j, n: (b, h, at(n), 0)),
-        seq_v=pl.BlockSpec((sq, sq, C, BV), lambda b, h, j, n: (b, h, at(n), j)),
-        state=pl.BlockSpec((sq, sq, BV, K), lambda b, h, j, n: (b, h, j, 0)),
-        chunks=pl.BlockSpec((sq, sq, sq, BV, K), lambda b, h, j, n: (b, h, at(n), j, 0)))
-
-
 def _per_token(cfg, xs):
     """[B, T, H, X] -> the kernels' layout ([B, H, T, X] for "tpu")."""
     return [jnp.swapaxes(x, 1, 2) if cfg.layout == "tpu" else x for x in xs]
@@ -169,7 +148,7 @@ def scan_forward(cfg, q, k, v, qk, G, S0T, *, store=False):
     QK [B, T, H, C], G [B, T, H, K] fp32 and S_0^T [B, H, V, K] fp32."""
     B, T, H, K = q.shape
     V, C = v.shape[-1], cfg.chunk
-    N, s = T // C, _specs(cfg, B, H, T, K, V)
+    N, s = T // C, scan_specs(cfg, B, H, T, K, V, transposed=True)
     tpu = cfg.layout == "tpu"
     out_shape = [jax.ShapeDtypeStruct((B, H, T, V) if tpu else (B, T, H, V), v.dtype),
                  jax.ShapeDtypeStruct((B, H, V, K), f32)]
@@ -198,7 +177,7 @@ def scan_backward(cfg, q, G, do, dSNT):
     cotangents do [B, T, H, V] and dS_N^T [B, H, V, K]."""
     B, T, H, K = q.shape
     V, C = do.shape[-1], cfg.chunk
-    N, s = T // C, _specs(cfg, B, H, T, K, V, reverse=True)
+    N, s = T // C, scan_specs(cfg, B, H, T, K, V, reverse=True, transposed=True)
     if cfg.layout == "tpu":
         from jax.experimental.pallas import tpu as pltpu
         kernel = functools.partial(_bwd_grid, n_chunks=N)

@@ -1,9 +1,11 @@
 """Chunked Gated DeltaNet as Pallas kernels: ``gated_delta_rule(impl="pallas")``.
 
-Six kernels under one ``jax.custom_vjp`` (notation of ``chunk_reference.py``):
+Kernels under one ``jax.custom_vjp`` (notation of ``chunk_reference.py``):
   forward   ``wy_kernels.wy_forward``        per chunk: X = (I + A)^-1, then w, u, QK.
-            ``linear_scan.scan_forward``     sequential over chunks: v, o and the state (under
-                                             differentiation also storing S_n and v per chunk).
+            ``linear_scan.scan_forward``     sequential over chunks: v and the state, and o
+                                             (under differentiation storing S_n and v per
+                                             chunk instead of forming o, which
+            ``linear_scan.chunk_outputs``    forms per chunk, in parallel).
   backward  ``linear_scan.scan_backward``    sequential, backwards: dv and dS_{n+1} per chunk, dS_0.
             ``linear_scan.state_grads``      per chunk: dq, dk, dw, dQK, dG through the state.
             ``wy_kernels.wy_backward``       per chunk: adds dq, dk, dG through the WY form; dv,
@@ -37,6 +39,7 @@ wy_backward = _jit(wy_kernels.wy_backward, "scale", "out_dtypes")
 scan_forward = _jit(scan_kernels.scan_forward, "store")
 scan_backward = _jit(scan_kernels.scan_backward)
 state_grads = _jit(scan_kernels.state_grads)
+chunk_outputs = _jit(scan_kernels.chunk_outputs, "dtype")
 
 
 def _op(cfg, scale):
@@ -52,8 +55,11 @@ def _op(cfg, scale):
     def primal(q, k, v, g, beta, S0, store):
         qs, kc, vc, b, G = prepare(q, k, v, g, beta)
         w, u, qk, X = wy_forward(cfg, qs, kc, vc, b, G)
-        outs = scan_forward(cfg, qs, kc, w, u, qk, G, S0, store=store)
-        return outs, (w, qk, X)
+        if not store:
+            return scan_forward(cfg, qs, kc, w, u, qk, G, S0), (w, qk, X)
+        _, sN, h, v_new = scan_forward(cfg, None, kc, w, u, None, G, S0, store=True)
+        o = chunk_outputs(cfg, qs, qk, G, h, v_new, dtype=u.dtype)
+        return (o, sN, h, v_new), (w, qk, X)
 
     @jax.custom_vjp
     def op(q, k, v, g, beta, S0):
@@ -74,9 +80,10 @@ def _op(cfg, scale):
             w, qk, h, v_new = saved
         else:
             w, u, qk, _ = wy_forward(cfg, qs, kc, vc, b, G, X)
-            _, _, h, v_new = scan_forward(cfg, qs, kc, w, u, qk, G, S0, store=True)
+            _, _, h, v_new = scan_forward(cfg, None, kc, w, u, None, G, S0, store=True)
         dv_new, dh, dS0 = scan_backward(cfg, qs, kc, w, qk, G, do.astype(cd), dSN.astype(f32))
-        dq, dk, dw, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, v_new, dv_new, do.astype(cd))
+        dq, dk, dw, _, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, v_new, dv_new,
+                                             do.astype(cd))
         dq, dk, dv, db, dG = wy_backward(cfg, qs, kc, vc, b, G, X, dw, dv_new.astype(cd), dqk,
                                          dq, dk, dG, scale=scale,
                                          out_dtypes=(q.dtype, k.dtype, v.dtype))

@@ -109,6 +109,33 @@ def chunk_call(cfg, kernel, ins, outs, btH, *, name, num_warps=None):
     return tuple(swap(r) for r in res)
 
 
+def scan_specs(cfg, B, H, T, K, V, *, reverse=False, transposed=False):
+    """Grid and BlockSpecs of a sequential scan over chunks in ``cfg.layout``: "seq"(X), a
+    per-token array's block of X columns; "seq_v", its block of the program's BV value columns;
+    "state", the program's block of a [B, H, K, V] state ([B, H, V, K] when ``transposed``);
+    "chunks", of the per-chunk states [B, N, H, K, V] ([B, H, N, ...] for "tpu"). "triton":
+    grid (B, H, V/BV), whole sequences per program; "tpu": grid (B, H, V/BV, N), one chunk per
+    step, the chunks walked down with ``reverse``."""
+    C, BV, sq = cfg.chunk, cfg.block_v, pl.squeezed
+    N = T // C
+    st = (BV, K) if transposed else (K, BV)
+    at_v = (lambda j: (j, 0)) if transposed else (lambda j: (0, j))  # noqa: E731
+    if cfg.layout == "triton":
+        return dict(
+            grid=(B, H, V // BV),
+            seq=lambda X: pl.BlockSpec((sq, T, sq, X), lambda b, h, j: (b, 0, h, 0)),
+            seq_v=pl.BlockSpec((sq, T, sq, BV), lambda b, h, j: (b, 0, h, j)),
+            state=pl.BlockSpec((sq, sq) + st, lambda b, h, j: (b, h) + at_v(j)),
+            chunks=pl.BlockSpec((sq, N, sq) + st, lambda b, h, j: (b, 0, h) + at_v(j)))
+    at = (lambda i: N - 1 - i) if reverse else (lambda i: i)  # noqa: E731
+    return dict(
+        grid=(B, H, V // BV, N),
+        seq=lambda X: pl.BlockSpec((sq, sq, C, X), lambda b, h, j, n: (b, h, at(n), 0)),
+        seq_v=pl.BlockSpec((sq, sq, C, BV), lambda b, h, j, n: (b, h, at(n), j)),
+        state=pl.BlockSpec((sq, sq) + st, lambda b, h, j, n: (b, h) + at_v(j)),
+        chunks=pl.BlockSpec((sq, sq, sq) + st, lambda b, h, j, n: (b, h, at(n)) + at_v(j)))
+
+
 def pad_time(x, pad):
     """x [B, T, ...] with ``pad`` zeros after its last token."""
     if pad == 0:

@@ -14,11 +14,18 @@ cumulative log gates G [C]. What is left is sequential over chunks and independe
     S_{n+1} = e^{G_last} S_n + kd_n^T v_n
 
 with qd = q e^G and kd = k e^{G_last - G}, both <= 1 in size since G falls within a chunk.
-The backward kernel needs S_n, recomputed by the forward kernel (``store=True`` writes S_n and
-v_n); nothing but the inputs is kept between the passes. Without the delta rule (``w=None``:
-w = 0, v = u) the kernels neither read w nor form its products, the forward stores S_n only,
-and ``state_grads`` leaves dw out. Everything the kernels do not need
-sequentially (dq, dk, dw, dQK, dG from S_n, dS_{n+1}, v_n, dv_n) is batched matmuls in XLA.
+Only the state's own recurrence is sequential; the kernels carry no more than it needs:
+  inference  ``scan_forward``: one fused kernel, o and v as it walks (S_n not written).
+  training   ``scan_forward(q=None, store=True)``: the state alone (v as well with the delta
+             rule), writing S_n (and v_n); then ``chunk_outputs``: o_n = qd_n S_n + QK_n v_n,
+             parallel over chunks (one matmul a chunk in the walk instead of three).
+  backward   ``scan_backward``: dS walking down (with the delta rule also dv_n, which dS
+             needs; without it, k and qk None, dS alone); then ``state_grads``, parallel
+             over chunks: dq, dk, dQK, dG through the state from S_n, dS_{n+1}, v_n, and dw
+             (delta rule, from dv_n) or dv_n = QK_n^T do_n + kd_n dS_{n+1} (none).
+Splitting the walks as fla's chunk kernels do shortens the sequential chain, whose latency
+times the number of chunks is the scans' time when (batch, head, value block) programs are
+few (long sequences, small batches).
 
 Two launch layouts run the same per-chunk bodies:
   "triton" (GPU, and the generic interpreter): grid (B, H, V/BV); each program walks its N
@@ -38,7 +45,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels_pallas.linear_scan.common import chunk_call, col_blocks, compiler_params, dot, dot_nt, f32
+from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, compiler_params, dot,
+                                               dot_nt, f32, scan_specs)
 
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
@@ -49,12 +57,15 @@ def _last_row(G):
     return last, jnp.sum(jnp.where(last, G, 0.0), axis=0, keepdims=True)
 
 
-def _decayed(q, k, G):
-    """qd = q e^G, kd = k e^{G_last - G}, e^{G_last} [1, 1]; G is a [C, 1] column."""
+def _q_decayed(q, G):
+    """qd = q e^G (q's dtype); G is a [C, 1] column."""
+    return (q.astype(f32) * jnp.exp(G)).astype(q.dtype)
+
+
+def _k_decayed(k, G):
+    """kd = k e^{G_last - G} (k's dtype) and e^{G_last} [1, 1]."""
     _, g_last = _last_row(G)
-    qd = (q.astype(f32) * jnp.exp(G)).astype(q.dtype)
-    kd = (k.astype(f32) * jnp.exp(g_last - G)).astype(k.dtype)
-    return qd, kd, jnp.exp(g_last)
+    return (k.astype(f32) * jnp.exp(g_last - G)).astype(k.dtype), jnp.exp(g_last)
 
 
 def _rows(ref, t):
@@ -62,26 +73,43 @@ def _rows(ref, t):
     return None if ref is None else ref[t, :]
 
 
-def _without_w(kernel):
-    """``kernel`` for a call with no w input: its w_ref (the third) is None."""
-    def run(q_ref, k_ref, *refs, **kw):
-        return kernel(q_ref, k_ref, None, *refs, **kw)
+def _whole(ref):
+    """ref[...], or None for an absent input."""
+    return None if ref is None else ref[...]
+
+
+def _absent(kernel, present):
+    """``kernel`` for a call without some of its leading refs: ``present`` flags its first
+    len(present) refs; the absent ones reach ``kernel`` as None, the rest in order."""
+    def run(*refs, **kw):
+        it = iter(refs)
+        return kernel(*(next(it) if p else None for p in present), *it, **kw)
     return run
 
 
+def _output(q, qk, G, S, v):
+    """o = (q e^G) S + QK v of one chunk, S and v in q's dtype."""
+    return dot(_q_decayed(q, G), S) + dot(qk, v)
+
+
 def _fwd_chunk(S, q, k, w, u, qk, G):
-    qd, kd, a_last = _decayed(q, k, G)
-    Sc = S.astype(q.dtype)
+    """(o or None without q, v, S_{n+1}) of one chunk."""
+    kd, a_last = _k_decayed(k, G)
+    Sc = S.astype(k.dtype)
     v = u.astype(f32) if w is None else u.astype(f32) - dot(w, Sc)
-    vc = v.astype(q.dtype)
-    o = dot(qd, Sc) + dot(qk, vc)
+    vc = v.astype(k.dtype)
+    o = None if q is None else _output(q, qk, G, Sc, vc)
     return o, v, a_last * S + dot(kd, vc, trans_a=True)
 
 
 def _bwd_chunk(dS, q, k, w, qk, G, do):
-    qd, kd, a_last = _decayed(q, k, G)
-    dv = dot(qk, do, trans_a=True) + dot(kd, dS.astype(q.dtype))
-    dS = a_last * dS + dot(qd, do, trans_a=True)
+    """(dv or None without k, dS_n) of one chunk, from dS = dS_{n+1}."""
+    dv = None
+    if k is not None:
+        kd, _ = _k_decayed(k, G)
+        dv = dot(qk, do, trans_a=True) + dot(kd, dS.astype(q.dtype))
+    _, g_last = _last_row(G)
+    dS = jnp.exp(g_last) * dS + dot(_q_decayed(q, G), do, trans_a=True)
     if w is not None:
         dS = dS - dot(w, dv.astype(q.dtype), trans_a=True)
     return dv, dS
@@ -95,9 +123,10 @@ def _fwd_kernel_loop(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
         t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
         if store_refs:
             store_refs[0][n, :, :] = S.astype(store_refs[0].dtype)
-        o, v, S = _fwd_chunk(S, q_ref[t, :], k_ref[t, :], _rows(w_ref, t), u_ref[t, :],
-                             qk_ref[t, :], g_ref[t, :])
-        o_ref[t, :] = o.astype(o_ref.dtype)
+        o, v, S = _fwd_chunk(S, _rows(q_ref, t), k_ref[t, :], _rows(w_ref, t), u_ref[t, :],
+                             _rows(qk_ref, t), g_ref[t, :])
+        if o_ref is not None:
+            o_ref[t, :] = o.astype(o_ref.dtype)
         if len(store_refs) > 1:
             store_refs[1][t, :] = v.astype(store_refs[1].dtype)
         return S
@@ -111,9 +140,10 @@ def _bwd_kernel_loop(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
         n = n_chunks - 1 - i
         t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
         dh_ref[n, :, :] = dS.astype(dh_ref.dtype)
-        dv, dS = _bwd_chunk(dS, q_ref[t, :], k_ref[t, :], _rows(w_ref, t), qk_ref[t, :],
-                            g_ref[t, :], do_ref[t, :])
-        dv_ref[t, :] = dv.astype(dv_ref.dtype)
+        dv, dS = _bwd_chunk(dS, q_ref[t, :], _rows(k_ref, t), _rows(w_ref, t),
+                            _rows(qk_ref, t), g_ref[t, :], do_ref[t, :])
+        if dv_ref is not None:
+            dv_ref[t, :] = dv.astype(dv_ref.dtype)
         return dS
 
     ds0_ref[...] = jax.lax.fori_loop(0, n_chunks, body, dsN_ref[...].astype(f32))
@@ -133,9 +163,10 @@ def _fwd_kernel_grid(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
     S = S_scr[...]
     if store:
         store_refs[0][...] = S.astype(store_refs[0].dtype)
-    o, v, S = _fwd_chunk(S, q_ref[...], k_ref[...], None if w_ref is None else w_ref[...],
-                         u_ref[...], qk_ref[...], g_ref[...])
-    o_ref[...] = o.astype(o_ref.dtype)
+    o, v, S = _fwd_chunk(S, _whole(q_ref), k_ref[...], _whole(w_ref), u_ref[...],
+                         _whole(qk_ref), g_ref[...])
+    if o_ref is not None:
+        o_ref[...] = o.astype(o_ref.dtype)
     if len(store_refs) > 1:
         store_refs[1][...] = v.astype(store_refs[1].dtype)
     S_scr[...] = S
@@ -155,9 +186,10 @@ def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
 
     dS = dS_scr[...]
     dh_ref[...] = dS.astype(dh_ref.dtype)
-    dv, dS = _bwd_chunk(dS, q_ref[...], k_ref[...], None if w_ref is None else w_ref[...],
-                        qk_ref[...], g_ref[...], do_ref[...])
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+    dv, dS = _bwd_chunk(dS, q_ref[...], _whole(k_ref), _whole(w_ref), _whole(qk_ref),
+                        g_ref[...], do_ref[...])
+    if dv_ref is not None:
+        dv_ref[...] = dv.astype(dv_ref.dtype)
     dS_scr[...] = dS
 
     @pl.when(i == n_chunks - 1)
@@ -167,17 +199,24 @@ def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
 
 # ---------------------------------------------------------------- state-path gradients
 
-def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_ref,
-                        dq_ref, dk_ref, dw_ref, dqk_ref, dg_ref, *, blk):
+def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_ref, qk_ref,
+                        dq_ref, dk_ref, dw_ref, dv_out_ref, dqk_ref, dg_ref, *, blk):
     """One chunk: the gradients that flow through the state, from S_n (h), dS_{n+1} (dh), the
-    corrected values v and their cotangents dv. K and V in blocks of ``blk``: three [C, blk]
-    fp32 accumulators live at a time."""
+    corrected values v and their cotangents dv (with the delta rule: dw too), or without the
+    delta rule (dv_ref, dw_ref None) dv itself from QK, do and dh. K and V in blocks of
+    ``blk``: three [C, blk] fp32 accumulators live at a time."""
     C, K = k_ref.shape
     V = h_ref.shape[-1]
     cd = k_ref.dtype
     G = g_ref[...]
     last, g_last = _last_row(G)
     kblocks, vblocks = col_blocks(K, blk), col_blocks(V, blk)
+    if dv_out_ref is not None:
+        kd, _ = _k_decayed(k_ref[...], G)
+        qk = qk_ref[...]
+        for cv in vblocks:
+            dv_out_ref[:, cv] = (dot(qk, do_ref[:, cv], trans_a=True)
+                                 + dot(kd, dh_ref[:, cv].astype(cd)))
     dqk = jnp.zeros((C, C), f32)
     hdh = jnp.zeros((1, 1), f32)
     from_q = jnp.zeros((C, 1), f32)
@@ -227,141 +266,134 @@ def store_dtype(cfg, dtype, K):
     return f32 if cfg.layout == "triton" and K > 128 else dtype
 
 
+def _per_token(cfg, xs):
+    """[B, T, H, X] arrays (None kept) in the kernels' layout ([B, H, T, X] for "tpu")."""
+    return [x if x is None or cfg.layout != "tpu" else _to_bhtx(x) for x in xs]
+
+
+def _scan_call(cfg, kernel, ins, outs, *, reverse, name):
+    """pallas_call of a sequential scan kernel. ins: (array or None, spec name) pairs in the
+    kernel's order, then the [B, H, K, V] state; outs: (shape name, dtype, present) triples
+    ("tok_v": [B, T, H, V], "state", "chunks": [B, N, H, K, V]). The kernel sees None for each
+    absent input or output, except absent trailing outputs, which it does not see (it takes
+    its stored outputs as ``*store_refs``). Returns the outputs, None for the absent ones, in
+    [B, T, H, X] / [B, N, H, K, V]."""
+    B, T, H, K = next(x for x, n in ins if n == "K" and x is not None).shape
+    V = next(x for x, n in ins if n == "V").shape[-1]
+    N, tpu = T // cfg.chunk, cfg.layout == "tpu"
+    s = scan_specs(cfg, B, H, T, K, V, reverse=reverse)
+    spec = {"K": s["seq"](K), "C": s["seq"](cfg.chunk), "1": s["seq"](1), "V": s["seq_v"],
+            "state": s["state"], "tok_v": s["seq_v"], "chunks": s["chunks"]}
+    shape = {"tok_v": (B, H, T, V) if tpu else (B, T, H, V), "state": (B, H, K, V),
+             "chunks": (B, H, N, K, V) if tpu else (B, N, H, K, V)}
+    present = [x is not None for x, _ in ins] + [p for _, _, p in outs]
+    while not present[-1]:
+        present.pop()
+    scratch = {}
+    if tpu:
+        from jax.experimental.pallas import tpu as pltpu
+        scratch = {"scratch_shapes": [pltpu.VMEM((K, cfg.block_v), f32)]}
+    args = [x for x, _ in ins if x is not None]
+    res = pl.pallas_call(
+        _absent(kernel, present), grid=s["grid"],
+        in_specs=[spec[n] for x, n in ins if x is not None],
+        out_specs=[spec[n] for n, _, p in outs if p],
+        out_shape=[jax.ShapeDtypeStruct(shape[n], dt) for n, dt, p in outs if p],
+        interpret=cfg.interpret, name=name, **scratch, **compiler_params(cfg),
+    )(*_per_token(cfg, args[:-1]), args[-1])
+    kinds = iter(n for n, _, p in outs if p)
+    back = {"tok_v": _to_bhtx, "chunks": lambda x: jnp.swapaxes(x, 1, 2), "state": lambda x: x}
+    got = [back[next(kinds)](r) if tpu else r for r in res]
+    it = iter(got)
+    return tuple(next(it) if p else None for _, _, p in outs)
+
+
 def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
     """Forward kernel. [B, T, H, X] inputs (T a multiple of the chunk; w None: no delta rule),
     G [B, T, H] fp32, S0 [B, H, K, V] fp32. Returns o [B, T, H, V] (u's dtype), S_N, and with
     ``store`` also S_n for every chunk [B, N, H, K, V] and (with w) v [B, T, H, V], in
-    ``store_dtype``."""
-    B, T, H, K = q.shape
-    delta = w is not None
-    ws = (w,) if delta else ()
-    sd = store_dtype(cfg, q.dtype, K)
-    V = u.shape[-1]
-    C, BV = cfg.chunk, cfg.block_v
-    N, NV = T // C, V // BV
-    sq = pl.squeezed
-    out_shape = [jax.ShapeDtypeStruct((B, T, H, V), u.dtype),
-                 jax.ShapeDtypeStruct((B, H, K, V), f32)]
+    ``store_dtype``. With q and qk None (and ``store``) the kernel carries the state alone and o
+    is None: ``chunk_outputs`` forms o from the stored S_n, in parallel over chunks."""
+    K = k.shape[-1]
+    outputs, delta = q is not None, w is not None
+    if not (outputs or store):
+        raise ValueError("scan_forward without q (no outputs) must store the chunk states")
+    sd = store_dtype(cfg, k.dtype, K)
+    N = k.shape[1] // cfg.chunk
     if cfg.layout == "triton":
-        if store:
-            out_shape += [jax.ShapeDtypeStruct((B, N, H, K, V), sd)]
-            out_shape += [jax.ShapeDtypeStruct((B, T, H, V), sd)] if delta else []
-        seq = lambda X: pl.BlockSpec((sq, T, sq, X), lambda b, h, j: (b, 0, h, 0))  # noqa: E731
-        seq_v = pl.BlockSpec((sq, T, sq, BV), lambda b, h, j: (b, 0, h, j))
-        state = pl.BlockSpec((sq, sq, K, BV), lambda b, h, j: (b, h, 0, j))
-        outs = [seq_v, state]
-        if store:
-            outs += [pl.BlockSpec((sq, N, sq, K, BV), lambda b, h, j: (b, 0, h, 0, j))]
-            outs += [seq_v] if delta else []
-        res = pl.pallas_call(
-            functools.partial(_fwd_kernel_loop if delta else _without_w(_fwd_kernel_loop),
-                              n_chunks=N, chunk=C),
-            grid=(B, H, NV),
-            in_specs=[seq(K), seq(K)] + [seq(K)] * delta + [seq_v, seq(C), seq(1), state],
-            out_specs=outs, out_shape=out_shape, interpret=cfg.interpret,
-            name="gdn_scan_fwd" if delta else "linear_scan_fwd", **compiler_params(cfg),
-        )(q, k, *ws, u, qk, G[..., None], S0)
-        return tuple(res)
-
-    # "tpu": [B, H, T, X], one chunk per grid step along the last ("arbitrary") axis.
-    from jax.experimental.pallas import tpu as pltpu
-    if store:
-        out_shape += [jax.ShapeDtypeStruct((B, H, N, K, V), sd)]
-        out_shape += [jax.ShapeDtypeStruct((B, H, T, V), sd)] if delta else []
-    out_shape[0] = jax.ShapeDtypeStruct((B, H, T, V), u.dtype)
-    blk = lambda X: pl.BlockSpec((sq, sq, C, X), lambda b, h, j, n: (b, h, n, 0))  # noqa: E731
-    blk_v = pl.BlockSpec((sq, sq, C, BV), lambda b, h, j, n: (b, h, n, j))
-    state = pl.BlockSpec((sq, sq, K, BV), lambda b, h, j, n: (b, h, 0, j))
-    outs = [blk_v, state]
-    if store:
-        outs += [pl.BlockSpec((sq, sq, sq, K, BV), lambda b, h, j, n: (b, h, n, 0, j))]
-        outs += [blk_v] if delta else []
-    res = pl.pallas_call(
-        functools.partial(_fwd_kernel_grid if delta else _without_w(_fwd_kernel_grid),
-                          n_chunks=N, store=store),
-        grid=(B, H, NV, N),
-        in_specs=[blk(K), blk(K)] + [blk(K)] * delta + [blk_v, blk(C), blk(1), state],
-        out_specs=outs, out_shape=out_shape,
-        scratch_shapes=[pltpu.VMEM((K, BV), f32)], interpret=cfg.interpret,
-        name="gdn_scan_fwd" if delta else "linear_scan_fwd", **compiler_params(cfg),
-    )(*(_to_bhtx(x) for x in (q, k, *ws, u, qk, G[..., None])), S0)
-    o, sN = _to_bhtx(res[0]), res[1]
-    if not store:
-        return o, sN
-    return (o, sN, jnp.swapaxes(res[2], 1, 2)) + ((_to_bhtx(res[3]),) if delta else ())
+        kernel = functools.partial(_fwd_kernel_loop, n_chunks=N, chunk=cfg.chunk)
+    else:
+        kernel = functools.partial(_fwd_kernel_grid, n_chunks=N, store=store)
+    res = _scan_call(
+        cfg, kernel,
+        [(q, "K"), (k, "K"), (w, "K"), (u, "V"), (qk, "C"), (G[..., None], "1"), (S0, "state")],
+        [("tok_v", u.dtype, outputs), ("state", f32, True), ("chunks", sd, store),
+         ("tok_v", sd, store and delta)],
+        reverse=False, name="gdn_scan_fwd" if delta else "linear_scan_fwd")
+    return res[:2] + (res[2:3] if store else ()) + (res[3:] if store and delta else ())
 
 
 def scan_backward(cfg, q, k, w, qk, G, do, dSN):
     """Backward kernel: dv [B, T, H, V] and dS_{n+1} for every chunk [B, N, H, K, V] (in
     ``store_dtype``) and dS_0 (fp32), given the cotangents do [B, T, H, V] and dS_N [B, H, K, V]
-    (w None: no delta rule)."""
-    B, T, H, K = q.shape
-    delta = w is not None
-    ws = (w,) if delta else ()
+    (w None: no delta rule). With k and qk None (no delta rule only) the kernel walks dS alone
+    and dv is None: ``state_grads`` forms it, in parallel over chunks."""
+    K = q.shape[-1]
+    if k is None and (w is not None or qk is not None):
+        raise ValueError("scan_backward without k: no delta rule (w None) and no qk")
     sd = store_dtype(cfg, q.dtype, K)
-    V = do.shape[-1]
-    C, BV = cfg.chunk, cfg.block_v
-    N, NV = T // C, V // BV
-    sq = pl.squeezed
+    N = q.shape[1] // cfg.chunk
     if cfg.layout == "triton":
-        out_shape = [jax.ShapeDtypeStruct((B, T, H, V), sd),
-                     jax.ShapeDtypeStruct((B, N, H, K, V), sd),
-                     jax.ShapeDtypeStruct((B, H, K, V), f32)]
-        seq = lambda X: pl.BlockSpec((sq, T, sq, X), lambda b, h, j: (b, 0, h, 0))  # noqa: E731
-        seq_v = pl.BlockSpec((sq, T, sq, BV), lambda b, h, j: (b, 0, h, j))
-        state = pl.BlockSpec((sq, sq, K, BV), lambda b, h, j: (b, h, 0, j))
-        dv, dh, dS0 = pl.pallas_call(
-            functools.partial(_bwd_kernel_loop if delta else _without_w(_bwd_kernel_loop),
-                              n_chunks=N, chunk=C),
-            grid=(B, H, NV),
-            in_specs=[seq(K), seq(K)] + [seq(K)] * delta + [seq(C), seq(1), seq_v, state],
-            out_specs=[seq_v, pl.BlockSpec((sq, N, sq, K, BV), lambda b, h, j: (b, 0, h, 0, j)),
-                       state],
-            out_shape=out_shape, interpret=cfg.interpret,
-            name="gdn_scan_bwd" if delta else "linear_scan_bwd", **compiler_params(cfg),
-        )(q, k, *ws, qk, G[..., None], do, dSN)
-        return dv, dh, dS0
-
-    from jax.experimental.pallas import tpu as pltpu
-    out_shape = [jax.ShapeDtypeStruct((B, H, T, V), sd),
-                 jax.ShapeDtypeStruct((B, H, N, K, V), sd),
-                 jax.ShapeDtypeStruct((B, H, K, V), f32)]
-    last = N - 1
-    blk = lambda X: pl.BlockSpec((sq, sq, C, X),  # noqa: E731
-                                 lambda b, h, j, i: (b, h, last - i, 0))
-    blk_v = pl.BlockSpec((sq, sq, C, BV), lambda b, h, j, i: (b, h, last - i, j))
-    state = pl.BlockSpec((sq, sq, K, BV), lambda b, h, j, i: (b, h, 0, j))
-    dv, dh, dS0 = pl.pallas_call(
-        functools.partial(_bwd_kernel_grid if delta else _without_w(_bwd_kernel_grid),
-                          n_chunks=N),
-        grid=(B, H, NV, N),
-        in_specs=[blk(K), blk(K)] + [blk(K)] * delta + [blk(C), blk(1), blk_v, state],
-        out_specs=[blk_v,
-                   pl.BlockSpec((sq, sq, sq, K, BV), lambda b, h, j, i: (b, h, last - i, 0, j)),
-                   state],
-        out_shape=out_shape, scratch_shapes=[pltpu.VMEM((K, BV), f32)],
-        interpret=cfg.interpret, name="gdn_scan_bwd" if delta else "linear_scan_bwd",
-        **compiler_params(cfg),
-    )(*(_to_bhtx(x) for x in (q, k, *ws, qk, G[..., None], do)), dSN)
-    return _to_bhtx(dv), jnp.swapaxes(dh, 1, 2), dS0
+        kernel = functools.partial(_bwd_kernel_loop, n_chunks=N, chunk=cfg.chunk)
+    else:
+        kernel = functools.partial(_bwd_kernel_grid, n_chunks=N)
+    return _scan_call(
+        cfg, kernel,
+        [(q, "K"), (k, "K"), (w, "K"), (qk, "C"), (G[..., None], "1"), (do, "V"),
+         (dSN, "state")],
+        [("tok_v", sd, k is not None), ("chunks", sd, True), ("state", f32, True)],
+        reverse=True, name="gdn_scan_bwd" if w is not None else "linear_scan_bwd")
 
 
-def _state_grads_kernel_no_dw(*refs, blk):
-    """``_state_grads_kernel`` with no dw output (its 11th ref, None here)."""
-    return _state_grads_kernel(*refs[:10], None, *refs[10:], blk=blk)
-
-
-def state_grads(cfg, q, k, G, h, dh, v, dv, do, *, with_dw=True):
-    """Per chunk, in parallel: dq, dk (fp32) of the state path, dw (None unless ``with_dw``),
-    dQK (q's dtype) and dG (fp32 [B, T, H]) from S_n (h) and dS_{n+1} (dh) [B, N, H, K, V], v,
-    dv, do [B, T, H, V]."""
+def state_grads(cfg, q, k, G, h, dh, v, dv, do, *, qk=None):
+    """Per chunk, in parallel, from S_n (h) and dS_{n+1} (dh) [B, N, H, K, V], v and do
+    [B, T, H, V]: (dq, dk, dw, dv, dQK, dG): dq, dk (fp32) of the state path, dQK (q's dtype),
+    dG (fp32 [B, T, H]); with the delta rule (dv given) dw (q's dtype) and dv None; without it
+    (dv None, qk the intra-chunk scores given) dw None and dv = QK^T do + kd dS_{n+1} (fp32)."""
     B, T, H, K = q.shape
     V, C = v.shape[-1], cfg.chunk
-    kernel = _state_grads_kernel if with_dw else _state_grads_kernel_no_dw
-    outs = chunk_call(
-        cfg, functools.partial(kernel, blk=cfg.chunk_block),
-        [(q, K), (k, K), (G[..., None], 1), (h, None), (dh, None), (v, V), (dv, V), (do, V)],
-        [(K, f32), (K, f32)] + [(K, q.dtype)] * with_dw + [(C, q.dtype), (1, f32)], (B, T, H),
-        name="gdn_state_grads" if with_dw else "linear_state_grads")
-    dq, dk, *dw, dqk, dG = outs
-    return dq, dk, (dw[0] if with_dw else None), dqk, dG[..., 0]
+    delta = dv is not None
+    if delta == (qk is not None):
+        raise ValueError("state_grads takes dv (delta rule) or qk (no delta rule), not both")
+    ins = [(q, K), (k, K), (G[..., None], 1), (h, None), (dh, None), (v, V), (dv, V), (do, V),
+           (qk, C)]
+    outs = [(K, f32), (K, f32), (K, q.dtype) if delta else None, None if delta else (V, f32),
+            (C, q.dtype), (1, f32)]
+    res = iter(chunk_call(
+        cfg, _absent(functools.partial(_state_grads_kernel, blk=cfg.chunk_block),
+                     [x is not None for x, _ in ins] + [o is not None for o in outs]),
+        [i for i in ins if i[0] is not None], [o for o in outs if o is not None], (B, T, H),
+        name="gdn_state_grads" if delta else "linear_state_grads"))
+    dq, dk, dw, dv, dqk, dG = (None if o is None else next(res) for o in outs)
+    return dq, dk, dw, dv, dqk, dG[..., 0]
+
+
+def _outputs_kernel(q_ref, qk_ref, g_ref, h_ref, v_ref, o_ref, *, blk):
+    cd = q_ref.dtype
+    q, qk, G = q_ref[...], qk_ref[...], g_ref[...]
+    for cv in col_blocks(o_ref.shape[-1], blk):
+        o = _output(q, qk, G, h_ref[:, cv].astype(cd), v_ref[:, cv].astype(cd))
+        o_ref[:, cv] = o.astype(o_ref.dtype)
+
+
+def chunk_outputs(cfg, q, qk, G, h, v, *, dtype):
+    """Per chunk, in parallel: o = (q e^G) S_n + QK v [B, T, H, V] in ``dtype``, from the chunk
+    states S_n (h [B, N, H, K, V]) and the values v (with the delta rule the corrected ones) that
+    ``scan_forward(q=None, store=True)`` stored; the forward's outputs, as its fused kernel
+    forms them in sequence."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    (o,) = chunk_call(cfg, functools.partial(_outputs_kernel, blk=cfg.chunk_block),
+                      [(q, K), (qk, cfg.chunk), (G[..., None], 1), (h, None), (v, V)],
+                      [(V, dtype)], (B, T, H), name="linear_scan_out")
+    return o
