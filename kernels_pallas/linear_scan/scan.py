@@ -199,24 +199,18 @@ def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
 
 # ---------------------------------------------------------------- state-path gradients
 
-def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_ref, qk_ref,
-                        dq_ref, dk_ref, dw_ref, dv_out_ref, dqk_ref, dg_ref, *, blk):
+def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_ref,
+                        dq_ref, dk_ref, dw_ref, dqk_ref, dg_ref, *, blk):
     """One chunk: the gradients that flow through the state, from S_n (h), dS_{n+1} (dh), the
-    corrected values v and their cotangents dv (with the delta rule: dw too), or without the
-    delta rule (dv_ref, dw_ref None) dv itself from QK, do and dh. K and V in blocks of
-    ``blk``: three [C, blk] fp32 accumulators live at a time."""
+    corrected values v and (with the delta rule; else dv_ref, dw_ref None) their cotangents
+    dv, for dw. K and V in blocks of ``blk``: three [C, blk] fp32 accumulators live at a
+    time."""
     C, K = k_ref.shape
     V = h_ref.shape[-1]
     cd = k_ref.dtype
     G = g_ref[...]
     last, g_last = _last_row(G)
     kblocks, vblocks = col_blocks(K, blk), col_blocks(V, blk)
-    if dv_out_ref is not None:
-        kd, _ = _k_decayed(k_ref[...], G)
-        qk = qk_ref[...]
-        for cv in vblocks:
-            dv_out_ref[:, cv] = (dot(qk, do_ref[:, cv], trans_a=True)
-                                 + dot(kd, dh_ref[:, cv].astype(cd)))
     dqk = jnp.zeros((C, C), f32)
     hdh = jnp.zeros((1, 1), f32)
     from_q = jnp.zeros((C, 1), f32)
@@ -355,6 +349,16 @@ def scan_backward(cfg, q, k, w, qk, G, do, dSN):
         reverse=True, name="gdn_scan_bwd" if w is not None else "linear_scan_bwd")
 
 
+def _values_grad_kernel(k_ref, qk_ref, g_ref, dh_ref, do_ref, dv_ref, *, blk):
+    """One chunk without the delta rule: dv = QK^T do + kd dS_{n+1}, [C, blk] at a time (its
+    own kernel: inside ``_state_grads_kernel`` its operands made that one spill)."""
+    cd = k_ref.dtype
+    kd, _ = _k_decayed(k_ref[...], g_ref[...])
+    qk = qk_ref[...]
+    for cv in col_blocks(dv_ref.shape[-1], blk):
+        dv_ref[:, cv] = dot(qk, do_ref[:, cv], trans_a=True) + dot(kd, dh_ref[:, cv].astype(cd))
+
+
 def state_grads(cfg, q, k, G, h, dh, v, dv, do, *, qk=None):
     """Per chunk, in parallel, from S_n (h) and dS_{n+1} (dh) [B, N, H, K, V], v and do
     [B, T, H, V]: (dq, dk, dw, dv, dQK, dG): dq, dk (fp32) of the state path, dQK (q's dtype),
@@ -365,17 +369,20 @@ def state_grads(cfg, q, k, G, h, dh, v, dv, do, *, qk=None):
     delta = dv is not None
     if delta == (qk is not None):
         raise ValueError("state_grads takes dv (delta rule) or qk (no delta rule), not both")
-    ins = [(q, K), (k, K), (G[..., None], 1), (h, None), (dh, None), (v, V), (dv, V), (do, V),
-           (qk, C)]
-    outs = [(K, f32), (K, f32), (K, q.dtype) if delta else None, None if delta else (V, f32),
-            (C, q.dtype), (1, f32)]
+    ins = [(q, K), (k, K), (G[..., None], 1), (h, None), (dh, None), (v, V), (dv, V), (do, V)]
+    outs = [(K, f32), (K, f32), (K, q.dtype) if delta else None, (C, q.dtype), (1, f32)]
     res = iter(chunk_call(
         cfg, _absent(functools.partial(_state_grads_kernel, blk=cfg.chunk_block),
                      [x is not None for x, _ in ins] + [o is not None for o in outs]),
         [i for i in ins if i[0] is not None], [o for o in outs if o is not None], (B, T, H),
         name="gdn_state_grads" if delta else "linear_state_grads"))
-    dq, dk, dw, dv, dqk, dG = (None if o is None else next(res) for o in outs)
-    return dq, dk, dw, dv, dqk, dG[..., 0]
+    dq, dk, dw, dqk, dG = (None if o is None else next(res) for o in outs)
+    if not delta:
+        (dv,) = chunk_call(cfg, functools.partial(_values_grad_kernel, blk=cfg.chunk_block),
+                           [(k, K), (qk, C), (G[..., None], 1), (dh, None), (do, V)],
+                           [(V, f32)], (B, T, H), name="linear_values_grad")
+        return dq, dk, None, dv, dqk, dG[..., 0]
+    return dq, dk, dw, None, dqk, dG[..., 0]
 
 
 def _outputs_kernel(q_ref, qk_ref, g_ref, h_ref, v_ref, o_ref, *, blk):
