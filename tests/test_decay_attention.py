@@ -138,6 +138,42 @@ def test_pallas_kernels_equal_the_chunked_form_with_gradients(layout, decay):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+@pytest.mark.parametrize("decay", ["per_head", "per_key"])
+def test_chunk_parallel_kernels_in_several_column_blocks(decay):
+    """The kernels that take one chunk per program (outputs, state gradients, value gradients)
+    walk K and V in blocks of ``chunk_block`` columns: at 8 of 16 (two blocks each way, so
+    that the first block's extra work and the per-block decays are exercised) the op's values
+    and gradients against the chunked jnp form."""
+    from kernels_pallas.decay_attention import pallas, pallas_per_key
+    from kernels_pallas.linear_scan.common import KernelConfig
+    per_key = decay == "per_key"
+    C = 32 if per_key else 16
+    cfg = KernelConfig(chunk=C, layout="triton", block_v=16, interpret=True, chunk_block=8)
+    (q, k, v, g, h0), do, ds = _kernel_inputs(9, per_key)
+    q, k, v, g = (jnp.pad(x, ((0, 0), (0, 64 - x.shape[1])) + ((0, 0),) * (x.ndim - 2))
+                  for x in (q, k, v, g))                     # T a multiple of the chunk
+    do = jnp.pad(do, ((0, 0), (0, 64 - do.shape[1]), (0, 0), (0, 0)))
+    op = (pallas_per_key if per_key else pallas)._op(cfg, 0.3)
+    S0 = jnp.swapaxes(h0, -1, -2) if per_key else h0
+    dS = jnp.swapaxes(ds, -1, -2) if per_key else ds
+
+    def loss_got(q, k, v, g, S0):
+        o, s = op(q, k, v, g, S0)
+        return jnp.sum(o * do) + jnp.sum(s * dS)
+
+    def loss_want(q, k, v, g, S0):
+        h = jnp.swapaxes(S0, -1, -2) if per_key else S0
+        o, s = gated_linear_attention_chunked(q, k, v, g, scale=0.3, chunk_size=16,
+                                              initial_state=h, output_final_state=True)
+        return jnp.sum(o * do) + jnp.sum(s * ds)
+
+    got = jax.jit(jax.value_and_grad(loss_got, argnums=range(5)))(q, k, v, g, S0)
+    want = jax.jit(jax.value_and_grad(loss_want, argnums=range(5)))(q, k, v, g, S0)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    for name, a, b in zip("q k v g S0".split(), got[1], want[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
 @pytest.mark.parametrize("layout", ["triton", "tpu"])
 def test_per_key_intra_chunk_scores_kernels_against_brute_force(layout):
     """``intra_key.intra_scores`` (chunks of 32: two sub-chunks; 32 key columns: two passes of

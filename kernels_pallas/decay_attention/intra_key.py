@@ -149,14 +149,20 @@ def _vjp_fwd(cfg, q, k, G):
     return _fwd(cfg, q, k, G), (q, k, G)
 
 
-def _grads(cfg, q, k, G, dA):
+def intra_grads(cfg, q, k, G, dA):
+    """dq, dk, dG (fp32) of ``intra_scores(cfg, q, k, G)`` at its cotangent dA [B, T, H, C]
+    (read on and below the diagonal)."""
     B, T, H, K = q.shape
     C = cfg.chunk
     kernel = functools.partial(_bwd_kernel, chunk=C, sub=_sub(C), bk=_bk(K),
                                fp32_dots=cfg.fp32_dots)
     dq, dk = chunk_call(cfg, kernel, [(q, K), (k, K), (G, K), (dA.astype(f32), C)],
                         [(K, f32), (K, f32)], (B, T, H), name="gla_intra_bwd")
-    dG = q.astype(f32) * dq - k.astype(f32) * dk
+    return dq, dk, q.astype(f32) * dq - k.astype(f32) * dk
+
+
+def _grads(cfg, q, k, G, dA):
+    dq, dk, dG = intra_grads(cfg, q, k, G, dA)
     return dq.astype(q.dtype), dk.astype(k.dtype), dG.astype(G.dtype)
 
 
@@ -165,22 +171,3 @@ def _vjp_bwd(cfg, res, dA):
 
 
 intra_scores.defvjp(_vjp_fwd, _vjp_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def known_scores(cfg, q, k, G, A):
-    """``intra_scores(cfg, q, k, G)`` already computed as A (say by the forward pass, in a lower
-    precision): returns A in fp32, differentiates as ``intra_scores`` (A itself gets no
-    gradient), so a backward pass need not rerun the forward kernel."""
-    return A.astype(f32)
-
-
-def _known_fwd(cfg, q, k, G, A):
-    return A.astype(f32), (q, k, G)
-
-
-def _known_bwd(cfg, res, dA):
-    return (*_grads(cfg, *res, dA), None)                # None: a zero cotangent for A
-
-
-known_scores.defvjp(_known_fwd, _known_bwd)

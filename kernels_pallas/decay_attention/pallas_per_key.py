@@ -12,12 +12,15 @@ transposed, S^T [BV, K] per program: the decay is then a broadcast along rows, a
 decay is, and every product is a plain or transposed matmul (o = qd (S^T)^T, S^T += v^T kd).
 
   QK        per chunk, ``intra_key.intra_scores``: Pallas kernels, stable for any decay
-    forward   ``_fwd`` kernel: o and S_N (and S_n per chunk for the backward)
-    backward  ``_bwd`` kernel: dS_{n+1} per chunk and dS_0, walking the chunks down:
-              dS_n = diag(a) dS_{n+1} + qd^T do_n;
-              then every other gradient is chunk-parallel: the vjp (XLA autodiff, through QK by
-              its own backward kernel) of the map (q, k, v, g) -> (o_n, S_{n+1}) with S_n held
-              fixed, at the cotangents (do, dS_{n+1})
+  forward   ``scan_forward``: sequential, the state S_n^T (fused with o when not
+            differentiated; under differentiation storing S_n^T), then ``chunk_outputs``:
+            o_n per chunk, in parallel
+  backward  ``scan_backward``: dS_{n+1} per chunk and dS_0, walking the chunks down:
+            dS_n = diag(a) dS_{n+1} + qd^T do_n;
+            then per chunk, in parallel, ``state_grads``:
+            dq = (do S_n) e^G,  dk = (v dS_{n+1}^T) e^{G_last - G},  dv = QK^T do + kd dS_{n+1},
+            dQK = do v^T,  dG = q dq - k dk (+ on the last row sum_c k dk + a sum_v S dS);
+            and ``intra_key.intra_grads``: dq, dk, dG through QK from dQK
 
 Under one ``jax.custom_vjp``; saved between the passes: the inputs, QK and the chunk states S_n
 (``DecaySettings.recompute``: the inputs only, the forward scan rerun in the backward). Layouts
@@ -32,13 +35,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels_pallas.decay_attention.intra_key import intra_scores, known_scores
+from kernels_pallas.decay_attention.intra_key import intra_grads, intra_scores
 from kernels_pallas.decay_attention.pallas import prepare
 from kernels_pallas.decay_attention.settings import DecaySettings
-from kernels_pallas.linear_scan.common import (chunked, compiler_params, dot, dot_nt, f32,
-                                               kernel_config, pad_time, scan_specs)
-
-_HI = jax.lax.Precision.HIGHEST
+from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, compiler_params, dot,
+                                               dot_nt, f32, kernel_config, pad_time, ref_all,
+                                               ref_rows, reverse_chunk_cumsum, scan_specs,
+                                               with_absent)
 
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
@@ -50,21 +53,26 @@ def _decays(G):
     return jnp.exp(G), jnp.exp(g_last - G), jnp.exp(g_last)
 
 
+def _scaled(x, e):
+    """x * e in x's dtype (e fp32)."""
+    return (x.astype(f32) * e).astype(x.dtype)
+
+
 def _fwd_chunk(ST, q, k, v, qk, G):
+    """(o or None without q, S_{n+1}^T) of one chunk."""
     eq, ek, a = _decays(G)
-    qd = (q.astype(f32) * eq).astype(q.dtype)
-    kd = (k.astype(f32) * ek).astype(k.dtype)
-    o = dot_nt(qd, ST.astype(q.dtype)) + dot(qk, v)               # [C, BV]
-    return o, a * ST + dot(v, kd, trans_a=True)                    # S^T [BV, K]
+    o = None
+    if q is not None:
+        o = dot_nt(_scaled(q, eq), ST.astype(k.dtype)) + dot(qk, v)      # [C, BV]
+    return o, a * ST + dot(v, _scaled(k, ek), trans_a=True)              # S^T [BV, K]
 
 
 def _bwd_chunk(dST, q, G, do):
     eq, _, a = _decays(G)
-    qd = (q.astype(f32) * eq).astype(q.dtype)
-    return a * dST + dot(do, qd, trans_a=True)
+    return a * dST + dot(do, _scaled(q, eq), trans_a=True)
 
 
-# ---------------------------------------------------------------- kernels
+# ---------------------------------------------------------------- sequential kernels
 
 def _fwd_loop(q_ref, k_ref, v_ref, qk_ref, g_ref, s0_ref, o_ref, sN_ref, *store, n_chunks,
               chunk):
@@ -72,8 +80,10 @@ def _fwd_loop(q_ref, k_ref, v_ref, qk_ref, g_ref, s0_ref, o_ref, sN_ref, *store,
         t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
         if store:
             store[0][n, :, :] = ST.astype(store[0].dtype)
-        o, ST = _fwd_chunk(ST, q_ref[t, :], k_ref[t, :], v_ref[t, :], qk_ref[t, :], g_ref[t, :])
-        o_ref[t, :] = o.astype(o_ref.dtype)
+        o, ST = _fwd_chunk(ST, ref_rows(q_ref, t), k_ref[t, :], v_ref[t, :],
+                           ref_rows(qk_ref, t), g_ref[t, :])
+        if o_ref is not None:
+            o_ref[t, :] = o.astype(o_ref.dtype)
         return ST
 
     sN_ref[...] = jax.lax.fori_loop(0, n_chunks, body, s0_ref[...].astype(f32))
@@ -100,8 +110,9 @@ def _fwd_grid(q_ref, k_ref, v_ref, qk_ref, g_ref, s0_ref, o_ref, sN_ref, *rest, 
     ST = S_scr[...]
     if store:
         store_refs[0][...] = ST.astype(store_refs[0].dtype)
-    o, ST = _fwd_chunk(ST, q_ref[...], k_ref[...], v_ref[...], qk_ref[...], g_ref[...])
-    o_ref[...] = o.astype(o_ref.dtype)
+    o, ST = _fwd_chunk(ST, ref_all(q_ref), k_ref[...], v_ref[...], ref_all(qk_ref), g_ref[...])
+    if o_ref is not None:
+        o_ref[...] = o.astype(o_ref.dtype)
     S_scr[...] = ST
 
     @pl.when(n == n_chunks - 1)
@@ -126,6 +137,63 @@ def _bwd_grid(q_ref, g_ref, do_ref, dsN_ref, dh_ref, ds0_ref, dS_scr, *, n_chunk
         ds0_ref[...] = dST
 
 
+# ---------------------------------------------------------------- chunk-parallel kernels
+
+def _outputs_kernel(q_ref, qk_ref, g_ref, h_ref, v_ref, o_ref, *, blk):
+    """o = (q e^G) S_n + QK v of one chunk, from S_n^T (h) [V, K], ``blk`` value columns at a
+    time."""
+    cd = q_ref.dtype
+    eq, _, _ = _decays(g_ref[...])
+    qd, qk = _scaled(q_ref[...], eq), qk_ref[...]
+    for cv in col_blocks(o_ref.shape[-1], blk):
+        o = dot_nt(qd, h_ref[cv, :].astype(cd)) + dot(qk, v_ref[:, cv].astype(cd))
+        o_ref[:, cv] = o.astype(o_ref.dtype)
+
+
+def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, do_ref,
+                        dq_ref, dk_ref, dqk_ref, dg_ref, *, blk):
+    """One chunk: dq, dk, dG through the state and dQK (lower triangle), from S_n^T (h) and
+    dS_{n+1}^T (dh) [V, K], v and do; key and value columns in blocks of ``blk``:
+
+        dq = (do S_n) e^G,  dk = (v dS_{n+1}^T) e^{G_last - G},  dQK = do v^T,
+        dG = q dq - k dk,   and on the last row + sum_c k dk + e^{G_last} sum_v S_n dS_{n+1}."""
+    C, K = k_ref.shape
+    V = v_ref.shape[-1]
+    cd = k_ref.dtype
+    last = jax.lax.broadcasted_iota(jnp.int32, (C, 1), 0) == C - 1
+    lower = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0) >= jax.lax.broadcasted_iota(
+        jnp.int32, (C, C), 1)
+    dqk = jnp.zeros((C, C), f32)
+    for cv in col_blocks(V, blk):               # first, so that dQK is not live in the rest
+        dqk += dot_nt(do_ref[:, cv], v_ref[:, cv].astype(cd))
+    dqk_ref[...] = jnp.where(lower, dqk, 0.0)
+    for ck in col_blocks(K, blk):
+        dqd = jnp.zeros((C, ck.size), f32)
+        dkd = jnp.zeros((C, ck.size), f32)
+        hdh = jnp.zeros((1, ck.size), f32)
+        for cv in col_blocks(V, blk):
+            h, dh = h_ref[cv, ck], dh_ref[cv, ck]
+            dqd += dot(do_ref[:, cv], h.astype(cd))
+            dkd += dot(v_ref[:, cv].astype(cd), dh.astype(cd))
+            hdh += jnp.sum(h.astype(f32) * dh.astype(f32), axis=0, keepdims=True)
+        eq, ek, a = _decays(g_ref[:, ck])
+        dq, dk = dqd * eq, dkd * ek
+        from_k = dk * k_ref[:, ck].astype(f32)
+        d_last = jnp.sum(from_k, axis=0, keepdims=True) + a * hdh
+        dq_ref[:, ck] = dq
+        dk_ref[:, ck] = dk
+        dg_ref[:, ck] = dq * q_ref[:, ck].astype(f32) - from_k + jnp.where(last, d_last, 0.0)
+
+
+def _values_grad_kernel(k_ref, qk_ref, g_ref, dh_ref, do_ref, dv_ref, *, blk):
+    """dv = QK^T do + (k e^{G_last - G}) dS_{n+1} of one chunk, from dS_{n+1}^T (dh) [V, K]."""
+    cd = k_ref.dtype
+    _, ek, _ = _decays(g_ref[...])
+    kd, qk = _scaled(k_ref[...], ek), qk_ref[...]
+    for cv in col_blocks(dv_ref.shape[-1], blk):
+        dv_ref[:, cv] = dot(qk, do_ref[:, cv], trans_a=True) + dot_nt(kd, dh_ref[cv, :].astype(cd))
+
+
 # ---------------------------------------------------------------- launchers
 
 def _per_token(cfg, xs):
@@ -144,17 +212,24 @@ def _to_bnhvk(cfg, x):
 
 def scan_forward(cfg, q, k, v, qk, G, S0T, *, store=False):
     """o [B, T, H, V] (v's dtype), S_N^T [B, H, V, K] fp32, and with ``store`` S_n^T for every
-    chunk [B, N, H, V, K] (q's dtype) from [B, T, H, X] inputs (T a multiple of the chunk),
-    QK [B, T, H, C], G [B, T, H, K] fp32 and S_0^T [B, H, V, K] fp32."""
-    B, T, H, K = q.shape
+    chunk [B, N, H, V, K] (k's dtype) from [B, T, H, X] inputs (T a multiple of the chunk),
+    QK [B, T, H, C], G [B, T, H, K] fp32 and S_0^T [B, H, V, K] fp32. With q and qk None (and
+    ``store``) the kernel walks the state alone and o is None (``chunk_outputs`` forms it)."""
+    B, T, H, K = k.shape
     V, C = v.shape[-1], cfg.chunk
+    outputs = q is not None
+    if not (outputs or store):
+        raise ValueError("scan_forward without q (no outputs) must store the chunk states")
     N, s = T // C, scan_specs(cfg, B, H, T, K, V, transposed=True)
     tpu = cfg.layout == "tpu"
-    out_shape = [jax.ShapeDtypeStruct((B, H, T, V) if tpu else (B, T, H, V), v.dtype),
-                 jax.ShapeDtypeStruct((B, H, V, K), f32)]
-    outs = [s["seq_v"], s["state"]]
+    out_shape = [jax.ShapeDtypeStruct((B, H, V, K), f32)]
+    outs = [s["state"]]
+    if outputs:
+        out_shape.insert(0, jax.ShapeDtypeStruct((B, H, T, V) if tpu else (B, T, H, V),
+                                                 v.dtype))
+        outs.insert(0, s["seq_v"])
     if store:
-        out_shape.append(_chunk_states(cfg, (B, N, H, V, K), q.dtype))
+        out_shape.append(_chunk_states(cfg, (B, N, H, V, K), k.dtype))
         outs.append(s["chunks"])
     if tpu:
         from jax.experimental.pallas import tpu as pltpu
@@ -162,14 +237,17 @@ def scan_forward(cfg, q, k, v, qk, G, S0T, *, store=False):
         scratch = {"scratch_shapes": [pltpu.VMEM((cfg.block_v, K), f32)]}
     else:
         kernel, scratch = functools.partial(_fwd_loop, n_chunks=N, chunk=C), {}
+    ins = [(q, s["seq"](K)), (k, s["seq"](K)), (v, s["seq_v"]), (qk, s["seq"](C)),
+           (G, s["seq"](K))]
     res = pl.pallas_call(
-        kernel, grid=s["grid"],
-        in_specs=[s["seq"](K), s["seq"](K), s["seq_v"], s["seq"](C), s["seq"](K), s["state"]],
+        with_absent(kernel, [x is not None for x, _ in ins] + [True, outputs]), grid=s["grid"],
+        in_specs=[sp for x, sp in ins if x is not None] + [s["state"]],
         out_specs=outs, out_shape=out_shape, interpret=cfg.interpret,
         name="gla_scan_fwd", **scratch, **compiler_params(cfg),
-    )(*_per_token(cfg, (q, k, v, qk, G)), S0T)
-    o = _per_token(cfg, [res[0]])[0]
-    return (o, res[1]) + ((_to_bnhvk(cfg, res[2]),) if store else ())
+    )(*_per_token(cfg, [x for x, _ in ins if x is not None]), S0T)
+    res = list(res)
+    o = _per_token(cfg, [res.pop(0)])[0] if outputs else None
+    return (o, res[0]) + ((_to_bnhvk(cfg, res[1]),) if store else ())
 
 
 def scan_backward(cfg, q, G, do, dSNT):
@@ -195,56 +273,69 @@ def scan_backward(cfg, q, G, do, dSNT):
     return _to_bnhvk(cfg, dh), dS0
 
 
-# ---------------------------------------------------------------- chunk-parallel parts (XLA)
+def chunk_outputs(cfg, q, qk, G, hT, v):
+    """o [B, T, H, V] (v's dtype) per chunk, in parallel, from the stored S_n^T (hT [B, N, H, V,
+    K])."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    (o,) = chunk_call(cfg, functools.partial(_outputs_kernel, blk=cfg.chunk_block),
+                      [(q, K), (qk, cfg.chunk), (G, K), (hT, None), (v, V)], [(V, v.dtype)],
+                      (B, T, H), name="gla_scan_out")
+    return o
 
-def _chunk_outputs(cfg, q, k, v, g, hT, qk, scale):
-    """Every chunk's (o_n, S_{n+1}) with the entering states S_n^T [B, N, H, V, K] and the
-    intra-chunk scores QK [B, T, H, C] of the forward given: the map the backward differentiates
-    (fp32; through QK by ``intra_key``'s backward kernel)."""
-    C = cfg.chunk
-    qs, kc, vc, G = (x.astype(f32) for x in prepare(q, k, v, g, C, scale))
-    qk = chunked(known_scores(cfg, qs, kc, G, qk), C)                # [B, N, H, C, C]
-    Qc, Kc, Vc, Gc = (chunked(x, C) for x in (qs, kc, vc, G))       # [B, N, H, C, X]
-    g_last = Gc[..., -1:, :]
-    hT = hT.astype(f32)
-    o = (jnp.einsum("bnhij,bnhjv->bnhiv", qk, Vc, precision=_HI)
-         + jnp.einsum("bnhck,bnhvk->bnhcv", Qc * jnp.exp(Gc), hT, precision=_HI))
-    sT = jnp.exp(g_last) * hT + jnp.einsum("bnhcv,bnhck->bnhvk", Vc, Kc * jnp.exp(g_last - Gc),
-                                           precision=_HI)
-    return o, sT
 
+def state_grads(cfg, q, k, G, hT, dhT, v, qk, do):
+    """Per chunk, in parallel: dq, dk, dv, dG (fp32) through the state and dQK (fp32, lower
+    triangle: the cotangent of the intra-chunk scores) from S_n^T (hT) and dS_{n+1}^T (dhT)."""
+    B, T, H, K = q.shape
+    V, C, blk = v.shape[-1], cfg.chunk, cfg.chunk_block
+    dq, dk, dqk, dG = chunk_call(
+        cfg, functools.partial(_state_grads_kernel, blk=blk),
+        [(q, K), (k, K), (G, K), (hT, None), (dhT, None), (v, V), (do, V)],
+        [(K, f32), (K, f32), (C, f32), (K, f32)], (B, T, H), name="gla_state_grads")
+    (dv,) = chunk_call(cfg, functools.partial(_values_grad_kernel, blk=blk),
+                       [(k, K), (qk, C), (G, K), (dhT, None), (do, V)], [(V, f32)], (B, T, H),
+                       name="gla_values_grad")
+    return dq, dk, dv, dG, dqk
+
+
+# ---------------------------------------------------------------- the op
 
 def _op(cfg, scale):
     """The custom_vjp op on padded inputs: (q, k, v, g [B, T, H, K], S0^T) -> (o, S_N^T)."""
     C = cfg.chunk
 
-    def primal(q, k, v, g, S0T, store):
-        qs, kc, vc, G = prepare(q, k, v, g, C, scale)
-        qk = intra_scores(cfg, qs, kc, G).astype(qs.dtype)
-        return scan_forward(cfg, qs, kc, vc, qk, G, S0T, store=store), qk
+    def states(kc, vc, G, S0T):
+        return scan_forward(cfg, None, kc, vc, None, G, S0T, store=True)[1:]
 
     @jax.custom_vjp
     def op(q, k, v, g, S0T):
-        return primal(q, k, v, g, S0T, False)[0]
+        qs, kc, vc, G = prepare(q, k, v, g, C, scale)
+        qk = intra_scores(cfg, qs, kc, G).astype(qs.dtype)
+        return scan_forward(cfg, qs, kc, vc, qk, G, S0T)
 
     def forward(q, k, v, g, S0T):
-        store = not cfg.recompute
-        outs, qk = primal(q, k, v, g, S0T, store)
-        return outs[:2], (q, k, v, g, S0T, (outs[2], qk) if store else None)
+        qs, kc, vc, G = prepare(q, k, v, g, C, scale)
+        qk = intra_scores(cfg, qs, kc, G).astype(qs.dtype)
+        SNT, hT = states(kc, vc, G, S0T)
+        o = chunk_outputs(cfg, qs, qk, G, hT, vc)
+        return (o, SNT), (q, k, v, g, S0T, None if cfg.recompute else (hT, qk))
 
     def bwd(res, cts):
         q, k, v, g, S0T, saved = res
         do, dSNT = cts
+        qs, kc, vc, G = prepare(q, k, v, g, C, scale)
         if saved is None:
-            outs, qk = primal(q, k, v, g, S0T, True)
-            saved = outs[2], qk
+            saved = (states(kc, vc, G, S0T)[1],
+                     intra_scores(cfg, qs, kc, G).astype(qs.dtype))
         hT, qk = saved
-        qs, _, _, G = prepare(q, k, v, g, C, scale)
-        dhT, dS0T = scan_backward(cfg, qs, G, do.astype(qs.dtype), dSNT.astype(f32))
-        _, vjp = jax.vjp(lambda *a: _chunk_outputs(cfg, *a, hT, qk, scale), q, k, v, g)
-        dq, dk, dv, dg = vjp((chunked(do.astype(f32), C), dhT))
-        return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg.astype(g.dtype),
-                dS0T)
+        do = do.astype(qs.dtype)
+        dhT, dS0T = scan_backward(cfg, qs, G, do, dSNT.astype(f32))
+        dq, dk, dv, dG, dqk = state_grads(cfg, qs, kc, G, hT, dhT, vc, qk, do)
+        dq_in, dk_in, dG_in = intra_grads(cfg, qs, kc, G, dqk)
+        dg = reverse_chunk_cumsum(dG + dG_in, C)
+        return (((dq + dq_in) * scale).astype(q.dtype), (dk + dk_in).astype(k.dtype),
+                dv.astype(v.dtype), dg.astype(g.dtype), dS0T)
 
     op.defvjp(forward, bwd)
     return op

@@ -71,6 +71,25 @@ def compiler_params(cfg, num_warps=None):
                                                     num_stages=cfg.num_stages)}
 
 
+def ref_rows(ref, t):
+    """ref[t, :], or None for an absent input (w without the delta rule)."""
+    return None if ref is None else ref[t, :]
+
+
+def ref_all(ref):
+    """ref[...], or None for an absent input."""
+    return None if ref is None else ref[...]
+
+
+def with_absent(kernel, present):
+    """``kernel`` for a call without some of its leading refs: ``present`` flags its first
+    len(present) refs; the absent ones reach ``kernel`` as None, the rest in order."""
+    def run(*refs, **kw):
+        it = iter(refs)
+        return kernel(*(next(it) if p else None for p in present), *it, **kw)
+    return run
+
+
 def chunk_call(cfg, kernel, ins, outs, btH, *, name, num_warps=None):
     """pallas_call of a one-chunk-per-program kernel.
 
@@ -159,11 +178,11 @@ def chunked(x, chunk_size):
 
 
 def reverse_chunk_cumsum(x, chunk_size):
-    """x [B, N*C, H] -> the sum over each position and the later ones of its chunk (the
+    """x [B, N*C, H, ...] -> the sum over each position and the later ones of its chunk (the
     cotangent of ``chunk_local_cumsum``)."""
-    B, T, H = x.shape
-    x = x.reshape(B, T // chunk_size, chunk_size, H)
-    return jnp.flip(jnp.cumsum(jnp.flip(x, 2), 2), 2).reshape(B, T, H)
+    B, T = x.shape[:2]
+    x = x.reshape(B, T // chunk_size, chunk_size, *x.shape[2:])
+    return jnp.flip(jnp.cumsum(jnp.flip(x, 2), 2), 2).reshape(B, T, *x.shape[3:])
 
 
 def layout(settings) -> str:

@@ -46,7 +46,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, compiler_params, dot,
-                                               dot_nt, f32, scan_specs)
+                                               dot_nt, f32, ref_all, ref_rows, scan_specs,
+                                               with_absent)
 
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
@@ -66,25 +67,6 @@ def _k_decayed(k, G):
     """kd = k e^{G_last - G} (k's dtype) and e^{G_last} [1, 1]."""
     _, g_last = _last_row(G)
     return (k.astype(f32) * jnp.exp(g_last - G)).astype(k.dtype), jnp.exp(g_last)
-
-
-def _rows(ref, t):
-    """ref[t, :], or None for an absent input (w without the delta rule)."""
-    return None if ref is None else ref[t, :]
-
-
-def _whole(ref):
-    """ref[...], or None for an absent input."""
-    return None if ref is None else ref[...]
-
-
-def _absent(kernel, present):
-    """``kernel`` for a call without some of its leading refs: ``present`` flags its first
-    len(present) refs; the absent ones reach ``kernel`` as None, the rest in order."""
-    def run(*refs, **kw):
-        it = iter(refs)
-        return kernel(*(next(it) if p else None for p in present), *it, **kw)
-    return run
 
 
 def _output(q, qk, G, S, v):
@@ -123,8 +105,8 @@ def _fwd_kernel_loop(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
         t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
         if store_refs:
             store_refs[0][n, :, :] = S.astype(store_refs[0].dtype)
-        o, v, S = _fwd_chunk(S, _rows(q_ref, t), k_ref[t, :], _rows(w_ref, t), u_ref[t, :],
-                             _rows(qk_ref, t), g_ref[t, :])
+        o, v, S = _fwd_chunk(S, ref_rows(q_ref, t), k_ref[t, :], ref_rows(w_ref, t), u_ref[t, :],
+                             ref_rows(qk_ref, t), g_ref[t, :])
         if o_ref is not None:
             o_ref[t, :] = o.astype(o_ref.dtype)
         if len(store_refs) > 1:
@@ -140,8 +122,8 @@ def _bwd_kernel_loop(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
         n = n_chunks - 1 - i
         t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
         dh_ref[n, :, :] = dS.astype(dh_ref.dtype)
-        dv, dS = _bwd_chunk(dS, q_ref[t, :], _rows(k_ref, t), _rows(w_ref, t),
-                            _rows(qk_ref, t), g_ref[t, :], do_ref[t, :])
+        dv, dS = _bwd_chunk(dS, q_ref[t, :], ref_rows(k_ref, t), ref_rows(w_ref, t),
+                            ref_rows(qk_ref, t), g_ref[t, :], do_ref[t, :])
         if dv_ref is not None:
             dv_ref[t, :] = dv.astype(dv_ref.dtype)
         return dS
@@ -163,8 +145,8 @@ def _fwd_kernel_grid(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
     S = S_scr[...]
     if store:
         store_refs[0][...] = S.astype(store_refs[0].dtype)
-    o, v, S = _fwd_chunk(S, _whole(q_ref), k_ref[...], _whole(w_ref), u_ref[...],
-                         _whole(qk_ref), g_ref[...])
+    o, v, S = _fwd_chunk(S, ref_all(q_ref), k_ref[...], ref_all(w_ref), u_ref[...],
+                         ref_all(qk_ref), g_ref[...])
     if o_ref is not None:
         o_ref[...] = o.astype(o_ref.dtype)
     if len(store_refs) > 1:
@@ -186,7 +168,7 @@ def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
 
     dS = dS_scr[...]
     dh_ref[...] = dS.astype(dh_ref.dtype)
-    dv, dS = _bwd_chunk(dS, q_ref[...], _whole(k_ref), _whole(w_ref), _whole(qk_ref),
+    dv, dS = _bwd_chunk(dS, q_ref[...], ref_all(k_ref), ref_all(w_ref), ref_all(qk_ref),
                         g_ref[...], do_ref[...])
     if dv_ref is not None:
         dv_ref[...] = dv.astype(dv_ref.dtype)
@@ -289,7 +271,7 @@ def _scan_call(cfg, kernel, ins, outs, *, reverse, name):
         scratch = {"scratch_shapes": [pltpu.VMEM((K, cfg.block_v), f32)]}
     args = [x for x, _ in ins if x is not None]
     res = pl.pallas_call(
-        _absent(kernel, present), grid=s["grid"],
+        with_absent(kernel, present), grid=s["grid"],
         in_specs=[spec[n] for x, n in ins if x is not None],
         out_specs=[spec[n] for n, _, p in outs if p],
         out_shape=[jax.ShapeDtypeStruct(shape[n], dt) for n, dt, p in outs if p],
@@ -372,7 +354,7 @@ def state_grads(cfg, q, k, G, h, dh, v, dv, do, *, qk=None):
     ins = [(q, K), (k, K), (G[..., None], 1), (h, None), (dh, None), (v, V), (dv, V), (do, V)]
     outs = [(K, f32), (K, f32), (K, q.dtype) if delta else None, (C, q.dtype), (1, f32)]
     res = iter(chunk_call(
-        cfg, _absent(functools.partial(_state_grads_kernel, blk=cfg.chunk_block),
+        cfg, with_absent(functools.partial(_state_grads_kernel, blk=cfg.chunk_block),
                      [x is not None for x, _ in ins] + [o is not None for o in outs]),
         [i for i in ins if i[0] is not None], [o for o in outs if o is not None], (B, T, H),
         name="gdn_state_grads" if delta else "linear_state_grads"))
