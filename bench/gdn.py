@@ -118,7 +118,7 @@ def breakdown(shape, x, cfg=None, parts=("chunk", "scan"), reps=20):
     _, _, h, v_new = fwd_store(k, w, u, G, S0)
     dv_new, dh, _ = bwd(q, k, w, qk, G, do, S0)
     sg = jax.jit(lambda *a: scan_kernels.state_grads(cfg, *a))
-    dq, dk, dw, _, dqk, dG = sg(q, k, G, h, dh, v_new, dv_new, do)
+    dq, dk, dw, dqk, dG = sg(q, k, G, h, dh, v_new, dv_new, do)
     wy_b = jax.jit(lambda *a: wy_kernels.wy_backward(cfg, *a))
     t = functools.partial(median_ms, reps=reps)
     out = {}

@@ -3,62 +3,52 @@
 
 The chunked form of ``chunk_reference.py`` is the inter-chunk scan of ``kernels_pallas.
 linear_scan`` with no delta rule (``w=None``: w = 0, u = v, neither read nor multiplied). Per
-chunk of C tokens, with G the chunk-local cumulative log decay and E_ij = exp(G_i - G_j) for
-j <= i (0 above the diagonal, masked before ``exp``, so every exponent is <= 0):
+chunk of C tokens, with G the chunk-local cumulative log decay, E_ij = e^{G_i - G_j} for j <= i
+(0 above the diagonal; every exponent <= 0), QK = (q k^T) * E, qd = q e^G and
+kd = k e^{G_last - G}:
 
-    QK      = (q k^T) * E                                    per chunk, XLA ([C, C] matmuls)
-    forward   ``linear_scan.scan_forward``:  the states S_{n+1} = e^{G_last} S_n +
-                                             (k e^{G_last - G})^T v_n, storing S_n (under
-                                             differentiation; else fused with o);
-              ``linear_scan.chunk_outputs``: o_n = (q e^G) S_n + QK_n v_n, per chunk;
-    backward  ``linear_scan.scan_backward``: dS_{n+1} per chunk, dS_0;
-              ``linear_scan.state_grads``:   dq, dk, dv, dQK, dG through the state;
-              then through QK in XLA: dq += (dQK * E) k, dk += (dQK * E)^T q (products in
-              the compute dtype, fp32 sums),
-              dG += row sums - column sums of dQK * QK; dg = the chunk's reverse cumsum of dG.
+    forward   ``linear_scan.scan_forward``:  S_{n+1} = e^{G_last} S_n + kd^T v_n, sequential,
+                                             storing S_n;
+              ``linear_scan.chunk_outputs``: o_n = qd S_n + QK_n v_n, per chunk (QK formed
+                                             in the kernel, never written);
+    backward  ``linear_scan.scan_backward``: dS_n = e^{G_last} dS_{n+1} + qd^T do_n, sequential;
+              ``_state_path_kernel``, per chunk: dq = (do S_n^T) e^G,
+                                             dk = (v dS_{n+1}^T) e^{G_last - G}, and the
+                                             G_last term of dG (sum_c k.dk + e^{G_last}
+                                             S_n.dS_{n+1}, on the last row);
+              ``_score_path_kernel``, per chunk: dQK = do v^T, dS = dQK * E, dq += dS k,
+                                             dk += dS^T q, dG = q.dq - k.dk + that term,
+                                             dv = QK^T do + kd dS_{n+1};
+              dg = the chunk's reverse cumsum of dG (XLA).
 
-Under one ``jax.custom_vjp``; saved between the passes: the inputs, QK, the chunk states S_n
-(``DecaySettings.recompute``: the inputs only, the forward scan rerun in the backward). A
+dG needs no sums over QK: every q_i enters the output with e^{G_i} and every k_j with e^{-G_j}
+(both through QK and through the state), so dL/dG_i = q_i.dq_i - k_i.dk_i plus the terms of
+G_last. Under one ``jax.custom_vjp``; saved between the passes: the inputs and the chunk states
+S_n (``DecaySettings.recompute``: the inputs only, the state scan rerun in the backward). A
 decay per key dimension (GLA, HGRN-2) does not factor into one E per chunk: its kernels are
 ``pallas_per_key.py``.
 """
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from kernels_pallas.decay_attention.settings import DecaySettings
 from kernels_pallas.linear_scan import scan as scan_kernels
-from kernels_pallas.linear_scan.common import (chunk_local_cumsum, chunked, kernel_config,
+from kernels_pallas.linear_scan.common import (chunk_call, chunk_local_cumsum, chunk_rows,
+                                               col_blocks, causal_decay, dot,
+                                               dot_nt, k_decayed, kernel_config, last_row,
                                                pad_time, reverse_chunk_cumsum)
 
 f32 = jnp.float32
-_HI = jax.lax.Precision.HIGHEST
 
 # nested jits (config static): one lowering, hence one Triton compilation, per shape and config
 _jit = lambda fn, *names: jax.jit(fn, static_argnums=0, static_argnames=names)  # noqa: E731
 scan_forward = _jit(scan_kernels.scan_forward, "store")
 scan_backward = _jit(scan_kernels.scan_backward)
-state_grads = _jit(scan_kernels.state_grads)
 chunk_outputs = _jit(scan_kernels.chunk_outputs, "dtype")
-
-
-def _decay_matrix(G, C):
-    """E [B, N, H, C, C] fp32: exp(G_i - G_j) for j <= i, else 0."""
-    B, T, H = G.shape
-    Gc = G.reshape(B, T // C, C, H).transpose(0, 1, 3, 2)
-    causal = jnp.tril(jnp.ones((C, C), bool))
-    diff = jnp.where(causal, Gc[..., :, None] - Gc[..., None, :], 0.0)
-    return jnp.where(causal, jnp.exp(diff), 0.0)
-
-
-def _scores(qs, k, E, C):
-    """q k^T per chunk [B, N, H, C, C] fp32, and QK = that * E laid out [B, T, H, C]."""
-    s = jnp.einsum("bnhik,bnhjk->bnhij", chunked(qs, C), chunked(k, C),
-                   preferred_element_type=f32)
-    qk = s * E
-    B, N, H = qk.shape[:3]
-    return s, qk.transpose(0, 1, 3, 2, 4).reshape(B, N * C, H, C)
 
 
 def prepare(q, k, v, g, C, scale):
@@ -69,56 +59,118 @@ def prepare(q, k, v, g, C, scale):
     return qs, k.astype(cd), v.astype(cd), chunk_local_cumsum(g.astype(f32), C)
 
 
+# ---------------------------------------------------------------- chunk-parallel backward
+
+def _state_path_kernel(k_ref, g_ref, h_ref, dh_ref, v_ref, do_ref, dq_ref, dk_ref, dl_ref, *,
+                       blk):
+    """One chunk's gradients through the state from S_n (h), dS_{n+1} (dh) [K, V]: dq =
+    (do S_n^T) e^G, dk = (v dS_{n+1}^T) e^{G_last - G}, and the G_last term of dG on the last
+    row (0 elsewhere); K and V in blocks of ``blk``."""
+    C, K = k_ref.shape
+    V = v_ref.shape[-1]
+    cd = k_ref.dtype
+    G = g_ref[...]
+    last, g_last = last_row(G)
+    hdh = jnp.zeros((1, 1), f32)
+    k_dk = jnp.zeros((C, 1), f32)
+    for ck in col_blocks(K, blk):
+        dqd = jnp.zeros((C, ck.size), f32)
+        dkd = jnp.zeros((C, ck.size), f32)
+        for cv in col_blocks(V, blk):
+            h, dh = h_ref[ck, cv], dh_ref[ck, cv]
+            dqd += dot_nt(do_ref[:, cv], h.astype(cd))
+            dkd += dot_nt(v_ref[:, cv], dh.astype(cd))
+            hdh += jnp.sum(jnp.sum(h.astype(f32) * dh.astype(f32), axis=1, keepdims=True),
+                           axis=0, keepdims=True)
+        dk = dkd * jnp.exp(g_last - G)
+        k_dk += jnp.sum(dk * k_ref[:, ck].astype(f32), axis=1, keepdims=True)
+        dq_ref[:, ck] = dqd * jnp.exp(G)
+        dk_ref[:, ck] = dk
+    d_last = jnp.sum(k_dk, axis=0, keepdims=True) + jnp.exp(g_last) * hdh
+    dl_ref[...] = jnp.where(last, d_last, 0.0)
+
+
+def _score_path_kernel(q_ref, k_ref, g_ref, gr_ref, dh_ref, v_ref, do_ref, dqs_ref, dks_ref,
+                       dl_ref, dq_ref, dk_ref, dv_ref, dg_ref, *, blk):
+    """One chunk: adds the path through QK to the state path's dq, dk (dqs, dks) and forms dG
+    (q.dq - k.dk + the G_last term dl) and dv = QK^T do + kd dS_{n+1}."""
+    C, K = k_ref.shape
+    V = v_ref.shape[-1]
+    cd = k_ref.dtype
+    G = g_ref[...]
+    E = causal_decay(G, gr_ref[...])
+    dqk = jnp.zeros((C, C), f32)
+    for cv in col_blocks(V, blk):
+        dqk += dot_nt(do_ref[:, cv], v_ref[:, cv])
+    ds = (dqk * E).astype(cd)
+    from_q = jnp.zeros((C, 1), f32)
+    from_k = jnp.zeros((C, 1), f32)
+    for ck in col_blocks(K, blk):
+        q, k = q_ref[:, ck], k_ref[:, ck]
+        dq = dqs_ref[:, ck] + dot(ds, k)
+        dk = dks_ref[:, ck] + dot(ds, q, trans_a=True)
+        from_q += jnp.sum(dq * q.astype(f32), axis=1, keepdims=True)
+        from_k += jnp.sum(dk * k.astype(f32), axis=1, keepdims=True)
+        dq_ref[:, ck] = dq
+        dk_ref[:, ck] = dk
+    dg_ref[...] = from_q - from_k + dl_ref[...]
+    k = k_ref[...]
+    qk = (dot_nt(q_ref[...], k) * E).astype(cd)
+    kd, _ = k_decayed(k, G)
+    for cv in col_blocks(V, blk):
+        dv_ref[:, cv] = dot(qk, do_ref[:, cv], trans_a=True) + dot(kd, dh_ref[:, cv].astype(cd))
+
+
+def chunk_grads(cfg, q, k, G, h, dh, v, do):
+    """dq, dk, dv, dG (fp32) per chunk, in parallel, from S_n (h) and dS_{n+1} (dh)
+    [B, N, H, K, V]: two kernels (the state path, then the path through QK), each within the
+    registers that one of both would spill from."""
+    B, T, H, K = q.shape
+    V, C, blk = v.shape[-1], cfg.chunk, cfg.chunk_block
+    Gc = G[..., None]
+    dqs, dks, dl = chunk_call(
+        cfg, functools.partial(_state_path_kernel, blk=blk),
+        [(k, K), (Gc, 1), (h, None), (dh, None), (v, V), (do, V)],
+        [(K, f32), (K, f32), (1, f32)], (B, T, H), name="linear_state_grads")
+    dq, dk, dv, dG = chunk_call(
+        cfg, functools.partial(_score_path_kernel, blk=blk),
+        [(q, K), (k, K), (Gc, 1), (chunk_rows(G, C), None), (dh, None), (v, V), (do, V),
+         (dqs, K), (dks, K), (dl, 1)],
+        [(K, f32), (K, f32), (V, f32), (1, f32)], (B, T, H), name="linear_score_grads")
+    return dq, dk, dv, dG[..., 0]
+
+
+_chunk_grads = _jit(chunk_grads)
+
+
+# ---------------------------------------------------------------- the op
+
 def _op(cfg, scale):
     """The custom_vjp op on padded inputs: (q, k, v, g [B, T, H], S0) -> (o, S_N)."""
     C = cfg.chunk
 
-    def primal(q, k, v, g, S0, store):
+    def states(kc, vc, G, S0):
+        return scan_forward(cfg, None, kc, None, vc, None, G, S0, store=True)[1:]
+
+    def forward(q, k, v, g, S0):
         qs, kc, vc, G = prepare(q, k, v, g, C, scale)
-        _, qk = _scores(qs, kc, _decay_matrix(G, C), C)
-        qk = qk.astype(qs.dtype)
-        if not store:
-            return scan_forward(cfg, qs, kc, None, vc, qk, G, S0), qk
-        _, sN, h = scan_forward(cfg, None, kc, None, vc, None, G, S0, store=True)
-        return (chunk_outputs(cfg, qs, qk, G, h, vc, dtype=vc.dtype), sN, h), qk
+        SN, h = states(kc, vc, G, S0)
+        o = chunk_outputs(cfg, qs, None, G, h, vc, dtype=vc.dtype, k=kc)
+        return (o, SN), (q, k, v, g, S0, None if cfg.recompute else h)
 
     @jax.custom_vjp
     def op(q, k, v, g, S0):
-        return primal(q, k, v, g, S0, False)[0]
-
-    def forward(q, k, v, g, S0):
-        store = not cfg.recompute
-        outs, qk = primal(q, k, v, g, S0, store)
-        saved = (qk, outs[2]) if store else ()                  # QK, S_n
-        return tuple(outs[:2]), (q, k, v, g, S0, saved)
+        return forward(q, k, v, g, S0)[0]
 
     def bwd(res, cts):
-        q, k, v, g, S0, saved = res
+        q, k, v, g, S0, h = res
         do, dSN = cts
         qs, kc, vc, G = prepare(q, k, v, g, C, scale)
-        cd = qs.dtype
-        E = _decay_matrix(G, C)
-        s, qk = _scores(qs, kc, E, C)
-        if saved:
-            qk_in, h = saved
-        else:
-            qk_in = qk.astype(cd)
-            h = scan_forward(cfg, None, kc, None, vc, None, G, S0, store=True)[2]
-        _, dh, dS0 = scan_backward(cfg, qs, None, None, None, G, do.astype(cd), dSN.astype(f32))
-        dq, dk, _, dv, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, vc, None, do.astype(cd),
-                                             qk=qk_in)
-        dqk = chunked(dqk.astype(f32), C)                        # [B, N, H, C(i), C(j)]
-        ds = dqk * E                                             # d(q k^T)
-        B, T, H, K = q.shape
-        unchunk = lambda x: x.transpose(0, 1, 3, 2, 4).reshape(B, T, H, -1)  # noqa: E731
-        # products in the compute dtype (bf16: tensor cores), sums in fp32
-        ds_c, prec = ds.astype(cd), (_HI if cd == f32 else None)
-        dq = dq + unchunk(jnp.einsum("bnhij,bnhjk->bnhik", ds_c, chunked(kc, C), precision=prec,
-                                     preferred_element_type=f32))
-        dk = dk + unchunk(jnp.einsum("bnhij,bnhik->bnhjk", ds_c, chunked(qs, C), precision=prec,
-                                     preferred_element_type=f32))
-        p = dqk * s * E                                          # dQK * QK
-        dG = dG + (p.sum(-1) - p.sum(-2)).transpose(0, 1, 3, 2).reshape(B, T, H)
+        if h is None:
+            h = states(kc, vc, G, S0)[1]
+        do = do.astype(qs.dtype)
+        _, dh, dS0 = scan_backward(cfg, qs, None, None, None, G, do, dSN.astype(f32))
+        dq, dk, dv, dG = _chunk_grads(cfg, qs, kc, G, h, dh, vc, do)
         dg = reverse_chunk_cumsum(dG, C)
         return ((dq * scale).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
                 dg.astype(g.dtype), dS0)

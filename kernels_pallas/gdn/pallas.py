@@ -82,8 +82,7 @@ def _op(cfg, scale):
             w, u, qk, _ = wy_forward(cfg, qs, kc, vc, b, G, X)
             _, _, h, v_new = scan_forward(cfg, None, kc, w, u, None, G, S0, store=True)
         dv_new, dh, dS0 = scan_backward(cfg, qs, kc, w, qk, G, do.astype(cd), dSN.astype(f32))
-        dq, dk, dw, _, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, v_new, dv_new,
-                                             do.astype(cd))
+        dq, dk, dw, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, v_new, dv_new, do.astype(cd))
         dq, dk, dv, db, dG = wy_backward(cfg, qs, kc, vc, b, G, X, dw, dv_new.astype(cd), dqk,
                                          dq, dk, dG, scale=scale,
                                          out_dtypes=(q.dtype, k.dtype, v.dtype))

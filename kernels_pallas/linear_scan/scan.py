@@ -20,9 +20,10 @@ Only the state's own recurrence is sequential; the kernels carry no more than it
              rule), writing S_n (and v_n); then ``chunk_outputs``: o_n = qd_n S_n + QK_n v_n,
              parallel over chunks (one matmul a chunk in the walk instead of three).
   backward   ``scan_backward``: dS walking down (with the delta rule also dv_n, which dS
-             needs; without it, k and qk None, dS alone); then ``state_grads``, parallel
-             over chunks: dq, dk, dQK, dG through the state from S_n, dS_{n+1}, v_n, and dw
-             (delta rule, from dv_n) or dv_n = QK_n^T do_n + kd_n dS_{n+1} (none).
+             needs; without it, k and qk None, dS alone); then, with the delta rule,
+             ``state_grads``, parallel over chunks: dq, dk, dw, dQK, dG through the state
+             from S_n, dS_{n+1}, v_n, dv_n (without it: ``decay_attention/pallas.py``'s
+             chunk-parallel kernels, which also take the path through QK).
 Splitting the walks as fla's chunk kernels do shortens the sequential chain, whose latency
 times the number of chunks is the scans' time when (batch, head, value block) programs are
 few (long sequences, small batches).
@@ -46,37 +47,21 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, compiler_params, dot,
-                                               dot_nt, f32, ref_all, ref_rows, scan_specs,
-                                               with_absent)
+                                               chunk_rows, decayed_scores, dot_nt, f32,
+                                               k_decayed, last_row, q_decayed, ref_all,
+                                               ref_rows, scan_specs, with_absent)
 
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
 
-def _last_row(G):
-    """(is-last-row mask [C, 1], G_last [1, 1]) of a [C, 1] column (no value slicing: Triton)."""
-    last = jax.lax.broadcasted_iota(jnp.int32, G.shape, 0) == G.shape[0] - 1
-    return last, jnp.sum(jnp.where(last, G, 0.0), axis=0, keepdims=True)
-
-
-def _q_decayed(q, G):
-    """qd = q e^G (q's dtype); G is a [C, 1] column."""
-    return (q.astype(f32) * jnp.exp(G)).astype(q.dtype)
-
-
-def _k_decayed(k, G):
-    """kd = k e^{G_last - G} (k's dtype) and e^{G_last} [1, 1]."""
-    _, g_last = _last_row(G)
-    return (k.astype(f32) * jnp.exp(g_last - G)).astype(k.dtype), jnp.exp(g_last)
-
-
 def _output(q, qk, G, S, v):
     """o = (q e^G) S + QK v of one chunk, S and v in q's dtype."""
-    return dot(_q_decayed(q, G), S) + dot(qk, v)
+    return dot(q_decayed(q, G), S) + dot(qk, v)
 
 
 def _fwd_chunk(S, q, k, w, u, qk, G):
     """(o or None without q, v, S_{n+1}) of one chunk."""
-    kd, a_last = _k_decayed(k, G)
+    kd, a_last = k_decayed(k, G)
     Sc = S.astype(k.dtype)
     v = u.astype(f32) if w is None else u.astype(f32) - dot(w, Sc)
     vc = v.astype(k.dtype)
@@ -88,10 +73,10 @@ def _bwd_chunk(dS, q, k, w, qk, G, do):
     """(dv or None without k, dS_n) of one chunk, from dS = dS_{n+1}."""
     dv = None
     if k is not None:
-        kd, _ = _k_decayed(k, G)
+        kd, _ = k_decayed(k, G)
         dv = dot(qk, do, trans_a=True) + dot(kd, dS.astype(q.dtype))
-    _, g_last = _last_row(G)
-    dS = jnp.exp(g_last) * dS + dot(_q_decayed(q, G), do, trans_a=True)
+    _, g_last = last_row(G)
+    dS = jnp.exp(g_last) * dS + dot(q_decayed(q, G), do, trans_a=True)
     if w is not None:
         dS = dS - dot(w, dv.astype(q.dtype), trans_a=True)
     return dv, dS
@@ -183,15 +168,14 @@ def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
 
 def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_ref,
                         dq_ref, dk_ref, dw_ref, dqk_ref, dg_ref, *, blk):
-    """One chunk: the gradients that flow through the state, from S_n (h), dS_{n+1} (dh), the
-    corrected values v and (with the delta rule; else dv_ref, dw_ref None) their cotangents
-    dv, for dw. K and V in blocks of ``blk``: three [C, blk] fp32 accumulators live at a
-    time."""
+    """One chunk of the delta rule: the gradients that flow through the state, from S_n (h),
+    dS_{n+1} (dh), the corrected values v and their cotangents dv. K and V in blocks of
+    ``blk``: three [C, blk] fp32 accumulators live at a time."""
     C, K = k_ref.shape
     V = h_ref.shape[-1]
     cd = k_ref.dtype
     G = g_ref[...]
-    last, g_last = _last_row(G)
+    last, g_last = last_row(G)
     kblocks, vblocks = col_blocks(K, blk), col_blocks(V, blk)
     dqk = jnp.zeros((C, C), f32)
     hdh = jnp.zeros((1, 1), f32)
@@ -199,15 +183,14 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
     from_k = jnp.zeros((C, 1), f32)
     for i, ck in enumerate(kblocks):
         dqd = jnp.zeros((C, ck.size), f32)
-        dw = None if dw_ref is None else jnp.zeros((C, ck.size), f32)
+        dw = jnp.zeros((C, ck.size), f32)
         dkd = jnp.zeros((C, ck.size), f32)
         for cv in vblocks:
             h, dh = h_ref[ck, cv], dh_ref[ck, cv]
             do, v = do_ref[:, cv], v_ref[:, cv].astype(cd)
             hc = h.astype(cd)
             dqd += dot_nt(do, hc)
-            if dw is not None:
-                dw -= dot_nt(dv_ref[:, cv].astype(cd), hc)
+            dw -= dot_nt(dv_ref[:, cv].astype(cd), hc)
             dkd += dot_nt(v, dh.astype(cd))
             hdh += jnp.sum(jnp.sum(h.astype(f32) * dh.astype(f32), axis=1, keepdims=True),
                            axis=0, keepdims=True)
@@ -219,8 +202,7 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
         from_k += jnp.sum(dk * k_ref[:, ck].astype(f32), axis=1, keepdims=True)
         dq_ref[:, ck] = dq
         dk_ref[:, ck] = dk
-        if dw is not None:
-            dw_ref[:, ck] = dw.astype(dw_ref.dtype)
+        dw_ref[:, ck] = dw.astype(dw_ref.dtype)
     d_last = jnp.sum(from_k, axis=0, keepdims=True) + jnp.exp(g_last) * hdh
     dg_ref[...] = from_q - from_k + jnp.where(last, d_last, 0.0)
     dqk_ref[...] = dqk.astype(dqk_ref.dtype)
@@ -313,7 +295,7 @@ def scan_backward(cfg, q, k, w, qk, G, do, dSN):
     """Backward kernel: dv [B, T, H, V] and dS_{n+1} for every chunk [B, N, H, K, V] (in
     ``store_dtype``) and dS_0 (fp32), given the cotangents do [B, T, H, V] and dS_N [B, H, K, V]
     (w None: no delta rule). With k and qk None (no delta rule only) the kernel walks dS alone
-    and dv is None: ``state_grads`` forms it, in parallel over chunks."""
+    and dv is None (the caller forms it in parallel over chunks)."""
     K = q.shape[-1]
     if k is None and (w is not None or qk is not None):
         raise ValueError("scan_backward without k: no delta rule (w None) and no qk")
@@ -331,58 +313,44 @@ def scan_backward(cfg, q, k, w, qk, G, do, dSN):
         reverse=True, name="gdn_scan_bwd" if w is not None else "linear_scan_bwd")
 
 
-def _values_grad_kernel(k_ref, qk_ref, g_ref, dh_ref, do_ref, dv_ref, *, blk):
-    """One chunk without the delta rule: dv = QK^T do + kd dS_{n+1}, [C, blk] at a time (its
-    own kernel: inside ``_state_grads_kernel`` its operands made that one spill)."""
-    cd = k_ref.dtype
-    kd, _ = _k_decayed(k_ref[...], g_ref[...])
-    qk = qk_ref[...]
-    for cv in col_blocks(dv_ref.shape[-1], blk):
-        dv_ref[:, cv] = dot(qk, do_ref[:, cv], trans_a=True) + dot(kd, dh_ref[:, cv].astype(cd))
-
-
-def state_grads(cfg, q, k, G, h, dh, v, dv, do, *, qk=None):
-    """Per chunk, in parallel, from S_n (h) and dS_{n+1} (dh) [B, N, H, K, V], v and do
-    [B, T, H, V]: (dq, dk, dw, dv, dQK, dG): dq, dk (fp32) of the state path, dQK (q's dtype),
-    dG (fp32 [B, T, H]); with the delta rule (dv given) dw (q's dtype) and dv None; without it
-    (dv None, qk the intra-chunk scores given) dw None and dv = QK^T do + kd dS_{n+1} (fp32)."""
+def state_grads(cfg, q, k, G, h, dh, v, dv, do):
+    """Per chunk, in parallel: dq, dk (fp32) of the state path, dw, dQK (q's dtype) and dG (fp32
+    [B, T, H]) from S_n (h) and dS_{n+1} (dh) [B, N, H, K, V], v, dv, do [B, T, H, V] (the
+    delta rule's; without it the decay family's own kernels take the chunk-parallel part:
+    ``decay_attention/pallas.py``)."""
     B, T, H, K = q.shape
     V, C = v.shape[-1], cfg.chunk
-    delta = dv is not None
-    if delta == (qk is not None):
-        raise ValueError("state_grads takes dv (delta rule) or qk (no delta rule), not both")
-    ins = [(q, K), (k, K), (G[..., None], 1), (h, None), (dh, None), (v, V), (dv, V), (do, V)]
-    outs = [(K, f32), (K, f32), (K, q.dtype) if delta else None, (C, q.dtype), (1, f32)]
-    res = iter(chunk_call(
-        cfg, with_absent(functools.partial(_state_grads_kernel, blk=cfg.chunk_block),
-                     [x is not None for x, _ in ins] + [o is not None for o in outs]),
-        [i for i in ins if i[0] is not None], [o for o in outs if o is not None], (B, T, H),
-        name="gdn_state_grads" if delta else "linear_state_grads"))
-    dq, dk, dw, dqk, dG = (None if o is None else next(res) for o in outs)
-    if not delta:
-        (dv,) = chunk_call(cfg, functools.partial(_values_grad_kernel, blk=cfg.chunk_block),
-                           [(k, K), (qk, C), (G[..., None], 1), (dh, None), (do, V)],
-                           [(V, f32)], (B, T, H), name="linear_values_grad")
-        return dq, dk, None, dv, dqk, dG[..., 0]
-    return dq, dk, dw, None, dqk, dG[..., 0]
+    dq, dk, dw, dqk, dG = chunk_call(
+        cfg, functools.partial(_state_grads_kernel, blk=cfg.chunk_block),
+        [(q, K), (k, K), (G[..., None], 1), (h, None), (dh, None), (v, V), (dv, V), (do, V)],
+        [(K, f32), (K, f32), (K, q.dtype), (C, q.dtype), (1, f32)], (B, T, H),
+        name="gdn_state_grads")
+    return dq, dk, dw, dqk, dG[..., 0]
 
 
-def _outputs_kernel(q_ref, qk_ref, g_ref, h_ref, v_ref, o_ref, *, blk):
+def _outputs_kernel(q_ref, k_ref, qk_ref, g_ref, gr_ref, h_ref, v_ref, o_ref, *, blk):
+    """o = (q e^G) S_n + QK v of one chunk, QK given (qk_ref) or formed here from q, k and G
+    as a column (g_ref) and a row (gr_ref)."""
     cd = q_ref.dtype
-    q, qk, G = q_ref[...], qk_ref[...], g_ref[...]
+    q, G = q_ref[...], g_ref[...]
+    qk = qk_ref[...] if k_ref is None else decayed_scores(q, k_ref[...], G, gr_ref[...]).astype(cd)
     for cv in col_blocks(o_ref.shape[-1], blk):
         o = _output(q, qk, G, h_ref[:, cv].astype(cd), v_ref[:, cv].astype(cd))
         o_ref[:, cv] = o.astype(o_ref.dtype)
 
 
-def chunk_outputs(cfg, q, qk, G, h, v, *, dtype):
+def chunk_outputs(cfg, q, qk, G, h, v, *, dtype, k=None):
     """Per chunk, in parallel: o = (q e^G) S_n + QK v [B, T, H, V] in ``dtype``, from the chunk
     states S_n (h [B, N, H, K, V]) and the values v (with the delta rule the corrected ones) that
     ``scan_forward(q=None, store=True)`` stored; the forward's outputs, as its fused kernel
-    forms them in sequence."""
+    forms them in sequence. QK given, or (qk None, k given) formed in the kernel: (q k^T) * E,
+    E_ij = e^{G_i - G_j} for j <= i."""
     B, T, H, K = q.shape
-    V = v.shape[-1]
-    (o,) = chunk_call(cfg, functools.partial(_outputs_kernel, blk=cfg.chunk_block),
-                      [(q, K), (qk, cfg.chunk), (G[..., None], 1), (h, None), (v, V)],
-                      [(V, dtype)], (B, T, H), name="linear_scan_out")
+    V, C = v.shape[-1], cfg.chunk
+    ins = [(q, K), (k, K), (qk, C), (G[..., None], 1),
+           (None if k is None else chunk_rows(G, C), None), (h, None), (v, V)]
+    (o,) = chunk_call(cfg, with_absent(functools.partial(_outputs_kernel, blk=cfg.chunk_block),
+                                       [x is not None for x, _ in ins]),
+                      [i for i in ins if i[0] is not None], [(V, dtype)], (B, T, H),
+                      name="linear_scan_out")
     return o
