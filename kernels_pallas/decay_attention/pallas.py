@@ -84,16 +84,17 @@ def _state_path_kernel(k_ref, g_ref, h_ref, dh_ref, v_ref, do_ref, dq_ref, dk_re
                            axis=0, keepdims=True)
         dk = dkd * jnp.exp(g_last - G)
         k_dk += jnp.sum(dk * k_ref[:, ck].astype(f32), axis=1, keepdims=True)
-        dq_ref[:, ck] = dqd * jnp.exp(G)
-        dk_ref[:, ck] = dk
+        dq_ref[:, ck] = (dqd * jnp.exp(G)).astype(dq_ref.dtype)
+        dk_ref[:, ck] = dk.astype(dk_ref.dtype)
     d_last = jnp.sum(k_dk, axis=0, keepdims=True) + jnp.exp(g_last) * hdh
     dl_ref[...] = jnp.where(last, d_last, 0.0)
 
 
 def _score_path_kernel(q_ref, k_ref, g_ref, gr_ref, dh_ref, v_ref, do_ref, dqs_ref, dks_ref,
-                       dl_ref, dq_ref, dk_ref, dv_ref, dg_ref, *, blk):
+                       dl_ref, dq_ref, dk_ref, dv_ref, dg_ref, *, blk, scale):
     """One chunk: adds the path through QK to the state path's dq, dk (dqs, dks) and forms dG
-    (q.dq - k.dk + the G_last term dl) and dv = QK^T do + kd dS_{n+1}."""
+    (q.dq - k.dk + the G_last term dl) and dv = QK^T do + kd dS_{n+1}; stores dq times
+    ``scale`` (q here is the scaled query)."""
     C, K = k_ref.shape
     V = v_ref.shape[-1]
     cd = k_ref.dtype
@@ -107,40 +108,44 @@ def _score_path_kernel(q_ref, k_ref, g_ref, gr_ref, dh_ref, v_ref, do_ref, dqs_r
     from_k = jnp.zeros((C, 1), f32)
     for ck in col_blocks(K, blk):
         q, k = q_ref[:, ck], k_ref[:, ck]
-        dq = dqs_ref[:, ck] + dot(ds, k)
-        dk = dks_ref[:, ck] + dot(ds, q, trans_a=True)
+        dq = dqs_ref[:, ck].astype(f32) + dot(ds, k)
+        dk = dks_ref[:, ck].astype(f32) + dot(ds, q, trans_a=True)
         from_q += jnp.sum(dq * q.astype(f32), axis=1, keepdims=True)
         from_k += jnp.sum(dk * k.astype(f32), axis=1, keepdims=True)
-        dq_ref[:, ck] = dq
-        dk_ref[:, ck] = dk
+        dq_ref[:, ck] = (dq * scale).astype(dq_ref.dtype)
+        dk_ref[:, ck] = dk.astype(dk_ref.dtype)
     dg_ref[...] = from_q - from_k + dl_ref[...]
     k = k_ref[...]
     qk = (dot_nt(q_ref[...], k) * E).astype(cd)
     kd, _ = k_decayed(k, G)
     for cv in col_blocks(V, blk):
-        dv_ref[:, cv] = dot(qk, do_ref[:, cv], trans_a=True) + dot(kd, dh_ref[:, cv].astype(cd))
+        dv = dot(qk, do_ref[:, cv], trans_a=True) + dot(kd, dh_ref[:, cv].astype(cd))
+        dv_ref[:, cv] = dv.astype(dv_ref.dtype)
 
 
-def chunk_grads(cfg, q, k, G, h, dh, v, do):
-    """dq, dk, dv, dG (fp32) per chunk, in parallel, from S_n (h) and dS_{n+1} (dh)
-    [B, N, H, K, V]: two kernels (the state path, then the path through QK), each within the
-    registers that one of both would spill from."""
+def chunk_grads(cfg, q, k, G, h, dh, v, do, *, scale, dtypes):
+    """dq (times ``scale``), dk, dv in ``dtypes`` and dG (fp32) per chunk, in parallel, from
+    S_n (h) and dS_{n+1} (dh) [B, N, H, K, V]: two kernels (the state path, then the path
+    through QK), each within the registers that one of both would spill from. The state path's
+    dq, dk pass between them in the compute dtype (halving that traffic; in bf16 a second
+    rounding of the final bf16 gradients), every sum in fp32."""
     B, T, H, K = q.shape
     V, C, blk = v.shape[-1], cfg.chunk, cfg.chunk_block
     Gc = G[..., None]
     dqs, dks, dl = chunk_call(
         cfg, functools.partial(_state_path_kernel, blk=blk),
         [(k, K), (Gc, 1), (h, None), (dh, None), (v, V), (do, V)],
-        [(K, f32), (K, f32), (1, f32)], (B, T, H), name="linear_state_grads")
+        [(K, k.dtype), (K, k.dtype), (1, f32)], (B, T, H), name="linear_state_grads")
     dq, dk, dv, dG = chunk_call(
-        cfg, functools.partial(_score_path_kernel, blk=blk),
+        cfg, functools.partial(_score_path_kernel, blk=blk, scale=scale),
         [(q, K), (k, K), (Gc, 1), (chunk_rows(G, C), None), (dh, None), (v, V), (do, V),
          (dqs, K), (dks, K), (dl, 1)],
-        [(K, f32), (K, f32), (V, f32), (1, f32)], (B, T, H), name="linear_score_grads")
+        [(K, dtypes[0]), (K, dtypes[1]), (V, dtypes[2]), (1, f32)], (B, T, H),
+        name="linear_score_grads")
     return dq, dk, dv, dG[..., 0]
 
 
-_chunk_grads = _jit(chunk_grads)
+_chunk_grads = _jit(chunk_grads, "scale", "dtypes")
 
 
 # ---------------------------------------------------------------- the op
@@ -170,10 +175,9 @@ def _op(cfg, scale):
             h = states(kc, vc, G, S0)[1]
         do = do.astype(qs.dtype)
         _, dh, dS0 = scan_backward(cfg, qs, None, None, None, G, do, dSN.astype(f32))
-        dq, dk, dv, dG = _chunk_grads(cfg, qs, kc, G, h, dh, vc, do)
-        dg = reverse_chunk_cumsum(dG, C)
-        return ((dq * scale).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
-                dg.astype(g.dtype), dS0)
+        dq, dk, dv, dG = _chunk_grads(cfg, qs, kc, G, h, dh, vc, do, scale=scale,
+                                      dtypes=(q.dtype, k.dtype, v.dtype))
+        return dq, dk, dv, reverse_chunk_cumsum(dG, C).astype(g.dtype), dS0
 
     op.defvjp(forward, bwd)
     return op
