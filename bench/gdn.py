@@ -10,9 +10,8 @@ the same run (a bf16 8192^3 matmul; a device-to-device copy counting read + writ
 --check, the relative error of bf16 outputs and of every gradient (q, k, v, g, beta) against an
 fp32 run of ``chunk_reference`` at full matmul precision (itself tested against the recurrent
 form). With --breakdown, each kernel of the Pallas path timed alone (WY inverse + apply, apply
-given the inverse, the fused scan forward of inference, the training forward's state scan
-(storing the chunk states) and its chunk-parallel outputs, scan backward, state-path gradients,
-WY backward).
+given the inverse, scan forward with and without the chunk-state store, scan backward,
+state-path gradients, WY backward).
 --tune times each Pallas kernel over its launch settings (the per-chunk kernels' warps, then the
 WY inverse's own, then the scans') and uses the best for the rows.
 An --impls entry "pallas:KEY=VALUE,..." is the Pallas path with those options of
@@ -111,11 +110,9 @@ def breakdown(shape, x, cfg=None, parts=("chunk", "scan"), reps=20):
     wy_f = jax.jit(lambda *a: wy_kernels.wy_forward(cfg, *a))
     w, u, qk, X = wy_f(q, k, v, b, G)
     fwd = jax.jit(lambda *a: scan_kernels.scan_forward(cfg, *a))
-    fwd_store = jax.jit(lambda k, w, u, G, S0: scan_kernels.scan_forward(
-        cfg, None, k, w, u, None, G, S0, store=True))          # the states alone (training)
-    outs = jax.jit(lambda *a: scan_kernels.chunk_outputs(cfg, *a, dtype=u.dtype))
+    fwd_store = jax.jit(lambda *a: scan_kernels.scan_forward(cfg, *a, store=True))
     bwd = jax.jit(lambda *a: scan_kernels.scan_backward(cfg, *a))
-    _, _, h, v_new = fwd_store(k, w, u, G, S0)
+    _, _, h, v_new = fwd_store(q, k, w, u, qk, G, S0)
     dv_new, dh, _ = bwd(q, k, w, qk, G, do, S0)
     sg = jax.jit(lambda *a: scan_kernels.state_grads(cfg, *a))
     dq, dk, dw, dqk, dG = sg(q, k, G, h, dh, v_new, dv_new, do)
@@ -129,8 +126,7 @@ def breakdown(shape, x, cfg=None, parts=("chunk", "scan"), reps=20):
                     "wy_bwd_ms": t(wy_b, q, k, v, b, G, X, dw, u, dqk, dq, dk, dG)})
     if "scan" in parts:
         out.update({"scan_fwd_ms": t(fwd, q, k, w, u, qk, G, S0),
-                    "scan_fwd_store_ms": t(fwd_store, k, w, u, G, S0),
-                    "scan_out_ms": t(outs, q, qk, G, h, v_new),
+                    "scan_fwd_store_ms": t(fwd_store, q, k, w, u, qk, G, S0),
                     "scan_bwd_ms": t(bwd, q, k, w, qk, G, do, S0)})
     return out
 
@@ -167,7 +163,7 @@ def tune(shape, x):
             rows.append({"shape": list(shape), **opts, **r})
             print(json.dumps(rows[-1]), flush=True)
             if "error" not in r:
-                tot = r["scan_fwd_store_ms"] + r["scan_out_ms"] + r["scan_bwd_ms"]
+                tot = r["scan_fwd_store_ms"] + r["scan_bwd_ms"]
                 if tot < best.get("scan", (1e9,))[0]:
                     best["scan"] = (tot, opts)
     return rows, {**best["chunk"][1], **best["inverse"][1], **best["scan"][1]}

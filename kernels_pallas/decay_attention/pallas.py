@@ -160,7 +160,7 @@ def _op(cfg, scale):
     def forward(q, k, v, g, S0):
         qs, kc, vc, G = prepare(q, k, v, g, C, scale)
         SN, h = states(kc, vc, G, S0)
-        o = chunk_outputs(cfg, qs, None, G, h, vc, dtype=vc.dtype, k=kc)
+        o = chunk_outputs(cfg, qs, kc, G, h, vc, dtype=vc.dtype)
         return (o, SN), (q, k, v, g, S0, None if cfg.recompute else h)
 
     @jax.custom_vjp

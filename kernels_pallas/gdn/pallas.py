@@ -1,11 +1,9 @@
 """Chunked Gated DeltaNet as Pallas kernels: ``gated_delta_rule(impl="pallas")``.
 
-Kernels under one ``jax.custom_vjp`` (notation of ``chunk_reference.py``):
+Six kernels under one ``jax.custom_vjp`` (notation of ``chunk_reference.py``):
   forward   ``wy_kernels.wy_forward``        per chunk: X = (I + A)^-1, then w, u, QK.
-            ``linear_scan.scan_forward``     sequential over chunks: v and the state, and o
-                                             (under differentiation storing S_n and v per
-                                             chunk instead of forming o, which
-            ``linear_scan.chunk_outputs``    forms per chunk, in parallel).
+            ``linear_scan.scan_forward``     sequential over chunks: v, o and the state (under
+                                             differentiation also storing S_n and v per chunk).
   backward  ``linear_scan.scan_backward``    sequential, backwards: dv and dS_{n+1} per chunk, dS_0.
             ``linear_scan.state_grads``      per chunk: dq, dk, dw, dQK, dG through the state.
             ``wy_kernels.wy_backward``       per chunk: adds dq, dk, dG through the WY form; dv,
@@ -39,7 +37,6 @@ wy_backward = _jit(wy_kernels.wy_backward, "scale", "out_dtypes")
 scan_forward = _jit(scan_kernels.scan_forward, "store")
 scan_backward = _jit(scan_kernels.scan_backward)
 state_grads = _jit(scan_kernels.state_grads)
-chunk_outputs = _jit(scan_kernels.chunk_outputs, "dtype")
 
 
 def _op(cfg, scale):
@@ -55,11 +52,8 @@ def _op(cfg, scale):
     def primal(q, k, v, g, beta, S0, store):
         qs, kc, vc, b, G = prepare(q, k, v, g, beta)
         w, u, qk, X = wy_forward(cfg, qs, kc, vc, b, G)
-        if not store:
-            return scan_forward(cfg, qs, kc, w, u, qk, G, S0), (w, qk, X)
-        _, sN, h, v_new = scan_forward(cfg, None, kc, w, u, None, G, S0, store=True)
-        o = chunk_outputs(cfg, qs, qk, G, h, v_new, dtype=u.dtype)
-        return (o, sN, h, v_new), (w, qk, X)
+        outs = scan_forward(cfg, qs, kc, w, u, qk, G, S0, store=store)
+        return outs, (w, qk, X)
 
     @jax.custom_vjp
     def op(q, k, v, g, beta, S0):
@@ -80,7 +74,8 @@ def _op(cfg, scale):
             w, qk, h, v_new = saved
         else:
             w, u, qk, _ = wy_forward(cfg, qs, kc, vc, b, G, X)
-            _, _, h, v_new = scan_forward(cfg, None, kc, w, u, None, G, S0, store=True)
+            _, _, h, v_new = scan_forward(cfg, None, kc, w, u, None, G, S0,   # no o needed
+                                          store=True)
         dv_new, dh, dS0 = scan_backward(cfg, qs, kc, w, qk, G, do.astype(cd), dSN.astype(f32))
         dq, dk, dw, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, v_new, dv_new, do.astype(cd))
         dq, dk, dv, db, dG = wy_backward(cfg, qs, kc, vc, b, G, X, dw, dv_new.astype(cd), dqk,

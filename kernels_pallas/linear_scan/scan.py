@@ -15,9 +15,10 @@ cumulative log gates G [C]. What is left is sequential over chunks and independe
 
 with qd = q e^G and kd = k e^{G_last - G}, both <= 1 in size since G falls within a chunk.
 Only the state's own recurrence is sequential; the kernels carry no more than it needs:
-  inference  ``scan_forward``: one fused kernel, o and v as it walks (S_n not written).
-  training   ``scan_forward(q=None, store=True)``: the state alone (v as well with the delta
-             rule), writing S_n (and v_n); then ``chunk_outputs``: o_n = qd_n S_n + QK_n v_n,
+  forward    ``scan_forward``: one fused kernel, o and v as it walks, storing S_n and v_n
+             under differentiation (the delta rule's); ``scan_forward(q=None, store=True)``:
+             the state alone (v as well with the delta rule), storing S_n (and v_n): without
+             the delta rule, ``chunk_outputs`` then forms o_n = qd_n S_n + QK_n v_n in
              parallel over chunks (one matmul a chunk in the walk instead of three).
   backward   ``scan_backward``: dS walking down (with the delta rule also dv_n, which dS
              needs; without it, k and qk None, dS alone); then, with the delta rule,
@@ -328,29 +329,25 @@ def state_grads(cfg, q, k, G, h, dh, v, dv, do):
     return dq, dk, dw, dqk, dG[..., 0]
 
 
-def _outputs_kernel(q_ref, k_ref, qk_ref, g_ref, gr_ref, h_ref, v_ref, o_ref, *, blk):
-    """o = (q e^G) S_n + QK v of one chunk, QK given (qk_ref) or formed here from q, k and G
-    as a column (g_ref) and a row (gr_ref)."""
+def _outputs_kernel(q_ref, k_ref, g_ref, gr_ref, h_ref, v_ref, o_ref, *, blk):
+    """o = (q e^G) S_n + QK v of one chunk, QK = (q k^T) * E formed here from G as a column
+    (g_ref) and a row (gr_ref)."""
     cd = q_ref.dtype
     q, G = q_ref[...], g_ref[...]
-    qk = qk_ref[...] if k_ref is None else decayed_scores(q, k_ref[...], G, gr_ref[...]).astype(cd)
+    qk = decayed_scores(q, k_ref[...], G, gr_ref[...]).astype(cd)
     for cv in col_blocks(o_ref.shape[-1], blk):
         o = _output(q, qk, G, h_ref[:, cv].astype(cd), v_ref[:, cv].astype(cd))
         o_ref[:, cv] = o.astype(o_ref.dtype)
 
 
-def chunk_outputs(cfg, q, qk, G, h, v, *, dtype, k=None):
-    """Per chunk, in parallel: o = (q e^G) S_n + QK v [B, T, H, V] in ``dtype``, from the chunk
-    states S_n (h [B, N, H, K, V]) and the values v (with the delta rule the corrected ones) that
-    ``scan_forward(q=None, store=True)`` stored; the forward's outputs, as its fused kernel
-    forms them in sequence. QK given, or (qk None, k given) formed in the kernel: (q k^T) * E,
-    E_ij = e^{G_i - G_j} for j <= i."""
+def chunk_outputs(cfg, q, k, G, h, v, *, dtype):
+    """Per chunk, in parallel, without the delta rule: o = (q e^G) S_n + QK v [B, T, H, V] in
+    ``dtype``, from the chunk states S_n (h [B, N, H, K, V]) that ``scan_forward(q=None,
+    store=True)`` stored; QK = (q k^T) * E, E_ij = e^{G_i - G_j} for j <= i, formed in the
+    kernel (never written)."""
     B, T, H, K = q.shape
     V, C = v.shape[-1], cfg.chunk
-    ins = [(q, K), (k, K), (qk, C), (G[..., None], 1),
-           (None if k is None else chunk_rows(G, C), None), (h, None), (v, V)]
-    (o,) = chunk_call(cfg, with_absent(functools.partial(_outputs_kernel, blk=cfg.chunk_block),
-                                       [x is not None for x, _ in ins]),
-                      [i for i in ins if i[0] is not None], [(V, dtype)], (B, T, H),
-                      name="linear_scan_out")
+    (o,) = chunk_call(cfg, functools.partial(_outputs_kernel, blk=cfg.chunk_block),
+                      [(q, K), (k, K), (G[..., None], 1), (chunk_rows(G, C), None), (h, None),
+                       (v, V)], [(V, dtype)], (B, T, H), name="linear_scan_out")
     return o
