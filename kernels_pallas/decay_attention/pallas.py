@@ -37,10 +37,10 @@ import jax.numpy as jnp
 
 from kernels_pallas.decay_attention.settings import DecaySettings
 from kernels_pallas.linear_scan import scan as scan_kernels
-from kernels_pallas.linear_scan.common import (chunk_call, chunk_local_cumsum, chunk_rows,
-                                               col_blocks, causal_decay, dot,
-                                               dot_nt, k_decayed, kernel_config, last_row,
-                                               pad_time, reverse_chunk_cumsum)
+from kernels_pallas.linear_scan.chunk_math import causal_decay, chunk_rows, k_decayed, last_row
+from kernels_pallas.linear_scan.common import (chunk_call, chunk_local_cumsum, col_blocks, dot,
+                                               dot_nt, kernel_config, pad_time,
+                                               reverse_chunk_cumsum)
 
 f32 = jnp.float32
 

@@ -47,10 +47,11 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels_pallas.linear_scan.chunk_math import (chunk_rows, decayed_scores, k_decayed,
+                                                   last_row, q_decayed)
 from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, compiler_params, dot,
-                                               chunk_rows, decayed_scores, dot_nt, f32,
-                                               k_decayed, last_row, q_decayed, ref_all,
-                                               ref_rows, scan_specs, with_absent)
+                                               dot_nt, f32, ref_all, ref_rows, scan_specs,
+                                               with_absent)
 
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
@@ -272,7 +273,8 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
     G [B, T, H] fp32, S0 [B, H, K, V] fp32. Returns o [B, T, H, V] (u's dtype), S_N, and with
     ``store`` also S_n for every chunk [B, N, H, K, V] and (with w) v [B, T, H, V], in
     ``store_dtype``. With q and qk None (and ``store``) the kernel carries the state alone and o
-    is None: ``chunk_outputs`` forms o from the stored S_n, in parallel over chunks."""
+    is None (without the delta rule ``chunk_outputs`` forms it from the stored S_n, in parallel
+    over chunks)."""
     K = k.shape[-1]
     outputs, delta = q is not None, w is not None
     if not (outputs or store):

@@ -1,0 +1,46 @@
+"""Per-chunk algebra shared by the chunked kernels' bodies (values inside a kernel, G the chunk-
+local cumulative log decay as a [C, 1] column, or as a [1, C] row from ``chunk_rows``)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kernels_pallas.linear_scan.common import dot_nt, f32
+
+
+def last_row(G):
+    """(is-last-row mask [C, 1], G_last [1, 1]) of a [C, 1] column (no value slicing: Triton)."""
+    last = jax.lax.broadcasted_iota(jnp.int32, G.shape, 0) == G.shape[0] - 1
+    return last, jnp.sum(jnp.where(last, G, 0.0), axis=0, keepdims=True)
+
+
+def q_decayed(q, G):
+    """qd = q e^G (q's dtype); G is a [C, 1] column."""
+    return (q.astype(f32) * jnp.exp(G)).astype(q.dtype)
+
+
+def k_decayed(k, G):
+    """kd = k e^{G_last - G} (k's dtype) and e^{G_last} [1, 1]."""
+    _, g_last = last_row(G)
+    return (k.astype(f32) * jnp.exp(g_last - G)).astype(k.dtype), jnp.exp(g_last)
+
+
+def causal_decay(Gc, Gr):
+    """E [C, C] fp32: e^{G_i - G_j} for j <= i, else 0 (masked before exp: every exponent <= 0),
+    from a chunk's G as a column [C, 1] and as a row [1, C]."""
+    C = Gc.shape[0]
+    lower = (jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
+             >= jax.lax.broadcasted_iota(jnp.int32, (C, C), 1))
+    return jnp.where(lower, jnp.exp(jnp.where(lower, Gc - Gr, 0.0)), 0.0)
+
+
+def decayed_scores(q, k, Gc, Gr):
+    """QK = (q k^T) * E [C, C] fp32 of one chunk (``causal_decay``)."""
+    return dot_nt(q, k) * causal_decay(Gc, Gr)
+
+
+def chunk_rows(G, chunk_size):
+    """G [B, N*C, H] -> [B, N, H, 1, C]: each chunk's G as a row, a per-chunk input of
+    ``chunk_call`` (beside G [B, T, H, 1] as columns)."""
+    B, T, H = G.shape
+    return G.reshape(B, T // chunk_size, chunk_size, H).transpose(0, 1, 3, 2)[:, :, :, None, :]
