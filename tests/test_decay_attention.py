@@ -139,16 +139,19 @@ def test_pallas_kernels_equal_the_chunked_form_with_gradients(layout, decay):
 
 
 @pytest.mark.parametrize("decay", ["per_head", "per_key"])
-def test_chunk_parallel_kernels_in_several_column_blocks(decay):
+@pytest.mark.parametrize("layout", ["triton", "tpu"])
+def test_chunk_parallel_kernels_in_several_column_blocks(layout, decay):
     """The kernels that take one chunk per program (outputs, state gradients, value gradients)
     walk K and V in blocks of ``chunk_block`` columns: at 8 of 16 (two blocks each way, so
     that the first block's extra work and the per-block decays are exercised) the op's values
-    and gradients against the chunked jnp form."""
+    and gradients against the chunked jnp form, in both layouts (interpreted)."""
     from kernels_pallas.decay_attention import pallas, pallas_per_key
     from kernels_pallas.linear_scan.common import KernelConfig
     per_key = decay == "per_key"
     C = 32 if per_key else 16
-    cfg = KernelConfig(chunk=C, layout="triton", block_v=16, interpret=True, chunk_block=8)
+    from jax.experimental.pallas import tpu as pltpu
+    cfg = KernelConfig(chunk=C, layout=layout, block_v=16, chunk_block=8,
+                       interpret=pltpu.InterpretParams() if layout == "tpu" else True)
     (q, k, v, g, h0), do, ds = _kernel_inputs(9, per_key)
     q, k, v, g = (jnp.pad(x, ((0, 0), (0, 64 - x.shape[1])) + ((0, 0),) * (x.ndim - 2))
                   for x in (q, k, v, g))                     # T a multiple of the chunk
