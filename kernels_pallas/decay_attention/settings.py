@@ -20,9 +20,9 @@ class DecaySettings(KernelSettings):
     chunk_size: C of the chunked forms. The rest concern the Pallas
     kernels only: block_v: value columns per program of the sequential scans (None:
     ``linear_scan.common.default_block_v``); num_warps / num_stages: the scans' launch on GPU;
-    chunk_warps: the one-chunk-per-program kernels' (the state gradients of a decay per
-    head, the intra-chunk scores of a decay per key); recompute: save only the
-    inputs for the backward and rerun the forward scan there.
+    chunk_warps: the one-chunk-per-program kernels' (the outputs and gradients per chunk, the
+    intra-chunk scores of a decay per key); recompute: save only the inputs for the backward
+    and rerun the forward's state scan there.
     """
     chunk_size: int = 64
     block_v: int | None = None
