@@ -18,7 +18,7 @@ decay is, and every product is a plain or transposed matmul (o = qd (S^T)^T, S^T
   backward  ``scan_backward``: dS_{n+1} per chunk and dS_0, walking the chunks down:
             dS_n = diag(a) dS_{n+1} + qd^T do_n;
             then per chunk, in parallel, ``state_grads``:
-            dq = (do S_n) e^G,  dk = (v dS_{n+1}^T) e^{G_last - G},  dv = QK^T do + kd dS_{n+1},
+            dq = (do S_n^T) e^G,  dk = (v dS_{n+1}^T) e^{G_last - G},  dv = QK^T do + kd dS_{n+1},
             dQK = do v^T,  dG = q dq - k dk (+ on the last row sum_c k dk + a sum_v S dS);
             and ``intra_key.intra_grads``: dq, dk, dG through QK from dQK
 
@@ -155,7 +155,7 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, do_ref,
     """One chunk: dq, dk, dG through the state and dQK (lower triangle), from S_n^T (h) and
     dS_{n+1}^T (dh) [V, K], v and do; key and value columns in blocks of ``blk``:
 
-        dq = (do S_n) e^G,  dk = (v dS_{n+1}^T) e^{G_last - G},  dQK = do v^T,
+        dq = (do S_n^T) e^G,  dk = (v dS_{n+1}^T) e^{G_last - G},  dQK = do v^T,
         dG = q dq - k dk,   and on the last row + sum_c k dk + e^{G_last} sum_v S_n dS_{n+1}."""
     C, K = k_ref.shape
     V = v_ref.shape[-1]
