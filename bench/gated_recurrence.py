@@ -3,9 +3,11 @@ check its bf16 accuracy.
 
   python bench/gated_recurrence.py --shapes 8,2048,2048 2,8192,2048 --out results.jsonl
 
-For each (B, T, D): forward and forward+backward medians (ms) of ``gated_recurrence_scan`` (an
-associative scan, XLA) and ``gated_recurrence_recurrent`` (``lax.scan`` over tokens, with
---recurrent: slow on long sequences), and the relative error of bf16 inputs' outputs and
+For each (B, T, D): forward and forward+backward medians (ms) of each --impls entry of
+``gated_recurrence`` ("scan": XLA's associative scan; "pallas": the chunked Pallas kernels, with
+``GatedRecurrenceSettings`` options as "pallas:chunk_size=128,block_d=64") and of
+``gated_recurrence_recurrent`` (``lax.scan`` over tokens, with --recurrent: slow on long
+sequences), and the relative error of bf16 inputs' outputs and
 gradients against an fp32 run of the recurrent form. fla's counterpart, ``chunk_hgrn`` (its
 gate the log of a), is timed by ``bench/fla_gdn_anchor.py hgrn B,T,1,D,D`` in the same
 command. Results go to stdout and to --out as JSON lines.
@@ -18,9 +20,7 @@ import jax
 import jax.numpy as jnp
 
 import _bench
-from kernels_pallas.gated_recurrence import gated_recurrence_recurrent, gated_recurrence_scan
-
-IMPLS = {"scan": gated_recurrence_scan, "recurrent": gated_recurrence_recurrent}
+from kernels_pallas.gated_recurrence import GatedRecurrenceSettings, gated_recurrence
 
 
 def inputs(B, T, D, dtype, seed=0):
@@ -32,8 +32,11 @@ def inputs(B, T, D, dtype, seed=0):
 
 
 def fns(impl):
+    name, opts = _bench.parse_impl(impl)
+    settings = GatedRecurrenceSettings(impl=name, **opts)
+
     def fwd(a, b):
-        return IMPLS[impl](a, b)[0]
+        return gated_recurrence(a, b, settings=settings)[0]
 
     def fwd_bwd(a, b, do):
         h, vjp = jax.vjp(fwd, a, b)
@@ -44,6 +47,7 @@ def fns(impl):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["8,2048,2048", "2,8192,2048"], help="B,T,D")
+    ap.add_argument("--impls", nargs="+", default=["scan", "pallas"])
     ap.add_argument("--recurrent", action="store_true", help="also time the lax.scan form")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="")
@@ -56,7 +60,7 @@ def main():
         x32 = tuple(x.astype(jnp.float32) for x in x16)
         ref_fwd, ref_fb = fns("recurrent")
         h32, g32 = ref_fwd(*x32[:2]), ref_fb(*x32)
-        for impl in ["scan"] + (["recurrent"] if args.recurrent else []):
+        for impl in args.impls + (["recurrent"] if args.recurrent else []):
             fwd, fwd_bwd = fns(impl)
             row = {"op": "gated_recurrence", "impl": impl, "shape": list(shape),
                    **_bench.fwd_bwd_row(fwd, fwd_bwd, x16[:2], x16[2], h32, g32, "ab", out="h",

@@ -11,7 +11,7 @@
 #                  --profile: device times per call, the measure comparable to fla's)
 #       decay_key  the same with a decay per key dimension (GLA, HGRN-2) against fla's chunk_gla
 #       delta_rule DeltaNet (the GDN kernels with g = 0) against fla's chunk_delta_rule
-#       hgrn       HGRN's element-wise recurrence (associative scan) against fla's chunk_hgrn
+#       hgrn       HGRN's element-wise recurrence (associative scan, Pallas kernels) against fla's chunk_hgrn
 #                  (the mixer parts at B=8, T=2K and B=2, T=8K, 16 heads of 128; each fla op
 #                  autotunes on first use, minutes on a bare machine: one or two parts a call)
 # Each part writes OUT_DIR/PART.jsonl (rows as the scripts print them) and OUT_DIR/PART.log.

@@ -12,7 +12,7 @@ registers. Needs ``pip install triton`` (not a
 dependency of the project); reads internals of JAX's Pallas Triton lowering (jaxlib <= 0.10.2,
 what pip gives on the project's CPU machines).
 
-  python bench/triton_regs.py --ops short_conv gdn softmax_xent decay decay_key [--out DIR]
+  python bench/triton_regs.py --ops short_conv gdn softmax_xent decay decay_key hgrn [--out DIR]
 """
 from __future__ import annotations
 
@@ -64,6 +64,17 @@ def _decay(per_key):
     return f, (x, x, x, gate, x)
 
 
+def _hgrn():
+    from kernels_pallas.gated_recurrence import GatedRecurrenceSettings, gated_recurrence
+    settings = GatedRecurrenceSettings(impl="pallas")
+
+    def f(a, b, do):
+        h, vjp = jax.vjp(lambda a, b: gated_recurrence(a, b, settings=settings)[0], a, b)
+        return h, *vjp(do)
+    x = jax.ShapeDtypeStruct((8, 2048, 2048), jnp.bfloat16)     # HGRN's benchmark shape
+    return f, (x, x, jax.ShapeDtypeStruct(x.shape, jnp.float32))
+
+
 def _softmax_xent():
     from kernels_pallas.softmax_xent import softmax_xent_pallas
     n, v = 44 * 2048, 50304                # the 2K step's logits at 44 sequences, GPT-2's vocabulary
@@ -75,7 +86,7 @@ def _softmax_xent():
 
 OPS = {"short_conv": lambda: _short_conv(True), "short_conv_nonorm": lambda: _short_conv(False),
        "gdn": _gdn, "softmax_xent": _softmax_xent, "decay": lambda: _decay(False),
-       "decay_key": lambda: _decay(True)}
+       "decay_key": lambda: _decay(True), "hgrn": _hgrn}
 
 
 @contextlib.contextmanager

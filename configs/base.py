@@ -49,6 +49,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.attn_impl = "auto"                   # kernels_pallas.attention impl
     m.gdn_impl = "auto"                    # kernels_pallas.gated_delta_rule impl
     m.decay_impl = "auto"                  # kernels_pallas.gated_linear_attention impl
+    m.hgrn_impl = "auto"                   # kernels_pallas.gated_recurrence impl (HGRN heads)
     m.conv_impl = "auto"                   # kernels_pallas.short_conv impl (GDN conv + norm)
     m.norm_impl = "auto"                   # kernels_pallas.rms_norm impl (norms + residual adds)
     m.gdn_chunk_size = 64

@@ -6,14 +6,15 @@ from kernels_pallas.attention import (AttentionSettings, attention, attention_re
                                       cached_attention, cached_attention_blockwise)
 from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
 from kernels_pallas.dispatch import KernelSettings, chosen
+from kernels_pallas.gated_recurrence import GatedRecurrenceSettings, gated_recurrence
 from kernels_pallas.gdn import GDNSettings, gated_delta_rule, gated_delta_rule_step
 from kernels_pallas.rms_norm import RMSNormSettings, rms_norm
 from kernels_pallas.sharding import kernel_mesh
 from kernels_pallas.short_conv import ShortConvSettings, short_conv
 from kernels_pallas.softmax_xent import SoftmaxXentSettings, softmax_xent
 
-__all__ = ["AttentionSettings", "DecaySettings", "GDNSettings", "KernelSettings",
-           "RMSNormSettings", "ShortConvSettings", "SoftmaxXentSettings", "attention",
-           "attention_reference", "cached_attention", "cached_attention_blockwise", "chosen",
-           "gated_delta_rule", "gated_delta_rule_step", "gated_linear_attention", "kernel_mesh",
-           "rms_norm", "short_conv", "softmax_xent"]
+__all__ = ["AttentionSettings", "DecaySettings", "GDNSettings", "GatedRecurrenceSettings",
+           "KernelSettings", "RMSNormSettings", "ShortConvSettings", "SoftmaxXentSettings",
+           "attention", "attention_reference", "cached_attention", "cached_attention_blockwise",
+           "chosen", "gated_delta_rule", "gated_delta_rule_step", "gated_linear_attention",
+           "gated_recurrence", "kernel_mesh", "rms_norm", "short_conv", "softmax_xent"]

@@ -57,13 +57,16 @@ def test_train_step_bench_rows_and_profile(tmp_path):
 def test_gated_recurrence_bench_rows(tmp_path):
     out = tmp_path / "rows.jsonl"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gated_recurrence.py"),
-                           "--shapes", "2,64,32", "--recurrent", "--reps", "2", "--out", str(out)],
+                           "--shapes", "2,64,32", "--impls", "scan",
+                           "pallas:interpret=True,chunk_size=16,block_d=16", "--recurrent",
+                           "--reps", "2", "--out", str(out)],
                           cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu",
                                          "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["impl"] for r in rows] == ["scan", "recurrent"]
+    assert [r["impl"] for r in rows] == ["scan", "pallas:interpret=True,chunk_size=16,block_d=16",
+                                         "recurrent"]
     for r in rows:                      # bf16 inputs against the fp32 recurrence
         assert r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 and max(r["err"].values()) < 1e-2
 

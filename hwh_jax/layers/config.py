@@ -13,8 +13,8 @@ import dataclasses
 import jax.numpy as jnp
 
 from hwh_jax.layers.rope import PAIRINGS
-from kernels_pallas import (AttentionSettings, DecaySettings, GDNSettings, RMSNormSettings,
-                            ShortConvSettings)
+from kernels_pallas import (AttentionSettings, DecaySettings, GatedRecurrenceSettings,
+                            GDNSettings, RMSNormSettings, ShortConvSettings)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 LA_KINDS = ("gdn", "deltanet", "lightning", "retnet", "mamba2", "gla", "hgrn", "hgrn2")
@@ -69,6 +69,7 @@ class ModelConfig:
     gdn_impl: str = "auto"             # kernels_pallas.gated_delta_rule impl
     decay_impl: str = "auto"           # kernels_pallas.gated_linear_attention impl (Lightning,
                                        # RetNet, Mamba-2, GLA and HGRN-2 heads)
+    hgrn_impl: str = "auto"            # kernels_pallas.gated_recurrence impl (HGRN heads)
     conv_impl: str = "auto"            # kernels_pallas.short_conv impl (GDN conv, SiLU, norm)
     norm_impl: str = "auto"            # kernels_pallas.rms_norm impl (RMSNorms, residual adds)
     gdn_chunk_size: int = 64          # chunk of every linear-head kind's chunked form
@@ -93,8 +94,8 @@ class ModelConfig:
             if spec.num_fa % self.q_per_kv:
                 raise ValueError(f"layer {l}: {spec.num_fa} FA heads not divisible by "
                                  f"q_per_kv={self.q_per_kv}")
-        for name in ("attention_settings", "gdn_settings", "decay_settings", "conv_settings",
-                     "norm_settings"):
+        for name in ("attention_settings", "gdn_settings", "decay_settings", "hgrn_settings",
+                     "conv_settings", "norm_settings"):
             try:
                 getattr(self, name)()
             except ValueError as e:
@@ -130,6 +131,9 @@ class ModelConfig:
 
     def decay_settings(self) -> DecaySettings:
         return self._kernel(DecaySettings, self.decay_impl, chunk_size=self.gdn_chunk_size)
+
+    def hgrn_settings(self) -> GatedRecurrenceSettings:
+        return self._kernel(GatedRecurrenceSettings, self.hgrn_impl)
 
     def conv_settings(self) -> ShortConvSettings:
         return self._kernel(ShortConvSettings, self.conv_impl)

@@ -8,8 +8,8 @@ FA heads or alone. n heads of V channels each, x the normalised input:
 
 lb, the forget gate's lower bound, rises with depth: layer / num_layers (fixed, as for HGRN-2
 in decay_heads.py; HGRN learns it). There is no key dimension and no outer product: the state is
-V numbers a head, and ``model.la_key_dim`` is unused. The recurrence runs as an associative scan
-(``kernels_pallas.gated_recurrence``). With segment ids the gate at a document's first token is
+V numbers a head, and ``model.la_key_dim`` is unused. The recurrence runs as
+``kernels_pallas.gated_recurrence`` (``model.hgrn_impl``: the associative scan by default). With segment ids the gate at a document's first token is
 0 (the state restarts). Inference: the fp32 state; left padding (``valid`` False) keeps it.
 """
 from __future__ import annotations
@@ -20,16 +20,19 @@ from flax import nnx
 
 from hwh_jax.layers.linear import dense
 from hwh_jax.layers.norms import GatedRMSNorm
-from kernels_pallas.gated_recurrence import gated_recurrence_scan, gated_recurrence_step
+from kernels_pallas.gated_recurrence import (GatedRecurrenceSettings, gated_recurrence,
+                                             gated_recurrence_step)
 
 
 class HGRNHeads(nnx.Module):
     """``num_heads`` HGRN heads of ``value_dim`` channels over the normalised input."""
 
     def __init__(self, d_model: int, num_heads: int, value_dim: int, *, layer: int = 0,
-                 num_layers: int = 1, norm_eps: float = 1e-6, dtype, param_dtype,
+                 num_layers: int = 1, norm_eps: float = 1e-6,
+                 settings: GatedRecurrenceSettings | None = None, dtype, param_dtype,
                  rngs: nnx.Rngs):
         self.num_heads, self.value_dim, self.dtype = num_heads, value_dim, dtype
+        self.settings = GatedRecurrenceSettings() if settings is None else settings
         self.lower_bound = layer / num_layers
         n, V = num_heads, value_dim
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -71,7 +74,7 @@ class HGRNHeads(nnx.Module):
             start = jnp.concatenate([jnp.zeros_like(segment_ids[:, :1], bool),
                                      segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
             a = jnp.where(start[..., None], 0.0, a)
-        h, _ = gated_recurrence_scan(a, b)
+        h, _ = gated_recurrence(a, b, settings=self.settings)
         return self._out(h, g)
 
     def init_cache(self, batch: int, dtype):
@@ -91,6 +94,6 @@ class HGRNHeads(nnx.Module):
             state = gated_recurrence_step(a[:, 0], b[:, 0], cache["state"])
             h = state[:, None]
         else:
-            h, state = gated_recurrence_scan(a, b, initial_state=cache["state"],
-                                             output_final_state=True)
+            h, state = gated_recurrence(a, b, initial_state=cache["state"],
+                                        output_final_state=True, settings=self.settings)
         return self._out(h, g), {"state": state}

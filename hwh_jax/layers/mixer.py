@@ -108,7 +108,8 @@ def _linear_heads(cfg: ModelConfig, spec: LayerSpec, layer: int, kw: dict):
     (``hgrn_heads.py``), or one of the decaying-state kinds (``decay_heads.py``)."""
     if cfg.la_kind == "hgrn":
         return HGRNHeads(cfg.d_model, spec.num_la, cfg.la_value_dim, layer=layer,
-                         num_layers=cfg.num_layers, norm_eps=cfg.norm_eps, **kw)
+                         num_layers=cfg.num_layers, norm_eps=cfg.norm_eps,
+                         settings=cfg.hgrn_settings(), **kw)
     if cfg.la_kind in ("gdn", "deltanet"):
         return GatedDeltaNetHeads(cfg.d_model, spec.num_la, cfg.la_key_dim, cfg.la_value_dim,
                                   conv_size=cfg.conv_size, norm_eps=cfg.norm_eps,

@@ -1,0 +1,34 @@
+"""``GatedRecurrenceSettings``: how ``gated_recurrence`` runs, as one frozen value."""
+from __future__ import annotations
+
+import dataclasses
+
+from kernels_pallas.dispatch import KernelSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class GatedRecurrenceSettings(KernelSettings):
+    """Implementation and launch settings of ``gated_recurrence`` (h_t = a_t h_{t-1} + b_t).
+
+    impl: "auto" | "recurrent" (``lax.scan`` over tokens, the specification) | "scan" (XLA's
+    associative scan over tokens) | "pallas" (``pallas.py``: per-chunk row loops in Pallas, the
+    chunks joined by a scan over chunk summaries). "auto" is "scan" on every platform: the
+    Pallas form has not been timed against it. chunk_size: tokens a program walks;
+    block_d: channels a program takes (a power of two for Triton; a multiple of 128, or all
+    channels, for Mosaic TPU); num_warps: the kernels' launch on GPU.
+    """
+    chunk_size: int = 64
+    block_d: int = 128
+    num_warps: int = 4
+
+    OP = "gated_recurrence"
+    IMPLS = ("auto", "recurrent", "scan", "pallas")
+    AUTO = {}
+    FALLBACK = "scan"
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("chunk_size", "block_d", "num_warps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"gated_recurrence: {name} must be >= 1, got "
+                                 f"{getattr(self, name)}")
