@@ -154,6 +154,7 @@ ENTRY %main (x: f32[8]) -> f32[8] {
 def test_the_linear_attention_kernels_have_a_category_of_their_own():
     assert profile.category("gdn_scan_fwd") == "gdn"
     for name in ("linear_scan_fwd", "linear_scan_out", "linear_state_grads",
-                 "linear_score_grads", "gla_scan_bwd", "gla_intra_fwd", "gla_values_grad"):
+                 "linear_score_grads", "gla_scan_bwd", "gla_intra_fwd", "gla_values_grad",
+                 "hgrn_fwd", "hgrn_bwd_summary"):
         assert profile.category(name) == "linear_attention", name
     assert profile.category("loop_add_fusion") == "fusion/other"

@@ -8,8 +8,8 @@ The trace's device events (processes named ``/device:...``, one thread per strea
 per kernel and, given the program's HLO text, per source operation (one cuBLAS kernel serves
 products of different operations: each is its own row, with its launches per step), and grouped
 into categories by kernel name (``CATEGORIES``: the GDN Pallas kernels by their ``gdn_`` names,
-the other linear-attention kernels (``linear_``, ``gla_``), the short-convolution kernels,
-attention, matmuls, copies, the rest as fusions). ``busy_ms`` is the union of the kernels'
+the other linear-attention kernels (``linear_``, ``gla_``, ``hgrn_``), the short-convolution
+kernels, attention, matmuls, copies, the rest as fusions). ``busy_ms`` is the union of the kernels'
 intervals per step: beside the step's wall time it tells how much of the step the device was
 idle (launch gaps, host work); ``span_ms`` is the traced steps' first kernel start to last
 kernel end per step (what the device took for them, idle included), and
@@ -39,7 +39,7 @@ from hwh_jax.profiling import hlo
 # (category, pattern on the lower-cased kernel name), first match wins.
 CATEGORIES = (
     ("gdn", r"gdn_"),
-    ("linear_attention", r"^(linear_(scan|state|score|values)|gla_)"),
+    ("linear_attention", r"^(linear_(scan|state|score|values)|gla_|hgrn_)"),
     ("short_conv", r"short_conv"),
     ("attention", r"cudnn|fmha|flash|attention|splash"),
     ("matmul", r"gemm|nvjet|cutlass|cublas|xmma|wgmma|dot|matmul"),
