@@ -9,7 +9,7 @@ kd = k e^{G_last - G}:
 
     forward   ``linear_scan.scan_forward``:  S_{n+1} = e^{G_last} S_n + kd^T v_n, sequential,
                                              storing S_n;
-              ``linear_scan.chunk_outputs``: o_n = qd S_n + QK_n v_n, per chunk (QK formed
+              ``chunk_outputs``:             o_n = qd S_n + QK_n v_n, per chunk (QK formed
                                              in the kernel, never written);
     backward  ``linear_scan.scan_backward``: dS_n = e^{G_last} dS_{n+1} + qd^T do_n, sequential;
               ``_state_path_kernel``, per chunk: dq = (do S_n^T) e^G,
@@ -37,7 +37,8 @@ import jax.numpy as jnp
 
 from kernels_pallas.decay_attention.settings import DecaySettings
 from kernels_pallas.linear_scan import scan as scan_kernels
-from kernels_pallas.linear_scan.chunk_math import causal_decay, chunk_rows, k_decayed, last_row
+from kernels_pallas.linear_scan.chunk_math import (causal_decay, chunk_output, chunk_rows,
+                                                   decayed_scores, k_decayed, last_row)
 from kernels_pallas.linear_scan.common import (chunk_call, chunk_local_cumsum, col_blocks, dot,
                                                dot_nt, kernel_config, pad_time,
                                                reverse_chunk_cumsum)
@@ -48,7 +49,6 @@ f32 = jnp.float32
 _jit = lambda fn, *names: jax.jit(fn, static_argnums=0, static_argnames=names)  # noqa: E731
 scan_forward = _jit(scan_kernels.scan_forward, "store")
 scan_backward = _jit(scan_kernels.scan_backward)
-chunk_outputs = _jit(scan_kernels.chunk_outputs, "dtype")
 
 
 def prepare(q, k, v, g, C, scale):
@@ -57,6 +57,35 @@ def prepare(q, k, v, g, C, scale):
     cd = jnp.result_type(q.dtype, k.dtype, v.dtype)
     qs = q.astype(cd) if scale == 1.0 else (q.astype(f32) * scale).astype(cd)
     return qs, k.astype(cd), v.astype(cd), chunk_local_cumsum(g.astype(f32), C)
+
+
+# ---------------------------------------------------------------- chunk-parallel forward
+
+def _outputs_kernel(q_ref, k_ref, g_ref, gr_ref, h_ref, v_ref, o_ref, *, blk):
+    """o = (q e^G) S_n + QK v of one chunk, QK = (q k^T) * E formed here from G as a column
+    (g_ref) and a row (gr_ref)."""
+    cd = q_ref.dtype
+    q, G = q_ref[...], g_ref[...]
+    qk = decayed_scores(q, k_ref[...], G, gr_ref[...]).astype(cd)
+    for cv in col_blocks(o_ref.shape[-1], blk):
+        o = chunk_output(q, qk, G, h_ref[:, cv].astype(cd), v_ref[:, cv].astype(cd))
+        o_ref[:, cv] = o.astype(o_ref.dtype)
+
+
+def chunk_outputs(cfg, q, k, G, h, v, *, dtype):
+    """Per chunk, in parallel, without the delta rule: o = (q e^G) S_n + QK v [B, T, H, V] in
+    ``dtype``, from the chunk states S_n (h [B, N, H, K, V]) that ``scan_forward(q=None,
+    store=True)`` stored; QK = (q k^T) * E, E_ij = e^{G_i - G_j} for j <= i, formed in the
+    kernel (never written)."""
+    B, T, H, K = q.shape
+    V, C = v.shape[-1], cfg.chunk
+    (o,) = chunk_call(cfg, functools.partial(_outputs_kernel, blk=cfg.chunk_block),
+                      [(q, K), (k, K), (G[..., None], 1), (chunk_rows(G, C), None), (h, None),
+                       (v, V)], [(V, dtype)], (B, T, H), name="linear_scan_out")
+    return o
+
+
+_chunk_outputs = _jit(chunk_outputs, "dtype")
 
 
 # ---------------------------------------------------------------- chunk-parallel backward
@@ -160,7 +189,7 @@ def _op(cfg, scale):
     def forward(q, k, v, g, S0):
         qs, kc, vc, G = prepare(q, k, v, g, C, scale)
         SN, h = states(kc, vc, G, S0)
-        o = chunk_outputs(cfg, qs, kc, G, h, vc, dtype=vc.dtype)
+        o = _chunk_outputs(cfg, qs, kc, G, h, vc, dtype=vc.dtype)
         return (o, SN), (q, k, v, g, S0, None if cfg.recompute else h)
 
     @jax.custom_vjp

@@ -308,15 +308,18 @@ def _op(cfg, scale):
     def states(kc, vc, G, S0T):
         return scan_forward(cfg, None, kc, vc, None, G, S0T, store=True)[1:]
 
+    def scored(q, k, v, g):
+        """The prepared inputs and the intra-chunk scores QK (compute dtype)."""
+        qs, kc, vc, G = prepare(q, k, v, g, C, scale)
+        return qs, kc, vc, G, intra_scores(cfg, qs, kc, G).astype(qs.dtype)
+
     @jax.custom_vjp
     def op(q, k, v, g, S0T):
-        qs, kc, vc, G = prepare(q, k, v, g, C, scale)
-        qk = intra_scores(cfg, qs, kc, G).astype(qs.dtype)
+        qs, kc, vc, G, qk = scored(q, k, v, g)
         return scan_forward(cfg, qs, kc, vc, qk, G, S0T)
 
     def forward(q, k, v, g, S0T):
-        qs, kc, vc, G = prepare(q, k, v, g, C, scale)
-        qk = intra_scores(cfg, qs, kc, G).astype(qs.dtype)
+        qs, kc, vc, G, qk = scored(q, k, v, g)
         SNT, hT = states(kc, vc, G, S0T)
         o = chunk_outputs(cfg, qs, qk, G, hT, vc)
         return (o, SNT), (q, k, v, g, S0T, None if cfg.recompute else (hT, qk))
@@ -324,11 +327,11 @@ def _op(cfg, scale):
     def bwd(res, cts):
         q, k, v, g, S0T, saved = res
         do, dSNT = cts
-        qs, kc, vc, G = prepare(q, k, v, g, C, scale)
         if saved is None:
-            saved = (states(kc, vc, G, S0T)[1],
-                     intra_scores(cfg, qs, kc, G).astype(qs.dtype))
-        hT, qk = saved
+            qs, kc, vc, G, qk = scored(q, k, v, g)
+            hT = states(kc, vc, G, S0T)[1]
+        else:
+            (hT, qk), (qs, kc, vc, G) = saved, prepare(q, k, v, g, C, scale)
         do = do.astype(qs.dtype)
         dhT, dS0T = scan_backward(cfg, qs, G, do, dSNT.astype(f32))
         dq, dk, dv, dG, dqk = state_grads(cfg, qs, kc, G, hT, dhT, vc, qk, do)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.linear_scan.common import dot_nt, f32
+from kernels_pallas.linear_scan.common import dot, dot_nt, f32
 
 
 def last_row(G):
@@ -44,3 +44,8 @@ def chunk_rows(G, chunk_size):
     ``chunk_call`` (beside G [B, T, H, 1] as columns)."""
     B, T, H = G.shape
     return G.reshape(B, T // chunk_size, chunk_size, H).transpose(0, 1, 3, 2)[:, :, :, None, :]
+
+
+def chunk_output(q, qk, G, S, v):
+    """o = (q e^G) S + QK v of one chunk, S and v in q's dtype."""
+    return dot(q_decayed(q, G), S) + dot(qk, v)

@@ -18,8 +18,8 @@ Only the state's own recurrence is sequential; the kernels carry no more than it
   forward    ``scan_forward``: one fused kernel, o and v as it walks, storing S_n and v_n
              under differentiation (the delta rule's); ``scan_forward(q=None, store=True)``:
              the state alone (v as well with the delta rule), storing S_n (and v_n): without
-             the delta rule, ``chunk_outputs`` then forms o_n = qd_n S_n + QK_n v_n in
-             parallel over chunks (one matmul a chunk in the walk instead of three).
+             the delta rule, ``decay_attention/pallas.py`` then forms o_n = qd_n S_n +
+             QK_n v_n in parallel over chunks (one matmul a chunk in the walk instead of three).
   backward   ``scan_backward``: dS walking down (with the delta rule also dv_n, which dS
              needs; without it, k and qk None, dS alone); then, with the delta rule,
              ``state_grads``, parallel over chunks: dq, dk, dw, dQK, dG through the state
@@ -47,8 +47,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels_pallas.linear_scan.chunk_math import (chunk_rows, decayed_scores, k_decayed,
-                                                   last_row, q_decayed)
+from kernels_pallas.linear_scan.chunk_math import chunk_output, k_decayed, last_row, q_decayed
 from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, compiler_params, dot,
                                                dot_nt, f32, ref_all, ref_rows, scan_specs,
                                                with_absent)
@@ -56,18 +55,13 @@ from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, compiler_
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
 
-def _output(q, qk, G, S, v):
-    """o = (q e^G) S + QK v of one chunk, S and v in q's dtype."""
-    return dot(q_decayed(q, G), S) + dot(qk, v)
-
-
 def _fwd_chunk(S, q, k, w, u, qk, G):
     """(o or None without q, v, S_{n+1}) of one chunk."""
     kd, a_last = k_decayed(k, G)
     Sc = S.astype(k.dtype)
     v = u.astype(f32) if w is None else u.astype(f32) - dot(w, Sc)
     vc = v.astype(k.dtype)
-    o = None if q is None else _output(q, qk, G, Sc, vc)
+    o = None if q is None else chunk_output(q, qk, G, Sc, vc)
     return o, v, a_last * S + dot(kd, vc, trans_a=True)
 
 
@@ -273,8 +267,8 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
     G [B, T, H] fp32, S0 [B, H, K, V] fp32. Returns o [B, T, H, V] (u's dtype), S_N, and with
     ``store`` also S_n for every chunk [B, N, H, K, V] and (with w) v [B, T, H, V], in
     ``store_dtype``. With q and qk None (and ``store``) the kernel carries the state alone and o
-    is None (without the delta rule ``chunk_outputs`` forms it from the stored S_n, in parallel
-    over chunks)."""
+    is None (without the delta rule ``decay_attention/pallas.py`` forms it from the stored S_n,
+    in parallel over chunks)."""
     K = k.shape[-1]
     outputs, delta = q is not None, w is not None
     if not (outputs or store):
@@ -329,27 +323,3 @@ def state_grads(cfg, q, k, G, h, dh, v, dv, do):
         [(K, f32), (K, f32), (K, q.dtype), (C, q.dtype), (1, f32)], (B, T, H),
         name="gdn_state_grads")
     return dq, dk, dw, dqk, dG[..., 0]
-
-
-def _outputs_kernel(q_ref, k_ref, g_ref, gr_ref, h_ref, v_ref, o_ref, *, blk):
-    """o = (q e^G) S_n + QK v of one chunk, QK = (q k^T) * E formed here from G as a column
-    (g_ref) and a row (gr_ref)."""
-    cd = q_ref.dtype
-    q, G = q_ref[...], g_ref[...]
-    qk = decayed_scores(q, k_ref[...], G, gr_ref[...]).astype(cd)
-    for cv in col_blocks(o_ref.shape[-1], blk):
-        o = _output(q, qk, G, h_ref[:, cv].astype(cd), v_ref[:, cv].astype(cd))
-        o_ref[:, cv] = o.astype(o_ref.dtype)
-
-
-def chunk_outputs(cfg, q, k, G, h, v, *, dtype):
-    """Per chunk, in parallel, without the delta rule: o = (q e^G) S_n + QK v [B, T, H, V] in
-    ``dtype``, from the chunk states S_n (h [B, N, H, K, V]) that ``scan_forward(q=None,
-    store=True)`` stored; QK = (q k^T) * E, E_ij = e^{G_i - G_j} for j <= i, formed in the
-    kernel (never written)."""
-    B, T, H, K = q.shape
-    V, C = v.shape[-1], cfg.chunk
-    (o,) = chunk_call(cfg, functools.partial(_outputs_kernel, blk=cfg.chunk_block),
-                      [(q, K), (k, K), (G[..., None], 1), (chunk_rows(G, C), None), (h, None),
-                       (v, V)], [(V, dtype)], (B, T, H), name="linear_scan_out")
-    return o
