@@ -11,7 +11,10 @@ the same run (a bf16 8192^3 matmul; a device-to-device copy counting read + writ
 fp32 run of ``chunk_reference`` at full matmul precision (itself tested against the recurrent
 form). With --breakdown, each kernel of the Pallas path timed alone (WY inverse + apply, apply
 given the inverse, scan forward with and without the chunk-state store, scan backward,
-state-path gradients, WY backward).
+state-path gradients, WY backward). With --profile, each row's device time by kernel from a
+profiler trace, and ``fwd_device_ms`` / ``fwd_bwd_device_ms``: first kernel start to last kernel
+end per call of calls queued back to back (launch gaps in, the host's dispatch out), the nearest
+JAX measure to fla's CUDA-event timings.
 --tune times each Pallas kernel over its launch settings (the per-chunk kernels' warps, then the
 WY inverse's own, then the scans') and uses the best for the rows.
 An --impls entry "pallas:KEY=VALUE,..." is the Pallas path with those options of
@@ -62,10 +65,13 @@ def parse_impl(spec):
     return name, opts
 
 
-def fns(impl, **opts):
+def fns(impl, decay=True, **opts):
+    """Jitted forward and forward+backward; ``decay=False``: DeltaNet, the op called with g None
+    (g is taken and not used, its gradient zero)."""
     settings = GDNSettings(impl=impl, **opts)
 
     def fwd(q, k, v, g, beta):
+        g = g if decay else None
         if impl == "pallas":
             return gated_delta_rule_pallas(q, k, v, g, beta, settings=settings)[0]
         return gated_delta_rule(q, k, v, g, beta, settings=settings)[0]
@@ -81,13 +87,13 @@ def check(impl, shape, opts=None, decay=True):
     B, T, H, K, V = shape
     x16 = inputs(B, T, H, K, V, jnp.bfloat16, seed=1, decay=decay)
     x32 = tuple(a.astype(jnp.float32) for a in x16)
-    f16, fb16 = fns(impl, **(opts or {}))
-    _, fb32 = fns("chunk_reference")
-    o16 = f16(*x16[:5])
-    o32 = fns("chunk_reference")[0](*x32[:5])
-    g16, g32 = fb16(*x16), fb32(*x32)
+    f16, fb16 = fns(impl, decay, **(opts or {}))
+    r32, rb32 = fns("chunk_reference", decay)
+    o16, o32 = f16(*x16[:5]), r32(*x32[:5])
+    g16, g32 = fb16(*x16), rb32(*x32)
     out = {"o": rel_err(o16, o32)}
-    out.update({f"d{n}": rel_err(a, b) for n, a, b in zip(("q", "k", "v", "g", "beta"), g16, g32)})
+    out.update({f"d{n}": rel_err(a, b) for n, a, b in zip(("q", "k", "v", "g", "beta"), g16, g32)
+                if decay or n != "g"})
     return out
 
 
@@ -98,13 +104,14 @@ def default_cfg(shape, **over):
     return KernelConfig(**kw)
 
 
-def breakdown(shape, x, cfg=None, parts=("chunk", "scan"), reps=20):
-    """ms of each kernel of the Pallas path alone (plus the XLA cumsum), at ``cfg``."""
+def breakdown(shape, x, cfg=None, parts=("chunk", "scan"), reps=20, decay=True):
+    """ms of each kernel of the Pallas path alone (plus the XLA cumsum), at ``cfg``; without
+    ``decay`` the kernels as DeltaNet runs them (G None)."""
     B, T, H, K, V = shape
     cfg = cfg or default_cfg(shape)
     q, k, v, g, beta, do = x
     C = cfg.chunk
-    G = jax.jit(lambda g: chunk_local_cumsum(g, C))(g)
+    G = jax.jit(lambda g: chunk_local_cumsum(g, C))(g) if decay else None
     b = beta.astype(jnp.float32)
     S0 = jnp.zeros((B, H, K, V), jnp.float32)
     wy_f = jax.jit(lambda *a: wy_kernels.wy_forward(cfg, *a))
@@ -178,7 +185,11 @@ def main():
     ap.add_argument("--tune", action="store_true",
                     help="time launch settings per kernel and use the best for the pallas rows")
     ap.add_argument("--no_decay", action="store_true",
-                    help="g = 0: DeltaNet, which runs the GDN kernels (fla: chunk_delta_rule)")
+                    help="DeltaNet: the GDN op with g None, its kernels without the decay "
+                         "(fla: chunk_delta_rule)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also the device time by kernel of each row (a profiler trace) and "
+                         "fwd_device_ms / fwd_bwd_device_ms, as bench/decay_attention.py")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     ceil = _bench.ceilings()
@@ -212,15 +223,23 @@ def main():
             po = {**opts, **variant} if impl == "pallas" else {}
             row = {"impl": name, "shape": list(shape), "opts": po, "decay": decay}
             try:
-                f, fb = fns(impl, **po)
+                f, fb = fns(impl, decay, **po)
                 row.update(fwd_ms=median_ms(f, *x[:5]), fwd_bwd_ms=median_ms(fb, *x))
                 row["fwd_tflops"] = flops_fwd / row["fwd_ms"] / 1e9
                 row["fwd_bwd_tflops"] = 3 * flops_fwd / row["fwd_bwd_ms"] / 1e9
                 row["fwd_tbps"] = bytes_fwd / row["fwd_ms"] / 1e9
                 if args.check:
                     row["rel_err_bf16_vs_fp32"] = check(impl, shape, po, decay=decay)
+                if args.profile:
+                    prof = {"fwd": _bench.device_profile(f, *x[:5]),
+                            "fwd_bwd": _bench.device_profile(fb, *x)}
+                    row["profile"] = prof
+                    for part, p in prof.items():
+                        if p:
+                            row[f"{part}_device_ms"] = p["span_ms"]
                 if args.breakdown and impl == "pallas":
-                    row["breakdown"] = breakdown(shape, x, default_cfg(shape, **po))
+                    row["breakdown"] = breakdown(shape, x, default_cfg(shape, **po),
+                                                 decay=decay)
             except Exception as e:  # noqa: BLE001  (one variant failing to compile: record it)
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             emit(row)
@@ -228,14 +247,17 @@ def main():
         out.close()
     print(f"\nceilings: bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s, copy "
           f"{ceil['copy_tbps']:.2f} TB/s")
-    print(f"{'impl':32s} {'shape':22s} {'fwd ms':>8s} {'f+b ms':>8s} {'fwd TF/s':>9s} {'TB/s':>6s}")
+    print(f"{'impl':32s} {'shape':22s} {'fwd ms':>8s} {'f+b ms':>8s} {'fwd TF/s':>9s} {'TB/s':>6s}"
+          f" {'device fwd / f+b ms':>20s}")
     for r in rows:
         if "error" in r:
             print(f"{r['impl']:32s} {str(tuple(r['shape'])):22s} failed: {r['error'][:120]}")
         if "fwd_tflops" not in r:
             continue
         print(f"{r['impl']:32s} {str(tuple(r['shape'])):22s} {r['fwd_ms']:8.2f} "
-              f"{r['fwd_bwd_ms']:8.2f} {r['fwd_tflops']:9.1f} {r['fwd_tbps']:6.2f}")
+              f"{r['fwd_bwd_ms']:8.2f} {r['fwd_tflops']:9.1f} {r['fwd_tbps']:6.2f}"
+              + (f" {r['fwd_device_ms']:9.2f} / {r['fwd_bwd_device_ms']:.2f}"
+                 if "fwd_bwd_device_ms" in r else ""))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ for part in "$@"; do
   echo "=== $part ($(date -u +%T))"
   case $part in
     gdn)
-      python3 bench/gdn.py --shapes $SHAPES --impls pallas --out "$OUT/gdn.jsonl"
+      python3 bench/gdn.py --profile --shapes $SHAPES --impls pallas --out "$OUT/gdn.jsonl"
       python3 bench/fla_gdn_anchor.py $SHAPES | tee "$OUT/gdn_fla.jsonl" ;;
     step2k)
       XLA_FLAGS=$TRAIN_FLAGS python3 bench/train_step.py --sizes 380m --contexts 2048 --tokens_per_step 90112 \
@@ -50,7 +50,7 @@ for part in "$@"; do
       python3 bench/decay_attention.py --per_key --profile --reps 10 --shapes $MIXER_SHAPES --out "$OUT/decay_key.jsonl"
       python3 bench/fla_gdn_anchor.py gla $MIXER_SHAPES | tee "$OUT/decay_key_fla.jsonl" ;;
     delta_rule)
-      python3 bench/gdn.py --no_decay --check --shapes $MIXER_SHAPES --impls pallas --out "$OUT/delta_rule.jsonl"
+      python3 bench/gdn.py --no_decay --check --profile --shapes $MIXER_SHAPES --impls pallas --out "$OUT/delta_rule.jsonl"
       python3 bench/fla_gdn_anchor.py delta_rule $MIXER_SHAPES | tee "$OUT/delta_rule_fla.jsonl" ;;
     hgrn)
       python3 bench/gated_recurrence.py --shapes 8,2048,2048 2,8192,2048 --out "$OUT/hgrn.jsonl"

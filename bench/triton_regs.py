@@ -12,7 +12,8 @@ registers. Needs ``pip install triton`` (not a
 dependency of the project); reads internals of JAX's Pallas Triton lowering (jaxlib <= 0.10.2,
 what pip gives on the project's CPU machines).
 
-  python bench/triton_regs.py --ops short_conv gdn softmax_xent decay decay_key hgrn [--out DIR]
+  python bench/triton_regs.py --ops short_conv gdn delta_rule softmax_xent decay decay_key hgrn \
+      [--out DIR]
 """
 from __future__ import annotations
 
@@ -40,11 +41,14 @@ def _short_conv(normalize):
     return f, (x, jax.ShapeDtypeStruct((4, H * D), jnp.float32), x)
 
 
-def _gdn():
+def _gdn(decay=True):
+    """GDN's kernels; without ``decay`` DeltaNet's (g None)."""
     from kernels_pallas.gdn.pallas import gated_delta_rule_pallas
 
     def f(q, k, v, g, beta, do):
-        o, vjp = jax.vjp(lambda *a: gated_delta_rule_pallas(*a)[0], q, k, v, g, beta)
+        g = g if decay else None
+        o, vjp = jax.vjp(lambda q, k, v, beta: gated_delta_rule_pallas(q, k, v, g, beta)[0],
+                         q, k, v, beta)
         return o, *vjp(do)
     x = jax.ShapeDtypeStruct((B, T, H, D), jnp.bfloat16)
     gate = jax.ShapeDtypeStruct((B, T, H), jnp.float32)
@@ -85,8 +89,8 @@ def _softmax_xent():
 
 
 OPS = {"short_conv": lambda: _short_conv(True), "short_conv_nonorm": lambda: _short_conv(False),
-       "gdn": _gdn, "softmax_xent": _softmax_xent, "decay": lambda: _decay(False),
-       "decay_key": lambda: _decay(True), "hgrn": _hgrn}
+       "gdn": _gdn, "delta_rule": lambda: _gdn(False), "softmax_xent": _softmax_xent,
+       "decay": lambda: _decay(False), "decay_key": lambda: _decay(True), "hgrn": _hgrn}
 
 
 @contextlib.contextmanager

@@ -74,6 +74,32 @@ def test_pallas_matches_recurrent(shape, mode):
         assert rel(out[name], ref[name]) < tol, (name, rel(out[name], ref[name]))
 
 
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[3]], ids=[IDS[0], IDS[3]])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_without_decay_matches_recurrent_at_g_zero(shape, mode):
+    """g None (DeltaNet): the kernels run without G (no exponentials, no dG) and equal the
+    recurrent form at g = 0 in outputs, final state and the gradients of q, k, v, beta and the
+    initial state; in several 64-column blocks too (K = 256, V = 512)."""
+    B, T, H, K, V, C = shape
+    if mode == "compiled" and any(n & (n - 1) or n < 16 for n in (K, C)):
+        pytest.skip("a shape the GPU kernels refuse (tested above)")
+    q, k, v, _, beta, h0, do = make_inputs(B, T, H, K, V, seed=4)
+    interpret = MODES[mode]
+    outs = []
+    for impl, g in (("pallas", None), ("recurrent", jnp.zeros(beta.shape))):
+        def loss(q, k, v, beta, h0, impl=impl, g=g):
+            o, s = gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                    settings=GDNSettings(impl=impl, chunk_size=C,
+                                                         interpret=interpret))
+            return jnp.sum(o * do) + jnp.sum(s * s) * 0.1, (o, s)
+        grads, (o, s) = jax.jit(jax.grad(loss, argnums=tuple(range(5)), has_aux=True))(
+            q, k, v, beta, h0)
+        outs.append((o, s) + grads)
+    names = ("o", "state", "dq", "dk", "dv", "dbeta", "dh0")
+    for name, a, b in zip(names, *outs):
+        assert rel(a, b) < TOL[name], (name, rel(a, b))
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 def test_extreme_gates_stay_finite(mode):
     """g = -60 per step (decay e^-60 per token, e^-960 over a chunk) and beta at 0 and 1:

@@ -136,9 +136,12 @@ class GatedDeltaNetHeads(nnx.Module):
 
     def gates(self, a, b, segment_ids=None):
         """beta [B,T,n] and log decay g [B,T,n], fp32, from the projections a = x W_a and
-        b = x W_b (DeltaNet, ``a`` None: g = 0)."""
+        b = x W_b. DeltaNet (``a`` None) has no decay: g None, which the GDN op runs without
+        exponentials, except in packed documents, where g is 0 but at each document start."""
         beta = jax.nn.sigmoid(b.astype(jnp.float32))
         if a is None:
+            if segment_ids is None:
+                return beta, None
             g = jnp.zeros_like(beta)
         else:
             a = a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
@@ -201,6 +204,7 @@ class GatedDeltaNetHeads(nnx.Module):
         k = silu_norm(z[..., n * K:2 * n * K], heads=n, normalize=True).reshape(B, Tn, n, K)
         v = silu_norm(z[..., 2 * n * K:]).reshape(B, Tn, n, V)
         beta, g = self.gates(a, b)
+        g = jnp.zeros_like(beta) if g is None else g
         beta, g = jnp.where(valid[..., None], beta, 0.0), jnp.where(valid[..., None], g, 0.0)
         if Tn == 1:
             o, state = kernels_pallas.gated_delta_rule_step(

@@ -13,7 +13,8 @@ corrected values v (in the inputs' dtype: 640 bytes per token and head at K = V 
 With ``GDNSettings.recompute`` only X is saved and the backward recomputes w, QK
 (``wy_forward`` given X) and S_n, v (``scan_forward(store=True)``), as fla does: 128 bytes per
 token and head, two kernels more (docs/benchmarks.md compares the two). Padding T to the chunk,
-the chunk-local cumulative sum of g and its transpose are XLA. Memory is O(T).
+the chunk-local cumulative sum of g and its transpose are XLA. Memory is O(T). With g None
+(DeltaNet: no decay) the same kernels run without G: no exponentials, no dG.
 """
 from __future__ import annotations
 
@@ -40,14 +41,15 @@ state_grads = _jit(scan_kernels.state_grads)
 
 
 def _op(cfg, scale):
-    """The custom_vjp op on padded inputs: (q, k, v, g, beta, S0) -> (o, S_N)."""
+    """The custom_vjp op on padded inputs: (q, k, v, g, beta, S0) -> (o, S_N); g None: no
+    decay (DeltaNet), the kernels then without exponentials and without dG."""
     C = cfg.chunk
 
     def prepare(q, k, v, g, beta):
         cd = jnp.result_type(q.dtype, k.dtype, v.dtype)
         qs = q.astype(cd) if scale == 1.0 else (q.astype(f32) * scale).astype(cd)
-        return qs, k.astype(cd), v.astype(cd), beta.astype(f32), chunk_local_cumsum(
-            g.astype(f32), C)
+        G = None if g is None else chunk_local_cumsum(g.astype(f32), C)
+        return qs, k.astype(cd), v.astype(cd), beta.astype(f32), G
 
     def primal(q, k, v, g, beta, S0, store):
         qs, kc, vc, b, G = prepare(q, k, v, g, beta)
@@ -81,8 +83,8 @@ def _op(cfg, scale):
         dq, dk, dv, db, dG = wy_backward(cfg, qs, kc, vc, b, G, X, dw, dv_new.astype(cd), dqk,
                                          dq, dk, dG, scale=scale,
                                          out_dtypes=(q.dtype, k.dtype, v.dtype))
-        dg = reverse_chunk_cumsum(dG, C)
-        return dq, dk, dv, dg.astype(g.dtype), db.astype(beta.dtype), dS0
+        dg = None if g is None else reverse_chunk_cumsum(dG, C).astype(g.dtype)
+        return dq, dk, dv, dg, db.astype(beta.dtype), dS0
 
     op.defvjp(forward, bwd)
     return op
@@ -103,5 +105,6 @@ def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,
     pad = (-T) % C
     S0 = (jnp.zeros((B, H, K, V), f32) if initial_state is None
           else initial_state.astype(f32))
-    o, S = _op(cfg, scale)(*(pad_time(x, pad) for x in (q, k, v, g, beta)), S0)
+    o, S = _op(cfg, scale)(*(None if x is None else pad_time(x, pad) for x in (q, k, v, g, beta)),
+                           S0)
     return o[:, :T].astype(v.dtype), (S if output_final_state else None)

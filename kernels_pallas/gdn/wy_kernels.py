@@ -40,19 +40,32 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels_pallas.linear_scan.common import chunk_call, col_blocks, dot, dot_nt, f32
+from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, column, dot, dot_nt, f32,
+                                               ref_all)
 _NEG = -1e30
 
 
-def _decay(Gi, Gj, mask):
+def _decay(Gi, Gj, mask, shape=None):
     """e^{G_i - G_j} where ``mask`` ("strict": j < i, "causal": j <= i) keeps it, else 0;
-    mask None keeps all (a block wholly below the diagonal). Gi [n, 1], Gj [m, 1]."""
+    mask None keeps all (a block wholly below the diagonal). Gi [n, 1], Gj [m, 1]. Without a
+    decay (Gi None) the mask alone as 1s and 0s of ``shape`` (None where there is no mask)."""
+    if Gi is None:
+        if mask is None:
+            return None
+        r = jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+        c = jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+        return jnp.where(r > c if mask == "strict" else r >= c, 1.0, 0.0)
     diff = Gi - Gj.T
     if mask is None:
         return jnp.exp(diff)
     r = jax.lax.broadcasted_iota(jnp.int32, diff.shape, 0)
     c = jax.lax.broadcasted_iota(jnp.int32, diff.shape, 1)
     return jnp.exp(jnp.where(r > c if mask == "strict" else r >= c, diff, _NEG))
+
+
+def _times(x, d):
+    """x * d, or x where there is no factor (d None)."""
+    return x if d is None else x * d
 
 
 def _invert_diag_block(A):
@@ -75,11 +88,12 @@ def _inverse_kernel(k_ref, b_ref, g_ref, x_ref, *, sub):
     m = C // sub
     rs = [pl.ds(i * sub, sub) for i in range(m)]
     A = {}
+    g = (lambda r: None) if g_ref is None else (lambda r: g_ref[r, :])  # noqa: E731
     for i in range(m):
-        Gi, bi, ki = g_ref[rs[i], :], b_ref[rs[i], :].astype(f32), k_ref[rs[i], :]
+        Gi, bi, ki = g(rs[i]), b_ref[rs[i], :].astype(f32), k_ref[rs[i], :]
         for j in range(i + 1):
-            A[i, j] = (bi * dot_nt(ki, k_ref[rs[j], :])
-                       * _decay(Gi, g_ref[rs[j], :], "strict" if i == j else None))
+            A[i, j] = _times(bi * dot_nt(ki, k_ref[rs[j], :]),
+                             _decay(Gi, g(rs[j]), "strict" if i == j else None, (sub, sub)))
     X = {(i, i): _invert_diag_block(A[i, i]) for i in range(m)}
     for i in range(1, m):
         for j in range(i):
@@ -99,15 +113,15 @@ def _apply_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, w_ref, u_ref, qk_ref
     C, K = k_ref.shape
     V = v_ref.shape[-1]
     cd = k_ref.dtype
-    G, beta = g_ref[...], b_ref[...].astype(f32)
+    G, beta = ref_all(g_ref), b_ref[...].astype(f32)
     Xc = x_ref[...].astype(cd)
-    scale_k = beta * jnp.exp(G)
+    scale_k = beta if G is None else beta * jnp.exp(G)
     qk = jnp.zeros((C, C), f32)
     for c in col_blocks(K, blk):
         k = k_ref[:, c]
         qk += dot_nt(q_ref[:, c], k)
         w_ref[:, c] = dot(Xc, (scale_k * k.astype(f32)).astype(cd)).astype(w_ref.dtype)
-    qk_ref[...] = (qk * _decay(G, G, "causal")).astype(qk_ref.dtype)
+    qk_ref[...] = (qk * _decay(G, G, "causal", (C, C))).astype(qk_ref.dtype)
     for c in col_blocks(V, blk):
         u_ref[:, c] = dot(Xc, (beta * v_ref[:, c].astype(f32)).astype(cd)).astype(u_ref.dtype)
 
@@ -124,20 +138,24 @@ def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk
                    dq_in_ref, dk_in_ref, dg_in_ref, dq_ref, dk_ref, dv_ref, db_ref, dg_ref,
                    *, blk, fp32_dots, scale):
     """Ordered so that few [C, C] fp32 tiles are live at once (register pressure is what
-    bounds this kernel): dX dies into E, k k^T into E o kk, q k^T into F o QK."""
+    bounds this kernel): dX dies into E, k k^T into E o kk, q k^T into F o QK. Without a
+    decay (g_ref, dg_in_ref and dg_ref None) no exponentials, and no dG, which spares
+    recomputing q k^T."""
     C, K = k_ref.shape
     V = v_ref.shape[-1]
     cd = k_ref.dtype
-    G, beta = g_ref[...], b_ref[...].astype(f32)
-    eG = jnp.exp(G)
+    decay = g_ref is not None
+    G, beta = ref_all(g_ref), b_ref[...].astype(f32)
+    eG = jnp.exp(G) if decay else None
+    bk = _times(beta, eG)                                     # kb = bk k
     dX = jnp.zeros((C, C), f32)                               # dw kb^T + du vb^T
     for c in col_blocks(K, blk):
-        dX += dot_nt(dw_ref[:, c], (beta * eG * k_ref[:, c].astype(f32)).astype(cd))
+        dX += dot_nt(dw_ref[:, c], (bk * k_ref[:, c].astype(f32)).astype(cd))
     for c in col_blocks(V, blk):
         dX += dot_nt(du_ref[:, c], (beta * v_ref[:, c].astype(f32)).astype(cd))
     X = x_ref[...].astype(f32)
     XtdX = dot(X, dX, trans_a=True, fp32_dots=fp32_dots)
-    E = -dot_nt(XtdX, X, fp32_dots=fp32_dots) * _decay(G, G, "strict")   # dA o D, dA strict
+    E = -dot_nt(XtdX, X, fp32_dots=fp32_dots) * _decay(G, G, "strict", (C, C))  # dA o D
     Xc = X.astype(cd)
     kk = jnp.zeros((C, C), f32)
     for c in col_blocks(K, blk):
@@ -145,13 +163,14 @@ def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk
         kk += dot_nt(k, k)
     Ekk = E * kk
     db = jnp.sum(Ekk, axis=1, keepdims=True)
-    PM = beta * Ekk                                           # dA o A
-    qk = jnp.zeros((C, C), f32)
-    for c in col_blocks(K, blk):
-        qk += dot_nt(q_ref[:, c], k_ref[:, c])
-    F = dqk_ref[...].astype(f32) * _decay(G, G, "causal")     # through QK = (q k^T) o Dc
-    PM += F * qk                                              # + dQK o QK
-    dG = dg_in_ref[...] + jnp.sum(PM, axis=1, keepdims=True) - _colsum(PM)
+    if decay:                                                 # q k^T, for dG only
+        qk = jnp.zeros((C, C), f32)
+        for c in col_blocks(K, blk):
+            qk += dot_nt(q_ref[:, c], k_ref[:, c])
+    F = dqk_ref[...].astype(f32) * _decay(G, G, "causal", (C, C))   # through QK = (q k^T) o Dc
+    if decay:
+        PM = beta * Ekk + F * qk                              # dA o A + dQK o QK
+        dG = dg_in_ref[...] + jnp.sum(PM, axis=1, keepdims=True) - _colsum(PM)
     bE = beta * E
     Fc, Es = F.astype(cd), (bE + bE.T).astype(cd)             # (diag(beta) E) k + its transpose
     for c in col_blocks(K, blk):
@@ -159,16 +178,18 @@ def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk
         kf = k.astype(f32)
         dq_ref[:, c] = (scale * (dq_in_ref[:, c] + dot(Fc, k))).astype(dq_ref.dtype)
         dkb = dot(Xc, dw, trans_a=True)
-        dk_ref[:, c] = (dk_in_ref[:, c] + dot(Fc, q, trans_a=True) + beta * eG * dkb
+        dk_ref[:, c] = (dk_in_ref[:, c] + dot(Fc, q, trans_a=True) + bk * dkb
                         + dot(Es, k)).astype(dk_ref.dtype)
-        db += jnp.sum(dkb * eG * kf, axis=1, keepdims=True)
-        dG += jnp.sum(dkb * beta * eG * kf, axis=1, keepdims=True)
+        db += jnp.sum(dkb * _times(kf, eG), axis=1, keepdims=True)
+        if decay:
+            dG += jnp.sum(dkb * bk * kf, axis=1, keepdims=True)
     for c in col_blocks(V, blk):
         dvb = dot(Xc, du_ref[:, c], trans_a=True)
         dv_ref[:, c] = (beta * dvb).astype(dv_ref.dtype)
         db += jnp.sum(dvb * v_ref[:, c].astype(f32), axis=1, keepdims=True)
     db_ref[...] = db
-    dg_ref[...] = dG
+    if decay:
+        dg_ref[...] = dG
 
 
 # ---------------------------------------------------------------- launchers
@@ -177,11 +198,11 @@ def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16):
     """w [B,T,H,K], u [B,T,H,V], QK [B,T,H,C] and X [B,T,H,C] (computed unless given), all in
     k's dtype (X is rounded to it where the products use it, so storing it so loses nothing in
     the forward; the backward's X^T dX X^T reads it back, as fla's does). q is the scaled
-    query, beta and G [B, T, H]."""
+    query, beta and G [B, T, H] (G None: no decay)."""
     B, T, H, K = k.shape
     V, C = v.shape[-1], cfg.chunk
     cd = k.dtype
-    b1, G1 = beta[..., None], G[..., None]
+    b1, G1 = beta[..., None], column(G)
     if X is None:
         (X,) = chunk_call(cfg, functools.partial(_inverse_kernel, sub=math.gcd(sub, C)),
                           [(k, K), (b1, 1), (G1, 1)], [(C, cd)], (B, T, H),
@@ -194,19 +215,21 @@ def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16):
 
 def wy_backward(cfg, q, k, v, beta, G, X, dw, du, dqk, dq, dk, dG, *, scale=1.0,
                 out_dtypes=(f32, f32, f32)):
-    """Adds the WY-path gradients to dq, dk, dG (fp32, from the state path) and returns
+    """Adds the WY-path gradients to dq, dk, dG (from the state path) and returns
     (dq, dk, dv) [B,T,H,X] in ``out_dtypes`` (dq times ``scale``: the gradient of the unscaled
-    query), (dbeta, dG) fp32 [B, T, H]. Writing the final dtypes here spares a pass of XLA
-    casts over three fp32 arrays."""
+    query), (dbeta, dG) fp32 [B, T, H] (G and dG None, no decay: dG None). Writing the final
+    dtypes here spares a pass of XLA casts over three fp32 arrays."""
     B, T, H, K = k.shape
     V, C = v.shape[-1], cfg.chunk
     # TF32 is a GPU (Triton) notion: elsewhere the fp32 products stay at full precision.
     fp32_dots = cfg.fp32_dots if cfg.layout == "triton" else "ieee"
+    decay = G is not None
     dq, dk, dv, db, dG = chunk_call(
         cfg, functools.partial(_wy_bwd_kernel, blk=cfg.chunk_block, fp32_dots=fp32_dots,
                                scale=scale),
-        [(q, K), (k, K), (v, V), (beta[..., None], 1), (G[..., None], 1), (X, C), (dw, K),
-         (du, V), (dqk, C), (dq, K), (dk, K), (dG[..., None], 1)],
-        [(K, out_dtypes[0]), (K, out_dtypes[1]), (V, out_dtypes[2]), (1, f32), (1, f32)],
+        [(q, K), (k, K), (v, V), (beta[..., None], 1), (column(G), 1), (X, C), (dw, K),
+         (du, V), (dqk, C), (dq, K), (dk, K), (column(dG), 1)],
+        [(K, out_dtypes[0]), (K, out_dtypes[1]), (V, out_dtypes[2]), (1, f32),
+         (1, f32 if decay else None)],
         (B, T, H), name="gdn_wy_bwd")
-    return dq, dk, dv, db[..., 0], dG[..., 0]
+    return dq, dk, dv, db[..., 0], (dG[..., 0] if decay else None)

@@ -1,5 +1,6 @@
 """Per-chunk algebra shared by the chunked kernels' bodies (values inside a kernel, G the chunk-
-local cumulative log decay as a [C, 1] column, or as a [1, C] row from ``chunk_rows``)."""
+local cumulative log decay as a [C, 1] column, or as a [1, C] row from ``chunk_rows``; G None:
+no decay, DeltaNet's delta rule)."""
 from __future__ import annotations
 
 import jax
@@ -15,12 +16,16 @@ def last_row(G):
 
 
 def q_decayed(q, G):
-    """qd = q e^G (q's dtype); G is a [C, 1] column."""
+    """qd = q e^G (q's dtype); G is a [C, 1] column (None: q)."""
+    if G is None:
+        return q
     return (q.astype(f32) * jnp.exp(G)).astype(q.dtype)
 
 
 def k_decayed(k, G):
-    """kd = k e^{G_last - G} (k's dtype) and e^{G_last} [1, 1]."""
+    """kd = k e^{G_last - G} (k's dtype) and e^{G_last} [1, 1] (G None: k and None)."""
+    if G is None:
+        return k, None
     _, g_last = last_row(G)
     return (k.astype(f32) * jnp.exp(g_last - G)).astype(k.dtype), jnp.exp(g_last)
 

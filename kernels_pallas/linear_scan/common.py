@@ -94,11 +94,20 @@ def chunk_call(cfg, kernel, ins, outs, btH, *, name, num_warps=None):
     """pallas_call of a one-chunk-per-program kernel.
 
     ins: (array, X) pairs, array [B, T, H, X] ("per token") or, with X None, [B, N, H, K, V]
-    ("per chunk", one [K, V] block each); outs: (X, dtype) pairs of per-token outputs.
+    ("per chunk", one [K, V] block each); outs: (X, dtype) pairs of per-token outputs. An
+    input whose array is None or an output whose dtype is None is absent: the kernel sees None
+    for its ref, and None is returned for the output.
     Grid (B, N, H) on [B, T, H, X] arrays ("triton") or (B, H, N) on [B, H, T, X] ("tpu").
     ``num_warps``: this kernel's warps on GPU (default ``cfg.chunk_warps``).
     Returns the outputs in [B, T, H, X].
     """
+    present = [a is not None for a, _ in ins] + [dt is not None for _, dt in outs]
+    if not all(present):
+        kernel = with_absent(kernel, present)
+        res = iter(chunk_call(cfg, kernel, [i for i in ins if i[0] is not None],
+                              [o for o in outs if o[1] is not None], btH, name=name,
+                              num_warps=num_warps))
+        return tuple(None if dt is None else next(res) for _, dt in outs)
     B, T, H = btH
     C, N, sq = cfg.chunk, T // cfg.chunk, pl.squeezed
     tpu = cfg.layout == "tpu"
@@ -153,6 +162,11 @@ def scan_specs(cfg, B, H, T, K, V, *, reverse=False, transposed=False):
         seq_v=pl.BlockSpec((sq, sq, C, BV), lambda b, h, j, n: (b, h, at(n), j)),
         state=pl.BlockSpec((sq, sq) + st, lambda b, h, j, n: (b, h) + at_v(j)),
         chunks=pl.BlockSpec((sq, sq, sq) + st, lambda b, h, j, n: (b, h, at(n)) + at_v(j)))
+
+
+def column(x):
+    """x [B, T, H] as [B, T, H, 1], a per-token input of one column (None stays None: absent)."""
+    return None if x is None else x[..., None]
 
 
 def pad_time(x, pad):

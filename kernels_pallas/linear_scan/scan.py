@@ -48,8 +48,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels_pallas.linear_scan.chunk_math import chunk_output, k_decayed, last_row, q_decayed
-from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, compiler_params, dot,
-                                               dot_nt, f32, ref_all, ref_rows, scan_specs,
+from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, column, compiler_params,
+                                               dot, dot_nt, f32, ref_all, ref_rows, scan_specs,
                                                with_absent)
 
 
@@ -62,7 +62,7 @@ def _fwd_chunk(S, q, k, w, u, qk, G):
     v = u.astype(f32) if w is None else u.astype(f32) - dot(w, Sc)
     vc = v.astype(k.dtype)
     o = None if q is None else chunk_output(q, qk, G, Sc, vc)
-    return o, v, a_last * S + dot(kd, vc, trans_a=True)
+    return o, v, (S if a_last is None else a_last * S) + dot(kd, vc, trans_a=True)
 
 
 def _bwd_chunk(dS, q, k, w, qk, G, do):
@@ -71,8 +71,9 @@ def _bwd_chunk(dS, q, k, w, qk, G, do):
     if k is not None:
         kd, _ = k_decayed(k, G)
         dv = dot(qk, do, trans_a=True) + dot(kd, dS.astype(q.dtype))
-    _, g_last = last_row(G)
-    dS = jnp.exp(g_last) * dS + dot(q_decayed(q, G), do, trans_a=True)
+    if G is not None:
+        dS = jnp.exp(last_row(G)[1]) * dS
+    dS = dS + dot(q_decayed(q, G), do, trans_a=True)
     if w is not None:
         dS = dS - dot(w, dv.astype(q.dtype), trans_a=True)
     return dv, dS
@@ -87,7 +88,7 @@ def _fwd_kernel_loop(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
         if store_refs:
             store_refs[0][n, :, :] = S.astype(store_refs[0].dtype)
         o, v, S = _fwd_chunk(S, ref_rows(q_ref, t), k_ref[t, :], ref_rows(w_ref, t), u_ref[t, :],
-                             ref_rows(qk_ref, t), g_ref[t, :])
+                             ref_rows(qk_ref, t), ref_rows(g_ref, t))
         if o_ref is not None:
             o_ref[t, :] = o.astype(o_ref.dtype)
         if len(store_refs) > 1:
@@ -104,7 +105,7 @@ def _bwd_kernel_loop(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
         t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
         dh_ref[n, :, :] = dS.astype(dh_ref.dtype)
         dv, dS = _bwd_chunk(dS, q_ref[t, :], ref_rows(k_ref, t), ref_rows(w_ref, t),
-                            ref_rows(qk_ref, t), g_ref[t, :], do_ref[t, :])
+                            ref_rows(qk_ref, t), ref_rows(g_ref, t), do_ref[t, :])
         if dv_ref is not None:
             dv_ref[t, :] = dv.astype(dv_ref.dtype)
         return dS
@@ -127,7 +128,7 @@ def _fwd_kernel_grid(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
     if store:
         store_refs[0][...] = S.astype(store_refs[0].dtype)
     o, v, S = _fwd_chunk(S, ref_all(q_ref), k_ref[...], ref_all(w_ref), u_ref[...],
-                         ref_all(qk_ref), g_ref[...])
+                         ref_all(qk_ref), ref_all(g_ref))
     if o_ref is not None:
         o_ref[...] = o.astype(o_ref.dtype)
     if len(store_refs) > 1:
@@ -150,7 +151,7 @@ def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
     dS = dS_scr[...]
     dh_ref[...] = dS.astype(dh_ref.dtype)
     dv, dS = _bwd_chunk(dS, q_ref[...], ref_all(k_ref), ref_all(w_ref), ref_all(qk_ref),
-                        g_ref[...], do_ref[...])
+                        ref_all(g_ref), do_ref[...])
     if dv_ref is not None:
         dv_ref[...] = dv.astype(dv_ref.dtype)
     dS_scr[...] = dS
@@ -166,12 +167,15 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
                         dq_ref, dk_ref, dw_ref, dqk_ref, dg_ref, *, blk):
     """One chunk of the delta rule: the gradients that flow through the state, from S_n (h),
     dS_{n+1} (dh), the corrected values v and their cotangents dv. K and V in blocks of
-    ``blk``: three [C, blk] fp32 accumulators live at a time."""
+    ``blk``: three [C, blk] fp32 accumulators live at a time. Without a decay (g_ref and
+    dg_ref None) no exponentials and no dG."""
     C, K = k_ref.shape
     V = h_ref.shape[-1]
     cd = k_ref.dtype
-    G = g_ref[...]
-    last, g_last = last_row(G)
+    decay = g_ref is not None
+    if decay:
+        G = g_ref[...]
+        last, g_last = last_row(G)
     kblocks, vblocks = col_blocks(K, blk), col_blocks(V, blk)
     dqk = jnp.zeros((C, C), f32)
     hdh = jnp.zeros((1, 1), f32)
@@ -188,19 +192,24 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
             dqd += dot_nt(do, hc)
             dw -= dot_nt(dv_ref[:, cv].astype(cd), hc)
             dkd += dot_nt(v, dh.astype(cd))
-            hdh += jnp.sum(jnp.sum(h.astype(f32) * dh.astype(f32), axis=1, keepdims=True),
-                           axis=0, keepdims=True)
+            if decay:
+                hdh += jnp.sum(jnp.sum(h.astype(f32) * dh.astype(f32), axis=1, keepdims=True),
+                               axis=0, keepdims=True)
             if i == 0:
                 dqk += dot_nt(do, v)
-        dq = dqd * jnp.exp(G)
-        dk = dkd * jnp.exp(g_last - G)
-        from_q += jnp.sum(dq * q_ref[:, ck].astype(f32), axis=1, keepdims=True)
-        from_k += jnp.sum(dk * k_ref[:, ck].astype(f32), axis=1, keepdims=True)
-        dq_ref[:, ck] = dq
-        dk_ref[:, ck] = dk
+        if decay:
+            dq = dqd * jnp.exp(G)
+            dk = dkd * jnp.exp(g_last - G)
+            from_q += jnp.sum(dq * q_ref[:, ck].astype(f32), axis=1, keepdims=True)
+            from_k += jnp.sum(dk * k_ref[:, ck].astype(f32), axis=1, keepdims=True)
+        else:
+            dq, dk = dqd, dkd
+        dq_ref[:, ck] = dq.astype(dq_ref.dtype)
+        dk_ref[:, ck] = dk.astype(dk_ref.dtype)
         dw_ref[:, ck] = dw.astype(dw_ref.dtype)
-    d_last = jnp.sum(from_k, axis=0, keepdims=True) + jnp.exp(g_last) * hdh
-    dg_ref[...] = from_q - from_k + jnp.where(last, d_last, 0.0)
+    if decay:
+        d_last = jnp.sum(from_k, axis=0, keepdims=True) + jnp.exp(g_last) * hdh
+        dg_ref[...] = from_q - from_k + jnp.where(last, d_last, 0.0)
     dqk_ref[...] = dqk.astype(dqk_ref.dtype)
 
 
@@ -281,7 +290,7 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
         kernel = functools.partial(_fwd_kernel_grid, n_chunks=N, store=store)
     res = _scan_call(
         cfg, kernel,
-        [(q, "K"), (k, "K"), (w, "K"), (u, "V"), (qk, "C"), (G[..., None], "1"), (S0, "state")],
+        [(q, "K"), (k, "K"), (w, "K"), (u, "V"), (qk, "C"), (column(G), "1"), (S0, "state")],
         [("tok_v", u.dtype, outputs), ("state", f32, True), ("chunks", sd, store),
          ("tok_v", sd, store and delta)],
         reverse=False, name="gdn_scan_fwd" if delta else "linear_scan_fwd")
@@ -304,22 +313,24 @@ def scan_backward(cfg, q, k, w, qk, G, do, dSN):
         kernel = functools.partial(_bwd_kernel_grid, n_chunks=N)
     return _scan_call(
         cfg, kernel,
-        [(q, "K"), (k, "K"), (w, "K"), (qk, "C"), (G[..., None], "1"), (do, "V"),
+        [(q, "K"), (k, "K"), (w, "K"), (qk, "C"), (column(G), "1"), (do, "V"),
          (dSN, "state")],
         [("tok_v", sd, k is not None), ("chunks", sd, True), ("state", f32, True)],
         reverse=True, name="gdn_scan_bwd" if w is not None else "linear_scan_bwd")
 
 
 def state_grads(cfg, q, k, G, h, dh, v, dv, do):
-    """Per chunk, in parallel: dq, dk (fp32) of the state path, dw, dQK (q's dtype) and dG (fp32
-    [B, T, H]) from S_n (h) and dS_{n+1} (dh) [B, N, H, K, V], v, dv, do [B, T, H, V] (the
-    delta rule's; without it the decay family's own kernels take the chunk-parallel part:
-    ``decay_attention/pallas.py``)."""
+    """Per chunk, in parallel: dq, dk, dw and dQK of the state path in q's dtype (bf16 halves
+    the traffic of dq and dk, written here and read by the WY backward, as the decay family's
+    kernels keep theirs; fp32 inputs keep fp32) and dG (fp32
+    [B, T, H]; None without a decay, G None) from S_n (h) and dS_{n+1} (dh) [B, N, H, K, V], v,
+    dv, do [B, T, H, V] (the delta rule's; without it the decay family's own kernels take the
+    chunk-parallel part: ``decay_attention/pallas.py``)."""
     B, T, H, K = q.shape
-    V, C = v.shape[-1], cfg.chunk
+    V, C, cd = v.shape[-1], cfg.chunk, q.dtype
     dq, dk, dw, dqk, dG = chunk_call(
         cfg, functools.partial(_state_grads_kernel, blk=cfg.chunk_block),
-        [(q, K), (k, K), (G[..., None], 1), (h, None), (dh, None), (v, V), (dv, V), (do, V)],
-        [(K, f32), (K, f32), (K, q.dtype), (C, q.dtype), (1, f32)], (B, T, H),
-        name="gdn_state_grads")
-    return dq, dk, dw, dqk, dG[..., 0]
+        [(q, K), (k, K), (column(G), 1), (h, None), (dh, None), (v, V), (dv, V), (do, V)],
+        [(K, cd), (K, cd), (K, cd), (C, cd), (1, None if G is None else f32)],
+        (B, T, H), name="gdn_state_grads")
+    return dq, dk, dw, dqk, (None if dG is None else dG[..., 0])
