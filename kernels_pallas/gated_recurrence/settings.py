@@ -12,10 +12,9 @@ class GatedRecurrenceSettings(KernelSettings):
 
     impl: "auto" | "recurrent" (``lax.scan`` over tokens, the specification) | "scan" (XLA's
     associative scan over tokens) | "pallas" (``pallas.py``: per-chunk row loops in Pallas, the
-    chunks joined by a scan over chunk summaries). "auto" is "pallas" on GPU (forward+backward
-    0.56 / 0.79 ms against the scan's 1.62 / 1.49 at 8 x 2K / 2 x 8K, width 2048, on an H200:
-    docs/benchmarks.md), "scan" elsewhere (the TPU kernels are tested in interpret mode, not
-    timed). chunk_size: tokens a program walks;
+    chunks joined by a scan over chunk summaries). "auto" is "pallas" on GPU (2-3x faster than
+    the scan there, timed in docs/benchmarks.md), "scan" elsewhere (the TPU kernels are tested
+    in interpret mode, not timed). chunk_size: tokens a program walks;
     block_d: channels a program takes (a power of two for Triton; a multiple of 128, or all
     channels, for Mosaic TPU); num_warps: the kernels' launch on GPU.
     """
