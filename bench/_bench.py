@@ -135,6 +135,20 @@ def device_profile(fn, *args, reps=10, top=12) -> dict:
     return s
 
 
+def device_times(fwd, fwd_bwd, fwd_args, fwd_bwd_args) -> dict:
+    """A row's device times: "profile" (``device_profile`` of the forward and of
+    forward+backward) and ``fwd_device_ms`` / ``fwd_bwd_device_ms``, first kernel start to last
+    kernel end per call of calls queued back to back (launch gaps in, as fla's CUDA-event
+    timings, the host's dispatch out); only "profile", empty, without device events (CPU)."""
+    prof = {"fwd": device_profile(fwd, *fwd_args),
+            "fwd_bwd": device_profile(fwd_bwd, *fwd_bwd_args)}
+    row = {"profile": prof}
+    for part, p in prof.items():
+        if p:
+            row[f"{part}_device_ms"] = p["span_ms"]
+    return row
+
+
 def ceilings() -> dict:
     """This device's rates measured now: a bf16 8192^3 matmul (TFLOP/s) and a device-to-device
     copy counting read + write (TB/s). Machines of one kind differ by several percent: rows timed

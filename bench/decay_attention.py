@@ -76,12 +76,7 @@ def main():
                    **_bench.fwd_bwd_row(fwd, fwd_bwd, x16[:4], x16[4], o32, g32, "qkvg",
                                         reps=args.reps)}
             if args.profile:
-                prof = {"fwd": _bench.device_profile(fwd, *x16[:4]),
-                        "fwd_bwd": _bench.device_profile(fwd_bwd, *x16)}
-                row["profile"] = prof
-                for part, p in prof.items():     # calls queued back to back: launch gaps in
-                    if p:                        # (as fla's CUDA-event timings), host time not
-                        row[f"{part}_device_ms"] = p["span_ms"]
+                row.update(_bench.device_times(fwd, fwd_bwd, x16[:4], x16))
             _bench.emit(rows, row)
     if args.out:
         _bench.write_jsonl(args.out, rows)

@@ -10,7 +10,9 @@ For each (B, T, D): forward and forward+backward medians (ms) of each --impls en
 sequences), and the relative error of bf16 inputs' outputs and
 gradients against an fp32 run of the recurrent form. fla's counterpart, ``chunk_hgrn`` (its
 gate the log of a), is timed by ``bench/fla_gdn_anchor.py hgrn B,T,1,D,D`` in the same
-command. Results go to stdout and to --out as JSON lines.
+command. ``--profile`` adds each row's device time by kernel and ``fwd_device_ms`` /
+``fwd_bwd_device_ms`` (as ``bench/decay_attention.py``), the measure to set beside fla's
+CUDA-event timings. Results go to stdout and to --out as JSON lines.
 """
 from __future__ import annotations
 
@@ -50,6 +52,8 @@ def main():
     ap.add_argument("--impls", nargs="+", default=["scan", "pallas"])
     ap.add_argument("--recurrent", action="store_true", help="also time the lax.scan form")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--profile", action="store_true",
+                    help="also the device time by kernel of each row (a profiler trace)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     _bench.print_device()
@@ -65,6 +69,8 @@ def main():
             row = {"op": "gated_recurrence", "impl": impl, "shape": list(shape),
                    **_bench.fwd_bwd_row(fwd, fwd_bwd, x16[:2], x16[2], h32, g32, "ab", out="h",
                                         reps=args.reps)}
+            if args.profile:
+                row.update(_bench.device_times(fwd, fwd_bwd, x16[:2], x16))
             _bench.emit(rows, row)
     if args.out:
         _bench.write_jsonl(args.out, rows)

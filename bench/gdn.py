@@ -231,12 +231,7 @@ def main():
                 if args.check:
                     row["rel_err_bf16_vs_fp32"] = check(impl, shape, po, decay=decay)
                 if args.profile:
-                    prof = {"fwd": _bench.device_profile(f, *x[:5]),
-                            "fwd_bwd": _bench.device_profile(fb, *x)}
-                    row["profile"] = prof
-                    for part, p in prof.items():
-                        if p:
-                            row[f"{part}_device_ms"] = p["span_ms"]
+                    row.update(_bench.device_times(f, fb, x[:5], x))
                 if args.breakdown and impl == "pallas":
                     row["breakdown"] = breakdown(shape, x, default_cfg(shape, **po),
                                                  decay=decay)

@@ -53,7 +53,7 @@ for part in "$@"; do
       python3 bench/gdn.py --no_decay --check --profile --shapes $MIXER_SHAPES --impls pallas --out "$OUT/delta_rule.jsonl"
       python3 bench/fla_gdn_anchor.py delta_rule $MIXER_SHAPES | tee "$OUT/delta_rule_fla.jsonl" ;;
     hgrn)
-      python3 bench/gated_recurrence.py --shapes 8,2048,2048 2,8192,2048 --out "$OUT/hgrn.jsonl"
+      python3 bench/gated_recurrence.py --profile --shapes 8,2048,2048 2,8192,2048 --out "$OUT/hgrn.jsonl"
       python3 bench/fla_gdn_anchor.py hgrn 8,2048,1,2048,2048 2,8192,1,2048,2048 | tee "$OUT/hgrn_fla.jsonl" ;;
     *) echo "unknown part $part (gdn, step2k, steplong, decode, decay, decay_key, delta_rule, hgrn)"; exit 2 ;;
   esac 2>&1 | grep -v "^I[0-9]" | tee "$OUT/$part.log"

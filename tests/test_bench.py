@@ -59,7 +59,7 @@ def test_gated_recurrence_bench_rows(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gated_recurrence.py"),
                            "--shapes", "2,64,32", "--impls", "scan",
                            "pallas:interpret=True,chunk_size=16,block_d=16", "--recurrent",
-                           "--reps", "2", "--out", str(out)],
+                           "--reps", "2", "--profile", "--out", str(out)],
                           cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu",
                                          "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=300)
@@ -69,6 +69,8 @@ def test_gated_recurrence_bench_rows(tmp_path):
                                          "recurrent"]
     for r in rows:                      # bf16 inputs against the fp32 recurrence
         assert r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 and max(r["err"].values()) < 1e-2
+        # --profile: the CPU has no device events, so the profiles are empty and no device time
+        assert r["profile"] == {"fwd": {}, "fwd_bwd": {}} and "fwd_device_ms" not in r
 
 
 def _triton_regs():
