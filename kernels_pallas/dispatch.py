@@ -47,6 +47,17 @@ class KernelSettings:
             raise ValueError(f"{self.OP}: platform={self.platform!r} is not one of "
                              f"{PLATFORMS} (or None: the default backend)")
 
+    def require_positive(self, *names: str, optional: tuple[str, ...] = ()):
+        """Refuses, naming the field, any of ``names`` below 1, and any of ``optional`` below 1
+        unless None (its default: chosen from the shape)."""
+        for name in names + optional:
+            value = getattr(self, name)
+            if name in optional and value is None:
+                continue
+            if value < 1:
+                alt = " or None" if name in optional else ""
+                raise ValueError(f"{self.OP}: {name} must be >= 1{alt}, got {value}")
+
     def target(self) -> str:
         """The platform the op is compiled for."""
         return self.platform or jax.default_backend()

@@ -80,9 +80,7 @@ def test_without_decay_matches_recurrent_at_g_zero(shape, mode):
     """g None (DeltaNet): the kernels run without G (no exponentials, no dG) and equal the
     recurrent form at g = 0 in outputs, final state and the gradients of q, k, v, beta and the
     initial state; in several 64-column blocks too (K = 256, V = 512)."""
-    B, T, H, K, V, C = shape
-    if mode == "compiled" and any(n & (n - 1) or n < 16 for n in (K, C)):
-        pytest.skip("a shape the GPU kernels refuse (tested above)")
+    B, T, H, K, V, C = shape                 # both shapes ones the GPU kernels take
     q, k, v, _, beta, h0, do = make_inputs(B, T, H, K, V, seed=4)
     interpret = MODES[mode]
     outs = []
@@ -162,6 +160,22 @@ def test_fp32_dots_option_is_checked_and_both_settings_agree():
         grads.append(jax.grad(f, argnums=(0, 1, 2, 3, 4))(q, k, v, g, beta))
     for a, b in zip(*grads):
         assert rel(a, b) < 1e-6
+
+
+@pytest.mark.parametrize("field", ["chunk_size", "num_warps", "inverse_warps", "block_v"])
+def test_launch_settings_below_one_are_refused_by_name(field):
+    """Every count of the kernels' settings must be >= 1 (block_v may also be None: chosen from
+    the shape); the error names the op, the field and the value."""
+    from kernels_pallas.decay_attention import DecaySettings
+    from kernels_pallas.gated_recurrence import GatedRecurrenceSettings
+    alt = " or None" if field == "block_v" else ""
+    with pytest.raises(ValueError, match=f"gated_delta_rule: {field} must be >= 1{alt}, got 0"):
+        GDNSettings(**{field: 0})
+    assert GDNSettings(block_v=None).block_v is None
+    with pytest.raises(ValueError, match="gated_linear_attention: block_v must be >= 1 or None"):
+        DecaySettings(block_v=-2)
+    with pytest.raises(ValueError, match="gated_recurrence: block_d must be >= 1, got 0"):
+        GatedRecurrenceSettings(block_d=0)
 
 
 def test_pallas_without_a_lowering_names_interpret():

@@ -38,13 +38,5 @@ class DecaySettings(KernelSettings):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.chunk_size < 1:
-            raise ValueError(f"gated_linear_attention: chunk_size must be >= 1, got "
-                             f"{self.chunk_size}")
-        for name in ("num_warps", "num_stages", "chunk_warps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"gated_linear_attention: {name} must be >= 1, got "
-                                 f"{getattr(self, name)}")
-        if self.block_v is not None and self.block_v < 1:
-            raise ValueError(f"gated_linear_attention: block_v must be >= 1 or None, got "
-                             f"{self.block_v}")
+        self.require_positive("chunk_size", "num_warps", "num_stages", "chunk_warps",
+                              optional=("block_v",))

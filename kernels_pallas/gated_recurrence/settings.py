@@ -29,7 +29,4 @@ class GatedRecurrenceSettings(KernelSettings):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("chunk_size", "block_d", "num_warps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"gated_recurrence: {name} must be >= 1, got "
-                                 f"{getattr(self, name)}")
+        self.require_positive("chunk_size", "block_d", "num_warps")

@@ -40,15 +40,8 @@ class GDNSettings(KernelSettings):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.chunk_size < 1:
-            raise ValueError(f"gated_delta_rule: chunk_size must be >= 1, got {self.chunk_size}")
+        self.require_positive("chunk_size", "num_warps", "num_stages", "chunk_warps",
+                              "inverse_warps", optional=("block_v",))
         if self.fp32_dots not in FP32_DOTS:
             raise ValueError(f"gated_delta_rule: fp32_dots must be one of {FP32_DOTS}, got "
                              f"{self.fp32_dots!r}")
-        for name in ("num_warps", "num_stages", "chunk_warps", "inverse_warps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"gated_delta_rule: {name} must be >= 1, got "
-                                 f"{getattr(self, name)}")
-        if self.block_v is not None and self.block_v < 1:
-            raise ValueError(f"gated_delta_rule: block_v must be >= 1 or None, got "
-                             f"{self.block_v}")
