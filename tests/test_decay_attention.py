@@ -179,8 +179,8 @@ def test_chunk_parallel_kernels_in_several_column_blocks(layout, decay):
 
 @pytest.mark.parametrize("layout", ["triton", "tpu"])
 def test_per_key_intra_chunk_scores_kernels_against_brute_force(layout):
-    """``intra_key.intra_scores`` (chunks of 32: two sub-chunks, one program each; 64 key
-    columns: two passes of its loop over key blocks) against the pairwise sum
+    """``intra_key.intra_scores`` (chunks of 32: two sub-chunks; 32 key columns: two passes of
+    its loop over key blocks) against the pairwise sum
     A_ij = sum_k q_ik k_jk exp(G_ik - G_jk) over j <= i, and its backward kernel against
     autodiff of that sum, under a decay of up to e^-12 a step: the exponents reach -380 within a
     chunk, where factoring e^{G_i} e^{-G_j} would overflow fp32."""
@@ -190,7 +190,7 @@ def test_per_key_intra_chunk_scores_kernels_against_brute_force(layout):
     from kernels_pallas.decay_attention.intra_key import intra_scores
     from kernels_pallas.linear_scan.common import chunk_local_cumsum, chunked, kernel_config
     r = np.random.default_rng(11)
-    b, t, h, kd, C = 2, 64, 2, 64, 32                   # keys in two blocks of 32
+    b, t, h, kd, C = 2, 64, 2, 32, 32                   # keys in two blocks of 16
     q, k = (jnp.asarray(r.normal(size=(b, t, h, kd)), jnp.float32) for _ in range(2))
     G = chunk_local_cumsum(jnp.asarray(-r.uniform(0, 12, size=(b, t, h, kd)), jnp.float32), C)
     dA = jnp.asarray(r.normal(size=(b, t, h, C)), jnp.float32)

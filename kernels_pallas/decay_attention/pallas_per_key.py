@@ -20,8 +20,7 @@ decay is, and every product is a plain or transposed matmul (o = qd (S^T)^T, S^T
             then per chunk, in parallel, ``state_grads``:
             dq = (do S_n^T) e^G,  dk = (v dS_{n+1}^T) e^{G_last - G},  dv = QK^T do + kd dS_{n+1},
             dQK = do v^T,  dG = q dq - k dk (+ on the last row sum_c k dk + a sum_v S dS);
-            and ``intra_key.intra_grads``: dq, dk, dG through QK from dQK, to which that
-            kernel adds the state path's: the op's dq, dk leave it in the inputs' dtypes
+            and ``intra_key.intra_grads``: dq, dk, dG through QK from dQK
 
 Under one ``jax.custom_vjp``; saved between the passes: the inputs, QK and the chunk states S_n
 (``DecaySettings.recompute``: the inputs only, the forward scan rerun in the backward). Layouts
@@ -181,8 +180,8 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, do_ref,
         dq, dk = dqd * eq, dkd * ek
         from_k = dk * k_ref[:, ck].astype(f32)
         d_last = jnp.sum(from_k, axis=0, keepdims=True) + a * hdh
-        dq_ref[:, ck] = dq.astype(dq_ref.dtype)
-        dk_ref[:, ck] = dk.astype(dk_ref.dtype)
+        dq_ref[:, ck] = dq
+        dk_ref[:, ck] = dk
         dg_ref[:, ck] = dq * q_ref[:, ck].astype(f32) - from_k + jnp.where(last, d_last, 0.0)
 
 
@@ -192,8 +191,7 @@ def _values_grad_kernel(k_ref, qk_ref, g_ref, dh_ref, do_ref, dv_ref, *, blk):
     _, ek, _ = _decays(g_ref[...])
     kd, qk = _scaled(k_ref[...], ek), qk_ref[...]
     for cv in col_blocks(dv_ref.shape[-1], blk):
-        dv_ref[:, cv] = (dot(qk, do_ref[:, cv], trans_a=True)
-                         + dot_nt(kd, dh_ref[cv, :].astype(cd))).astype(dv_ref.dtype)
+        dv_ref[:, cv] = dot(qk, do_ref[:, cv], trans_a=True) + dot_nt(kd, dh_ref[cv, :].astype(cd))
 
 
 # ---------------------------------------------------------------- launchers
@@ -287,17 +285,16 @@ def chunk_outputs(cfg, q, qk, G, hT, v):
 
 
 def state_grads(cfg, q, k, G, hT, dhT, v, qk, do):
-    """Per chunk, in parallel: dq, dk through the state and dv (q's dtype: bf16 halves their
-    traffic to the next kernel), dG (fp32) through the state and dQK (fp32, lower triangle:
-    the cotangent of the intra-chunk scores) from S_n^T (hT) and dS_{n+1}^T (dhT)."""
+    """Per chunk, in parallel: dq, dk, dv, dG (fp32) through the state and dQK (fp32, lower
+    triangle: the cotangent of the intra-chunk scores) from S_n^T (hT) and dS_{n+1}^T (dhT)."""
     B, T, H, K = q.shape
-    V, C, blk, cd = v.shape[-1], cfg.chunk, cfg.chunk_block, q.dtype
+    V, C, blk = v.shape[-1], cfg.chunk, cfg.chunk_block
     dq, dk, dqk, dG = chunk_call(
         cfg, functools.partial(_state_grads_kernel, blk=blk),
         [(q, K), (k, K), (G, K), (hT, None), (dhT, None), (v, V), (do, V)],
-        [(K, cd), (K, cd), (C, f32), (K, f32)], (B, T, H), name="gla_state_grads")
+        [(K, f32), (K, f32), (C, f32), (K, f32)], (B, T, H), name="gla_state_grads")
     (dv,) = chunk_call(cfg, functools.partial(_values_grad_kernel, blk=blk),
-                       [(k, K), (qk, C), (G, K), (dhT, None), (do, V)], [(V, cd)], (B, T, H),
+                       [(k, K), (qk, C), (G, K), (dhT, None), (do, V)], [(V, f32)], (B, T, H),
                        name="gla_values_grad")
     return dq, dk, dv, dG, dqk
 
@@ -338,10 +335,10 @@ def _op(cfg, scale):
         do = do.astype(qs.dtype)
         dhT, dS0T = scan_backward(cfg, qs, G, do, dSNT.astype(f32))
         dq, dk, dv, dG, dqk = state_grads(cfg, qs, kc, G, hT, dhT, vc, qk, do)
-        dq, dk, dG = intra_grads(cfg, qs, kc, G, dqk, dq, dk, dG, scale=scale,
-                                 out_dtypes=(q.dtype, k.dtype))
-        return (dq, dk, dv.astype(v.dtype), reverse_chunk_cumsum(dG, C).astype(g.dtype),
-                dS0T)
+        dq_in, dk_in, dG_in = intra_grads(cfg, qs, kc, G, dqk)
+        dg = reverse_chunk_cumsum(dG + dG_in, C)
+        return (((dq + dq_in) * scale).astype(q.dtype), (dk + dk_in).astype(k.dtype),
+                dv.astype(v.dtype), dg.astype(g.dtype), dS0T)
 
     op.defvjp(forward, bwd)
     return op
