@@ -122,11 +122,11 @@ def _options(script: str) -> set[str]:
 
 @pytest.mark.parametrize("script", sorted({t for _, _, k, t, _ in COMMANDS if k == "script"}))
 def test_script_commands_name_known_options(script):
-    if script.endswith("fla_gdn_anchor.py"):   # needs PyTorch with CUDA and fla: positional only
-        assert (ROOT / script).exists()
-        return
     assert (ROOT / script).exists(), script
-    known = _options(script)
+    if script.endswith("fla_gdn_anchor.py"):   # needs PyTorch with CUDA and fla: no --help here
+        known = {"--profile"}
+    else:
+        known = _options(script)
     for doc, line, kind, target, args in COMMANDS:
         if kind == "script" and target == script:
             used = {a.split("=")[0] for a in args if a.startswith("--")}
