@@ -149,6 +149,12 @@ def device_times(fwd, fwd_bwd, fwd_args, fwd_bwd_args) -> dict:
     return row
 
 
+def limit_ms(flops: float, nbytes: float, ceil: dict) -> float:
+    """The fastest a call of ``flops`` FLOPs that must move ``nbytes`` bytes can run on a device
+    of ``ceilings()`` ``ceil``: the longer of the two at its measured rates (ms)."""
+    return max(flops / ceil["matmul_tflops"], nbytes / ceil["copy_tbps"]) / 1e9
+
+
 def ceilings() -> dict:
     """This device's rates measured now: a bf16 8192^3 matmul (TFLOP/s) and a device-to-device
     copy counting read + write (TB/s). Machines of one kind differ by several percent: rows timed

@@ -6,7 +6,10 @@ r"""Time the GDN implementations on one accelerator and check their bf16 accurac
 For each (B, T, H, K, V): forward and forward+backward medians (ms) of every JAX implementation
 named in --impls, achieved TFLOP/s (forward: 4C(K+V) + 6KV FLOPs per token and head, x3 for
 fwd+bwd) and TB/s (q, k, v, o, g, beta read or written once, bf16), against ceilings measured in
-the same run (a bf16 8192^3 matmul; a device-to-device copy counting read + write). With
+the same run (a bf16 8192^3 matmul; a device-to-device copy counting read + write), and each
+row's limit (``fwd_limit_ms`` / ``fwd_bwd_limit_ms``): the longer of its FLOPs at the matmul
+ceiling and its bytes at the copy ceiling (the backward reads q, k, v, g, beta, do and writes
+their gradients once). With
 --check, the relative error of bf16 outputs and of every gradient (q, k, v, g, beta) against an
 fp32 run of ``chunk_reference`` at full matmul precision (itself tested against the recurrent
 form). With --breakdown, each kernel of the Pallas path timed alone (WY inverse + apply, apply
@@ -213,6 +216,9 @@ def main():
         x = inputs(*shape, jnp.bfloat16, decay=decay)
         flops_fwd = B * T * H * (4 * 64 * (K + V) + 6 * K * V)
         bytes_fwd = 2 * B * T * H * (2 * K + 2 * V) + 4 * B * T * H * 2
+        bytes_fwd_bwd = 2 * B * T * H * (2 * (2 * K + V) + V) + 4 * B * T * H * 4
+        limits = {"fwd_limit_ms": _bench.limit_ms(flops_fwd, bytes_fwd, ceil),
+                  "fwd_bwd_limit_ms": _bench.limit_ms(3 * flops_fwd, bytes_fwd_bwd, ceil)}
         opts = {}
         if args.tune and any(parse_impl(i)[0] == "pallas" for i in args.impls):
             tuned, opts = tune(shape, x)
@@ -221,7 +227,7 @@ def main():
         for name in args.impls:
             impl, variant = parse_impl(name)
             po = {**opts, **variant} if impl == "pallas" else {}
-            row = {"impl": name, "shape": list(shape), "opts": po, "decay": decay}
+            row = {"impl": name, "shape": list(shape), "opts": po, "decay": decay, **limits}
             try:
                 f, fb = fns(impl, decay, **po)
                 row.update(fwd_ms=median_ms(f, *x[:5]), fwd_bwd_ms=median_ms(fb, *x))
@@ -243,7 +249,7 @@ def main():
     print(f"\nceilings: bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s, copy "
           f"{ceil['copy_tbps']:.2f} TB/s")
     print(f"{'impl':32s} {'shape':22s} {'fwd ms':>8s} {'f+b ms':>8s} {'fwd TF/s':>9s} {'TB/s':>6s}"
-          f" {'device fwd / f+b ms':>20s}")
+          f" {'limit fwd / f+b ms':>19s} {'device fwd / f+b ms':>20s}")
     for r in rows:
         if "error" in r:
             print(f"{r['impl']:32s} {str(tuple(r['shape'])):22s} failed: {r['error'][:120]}")
@@ -251,6 +257,7 @@ def main():
             continue
         print(f"{r['impl']:32s} {str(tuple(r['shape'])):22s} {r['fwd_ms']:8.2f} "
               f"{r['fwd_bwd_ms']:8.2f} {r['fwd_tflops']:9.1f} {r['fwd_tbps']:6.2f}"
+              f" {r['fwd_limit_ms']:9.3f} / {r['fwd_bwd_limit_ms']:.3f}"
               + (f" {r['fwd_device_ms']:9.2f} / {r['fwd_bwd_device_ms']:.2f}"
                  if "fwd_bwd_device_ms" in r else ""))
 
