@@ -13,7 +13,11 @@ simple_gla SHAPES`` and ``... gla SHAPES`` in the same command. Results go to st
 --out as JSON lines. ``--profile`` adds each row's device time by kernel (forward and
 forward+backward, from a profiler trace) to the row and prints it, and ``fwd_device_ms`` /
 ``fwd_bwd_device_ms``: first kernel start to last kernel end per call of calls queued back to
-back, launch gaps in and the host's dispatch out, as fla's CUDA-event timings measure.
+back, launch gaps in and the host's dispatch out, as fla's CUDA-event timings measure. On a
+GPU each row also has its limit (``fwd_limit_ms`` / ``fwd_bwd_limit_ms``): the longer of its
+FLOPs (2C(K+V) + 4KV a token and head at chunks of C = 64, x3 with the backward) at the matmul
+ceiling and its bytes (q, k, v, g, o once; with the backward the inputs, do and the gradients
+once) at the copy ceiling, both measured in the same run (``_bench.ceilings``).
 """
 from __future__ import annotations
 
@@ -49,6 +53,15 @@ def fns(impl):
     return jax.jit(fwd), jax.jit(fwd_bwd)
 
 
+def _limits(B, T, H, K, V, per_key, ceil, chunk=64):
+    n, g = B * T * H, 4 * (K if per_key else 1)          # token-heads; g's bytes (fp32)
+    flops = n * (2 * chunk * (K + V) + 4 * K * V)
+    fwd_bytes = n * (2 * (2 * K + 2 * V) + g)
+    fwd_bwd_bytes = n * (2 * (2 * K + V) * 2 + 2 * V + 2 * g)
+    return {"fwd_limit_ms": _bench.limit_ms(flops, fwd_bytes, ceil),
+            "fwd_bwd_limit_ms": _bench.limit_ms(3 * flops, fwd_bwd_bytes, ceil)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["8,2048,16,128,128", "2,8192,16,128,128"],
@@ -61,9 +74,13 @@ def main():
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     _bench.print_device()
+    ceil = _bench.ceilings() if jax.default_backend() == "gpu" else None   # minutes on a CPU
+    if ceil:
+        print(ceil, flush=True)
     rows = []
     for spec in args.shapes:
         shape = tuple(int(x) for x in spec.split(","))
+        limits = _limits(*shape, args.per_key, ceil) if ceil else {}
         x16 = inputs(*shape, jnp.bfloat16, per_key=args.per_key)
         x32 = tuple(a.astype(jnp.float32) for a in x16)
         f32_fwd, f32_fb = fns("chunk_reference")
@@ -72,7 +89,7 @@ def main():
             fwd, fwd_bwd = fns(impl)
             fwd, fwd_bwd = fwd.lower(*x16[:4]).compile(), fwd_bwd.lower(*x16).compile()
             row = {"op": "gated_linear_attention", "impl": impl, "shape": list(shape),
-                   "decay": "per_key" if args.per_key else "per_head",
+                   "decay": "per_key" if args.per_key else "per_head", **limits,
                    **_bench.fwd_bwd_row(fwd, fwd_bwd, x16[:4], x16[4], o32, g32, "qkvg",
                                         reps=args.reps)}
             if args.profile:
