@@ -47,9 +47,9 @@ def fns(impl):
     def fwd(q, k, v, g):
         return gated_linear_attention(q, k, v, g, settings=settings)[0]
 
-    def fwd_bwd(q, k, v, g, do):
+    def fwd_bwd(q, k, v, g, do):           # o returned too: kept, as in training
         o, vjp = jax.vjp(fwd, q, k, v, g)
-        return vjp(do.astype(o.dtype))
+        return (o, *vjp(do.astype(o.dtype)))
     return jax.jit(fwd), jax.jit(fwd_bwd)
 
 
@@ -84,7 +84,7 @@ def main():
         x16 = inputs(*shape, jnp.bfloat16, per_key=args.per_key)
         x32 = tuple(a.astype(jnp.float32) for a in x16)
         f32_fwd, f32_fb = fns("chunk_reference")
-        o32, g32 = f32_fwd(*x32[:4]), f32_fb(*x32)
+        o32, g32 = f32_fwd(*x32[:4]), f32_fb(*x32)[1:]
         for impl in args.impls:
             fwd, fwd_bwd = fns(impl)
             fwd, fwd_bwd = fwd.lower(*x16[:4]).compile(), fwd_bwd.lower(*x16).compile()

@@ -40,9 +40,9 @@ def fns(impl):
     def fwd(a, b):
         return gated_recurrence(a, b, settings=settings)[0]
 
-    def fwd_bwd(a, b, do):
+    def fwd_bwd(a, b, do):                 # h returned too: kept, as in training
         h, vjp = jax.vjp(fwd, a, b)
-        return vjp(do.astype(h.dtype))
+        return (h, *vjp(do.astype(h.dtype)))
     return jax.jit(fwd), jax.jit(fwd_bwd)
 
 
@@ -63,7 +63,7 @@ def main():
         x16 = inputs(*shape, jnp.bfloat16)
         x32 = tuple(x.astype(jnp.float32) for x in x16)
         ref_fwd, ref_fb = fns("recurrent")
-        h32, g32 = ref_fwd(*x32[:2]), ref_fb(*x32)
+        h32, g32 = ref_fwd(*x32[:2]), ref_fb(*x32)[1:]
         for impl in args.impls + (["recurrent"] if args.recurrent else []):
             fwd, fwd_bwd = fns(impl)
             row = {"op": "gated_recurrence", "impl": impl, "shape": list(shape),
