@@ -132,3 +132,31 @@ def test_bench_option_parsing():
         _bench.parse_impl("pallas:block_v")
     with pytest.raises(ValueError, match="FIELD=VALUE, got 'loss_impl'"):
         _bench.parse_overrides(["loss_impl"])
+
+
+@pytest.mark.parametrize("script", ["decay_attention", "gdn", "gated_recurrence"])
+def test_mixer_benches_forward_backward_returns_the_output(script, monkeypatch):
+    """Each mixer bench's timed forward+backward returns the forward's output before the
+    gradients: were the output unused, XLA could drop the kernels that form it (the decay ops
+    form it in a kernel of its own), which training runs and fla's timings include."""
+    import importlib
+
+    import jax.numpy as jnp
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    mod = importlib.import_module(script)
+    key = jax.random.split(jax.random.key(0), 6)
+    if script == "gated_recurrence":
+        fwd, fwd_bwd = mod.fns("scan")
+        args = [jax.nn.sigmoid(jax.random.normal(key[0], (1, 32, 8))),
+                jax.random.normal(key[1], (1, 32, 8))]
+    else:
+        fwd, fwd_bwd = mod.fns("chunk_reference")
+        args = [jax.random.normal(k, (1, 32, 2, 8)) for k in key[:3]]
+        args.append(jax.nn.log_sigmoid(jax.random.normal(key[3], (1, 32, 2)) + 3.0))
+        if script == "gdn":
+            args.append(jax.nn.sigmoid(jax.random.normal(key[4], (1, 32, 2))))
+    out = fwd(*args)
+    got = fwd_bwd(*args, jax.random.normal(key[5], out.shape))
+    assert len(got) == len(args) + 1
+    assert jnp.allclose(got[0], out, atol=1e-5)
+    assert [g.shape for g in got[1:]] == [a.shape for a in args]
