@@ -87,12 +87,22 @@ def median_ms(fn, *args, warmup=3, reps=20) -> float:
     return statistics.median(times)
 
 
+def forward_backward(fwd):
+    """fwd's forward+backward as one function of (*inputs, cotangent) returning (output,
+    *gradients): the output is returned, not dropped, since an unused output would let XLA drop
+    the kernels that form it, which training runs (and fla's timings include)."""
+    def fwd_bwd(*args):
+        *inputs, cotangent = args
+        out, vjp = jax.vjp(fwd, *inputs)
+        return (out, *vjp(cotangent.astype(out.dtype)))
+    return fwd_bwd
+
+
 def fwd_bwd_row(fwd, fwd_bwd, inputs, cotangent, want_out, want_grads, names, out="o",
                 reps=20) -> dict:
     """Timing and accuracy of an op: fwd(*inputs) and fwd_bwd(*inputs, cotangent) medians (ms),
     and the relative error of the output and of each input's gradient (``names``) against a
-    reference's (``want_out``, ``want_grads``). ``fwd_bwd`` returns (output, *gradients): an
-    output left unused would let XLA drop the kernels that form it, which training runs."""
+    reference's (``want_out``, ``want_grads``); ``fwd_bwd`` as ``forward_backward`` makes it."""
     return {"fwd_ms": median_ms(fwd, *inputs, reps=reps),
             "fwd_bwd_ms": median_ms(fwd_bwd, *inputs, cotangent, reps=reps),
             "err": {out: rel_err(fwd(*inputs), want_out),

@@ -47,10 +47,7 @@ def fns(impl):
     def fwd(q, k, v, g):
         return gated_linear_attention(q, k, v, g, settings=settings)[0]
 
-    def fwd_bwd(q, k, v, g, do):           # o returned too: kept, as in training
-        o, vjp = jax.vjp(fwd, q, k, v, g)
-        return (o, *vjp(do.astype(o.dtype)))
-    return jax.jit(fwd), jax.jit(fwd_bwd)
+    return jax.jit(fwd), jax.jit(_bench.forward_backward(fwd))
 
 
 def _limits(B, T, H, K, V, per_key, ceil, chunk=64):

@@ -40,10 +40,7 @@ def fns(impl):
     def fwd(a, b):
         return gated_recurrence(a, b, settings=settings)[0]
 
-    def fwd_bwd(a, b, do):                 # h returned too: kept, as in training
-        h, vjp = jax.vjp(fwd, a, b)
-        return (h, *vjp(do.astype(h.dtype)))
-    return jax.jit(fwd), jax.jit(fwd_bwd)
+    return jax.jit(fwd), jax.jit(_bench.forward_backward(fwd))
 
 
 def main():

@@ -79,10 +79,7 @@ def fns(impl, decay=True, **opts):
             return gated_delta_rule_pallas(q, k, v, g, beta, settings=settings)[0]
         return gated_delta_rule(q, k, v, g, beta, settings=settings)[0]
 
-    def fwd_bwd(q, k, v, g, beta, do):     # o returned too: kept, as in training
-        o, vjp = jax.vjp(fwd, q, k, v, g, beta)
-        return (o, *vjp(do.astype(o.dtype)))
-    return jax.jit(fwd), jax.jit(fwd_bwd)
+    return jax.jit(fwd), jax.jit(_bench.forward_backward(fwd))
 
 
 
