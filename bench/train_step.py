@@ -26,8 +26,10 @@ peak counter is process-wide (the largest step so far), so it is only recorded a
 goes: by category (GDN kernels, attention, matmuls, copies, fusions), the top kernels with the
 operation and source line each came from, how much of the step the device was busy, the first
 kernel to the last, and which kernels the idle gaps follow (``hwh_jax.profiling.profile``).
-``--hlo DIR`` writes each row's compiled program (XLA's fusions and the kernels' operands, to
-read what a fusion in the profile does).
+``--micro_batch M`` runs each step's batch as micro-batches of M sequences with their gradients
+accumulated (the last holding the rows left), the step ``launch.train`` runs when its memory
+plan splits the batch. ``--hlo DIR`` writes each row's compiled program (XLA's fusions and the
+kernels' operands, to read what a fusion in the profile does).
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ import kernels_pallas
 from hwh_jax.models import HybridLM, model_config
 from hwh_jax.models.params import count_params
 from hwh_jax.training.flops import flops_per_token, peak_flops
+from hwh_jax.training.memory import accumulation
 from hwh_jax.profiling import host_gc, profile
 from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
 from hwh_jax.training.steps import make_train_step
@@ -68,7 +71,7 @@ def sample_tokens(rng, vocab: int, shape, dist: str) -> np.ndarray:
 
 def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", overrides=None,
               profile_top=20, hlo_dir="", profile_steps=3, gc_mode="freeze", tokens="zipf",
-              loss_impl="auto"):
+              loss_impl="auto", micro_batch=0):
     overrides = {**(overrides or {}), **({"vocab_size": vocab_size} if vocab_size else {})}
     cfg = model_config(arch, size, dtype=dtype, **overrides)
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
@@ -81,7 +84,9 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
         "segment_ids": np.ones((B, T), np.int32), "positions": np.tile(np.arange(T), (B, 1)),
         "loss_mask": np.ones((B, T), np.float32)})
     t0 = time.time()
-    step = jax.jit(make_train_step(graphdef, tx, schedule, loss_impl=loss_impl),
+    grad_accum, _ = accumulation(B, micro_batch or B)
+    step = jax.jit(make_train_step(graphdef, tx, schedule, loss_impl=loss_impl,
+                                   grad_accum=grad_accum, micro_batch=micro_batch or B),
                    donate_argnums=0).lower(
         state, batch).compile()
     state, m = step(state, batch)
@@ -133,7 +138,9 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
     ma = step.memory_analysis()  # this step's own buffers, from the compiled program
     step_bytes = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
                   - ma.alias_size_in_bytes) if ma is not None else None
-    return {"arch": arch, "size": size, "T": T, "B": B, "vocab_size": cfg.vocab_size,
+    return {"arch": arch, "size": size, "T": T, "B": B,
+            **({"micro_batch": micro_batch, "grad_accum": grad_accum} if grad_accum > 1 else {}),
+            "vocab_size": cfg.vocab_size,
             **({"overrides": overrides} if overrides else {}), "loss_impl": loss_impl,
             "params": count_params(cfg),
             "tokens": tokens, "step_ms": ms, "step_latency_ms": latency_ms, "tokens_per_s": tps,
@@ -176,6 +183,9 @@ def main():
                     help="directory: write each row's compiled program, {arch}_{size}_{T}.hlo.txt.gz")
     ap.add_argument("--override", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="ModelConfig fields, e.g. gdn_impl=chunk_reference (Python literals)")
+    ap.add_argument("--micro_batch", type=int, default=0,
+                    help="run each step's batch as micro-batches of this many sequences, "
+                         "gradients accumulated, as launch.train's memory plan does (0: one)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     try:
@@ -194,7 +204,7 @@ def main():
                         row = time_step(arch, size, T, B, args.steps, args.dtype,
                                         args.vocab_size, prof, overrides, args.profile_top,
                                         args.hlo, args.profile_steps, args.gc, args.tokens,
-                                        args.loss_impl)
+                                        args.loss_impl, args.micro_batch)
                         break
                     except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                         if not is_oom(e):

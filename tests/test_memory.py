@@ -16,7 +16,7 @@ from hwh_jax.training import memory
 from hwh_jax.training.optimizer import make_optimizer
 from hwh_jax.training.specs import model_config, run_specs
 from hwh_jax.training.state import init_train_state, train_state_shardings
-from hwh_jax.training.steps import make_train_step
+from hwh_jax.training.steps import _split_micro, make_train_step
 from hwh_jax.training.trainer import train_and_evaluate
 
 GiB = memory.GiB
@@ -43,17 +43,17 @@ def _curve(fixed, per_seq, extra=lambda m: 0):
     return compile_at, compiled
 
 
-def test_candidates_are_the_least_padded_micro_batch_for_each_count():
+def test_candidates_are_the_most_even_micro_batch_for_each_count():
     """For each number of micro-batches n, the smallest multiple of the data-parallel size that
-    holds the batch in n: 256 on one device in 6 is 43 (2 rows of padding)."""
+    holds the batch in n: 256 on one device in 6 is 43 (5 of 43, the last of 41)."""
     assert memory.candidates(256, 1)[:8] == [256, 128, 86, 64, 52, 43, 37, 32]
     assert memory.candidates(256, 8) == [256, 128, 88, 64, 56, 48, 40, 32, 24, 16, 8]
     assert memory.candidates(48, 8) == [48, 24, 16, 8]
     assert memory.candidates(4, 8) == [] and memory.candidates(12, 8) == []
-    assert memory.accumulation(256, 43) == (6, 2) and memory.accumulation(256, 32) == (8, 0)
-    # padding is worth a micro-batch fewer only when it is small
-    assert memory.cost(256, 1, 43) < memory.cost(256, 1, 32)
-    assert memory.cost(256, 8, 32) < memory.cost(256, 8, 24)    # 11 x 24: 8 rows padded
+    assert memory.accumulation(256, 43) == (6, 41) and memory.accumulation(256, 32) == (8, 0)
+    assert memory.accumulation(256, 88) == (3, 80) and memory.accumulation(8, 3) == (3, 2)
+    # every split computes the batch's rows once: fewer micro-batches are cheaper
+    assert memory.cost(256, 43) < memory.cost(256, 32) < memory.cost(256, 24)
 
 
 @pytest.mark.parametrize("limit_gib,want", [(100, 256), (50, 128), (15, 32), (5, 8)])
@@ -69,12 +69,12 @@ def test_plan_takes_the_largest_micro_batch_that_fits(limit_gib, want):
     assert len(compiled) <= 3 and want in compiled
 
 
-def test_plan_pads_a_micro_batch_that_does_not_divide_the_batch():
-    """One device, room for 44 of 256 sequences: 6 x 43 with 2 padding rows, not 8 x 32."""
+def test_plan_takes_a_micro_batch_that_does_not_divide_the_batch():
+    """One device, room for 44 of 256 sequences: 6 x 43 (the last of 41), not 8 x 32."""
     compile_at, compiled = _curve(10 * GiB, 2 * GiB)
     got, _ = memory.plan(compile_at, batch=256, dp=1, limit=int((10 + 2 * 44.5) / 0.9 * GiB))
-    assert (got.micro_batch, got.grad_accum, got.padding) == (43, 6, 2)
-    assert "micro-batch 43 x 6 accumulated (2 padding rows)" in got.describe()
+    assert (got.micro_batch, got.grad_accum, got.last) == (43, 6, 41)
+    assert "micro-batch 43 x 6 accumulated (the last of 41)" in got.describe()
     assert len(compiled) == 3
 
 
@@ -103,6 +103,8 @@ def test_a_set_grad_accum_is_honoured_and_checked():
         memory.plan(compile_at, batch=32, dp=1, limit=5 * GiB, grad_accum=2)
     with pytest.raises(ValueError, match="data-parallel size 4"):
         memory.plan(compile_at, batch=32, dp=4, limit=None, grad_accum=16)
+    got, _ = memory.plan(compile_at, batch=32, dp=1, limit=100 * GiB, grad_accum=3)
+    assert (got.micro_batch, got.grad_accum, got.last) == (11, 3, 10)
 
 
 def test_without_a_limit_the_whole_batch_is_one_micro_batch():
@@ -123,9 +125,9 @@ def _tiny(vocab=256, arch="hwh"):
 
 
 def test_accumulated_steps_equal_full_batch_steps():
-    """Three AdamW steps on a batch of 8: whole; as 4 micro-batches of 2; as 3 of 3 (one masked
-    row of padding); and over 2 data-parallel devices as 3 of 4 (each device's 4 rows padded to
-    6). fp32, CPU: losses agree to 2e-5 relative, every parameter to 1e-4 relative or 1e-5
+    """Three AdamW steps on a batch of 8: whole; as 4 micro-batches of 2; as 3 of 3 (the last
+    of 2); and over 2 data-parallel devices as 2 of 6 (the last of 2: each device's 4 rows as 3
+    and 1). fp32, CPU: losses agree to 2e-5 relative, every parameter to 1e-4 relative or 1e-5
     absolute (weights of scale 0.02; summation order is the only difference, and Adam's
     normalisation magnifies it in coordinates whose gradients are near zero)."""
     config, cfg = _tiny(arch="transformer")    # the accumulation does not depend on the mixer
@@ -139,7 +141,7 @@ def test_accumulated_steps_equal_full_batch_steps():
     two = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",)),
                                      jax.sharding.PartitionSpec("data"))
     runs = {}
-    for accum, micro, shards in ((1, None, 1), (4, 2, 1), (3, 3, 1), (3, 4, 2)):
+    for accum, micro, shards in ((1, None, 1), (4, 2, 1), (3, 3, 1), (2, 6, 2)):
         state = init_train_state(cfg, tx, jnp.int32(0))
         step = jax.jit(make_train_step(graphdef, tx, schedule, grad_accum=accum,
                                        micro_batch=micro, shards=shards))
@@ -161,6 +163,20 @@ def test_accumulated_steps_equal_full_batch_steps():
         np.testing.assert_allclose(losses, whole[0], rtol=2e-5)
         for a, b in zip(jax.tree.leaves(whole[1]), jax.tree.leaves(params)):
             np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
+
+
+def test_micro_batches_take_every_row_once_on_its_own_device():
+    """``_split_micro``: 10 rows over 2 devices as micro-batches of 4: two of 4 and a last of 2;
+    each micro-batch takes half its rows from each device's block of 5, and every row is in
+    exactly one micro-batch. A grad_accum that does not match the split is refused."""
+    rows = jnp.arange(10)
+    head, tail = _split_micro({"x": rows}, 2, 4, 2)
+    assert head["x"].tolist() == [[0, 2, 5, 7], [1, 3, 6, 8]] and tail["x"].tolist() == [4, 9]
+    head, tail = _split_micro({"x": jnp.arange(8)}, 4, 2, 1)
+    assert head["x"].tolist() == [[0, 4], [1, 5], [2, 6], [3, 7]] and tail is None
+    step = make_train_step(None, None, None, grad_accum=4, micro_batch=3)
+    with pytest.raises(ValueError, match="4 micro-batches of 3 rows cannot split a batch of 8"):
+        step({"params": {}}, {"x": jnp.zeros((8, 2))})
 
 
 # ---------------------------------------------------------------- the trainer's plan

@@ -15,10 +15,10 @@ donated + temporaries + code, per device) against the device's memory limit:
    cheapest is tried.
 
 A micro-batch need not divide the batch: ``grad_accum`` = ceil(batch / micro_batch), and the
-last micro-batches are filled with masked rows (at most micro_batch - 1 of them, spread over
-the devices). ``cost`` weighs those padding rows against the fixed cost of each micro-batch,
-so 256 sequences run as 6 x 43 (2 rows of padding) rather than 8 x 32 when 43 is the largest
-that fits.
+last micro-batch holds the rows left (fewer; the step compiles it as a program of its own), so
+every split computes the batch's rows and no more, and the cheapest split is the one with the
+fewest micro-batches: 256 sequences run as 6 x 43 (the last of 41) rather than 8 x 32 when 43
+is the largest that fits.
 
 The chosen step is the one the trainer runs (no compile is wasted on it). Without a known
 limit (the CPU backend reports none and ``train.device_memory_gb`` is 0) the whole batch is
@@ -40,11 +40,6 @@ log = logging.getLogger(__name__)
 
 GiB = 2 ** 30
 HEADROOM = 0.9   # share of the limit a plan fills: allocator fragmentation, library workspaces
-# A micro-batch's fixed cost in sequences per device (launching its kernels, reading every
-# weight, adding its gradients to the sum), a weight against padding rows. Small in practice: on
-# an H200, HwH-380m's 256 x 2,048 as 6 x 43 ran at the tokens/s of one micro-batch of 44
-# (docs/training.md). 4 lets a micro-batch fewer win only against little padding.
-STEP_OVERHEAD_SEQS = 4
 PLAN_FILE = "memory_plan.json"
 
 
@@ -63,17 +58,17 @@ class Plan:
     how: str                      # "planned" | "set by train.grad_accum" | "no limit known" | "remembered"
     probes: tuple = ()            # ((micro_batch, step_bytes), ...) compiled on the way
 
-    padding: int = 0              # masked rows filling the last micro-batches
+    last: int = 0                 # rows of the last micro-batch when fewer than micro_batch
 
     def describe(self) -> str:
         lim = f" of {size(self.limit_bytes)}" if self.limit_bytes else ""
-        pad = f" ({self.padding} padding rows)" if self.padding else ""
-        return (f"micro-batch {self.micro_batch} x {self.grad_accum} accumulated{pad}; step "
+        last = f" (the last of {self.last})" if self.last else ""
+        return (f"micro-batch {self.micro_batch} x {self.grad_accum} accumulated{last}; step "
                 f"memory {size(self.step_bytes)}{lim} per device ({self.how})")
 
     def to_json(self) -> dict:
         return {"micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
-                "padding": self.padding,
+                "last": self.last,
                 "step_bytes": self.step_bytes, "step_gib": round(self.step_bytes / GiB, 3),
                 "limit_gib": None if self.limit_bytes is None else round(self.limit_bytes / GiB, 3),
                 "how": self.how, "probes": [list(p) for p in self.probes]}
@@ -104,9 +99,10 @@ def device_limit(memory_gb: float = 0.0) -> int | None:
 
 
 def accumulation(batch: int, micro: int) -> tuple[int, int]:
-    """(micro-batches, padding rows) that run ``batch`` sequences ``micro`` at a time."""
+    """(micro-batches, rows of the last when fewer than ``micro``, else 0) that run ``batch``
+    sequences ``micro`` at a time."""
     n = -(-batch // micro)
-    return n, n * micro - batch
+    return n, batch - (n - 1) * micro if batch % micro else 0
 
 
 def candidates(batch: int, dp: int) -> list[int]:
@@ -118,11 +114,11 @@ def candidates(batch: int, dp: int) -> list[int]:
     return sorted({-(-m // dp) * dp for m in per}, reverse=True)
 
 
-def cost(batch: int, dp: int, micro: int) -> int:
-    """A step's time in sequence-equivalents per device: every row of every micro-batch
-    (padding included) plus ``STEP_OVERHEAD_SEQS`` for each micro-batch."""
-    n, _ = accumulation(batch, micro)
-    return n * (micro // dp + STEP_OVERHEAD_SEQS)
+def cost(batch: int, micro: int) -> int:
+    """What a split costs beyond the batch's rows, which every split computes once: its
+    micro-batches, each of which launches its kernels, reads every weight and adds its
+    gradients to the sum."""
+    return accumulation(batch, micro)[0]
 
 
 def plan(compile_at: Callable[[int], object], *, batch: int, dp: int, limit: int | None,
@@ -135,13 +131,17 @@ def plan(compile_at: Callable[[int], object], *, batch: int, dp: int, limit: int
         raise ValueError(f"train.batch_size={batch} cannot be split over the data-parallel size "
                          f"{dp}: make it a multiple of {dp}, or change train.mesh")
     if grad_accum:
-        micro = batch // grad_accum
-        if micro % dp:
-            raise ValueError(f"micro-batch {micro} (train.batch_size={batch} / train.grad_accum="
-                             f"{grad_accum}) does not divide over the data-parallel size {dp}; "
-                             f"set train.grad_accum=0 to let the trainer choose")
+        micro = -(-batch // grad_accum)                  # the last micro-batch may be smaller
+        micro = -(-micro // dp) * dp
+        if accumulation(batch, micro)[0] != grad_accum:
+            counts = sorted({accumulation(batch, m)[0] for m in cands})
+            raise ValueError(f"train.batch_size={batch} cannot run as train.grad_accum="
+                             f"{grad_accum} micro-batches over the data-parallel size {dp} (each a "
+                             f"multiple of {dp}); possible: {counts}, or train.grad_accum=0 to let "
+                             f"the trainer choose")
         compiled = compile_at(micro)
-        got = Plan(micro, grad_accum, step_bytes(compiled), limit, "set by train.grad_accum")
+        got = Plan(micro, grad_accum, step_bytes(compiled), limit, "set by train.grad_accum",
+                   last=accumulation(batch, micro)[1])
         if limit is not None and got.step_bytes > limit:
             raise MemoryPlanError(
                 f"the train step at train.grad_accum={grad_accum} (micro-batch {micro}) needs "
@@ -186,13 +186,13 @@ def plan(compile_at: Callable[[int], object], *, batch: int, dp: int, limit: int
                     return probes[m] <= budget
                 return m < lo or ((hi is None or m < hi)
                                   and probes[lo] + (m - lo) * per_seq <= budget)
-            best = min((m for m in cands if fits_(m)), key=lambda m: (cost(batch, dp, m), -m))
+            best = min((m for m in cands if fits_(m)), key=lambda m: (cost(batch, m), -m))
             if best in probes:
                 chosen = best
                 break
             measure(best)
-    n, pad = accumulation(batch, chosen)
-    got = Plan(chosen, n, probes[chosen], limit, "planned", tuple(sorted(probes.items())), pad)
+    n, last = accumulation(batch, chosen)
+    got = Plan(chosen, n, probes[chosen], limit, "planned", tuple(sorted(probes.items())), last)
     return got, compiled[chosen]
 
 

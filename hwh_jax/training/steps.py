@@ -52,24 +52,28 @@ def eval_loss(graphdef, params, batch, *, document_mask: bool = False):
     return loss, count
 
 
-def _split_micro(batch, n):
-    """[B, ...] -> [n, B / n, ...], micro-batch j = rows j, j + n, j + 2n, ...: each device's
-    rows of the batch (a contiguous block of them) split evenly over the micro-batches, so
-    every micro-batch is spread over all data-parallel devices without moving a row."""
-    return jax.tree.map(lambda x: x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1),
-                        batch)
+def _split_micro(batch, n, micro, shards):
+    """[B, ...] -> ([n, micro, ...] or None, [last, ...] or None): ``n`` micro-batches of
+    ``micro`` rows and, when they do not fill B, one last micro-batch of the ``last`` rows left.
 
+    Each of the ``shards`` contiguous blocks of the batch (one per data-parallel device) is split
+    on its own, so every micro-batch is spread over all data-parallel devices without moving a
+    row: micro-batch j takes rows j, j + n, j + 2n, ... of the first n x micro / shards rows of
+    each block, the last micro-batch the rest of each block."""
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    per, md = rows // shards, micro // shards
 
-def _pad_rows(batch, rows, shards):
-    """[B, ...] -> [rows, ...]: each of the ``shards`` contiguous blocks of the batch (one per
-    data-parallel device) padded at its end with zero rows (loss mask 0: they add nothing to
-    the loss, the token count or the gradients), so no row moves between devices."""
-    def pad(x):
-        b = x.shape[0]
-        x = x.reshape(shards, b // shards, *x.shape[1:])
-        x = jnp.pad(x, [(0, 0), (0, (rows - b) // shards)] + [(0, 0)] * (x.ndim - 2))
-        return x.reshape(rows, *x.shape[2:])
-    return jax.tree.map(pad, batch)
+    def head(x):
+        x = x.reshape(shards, per, *x.shape[1:])[:, :n * md]
+        x = x.reshape(shards, md, n, *x.shape[2:]).swapaxes(0, 2).swapaxes(1, 2)
+        return x.reshape(n, micro, *x.shape[3:])
+
+    def tail(x):
+        x = x.reshape(shards, per, *x.shape[1:])[:, n * md:]
+        return x.reshape(rows - n * micro, *x.shape[2:])
+
+    return (jax.tree.map(head, batch) if n else None,
+            jax.tree.map(tail, batch) if rows > n * micro else None)
 
 
 def make_train_step(graphdef, tx, schedule, *, grad_accum=1, micro_batch=None, shards=1,
@@ -77,9 +81,11 @@ def make_train_step(graphdef, tx, schedule, *, grad_accum=1, micro_batch=None, s
     """train_step(state, batch) -> (state, metrics); batch leading dim = global batch B, run as
     ``grad_accum`` micro-batches of ``micro_batch`` rows (default B / grad_accum) whose
     gradients are summed weighted by their tokens: the update equals the whole batch's. When
-    grad_accum x micro_batch exceeds B, each of the ``shards`` data-parallel blocks of the
-    batch is padded with masked rows to fill the last micro-batches (``memory.plan`` chooses
-    such a split when the largest micro-batch that fits does not divide B). ``loss_impl``,
+    ``micro_batch`` does not divide B, the last micro-batch holds the rows left (fewer; a
+    program of its own after the loop over the others, so no row is computed that the batch
+    does not hold; ``memory.plan`` chooses such a split when the largest micro-batch that fits
+    does not divide B). ``shards``: the data-parallel devices, whose blocks of the batch are
+    split each on its own (``_split_micro``). ``loss_impl``,
     ``z_loss``, ``document_mask``: see ``train_loss``."""
     loss_fn = functools.partial(train_loss, graphdef, loss_impl=loss_impl, z_loss=z_loss,
                                 document_mask=document_mask)
@@ -91,21 +97,26 @@ def make_train_step(graphdef, tx, schedule, *, grad_accum=1, micro_batch=None, s
             (_, (loss, count)), grads = grad_fn(params, batch)
         else:
             rows = jax.tree.leaves(batch)[0].shape[0]
-            padded = grad_accum * (micro_batch or rows // grad_accum)
-            if padded < rows or (padded - rows) % shards:
-                raise ValueError(f"{grad_accum} micro-batches of {micro_batch} rows cannot hold "
-                                 f"a batch of {rows} over {shards} data-parallel shards")
-            if padded > rows:
-                batch = _pad_rows(batch, padded, shards)
+            micro_rows = micro_batch or rows // grad_accum
+            full = rows // micro_rows                  # micro-batches of micro_rows rows
+            last = rows - full * micro_rows            # rows of one smaller last micro-batch
+            if (full + (last > 0) != grad_accum or micro_rows % shards or rows % shards):
+                raise ValueError(f"{grad_accum} micro-batches of {micro_rows} rows cannot split "
+                                 f"a batch of {rows} over {shards} data-parallel shards: they "
+                                 f"must hold it with at most one smaller last micro-batch")
 
             def micro(carry, mb):
                 g_sum, l_sum, n_sum = carry
                 (_, (l, n)), g = grad_fn(params, mb)
                 g_sum = jax.tree.map(lambda a, b: a + b * n, g_sum, g)
                 return (g_sum, l_sum + l * n, n_sum + n), None
-            zeros = jax.tree.map(jnp.zeros_like, params)
-            (g_sum, l_sum, count), _ = jax.lax.scan(
-                micro, (zeros, 0.0, 0.0), _split_micro(batch, grad_accum))
+            carry = (jax.tree.map(jnp.zeros_like, params), 0.0, 0.0)
+            head, tail = _split_micro(batch, full, micro_rows, shards)
+            if head is not None:
+                carry, _ = jax.lax.scan(micro, carry, head)
+            if tail is not None:
+                carry, _ = micro(carry, tail)
+            g_sum, l_sum, count = carry
             grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), g_sum)
             loss = l_sum / jnp.maximum(count, 1.0)
         gnorm = optax.tree.norm(grads)

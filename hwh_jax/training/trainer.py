@@ -188,9 +188,9 @@ class Run:
         again = memory.remembered(self.workdir, key) if not c.grad_accum else None
         if again:
             compiled = compile_at(again)
-            n, pad = memory.accumulation(c.batch_size, again)
+            n, last = memory.accumulation(c.batch_size, again)
             self.plan = memory.Plan(again, n, memory.step_bytes(compiled), limit, "remembered",
-                                    padding=pad)
+                                    last=last)
             if limit is not None and self.plan.step_bytes > limit:
                 again = None
         if not again:
@@ -200,9 +200,9 @@ class Run:
             micro = int(multihost_utils.broadcast_one_to_all(np.int32(self.plan.micro_batch)))
             if micro != self.plan.micro_batch:
                 compiled = compile_at(micro)
-                n, pad = memory.accumulation(c.batch_size, micro)
+                n, last = memory.accumulation(c.batch_size, micro)
                 self.plan = dataclasses.replace(self.plan, micro_batch=micro, grad_accum=n,
-                                                padding=pad,
+                                                last=last,
                                                 step_bytes=memory.step_bytes(compiled))
         if jax.process_index() == 0:
             memory.remember(self.workdir, key, self.plan)
