@@ -132,6 +132,36 @@ def test_summary_is_written_before_the_closing_evaluation(corpus, tmp_path, monk
     assert summary["steps"] == 2 and summary["final_heldout_loss"] > 0 and "eval" not in summary
 
 
+def test_a_log_line_is_written_with_the_next_step_queued(corpus, tmp_path, monkeypatch, capsys):
+    """log_every=2 over 5 steps: the lines of steps 2 and 4 are printed after steps 3 and 5 are
+    dispatched (the device is never left idle while the host reads metrics and writes), the last
+    step's at once; every line's figures are those of its own step."""
+    from hwh_jax.training import trainer
+    real = trainer.Run.compile_steps
+
+    def compile_steps(self):
+        real(self)
+        step = self.train_step
+
+        def dispatch(state, batch):
+            print("dispatched", flush=True)
+            return step(state, batch)
+        self.train_step = dispatch
+    monkeypatch.setattr(trainer.Run, "compile_steps", compile_steps)
+    got = train_and_evaluate(small_config(corpus, steps=5, log_every=2), tmp_path)
+    printed = [l for l in capsys.readouterr().out.splitlines()
+               if l.startswith(("dispatched", "step "))]
+    assert [l.split(" |")[0] for l in printed] == ["dispatched"] * 3 + ["step      2/5"] + [
+        "dispatched"] * 2 + ["step      4/5", "step      5/5"]
+    for line in printed[3], printed[6], printed[7]:
+        step, loss = int(line.split("/")[0].split()[1]), line.split("loss ")[1].split()[0]
+        assert loss == f"{got.losses[step]:.4f}"
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
+    assert train == got.losses and sorted(train) == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in rows if r["split"] == "perf"] == [2, 4, 5]
+
+
 def test_nan_stops_with_step_and_keeps_last_good_checkpoint(corpus, tmp_path):
     config = small_config(corpus, steps=30, lr=1e12, clip_norm=0.0, warmup_steps=0,
                           checkpoint_every=1, weight_decay=0.0)

@@ -133,7 +133,8 @@ def make_train_step(graphdef, tx, schedule, *, grad_accum=1, micro_batch=None, s
             "rng": state["rng"],
             "bad_step": jnp.where(ok | (state["bad_step"] >= 0), state["bad_step"], step),
         }
-        metrics = {"loss": loss, "grad_norm": gnorm, "lr": schedule(step), "tokens": count}
+        metrics = {"loss": loss, "grad_norm": gnorm, "lr": schedule(step), "tokens": count,
+                   "bad_step": new_state["bad_step"]}
         return new_state, metrics
 
     return train_step

@@ -255,17 +255,22 @@ class Run:
         while step < stop_at and not halt:
             t_data = time.time()
             batch, self.first_batch = self.first_batch or next(self.train_iter), None
-            loop.data_wait += time.time() - t_data
+            waited = time.time() - t_data
             ids = batch["index"].tolist()
             self.state, m = self.train_step(self.state, self.put(batch))
             step += 1
             if step == self.start + 1:   # compiled: later collections skip what setup built
                 log.info("froze %d objects out of the garbage collector's walks (host_gc)",
                          host_gc.freeze())
+            loop.pending.append((step, m, ids, waited))
+            if loop.due is not None:    # the last log point's line, with this step queued behind
+                loop.flush(loop.due)
             tracing = tracer.step(step, self.state)
-            loop.pending.append((step, m, ids))
             if (step % c.log_every == 0 or step == stop_at) and not tracing:
-                loop.flush(step)
+                if step < stop_at:
+                    loop.due = step     # read once the next step is dispatched: no device stall
+                else:
+                    loop.flush(step)
             if c.eval_every and step % c.eval_every == 0 and step < c.steps:
                 loop.flush(step)
                 self._record_heldout(step, self.heldout_loss(self.state["params"]),
@@ -293,10 +298,12 @@ class Run:
         host_gc.unfreeze()   # what the run built can be collected again once it is dropped
         self.step = step
 
-    def check_finite(self):
+    def check_finite(self, bad: int | None = None):
         """Stop at a step whose loss or gradient was not finite (its update was skipped): the
-        newest checkpoint is marked suspect, so the next start does not simply repeat it."""
-        bad = int(self.state["bad_step"])
+        newest checkpoint is marked suspect, so the next start does not simply repeat it.
+        ``bad``: the state's ``bad_step`` as a step's metrics carried it (default: read from the
+        newest state, which waits for its step)."""
+        bad = int(self.state["bad_step"]) if bad is None else bad
         if bad < 0:
             return
         steps = self.ckpt.steps()
@@ -415,37 +422,42 @@ class Run:
 
 class _Loop:
     """The loop's bookkeeping: steps' metrics fetched at log points (no per-step sync), the
-    progress line and its throughput window."""
+    progress line and its throughput window. A log point's line is written once the next step
+    is dispatched (``due``), so the device runs that step while the host reads the metrics and
+    writes, and the window runs from one log point's step ending to the next's."""
 
     def __init__(self, run: Run):
         self.run = run
-        self.pending = []       # (step, metrics on device, batch ids)
+        self.pending = []       # (step, metrics on device, batch ids, seconds its batch took)
         self.t_last, self.step_last = time.time(), run.start
-        self.data_wait = 0.0    # seconds spent in next(train_iter) since the last line
+        self.due = None         # a log point's step whose line waits for the next dispatch
 
     def flush(self, step: int):
+        """The metrics of the steps up to ``step`` to the log, and the progress line at it."""
         run, c = self.run, self.run.c
-        for s, m, ids in self.pending:
+        done = [p for p in self.pending if p[0] <= step]
+        self.pending = [p for p in self.pending if p[0] > step]
+        self.due = None
+        for s, m, ids, _ in done:
             m = jax.device_get(m)
             run.losses[s] = float(m["loss"])
             run.batch_ids[s] = ids
             run.writer.write(s, "train", {k: m[k] for k in ("loss", "grad_norm", "lr")})
-        run.check_finite()
-        if self.pending:
+        if done:
+            run.check_finite(int(jax.device_get(done[-1][1]["bad_step"])))
             dt = time.time() - self.t_last
             tps = c.batch_size * run.config.seq_len * (step - self.step_last) / max(dt, 1e-9)
             mfu = run.flops * tps / run.peak_total if run.peak_total else None
             eta = ((c.stop_at_step or c.steps) - step) * dt / max(step - self.step_last, 1)
-            share = self.data_wait / max(dt, 1e-9)
+            share = sum(p[3] for p in done) / max(dt, 1e-9)
             if jax.process_index() == 0:
                 p = run.plan
-                print(progress_line(step, c.steps, jax.device_get(self.pending[-1][1]), tps, mfu,
+                print(progress_line(step, c.steps, jax.device_get(done[-1][1]), tps, mfu,
                                     eta, share, f"{p.micro_batch}x{p.grad_accum} "
                                     f"{memory.size(p.step_bytes)}"), flush=True)
             run.writer.write(step, "perf", {"tokens_per_s": tps, "data_wait_share": share,
                                             **({"mfu": mfu} if mfu else {})})
-            self.t_last, self.step_last, self.data_wait = time.time(), step, 0.0
-        self.pending.clear()
+            self.t_last, self.step_last = time.time(), step
 
 
 class _StopVote:
