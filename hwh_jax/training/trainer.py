@@ -439,12 +439,12 @@ class _Loop:
         self.pending = [p for p in self.pending if p[0] > step]
         self.due = None
         for s, m, ids, _ in done:
-            m = jax.device_get(m)
+            m = last = jax.device_get(m)
             run.losses[s] = float(m["loss"])
             run.batch_ids[s] = ids
             run.writer.write(s, "train", {k: m[k] for k in ("loss", "grad_norm", "lr")})
         if done:
-            run.check_finite(int(jax.device_get(done[-1][1]["bad_step"])))
+            run.check_finite(int(last["bad_step"]))
             dt = time.time() - self.t_last
             tps = c.batch_size * run.config.seq_len * (step - self.step_last) / max(dt, 1e-9)
             mfu = run.flops * tps / run.peak_total if run.peak_total else None
@@ -452,7 +452,7 @@ class _Loop:
             share = sum(p[3] for p in done) / max(dt, 1e-9)
             if jax.process_index() == 0:
                 p = run.plan
-                print(progress_line(step, c.steps, jax.device_get(done[-1][1]), tps, mfu,
+                print(progress_line(step, c.steps, last, tps, mfu,
                                     eta, share, f"{p.micro_batch}x{p.grad_accum} "
                                     f"{memory.size(p.step_bytes)}"), flush=True)
             run.writer.write(step, "perf", {"tokens_per_s": tps, "data_wait_share": share,
