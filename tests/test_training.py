@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -160,6 +161,33 @@ def test_a_log_line_is_written_with_the_next_step_queued(corpus, tmp_path, monke
     train = {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
     assert train == got.losses and sorted(train) == [1, 2, 3, 4, 5]
     assert [r["step"] for r in rows if r["split"] == "perf"] == [2, 4, 5]
+
+
+def test_the_rate_counts_a_step_that_ended_before_its_line(corpus, tmp_path, monkeypatch):
+    """A dispatch that returns only once its step is done (a short device queue) and takes at
+    least 0.3 s: each window counts the steps that ended in it, so no line's tokens/s exceeds
+    a step's tokens over 0.3 s (counting the last step twice over nearly no time did)."""
+    from hwh_jax.training import trainer
+    real = trainer.Run.compile_steps
+
+    def compile_steps(self):
+        real(self)
+        step = self.train_step
+
+        def dispatch(state, batch):
+            out = jax.block_until_ready(step(state, batch))
+            time.sleep(0.3)
+            return out
+        self.train_step = dispatch
+    monkeypatch.setattr(trainer.Run, "compile_steps", compile_steps)
+    config = small_config(corpus, steps=5, log_every=2)
+    train_and_evaluate(config, tmp_path)
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    perf = {r["step"]: r["tokens_per_s"] for r in rows if r["split"] == "perf"}
+    assert sorted(perf) == [2, 4, 5]
+    bound = config.train.batch_size * config.seq_len / 0.3
+    assert all(0 < v <= bound for v in perf.values()), (perf, bound)
+    assert perf[5] == perf[4]          # step 5 had ended when step 4's line was read
 
 
 def test_nan_stops_with_step_and_keeps_last_good_checkpoint(corpus, tmp_path):

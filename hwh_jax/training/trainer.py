@@ -424,13 +424,15 @@ class _Loop:
     """The loop's bookkeeping: steps' metrics fetched at log points (no per-step sync), the
     progress line and its throughput window. A log point's line is written once the next step
     is dispatched (``due``), so the device runs that step while the host reads the metrics and
-    writes, and the window runs from one log point's step ending to the next's."""
+    writes, and the window runs from one log point's step ending to the next's (or from the
+    step after it, when that one had ended too by the time the line was read)."""
 
     def __init__(self, run: Run):
         self.run = run
         self.pending = []       # (step, metrics on device, batch ids, seconds its batch took)
         self.t_last, self.step_last = time.time(), run.start
         self.due = None         # a log point's step whose line waits for the next dispatch
+        self.tps, self.dt, self.steps = 0.0, 0.0, 0     # the last window's rate
 
     def flush(self, step: int):
         """The metrics of the steps up to ``step`` to the log, and the progress line at it."""
@@ -444,11 +446,21 @@ class _Loop:
             run.batch_ids[s] = ids
             run.writer.write(s, "train", {k: m[k] for k in ("loss", "grad_norm", "lr")})
         if done:
+            now, ended = time.time(), step
+            # A dispatch may return only once its step is nearly done (the device's queue is
+            # short), so by now the next step may have ended too: the window counts it then.
+            if self.pending and self.pending[0][0] == step + 1 and _ready(self.pending[0][1]):
+                ended = step + 1
             run.check_finite(int(last["bad_step"]))
-            dt = time.time() - self.t_last
-            tps = c.batch_size * run.config.seq_len * (step - self.step_last) / max(dt, 1e-9)
+            dt, steps = now - self.t_last, ended - self.step_last
+            if steps < 1:          # this step was counted in the last window: its rate stands
+                tps, dt, steps = self.tps, self.dt, self.steps
+                now, ended = self.t_last, self.step_last
+            else:
+                tps = c.batch_size * run.config.seq_len * steps / max(dt, 1e-9)
+            self.tps, self.dt, self.steps = tps, dt, steps
             mfu = run.flops * tps / run.peak_total if run.peak_total else None
-            eta = ((c.stop_at_step or c.steps) - step) * dt / max(step - self.step_last, 1)
+            eta = ((c.stop_at_step or c.steps) - step) * dt / max(steps, 1)
             share = sum(p[3] for p in done) / max(dt, 1e-9)
             if jax.process_index() == 0:
                 p = run.plan
@@ -457,7 +469,12 @@ class _Loop:
                                     f"{memory.size(p.step_bytes)}"), flush=True)
             run.writer.write(step, "perf", {"tokens_per_s": tps, "data_wait_share": share,
                                             **({"mfu": mfu} if mfu else {})})
-            self.t_last, self.step_last = time.time(), step
+            self.t_last, self.step_last = now, ended
+
+
+def _ready(metrics) -> bool:
+    """Whether a step's metrics (so the step) are computed, without waiting for them."""
+    return all(x.is_ready() for x in jax.tree.leaves(metrics) if hasattr(x, "is_ready"))
 
 
 class _StopVote:
