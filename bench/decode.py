@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import itertools
 import statistics
 import time
 
@@ -49,11 +50,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from _bench import emit, is_oom, print_device, write_jsonl
+from _bench import emit, is_oom, parse_impl, print_device, write_jsonl
 import kernels_pallas
 from hwh_jax.inference import Generator
 from hwh_jax.inference.cache import cache_bytes
 from hwh_jax.inference.roofline import decode_step_bytes, floor_ms, peak_memory_bandwidth
+from hwh_jax.layers.attention import FullAttentionHeads
 from hwh_jax.models import HybridLM, model_config
 from hwh_jax.profiling import profile
 
@@ -163,6 +165,10 @@ def main():
                     help="none: no prompt, an empty cache at position context - decode_steps "
                          "(decode latency and cache memory only; see the module docstring)")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--decode_attn_impls", nargs="+", default=["auto"],
+                    help="model.decode_attn_impl of each row (auto | reference | pallas): "
+                         "the FA heads' attention over the cache in a decode step; "
+                         "pallas:KEY=VALUE,... sets DecodeAttentionSettings fields")
     ap.add_argument("--profile", default="",
                     help="directory: trace one decode loop per row and print its device time")
     ap.add_argument("--memory_bandwidth", type=float, default=0.0,
@@ -172,15 +178,21 @@ def main():
     print_device()
     bandwidth = args.memory_bandwidth or peak_memory_bandwidth(jax.devices()[0].device_kind)
     rows = []
-    for arch in args.archs:
-        cfg = model_config(arch, args.size, dtype=args.dtype)
+    for arch, impl in itertools.product(args.archs, args.decode_attn_impls):
+        name, opts = parse_impl(impl)
+        cfg = model_config(arch, args.size, dtype=args.dtype, decode_attn_impl=name)
         model = HybridLM(cfg, rngs=nnx.Rngs(0))
+        if opts:                           # launch settings: every FA module's decode op
+            for _, m in nnx.iter_graph(model):
+                if isinstance(m, FullAttentionHeads):
+                    m.decode_settings = m.decode_settings.replace(**opts)
         for T in args.contexts:
             for B in args.batches:
                 row = {"arch": arch, "size": args.size, "context": T, "batch": B,
+                       "decode_attn_impl": impl,
                        "cache_gib": cache_bytes(cfg, B, T)["total"] / 2 ** 30}
                 try:
-                    prof = (f"{args.profile}/{arch}_{args.size}_{T}_b{B}"
+                    prof = (f"{args.profile}/{arch}_{impl}_{args.size}_{T}_b{B}"
                             if args.profile else "")
                     row.update(measure(model, cfg, T, B, args.prefill_chunk,
                                        args.decode_steps, prof, args.prefill == "full",
@@ -194,17 +206,20 @@ def main():
                 row["kernels"] = kernels_pallas.chosen()
                 emit(rows, row)
                 write_jsonl(args.out, rows)          # after every row: a cut run keeps its rows
-    print(f"\n{'arch':12s} {'ctx':>6s} {'B':>3s} {'cache GiB':>9s} {'prefill s':>9s} "
-          f"{'decode ms/token':>15s} {'per call':>9s} {'floor ms':>9s} {'x floor':>8s}")
+    print(f"\n{'arch':12s} {'attn':>9s} {'ctx':>6s} {'B':>3s} {'cache GiB':>9s} "
+          f"{'prefill s':>9s} {'decode ms/token':>15s} {'per call':>9s} {'floor ms':>9s} "
+          f"{'x floor':>8s}")
     for r in rows:
         if r.get("oom"):
-            print(f"{r['arch']:12s} {r['context']:6d} {r['batch']:3d} {r['cache_gib']:9.2f}  OOM")
+            print(f"{r['arch']:12s} {r['decode_attn_impl']:>9s} {r['context']:6d} {r['batch']:3d} "
+                  f"{r['cache_gib']:9.2f}  OOM")
             continue
         pre = f"{r['prefill_s']:9.2f}" if "prefill_s" in r else f"{'-':>9}"
         floor = (f"{r['floor_ms']:9.3f} {r['x_floor']:8.1f}" if r.get("floor_ms")
                  else f"{'-':>9} {'-':>8}")
-        print(f"{r['arch']:12s} {r['context']:6d} {r['batch']:3d} {r['cache_gib']:9.2f} "
-              f"{pre} {r['decode_ms']:15.2f} {r['decode_call_ms']:9.2f} {floor}")
+        print(f"{r['arch']:12s} {r['decode_attn_impl']:>9s} {r['context']:6d} {r['batch']:3d} "
+              f"{r['cache_gib']:9.2f} {pre} {r['decode_ms']:15.2f} {r['decode_call_ms']:9.2f} "
+              f"{floor}")
 
 
 if __name__ == "__main__":

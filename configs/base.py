@@ -47,6 +47,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.dtype = "float32" if size == "tiny" else "bfloat16"  # compute dtype (params stay fp32);
     #                                        tiny runs on CPUs, where bf16 is emulated and slow
     m.attn_impl = "auto"                   # kernels_pallas.attention impl
+    m.decode_attn_impl = "auto"            # kernels_pallas.decode_attention impl (decode steps)
     m.gdn_impl = "auto"                    # kernels_pallas.gated_delta_rule impl
     m.decay_impl = "auto"                  # kernels_pallas.gated_linear_attention impl
     m.hgrn_impl = "auto"                   # kernels_pallas.gated_recurrence impl (HGRN heads)

@@ -184,3 +184,67 @@ def test_blockwise_cached_attention_bf16_within_bf16_noise():
     assert err < 1e-2, err
     with pytest.raises(ValueError, match="block must be >= 1, got 0"):
         cached_attention_blockwise(q, k, v, block=0, **kw)
+
+
+DECODE = dict(impl="pallas", interpret=True, block=16, min_programs=8)
+
+
+@pytest.mark.parametrize("ring,window,G", [(False, None, 2), (True, 9, 2), (False, 5, 4),
+                                           (True, None, 1)])
+def test_decode_attention_kernel_matches_reference(ring, window, G):
+    """The decode kernel (interpreted) against the reference that forms all logits: several
+    splits of several blocks, ring caches with empty slots, windows, left-padded rows, GQA and
+    MHA; a query that sees no key (window past every slot) returns zeros."""
+    from kernels_pallas import DecodeAttentionSettings, cached_attention, decode_attention
+    from kernels_pallas.attention.decode import plan
+    q, k, v, q_time, k_time, k_start = _cache_case(3, 1, 128, 4, G, 16, seed=G, ring=ring)
+    settings = DecodeAttentionSettings(**{**DECODE, "min_programs": 3 * G * 4})
+    p = plan(3, G, 128, settings)
+    assert (p.block, p.steps, p.splits(128)) == (16, 2, 4)      # the loop and the merge
+    kw = dict(q_time=q_time, k_time=k_time, k_start=k_start, window=window)
+    np.testing.assert_allclose(decode_attention(q, k, v, settings=settings, **kw),
+                               cached_attention(q, k, v, **kw), atol=2e-6, rtol=2e-5)
+    if window is not None:
+        far = decode_attention(q, k, v, settings=settings, **{**kw, "q_time": q_time + 1000})
+        np.testing.assert_array_equal(far, 0.0)
+
+
+def test_decode_attention_bf16_within_bf16_noise_and_its_fallbacks():
+    """bf16 caches (the products on tensor cores, probabilities rounded to bf16) within 1% of
+    the fp32 reference; a cache of slots not a multiple of 16 runs the reference, recorded;
+    more than one query token, or more than 16 query heads a kv head, is refused."""
+    import kernels_pallas
+    from kernels_pallas import DecodeAttentionSettings, cached_attention, decode_attention
+    settings = DecodeAttentionSettings(**DECODE)
+    q, k, v, q_time, k_time, k_start = _cache_case(2, 1, 96, 4, 2, 32, seed=7, ring=False)
+    kw = dict(q_time=q_time, k_time=k_time, k_start=k_start)
+    exact = cached_attention(q, k, v, **kw)
+    bf = lambda x: x.astype(jnp.bfloat16)  # noqa: E731
+    out = decode_attention(bf(q), bf(k), bf(v), settings=settings, **kw)
+    assert out.dtype == jnp.bfloat16 and kernels_pallas.chosen()["decode_attention@cpu"] == "pallas"
+    err = float(jnp.linalg.norm(out.astype(jnp.float32) - exact) / jnp.linalg.norm(exact))
+    assert err < 1e-2, err
+    q, k, v, q_time, k_time, k_start = _cache_case(2, 1, 40, 4, 2, 16, seed=8, ring=False)
+    kw = dict(q_time=q_time, k_time=k_time, k_start=k_start)
+    np.testing.assert_array_equal(decode_attention(q, k, v, settings=settings, **kw),
+                                  cached_attention(q, k, v, **kw))
+    assert kernels_pallas.chosen()["decode_attention@cpu"] == "reference"
+    with pytest.raises(ValueError, match="one query token a row"):
+        decode_attention(jnp.concatenate([q, q], 1), k, v, settings=settings, **kw)
+    with pytest.raises(ValueError, match="at most 16 query heads a kv head"):
+        decode_attention(jnp.zeros((2, 1, 34, 16)), k, v, settings=settings, **kw)
+    with pytest.raises(ValueError, match="min_programs must be >= 1, got 0"):
+        DecodeAttentionSettings(min_programs=0)
+
+
+def test_decode_attention_plan_fills_the_device_and_caps_the_splits():
+    """Splits: the fewest keeping >= min_programs programs, at most max_splits; blocks: the
+    largest power of two <= block dividing the slots; no plan off multiples of 16."""
+    from kernels_pallas import DecodeAttentionSettings
+    from kernels_pallas.attention.decode import plan
+    default = DecodeAttentionSettings()
+    p = plan(32, 5, 32768, default)                  # 32 x 5 x 8 = 1280 programs >= 1024
+    assert (p.block, p.splits(32768)) == (128, 8)
+    assert plan(1, 1, 32768, default).splits(32768) == 32          # capped: 256 would fill
+    assert plan(1, 1, 32768, default.replace(max_splits=256)).splits(32768) == 256
+    assert plan(2, 2, 96, default).block == 32 and plan(2, 2, 40, default) is None

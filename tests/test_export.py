@@ -106,3 +106,13 @@ def test_the_decay_kernels_lower_with_their_gradients(platform):
 
         summary = export.summarize(export._export(jax.jit(fwd_bwd), platform)(x, x, x, g))
         assert set(summary["kernels"]) == kernels, summary["kernels"]
+
+
+def test_the_decode_step_lowers_for_cuda_with_its_attention_kernel():
+    """One decode token on a GPU: every layer with FA heads reads its cache through the
+    decode kernel (Triton), not the fp32 reference."""
+    cfg = model_config("hwh", "380m", attn_impl="reference")  # cuDNN: no library on this host
+    decode = export.summarize(export.export_inference_steps(
+        cfg, platform="gpu", batch=2, context=4096)["decode"])
+    assert decode["platforms"] == ["cuda"]
+    assert decode["kernels"]["decode_attention"] == sum(n > 0 for n in cfg.fa_heads) == 22

@@ -20,7 +20,7 @@ from flax import nnx
 import kernels_pallas
 from hwh_jax.layers.linear import dense
 from hwh_jax.layers.variables import data
-from kernels_pallas.attention import AttentionSettings
+from kernels_pallas.attention import AttentionSettings, DecodeAttentionSettings
 from kernels_pallas.rms_norm import RMSNormSettings
 from hwh_jax.layers.norms import RMSNorm
 from hwh_jax.layers.rope import apply_rope, scaled_frequencies
@@ -42,6 +42,7 @@ class FullAttentionHeads(nnx.Module):
                  rope_scaling: tuple = (),
                  window: int | None = None, qk_norm: bool = False, norm_eps: float = 1e-6,
                  settings: AttentionSettings | None = None,
+                 decode_settings: DecodeAttentionSettings | None = None,
                  norm_settings: RMSNormSettings | None = None, dtype, param_dtype,
                  rngs: nnx.Rngs):
         self.num_heads, self.head_dim = num_heads, head_dim
@@ -50,6 +51,8 @@ class FullAttentionHeads(nnx.Module):
         self.rope_scaling = tuple(rope_scaling)
         self.window, self.dtype = window, dtype
         self.settings = AttentionSettings() if settings is None else settings
+        self.decode_settings = (DecodeAttentionSettings() if decode_settings is None
+                                else decode_settings)
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.q_proj = dense(d_model, num_heads * head_dim, ("embed", "heads"), **kw)
         self.k_proj = dense(d_model, self.num_kv * head_dim, ("embed", "kv_heads"), **kw)
@@ -137,11 +140,13 @@ class FullAttentionHeads(nnx.Module):
         if fresh:
             o = self._fresh_attention(q, k, v, start)
         else:   # prefill chunks: blockwise over the cache (O(Tn x block) memory, the cache's
-            # dtype in the products); a decode step (Tn = 1): the fp32 reference
-            attend = (kernels_pallas.cached_attention_blockwise if Tn > 1
-                      else kernels_pallas.cached_attention)
-            o = attend(q, keys, vals, q_time=times, k_time=k_time, k_start=start,
-                       window=self.window)
+            # dtype in the products); a decode step (Tn = 1): decode_attention (its settings)
+            kw = dict(q_time=times, k_time=k_time, k_start=start, window=self.window)
+            if Tn > 1:
+                o = kernels_pallas.cached_attention_blockwise(q, keys, vals, **kw)
+            else:
+                o = kernels_pallas.decode_attention(q, keys, vals, settings=self.decode_settings,
+                                                    **kw)
         return o.reshape(B, Tn, self.num_heads * self.head_dim), new
 
     def _fresh_attention(self, q, k, v, start):

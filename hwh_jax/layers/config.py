@@ -13,8 +13,9 @@ import dataclasses
 import jax.numpy as jnp
 
 from hwh_jax.layers.rope import PAIRINGS
-from kernels_pallas import (AttentionSettings, DecaySettings, GatedRecurrenceSettings,
-                            GDNSettings, RMSNormSettings, ShortConvSettings)
+from kernels_pallas import (AttentionSettings, DecaySettings, DecodeAttentionSettings,
+                            GatedRecurrenceSettings, GDNSettings, RMSNormSettings,
+                            ShortConvSettings)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 LA_KINDS = ("gdn", "deltanet", "lightning", "retnet", "mamba2", "gla", "hgrn", "hgrn2")
@@ -66,6 +67,7 @@ class ModelConfig:
     dtype: str = "bfloat16"            # compute dtype of matmuls and activations
     param_dtype: str = "float32"
     attn_impl: str = "auto"            # kernels_pallas.attention impl
+    decode_attn_impl: str = "auto"     # kernels_pallas.decode_attention impl (a decode step)
     gdn_impl: str = "auto"             # kernels_pallas.gated_delta_rule impl
     decay_impl: str = "auto"           # kernels_pallas.gated_linear_attention impl (Lightning,
                                        # RetNet, Mamba-2, GLA and HGRN-2 heads)
@@ -94,8 +96,8 @@ class ModelConfig:
             if spec.num_fa % self.q_per_kv:
                 raise ValueError(f"layer {l}: {spec.num_fa} FA heads not divisible by "
                                  f"q_per_kv={self.q_per_kv}")
-        for name in ("attention_settings", "gdn_settings", "decay_settings", "hgrn_settings",
-                     "conv_settings", "norm_settings"):
+        for name in ("attention_settings", "decode_attention_settings", "gdn_settings",
+                     "decay_settings", "hgrn_settings", "conv_settings", "norm_settings"):
             try:
                 getattr(self, name)()
             except ValueError as e:
@@ -125,6 +127,9 @@ class ModelConfig:
 
     def attention_settings(self) -> AttentionSettings:
         return self._kernel(AttentionSettings, self.attn_impl)
+
+    def decode_attention_settings(self) -> DecodeAttentionSettings:
+        return self._kernel(DecodeAttentionSettings, self.decode_attn_impl)
 
     def gdn_settings(self) -> GDNSettings:
         return self._kernel(GDNSettings, self.gdn_impl, chunk_size=self.gdn_chunk_size)

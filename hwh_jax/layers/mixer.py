@@ -52,7 +52,9 @@ class HeadwiseMixer(nnx.Module):
                 rope=spec.fa_rope, rope_theta=cfg.rope_theta, rope_pairing=cfg.rope_pairing,
                 rope_scaling=cfg.rope_scaling,
                 window=spec.window, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
-                settings=cfg.attention_settings(), norm_settings=cfg.norm_settings(), **kw))
+                settings=cfg.attention_settings(),
+                decode_settings=cfg.decode_attention_settings(),
+                norm_settings=cfg.norm_settings(), **kw))
         self.la = data(None if not spec.num_la else _linear_heads(cfg, spec, layer, kw))
         self.dtype = cfg.compute_dtype
         width = spec.num_fa * cfg.head_dim + spec.num_la * cfg.la_value_dim

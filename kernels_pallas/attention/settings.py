@@ -1,4 +1,5 @@
-"""``AttentionSettings``: how ``attention`` runs, as one frozen value."""
+"""``AttentionSettings``: how ``attention`` runs; ``DecodeAttentionSettings``: how
+``decode_attention`` runs; each one frozen value."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,3 +16,27 @@ class AttentionSettings(KernelSettings):
     ``interpret`` runs splash in TPU interpret mode."""
     OP = "attention"
     IMPLS = ("auto", "reference", "cudnn", "splash")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeAttentionSettings(KernelSettings):
+    """How ``decode_attention`` (one query token over a KV cache) runs. impl: "auto" |
+    "reference" (``cached_attention``: XLA, fp32 logits) | "pallas" (the split kernel of
+    ``decode.py``, Triton; falls back to the reference for a cache of slots not a multiple of
+    16). ``block``: slots a loop step (at most; the largest power of two from 16 up dividing the
+    slots);
+    ``min_programs``: the splits are the fewest that keep at least this many programs, and
+    at most ``max_splits``; ``num_warps`` / ``num_stages``: Triton's."""
+    block: int = 128
+    min_programs: int = 1024
+    max_splits: int = 32
+    num_warps: int = 4
+    num_stages: int = 2
+
+    OP = "decode_attention"
+    IMPLS = ("auto", "reference", "pallas")
+    AUTO = {"gpu": "pallas"}
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.require_positive("block", "min_programs", "max_splits", "num_warps", "num_stages")
