@@ -8,8 +8,8 @@ For each (B, S slots, G kv heads, D) with one query head a kv head (--q_per_kv f
 slot written and visible: the wall median (ms) of each implementation on bf16 q, k, v, and on a
 device with a profiler trace its device time per call (``device_ms``: the kernels' sum) and
 kernels, the bytes the step must read at least (k and v: 2 x B x S x G x D x 2) over that
-time (``tb_per_s``), and ``x_copy``: that time over the same bytes at the rate of a
-device-to-device copy timed in the same run (half its read + write rate: the copy's read side).
+time (``tb_per_s``), and ``x_floor``: that time over the same bytes at the device's peak memory
+bandwidth (``hwh_jax.inference.roofline``, the decode tables' floor).
 ``rel_err``: the output's relative error against the fp32 reference. An --impls entry
 "pallas:KEY=VALUE,..." sets ``DecodeAttentionSettings`` fields (block, min_programs, num_warps,
 num_stages).
@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 import _bench
 from _bench import device_ms, median_ms, parse_impl, rel_err
+from hwh_jax.inference.roofline import peak_memory_bandwidth
 from kernels_pallas import DecodeAttentionSettings, cached_attention, decode_attention
 
 
@@ -46,7 +47,7 @@ def main():
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     _bench.print_device()
-    copy_tbps = _bench.ceilings()["copy_tbps"] if jax.default_backend() == "gpu" else None
+    peak = peak_memory_bandwidth(jax.devices()[0].device_kind)
     rows = []
     for shape in args.shapes:
         B, S, G, D = (int(x) for x in shape.split(","))
@@ -66,8 +67,8 @@ def main():
             dev, kernels = device_ms(fn, *bf, reps=args.reps)
             if dev is not None:
                 row.update(device_ms=dev, kernels=kernels, tb_per_s=nbytes / dev / 1e9)
-                if copy_tbps:
-                    row.update(copy_tbps=copy_tbps, x_copy=dev / (nbytes / (copy_tbps / 2) / 1e9))
+                if peak:
+                    row.update(x_floor=dev / (nbytes / peak * 1e3))
             _bench.emit(rows, row)
             _bench.write_jsonl(args.out, rows)
 

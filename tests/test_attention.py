@@ -186,7 +186,7 @@ def test_blockwise_cached_attention_bf16_within_bf16_noise():
         cached_attention_blockwise(q, k, v, block=0, **kw)
 
 
-DECODE = dict(impl="pallas", interpret=True, block=16, min_programs=8)
+DECODE = dict(impl="pallas", interpret=True, block=16, min_programs=8, min_heads=1)
 
 
 @pytest.mark.parametrize("ring,window,G", [(False, None, 2), (True, 9, 2), (False, 5, 4),
@@ -239,12 +239,15 @@ def test_decode_attention_bf16_within_bf16_noise_and_its_fallbacks():
 
 def test_decode_attention_plan_fills_the_device_and_caps_the_splits():
     """Splits: the fewest keeping >= min_programs programs, at most max_splits; blocks: the
-    largest power of two <= block dividing the slots; no plan off multiples of 16."""
+    largest power of two <= block dividing the slots; no plan (the reference) off multiples of
+    16 or below min_heads rows x kv heads."""
     from kernels_pallas import DecodeAttentionSettings
     from kernels_pallas.attention.decode import plan
     default = DecodeAttentionSettings()
     p = plan(32, 5, 32768, default)                  # 32 x 5 x 8 = 1280 programs >= 1024
     assert (p.block, p.splits(32768)) == (128, 8)
-    assert plan(1, 1, 32768, default).splits(32768) == 32          # capped: 256 would fill
-    assert plan(1, 1, 32768, default.replace(max_splits=256)).splits(32768) == 256
-    assert plan(2, 2, 96, default).block == 32 and plan(2, 2, 40, default) is None
+    one = default.replace(min_heads=1)
+    assert plan(1, 1, 32768, one).splits(32768) == 32              # capped: 256 would fill
+    assert plan(1, 1, 32768, one.replace(max_splits=256)).splits(32768) == 256
+    assert plan(4, 2, 96, default).block == 32 and plan(4, 2, 40, default) is None
+    assert plan(1, 5, 32768, default) is None and plan(1, 8, 32768, default) is not None

@@ -109,10 +109,10 @@ def test_the_decay_kernels_lower_with_their_gradients(platform):
 
 
 def test_the_decode_step_lowers_for_cuda_with_its_attention_kernel():
-    """One decode token on a GPU: every layer with FA heads reads its cache through the
-    decode kernel (Triton), not the fp32 reference."""
+    """One decode token on a GPU at 8 rows: every layer with FA heads reads its cache through
+    the decode kernel (Triton), not the fp32 reference."""
     cfg = model_config("hwh", "380m", attn_impl="reference")  # cuDNN: no library on this host
     decode = export.summarize(export.export_inference_steps(
-        cfg, platform="gpu", batch=2, context=4096)["decode"])
+        cfg, platform="gpu", batch=8, context=4096)["decode"])
     assert decode["platforms"] == ["cuda"]
     assert decode["kernels"]["decode_attention"] == sum(n > 0 for n in cfg.fa_heads) == 22

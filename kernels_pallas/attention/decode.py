@@ -17,8 +17,10 @@ XLA forms the logits, the softmax and p V as separate passes. Here:
 which slots a query may see (times, left padding, a window) is one [B, S] mask computed in XLA
 (four bytes a slot against the 2 x G x D x 2 the slot's keys and values take). Splits are
 chosen so that B x G x splits fills the device (``plan``). The slot count must be a multiple of
-16 (Triton blocks are powers of two); ``decode_attention`` sends other caches, and every platform
-but the GPU, to the reference. GPU only (Triton) and the generic interpreter.
+16 (Triton blocks are powers of two); ``decode_attention`` sends other caches, steps of fewer
+than ``min_heads`` rows x kv heads (measured faster as XLA's fusions at batch 1 with a few kv
+heads), and every platform but the GPU, to the reference. GPU only (Triton) and the generic
+interpreter.
 """
 from __future__ import annotations
 
@@ -52,12 +54,13 @@ class DecodePlan:
 
 
 def plan(B: int, G: int, S: int, settings: DecodeAttentionSettings) -> DecodePlan | None:
-    """The launch for B rows, G kv heads, S slots; None when S is not a multiple of 16. The
+    """The launch for B rows, G kv heads, S slots; None (the reference) when S is not a
+    multiple of 16 or B x G is below ``settings.min_heads``. The
     block: ``settings.block`` or the largest power of two <= it dividing S; steps: the most
     (a power of two) that keep at least ``settings.min_programs`` programs, and at least as
     many as bring the splits to ``settings.max_splits`` (the merge, in XLA, is one serial sum
     over the splits per output; with few rows and heads it has little else to spread over)."""
-    if S % 16:
+    if S % 16 or B * G < settings.min_heads:
         return None
     block = 16
     while block * 2 <= settings.block and S % (block * 2) == 0:
