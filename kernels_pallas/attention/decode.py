@@ -18,8 +18,8 @@ which slots a query may see (times, left padding, a window) is one [B, S] mask c
 (four bytes a slot against the 2 x G x D x 2 the slot's keys and values take). Splits are
 chosen so that B x G x splits fills the device (``plan``). The slot count must be a multiple of
 16 (Triton blocks are powers of two); ``decode_attention`` sends other caches, steps of fewer
-than ``min_heads`` rows x kv heads (measured faster as XLA's fusions at batch 1 with a few kv
-heads), and every platform but the GPU, to the reference. GPU only (Triton) and the generic
+than ``min_heads`` rows x kv heads (at batch 1 with a few kv heads the kernel measured no
+faster), and every platform but the GPU, to the reference. GPU only (Triton) and the generic
 interpreter.
 """
 from __future__ import annotations

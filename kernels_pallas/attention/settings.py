@@ -27,8 +27,8 @@ class DecodeAttentionSettings(KernelSettings):
     slots);
     ``min_programs``: the splits are the fewest that keep at least this many programs, and
     at most ``max_splits``; ``min_heads``: below this many rows x kv heads the reference runs
-    (HwH-380m's decode at batch 1, one to five kv heads a layer, measured 5% faster so; the
-    Transformer's 16 heads at batch 1 12% slower); ``num_warps`` / ``num_stages``: Triton's."""
+    (at HwH-380m's batch 1, one to five kv heads a layer, the kernel gained nothing; at the
+    Transformer's 16 it did: docs/benchmarks.md); ``num_warps`` / ``num_stages``: Triton's."""
     block: int = 128
     min_programs: int = 1024
     max_splits: int = 32
