@@ -102,7 +102,7 @@ def _kernel(q_ref, k_ref, v_ref, vis_ref, o_ref, m_ref, l_ref, *, block, steps, 
     l_ref[...] = l
 
 
-def _partials(qp, k, vis, v, p: DecodePlan, scale):
+def _partials(qp, k, v, vis, p: DecodePlan, scale):
     """(o [B, G, N, ROWS, D], m, l [B, G, N, ROWS]) fp32 of N = S // (block * steps) splits."""
     B, S, G, D = k.shape
     span, N = p.block * p.steps, p.splits(S)
@@ -164,5 +164,5 @@ def decode_attention(q, k, v, *, q_time, k_time, k_start, window=None, scale=Non
     R = H // G
     qp = jnp.pad(q.reshape(B, G, R, D).astype(k.dtype), ((0, 0), (0, 0), (0, ROWS - R), (0, 0)))
     vis = cache_mask(q_time, k_time, k_start, window)[:, 0].astype(jnp.int32)      # [B, S]
-    out = _combine(*_partials(qp, k, vis, v, p, scale))[:, :, :R]
+    out = _combine(*_partials(qp, k, v, vis, p, scale))[:, :, :R]
     return out.reshape(B, 1, H, D).astype(q.dtype)

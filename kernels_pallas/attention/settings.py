@@ -23,12 +23,12 @@ class DecodeAttentionSettings(KernelSettings):
     """How ``decode_attention`` (one query token over a KV cache) runs. impl: "auto" |
     "reference" (``cached_attention``: XLA, fp32 logits) | "pallas" (the split kernel of
     ``decode.py``, Triton; falls back to the reference for a cache of slots not a multiple of
-    16, and for few rows x kv heads). ``block``: slots a loop step (at most; the largest power of two from 16 up dividing the
-    slots);
-    ``min_programs``: the splits are the fewest that keep at least this many programs, and
-    at most ``max_splits``; ``min_heads``: below this many rows x kv heads the reference runs
-    (at HwH-380m's batch 1, one to five kv heads a layer, the kernel gained nothing; at the
-    Transformer's 16 it did: docs/benchmarks.md); ``num_warps`` / ``num_stages``: Triton's."""
+    16, and for few rows x kv heads). ``block``: slots a loop step (at most; the largest power
+    of two from 16 up dividing the slots); ``min_programs``: the splits are the fewest that
+    keep at least this many programs, and at most ``max_splits``; ``min_heads``: below this
+    many rows x kv heads the reference runs (at HwH-380m's batch 1, one to five kv heads a
+    layer, the kernel gained nothing; at the Transformer's 16 it did: docs/benchmarks.md);
+    ``num_warps`` / ``num_stages``: Triton's."""
     block: int = 128
     min_programs: int = 1024
     max_splits: int = 32
