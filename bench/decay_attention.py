@@ -30,11 +30,12 @@ import _bench
 from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
 
 
-def inputs(B, T, H, K, V, dtype, seed=0, per_key=False):
+def inputs(B, T, H, K, V, dtype, seed=0, per_key=False, gate_bias=3.0):
     ks = jax.random.split(jax.random.key(seed), 5)
     q, k = (jax.random.normal(kk, (B, T, H, K)) * K ** -0.25 for kk in ks[:2])
     v = jax.random.normal(ks[2], (B, T, H, V))
-    g = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, H, K) if per_key else (B, T, H)) + 3.0)
+    g = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, H, K) if per_key else (B, T, H))
+                           + gate_bias)
     do = jax.random.normal(ks[4], (B, T, H, V))
     cast = lambda x: x.astype(dtype)  # noqa: E731
     return cast(q), cast(k), cast(v), g.astype(jnp.float32), cast(do)
@@ -65,6 +66,9 @@ def main():
                     help="B,T,H,K,V")
     ap.add_argument("--impls", nargs="+", default=["pallas", "chunk_reference"])
     ap.add_argument("--per_key", action="store_true", help="g [B, T, H, K] (GLA, HGRN-2)")
+    ap.add_argument("--gate_bias", type=float, default=3.0,
+                    help="g = log_sigmoid(N(0, 1) + this): 3 decays ~5%% a token; -4 ~98%%, "
+                         "beyond what the per-key kernels factor within 16 tokens")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--profile", action="store_true",
                     help="also the device time by kernel of each row (a profiler trace)")
@@ -78,7 +82,7 @@ def main():
     for spec in args.shapes:
         shape = tuple(int(x) for x in spec.split(","))
         limits = _limits(*shape, args.per_key, ceil) if ceil else {}
-        x16 = inputs(*shape, jnp.bfloat16, per_key=args.per_key)
+        x16 = inputs(*shape, jnp.bfloat16, per_key=args.per_key, gate_bias=args.gate_bias)
         x32 = tuple(a.astype(jnp.float32) for a in x16)
         f32_fwd, f32_fb = fns("chunk_reference")
         o32, g32 = f32_fwd(*x32[:4]), f32_fb(*x32)[1:]
@@ -86,7 +90,8 @@ def main():
             fwd, fwd_bwd = fns(impl)
             fwd, fwd_bwd = fwd.lower(*x16[:4]).compile(), fwd_bwd.lower(*x16).compile()
             row = {"op": "gated_linear_attention", "impl": impl, "shape": list(shape),
-                   "decay": "per_key" if args.per_key else "per_head", **limits,
+                   "decay": "per_key" if args.per_key else "per_head",
+                   "gate_bias": args.gate_bias, **limits,
                    **_bench.fwd_bwd_row(fwd, fwd_bwd, x16[:4], x16[4], o32, g32, "qkvg",
                                         reps=args.reps)}
             if args.profile:

@@ -178,22 +178,38 @@ def test_chunk_parallel_kernels_in_several_column_blocks(layout, decay):
 
 
 @pytest.mark.parametrize("layout", ["triton", "tpu"])
-def test_per_key_intra_chunk_scores_kernels_against_brute_force(layout):
+@pytest.mark.parametrize("decay,factor_range", [("strong", None), ("mild", None),
+                                                ("mixed", None), ("mild", -1.0),
+                                                ("mild", float("inf"))])
+def test_per_key_intra_chunk_scores_kernels_against_brute_force(layout, decay, factor_range,
+                                                                monkeypatch):
     """``intra_key.intra_scores`` (chunks of 32: two sub-chunks; 32 key columns: two passes of
-    its loop over key blocks) against the pairwise sum
-    A_ij = sum_k q_ik k_jk exp(G_ik - G_jk) over j <= i, and its backward kernel against
-    autodiff of that sum, under a decay of up to e^-12 a step: the exponents reach -380 within a
-    chunk, where factoring e^{G_i} e^{-G_j} would overflow fp32."""
+    the exact kernels' loop over key blocks) against the pairwise sum
+    A_ij = sum_k q_ik k_jk exp(G_ik - G_jk) over j <= i, G the chunk-local cumsum of g, and
+    ``intra_grads`` against autodiff of that sum w.r.t. q, k and g, added to given state-path
+    gradients (dq_s, dk_s, dG_s: dq = (dq_A + dq_s) * scale, dk = dk_A + dk_s, dg = the
+    chunk's reverse cumsum of dG_A + dG_s). "strong": a decay of up to e^-12 a step, exponents
+    down to -380 within a chunk, where factoring e^{G_i} e^{-G_j} would overflow fp32 (the
+    exact kernels); "mild": up to e^-1 (the factored kernels); "mixed": the two in alternate
+    chunks (both kernels in one call, the exact one over the factored one's output).
+    ``factor_range`` -1 / inf forces every chunk of the mild decay through the exact /
+    factored kernels."""
     from jax.experimental.pallas import tpu as pltpu
 
-    from kernels_pallas.decay_attention import DecaySettings
-    from kernels_pallas.decay_attention.intra_key import intra_scores
-    from kernels_pallas.linear_scan.common import chunk_local_cumsum, chunked, kernel_config
+    from kernels_pallas.decay_attention import DecaySettings, intra_key
+    from kernels_pallas.linear_scan.common import (chunk_local_cumsum, chunked, kernel_config,
+                                                   reverse_chunk_cumsum)
+    if factor_range is not None:
+        monkeypatch.setattr(intra_key, "FACTOR_RANGE", factor_range)
     r = np.random.default_rng(11)
     b, t, h, kd, C = 2, 64, 2, 32, 32                   # keys in two blocks of 16
-    q, k = (jnp.asarray(r.normal(size=(b, t, h, kd)), jnp.float32) for _ in range(2))
-    G = chunk_local_cumsum(jnp.asarray(-r.uniform(0, 12, size=(b, t, h, kd)), jnp.float32), C)
-    dA = jnp.asarray(r.normal(size=(b, t, h, C)), jnp.float32)
+    normal = lambda *shape: jnp.asarray(r.normal(size=shape), jnp.float32)  # noqa: E731
+    q, k = normal(b, t, h, kd), normal(b, t, h, kd)
+    top = {"strong": 12.0, "mild": 1.0,
+           "mixed": np.where((np.arange(t) // C) % 2, 12.0, 1.0)[None, :, None, None]}[decay]
+    g = jnp.asarray(-r.uniform(0, 1, size=(b, t, h, kd)) * top, jnp.float32)
+    G = chunk_local_cumsum(g, C)
+    dA, state = normal(b, t, h, C), [normal(b, t, h, kd) for _ in range(3)]
     interpret = pltpu.InterpretParams() if layout == "tpu" else True
     cfg = kernel_config(DecaySettings(impl="pallas", interpret=interpret, chunk_size=C),
                         b, h, kd, kd)
@@ -205,11 +221,15 @@ def test_per_key_intra_chunk_scores_kernels_against_brute_force(layout):
         a = jnp.einsum("bnhik,bnhjk,bnhijk->bnhij", qc, kc, w, precision="highest")
         return a.transpose(0, 1, 3, 2, 4).reshape(b, t, h, C)
 
-    got, vjp_got = jax.vjp(lambda *a: intra_scores(cfg, *a), q, k, G)
-    want, vjp_want = jax.vjp(brute, q, k, G)
+    got = intra_key.intra_scores(cfg, q, k, G)
+    want, vjp = jax.vjp(brute, q, k, G)
     assert np.isfinite(np.asarray(got)).all()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    for name, a, w in zip("q k G".split(), vjp_got(dA), vjp_want(dA)):
+    dq, dk, dG = vjp(dA)
+    want = ((dq + state[0]) * 0.5, dk + state[1], reverse_chunk_cumsum(dG + state[2], C))
+    got = intra_key.intra_grads(cfg, q, k, G, dA, *state, scale=0.5, dtypes=(jnp.float32,) * 3)
+    for name, a, w in zip("q k g".split(), got, want):
+        assert np.isfinite(np.asarray(a)).all(), name
         np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-4, err_msg=name)
 
 

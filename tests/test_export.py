@@ -94,8 +94,9 @@ def test_the_decay_kernels_lower_with_their_gradients(platform):
     x = jax.ShapeDtypeStruct((2, 256, 4, 128), jnp.bfloat16)
     want = {3: {"linear_scan_fwd", "linear_scan_out", "linear_scan_bwd",      # no delta rule
                 "linear_state_grads", "linear_score_grads"},
-            4: {"gla_scan_fwd", "gla_scan_out", "gla_scan_bwd", "gla_state_grads",
-                "gla_values_grad", "gla_intra_fwd", "gla_intra_bwd"}}
+            4: {"chunk_cumsum", "gla_scan_fwd", "gla_scan_out", "gla_scan_bwd",
+                "gla_state_grads", "gla_values_grad", "gla_intra_fwd", "gla_intra_fwd_exact",
+                "gla_intra_bwd", "gla_intra_bwd_exact"}}
     for g_dims, kernels in want.items():
         g = jax.ShapeDtypeStruct((2, 256, 4, 128)[:g_dims], jnp.float32)
 

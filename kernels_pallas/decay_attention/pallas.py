@@ -51,12 +51,17 @@ scan_forward = _jit(scan_kernels.scan_forward, "store")
 scan_backward = _jit(scan_kernels.scan_backward)
 
 
-def prepare(q, k, v, g, C, scale):
-    """q * scale, k, v in their common compute dtype, and G, the chunk-local cumulative sum of
-    g (fp32; a decay per head or per key)."""
+def cast_inputs(q, k, v, scale):
+    """q * scale, k, v in their common compute dtype."""
     cd = jnp.result_type(q.dtype, k.dtype, v.dtype)
     qs = q.astype(cd) if scale == 1.0 else (q.astype(f32) * scale).astype(cd)
-    return qs, k.astype(cd), v.astype(cd), chunk_local_cumsum(g.astype(f32), C)
+    return qs, k.astype(cd), v.astype(cd)
+
+
+def prepare(q, k, v, g, C, scale):
+    """``cast_inputs`` and G, the chunk-local cumulative sum of g (fp32; a decay per head or
+    per key)."""
+    return (*cast_inputs(q, k, v, scale), chunk_local_cumsum(g.astype(f32), C))
 
 
 # ---------------------------------------------------------------- chunk-parallel forward

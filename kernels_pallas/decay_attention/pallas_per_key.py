@@ -20,9 +20,11 @@ decay is, and every product is a plain or transposed matmul (o = qd (S^T)^T, S^T
             then per chunk, in parallel, ``state_grads``:
             dq = (do S_n^T) e^G,  dk = (v dS_{n+1}^T) e^{G_last - G},  dv = QK^T do + kd dS_{n+1},
             dQK = do v^T,  dG = q dq - k dk (+ on the last row sum_c k dk + a sum_v S dS);
-            and ``intra_key.intra_grads``: dq, dk, dG through QK from dQK
+            and ``intra_key.intra_grads``: dq, dk, dG through QK from dQK, added to those,
+            and dg, dG summed over each position and the later ones of its chunk
 
-Under one ``jax.custom_vjp``; saved between the passes: the inputs, QK and the chunk states S_n
+G is formed by one kernel (``common.chunk_local_cumsum_pallas``). Under one
+``jax.custom_vjp``; saved between the passes: the inputs, G, QK and the chunk states S_n
 (``DecaySettings.recompute``: the inputs only, the forward scan rerun in the backward). Layouts
 as ``kernels_pallas.linear_scan``: "triton" (grid (B, H, V/BV), a ``fori_loop`` over chunks)
 and "tpu" (grid (B, H, V/BV, N), the state in VMEM scratch, [B, H, T, X] arrays).
@@ -36,12 +38,12 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels_pallas.decay_attention.intra_key import intra_grads, intra_scores
-from kernels_pallas.decay_attention.pallas import prepare
+from kernels_pallas.decay_attention.pallas import cast_inputs
 from kernels_pallas.decay_attention.settings import DecaySettings
-from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, compiler_params, dot,
-                                               dot_nt, f32, kernel_config, pad_time, ref_all,
-                                               ref_rows, reverse_chunk_cumsum, scan_specs,
-                                               with_absent)
+from kernels_pallas.linear_scan.common import (chunk_call, chunk_local_cumsum_pallas, col_blocks,
+                                               compiler_params, dot, dot_nt, f32,
+                                               kernel_config, pad_time, ref_all, ref_rows,
+                                               scan_specs, with_absent)
 
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
@@ -191,7 +193,8 @@ def _values_grad_kernel(k_ref, qk_ref, g_ref, dh_ref, do_ref, dv_ref, *, blk):
     _, ek, _ = _decays(g_ref[...])
     kd, qk = _scaled(k_ref[...], ek), qk_ref[...]
     for cv in col_blocks(dv_ref.shape[-1], blk):
-        dv_ref[:, cv] = dot(qk, do_ref[:, cv], trans_a=True) + dot_nt(kd, dh_ref[cv, :].astype(cd))
+        dv = dot(qk, do_ref[:, cv], trans_a=True) + dot_nt(kd, dh_ref[cv, :].astype(cd))
+        dv_ref[:, cv] = dv.astype(dv_ref.dtype)
 
 
 # ---------------------------------------------------------------- launchers
@@ -284,9 +287,10 @@ def chunk_outputs(cfg, q, qk, G, hT, v):
     return o
 
 
-def state_grads(cfg, q, k, G, hT, dhT, v, qk, do):
-    """Per chunk, in parallel: dq, dk, dv, dG (fp32) through the state and dQK (fp32, lower
-    triangle: the cotangent of the intra-chunk scores) from S_n^T (hT) and dS_{n+1}^T (dhT)."""
+def state_grads(cfg, q, k, G, hT, dhT, v, qk, do, dv_dtype):
+    """Per chunk, in parallel: dq, dk, dG (fp32) through the state, dv (in ``dv_dtype``: both
+    of its paths) and dQK (fp32, lower triangle: the cotangent of the intra-chunk scores) from
+    S_n^T (hT) and dS_{n+1}^T (dhT)."""
     B, T, H, K = q.shape
     V, C, blk = v.shape[-1], cfg.chunk, cfg.chunk_block
     dq, dk, dqk, dG = chunk_call(
@@ -294,7 +298,7 @@ def state_grads(cfg, q, k, G, hT, dhT, v, qk, do):
         [(q, K), (k, K), (G, K), (hT, None), (dhT, None), (v, V), (do, V)],
         [(K, f32), (K, f32), (C, f32), (K, f32)], (B, T, H), name="gla_state_grads")
     (dv,) = chunk_call(cfg, functools.partial(_values_grad_kernel, blk=blk),
-                       [(k, K), (qk, C), (G, K), (dhT, None), (do, V)], [(V, f32)], (B, T, H),
+                       [(k, K), (qk, C), (G, K), (dhT, None), (do, V)], [(V, dv_dtype)], (B, T, H),
                        name="gla_values_grad")
     return dq, dk, dv, dG, dqk
 
@@ -303,15 +307,16 @@ def state_grads(cfg, q, k, G, hT, dhT, v, qk, do):
 
 def _op(cfg, scale):
     """The custom_vjp op on padded inputs: (q, k, v, g [B, T, H, K], S0^T) -> (o, S_N^T)."""
-    C = cfg.chunk
 
     def states(kc, vc, G, S0T):
         return scan_forward(cfg, None, kc, vc, None, G, S0T, store=True)[1:]
 
     def scored(q, k, v, g):
-        """The prepared inputs and the intra-chunk scores QK (compute dtype)."""
-        qs, kc, vc, G = prepare(q, k, v, g, C, scale)
-        return qs, kc, vc, G, intra_scores(cfg, qs, kc, G).astype(qs.dtype)
+        """The prepared inputs, G (g's chunk-local cumulative sum, fp32) and the intra-chunk
+        scores QK (compute dtype)."""
+        qs, kc, vc = cast_inputs(q, k, v, scale)
+        G = chunk_local_cumsum_pallas(cfg, g)
+        return qs, kc, vc, G, intra_scores(cfg, qs, kc, G)
 
     @jax.custom_vjp
     def op(q, k, v, g, S0T):
@@ -322,7 +327,8 @@ def _op(cfg, scale):
         qs, kc, vc, G, qk = scored(q, k, v, g)
         SNT, hT = states(kc, vc, G, S0T)
         o = chunk_outputs(cfg, qs, qk, G, hT, vc)
-        return (o, SNT), (q, k, v, g, S0T, None if cfg.recompute else (hT, qk))
+        saved = None if cfg.recompute else (hT, qk, G)
+        return (o, SNT), (q, k, v, g, S0T, saved)
 
     def bwd(res, cts):
         q, k, v, g, S0T, saved = res
@@ -331,14 +337,13 @@ def _op(cfg, scale):
             qs, kc, vc, G, qk = scored(q, k, v, g)
             hT = states(kc, vc, G, S0T)[1]
         else:
-            (hT, qk), (qs, kc, vc, G) = saved, prepare(q, k, v, g, C, scale)
+            (hT, qk, G), (qs, kc, vc) = saved, cast_inputs(q, k, v, scale)
         do = do.astype(qs.dtype)
         dhT, dS0T = scan_backward(cfg, qs, G, do, dSNT.astype(f32))
-        dq, dk, dv, dG, dqk = state_grads(cfg, qs, kc, G, hT, dhT, vc, qk, do)
-        dq_in, dk_in, dG_in = intra_grads(cfg, qs, kc, G, dqk)
-        dg = reverse_chunk_cumsum(dG + dG_in, C)
-        return (((dq + dq_in) * scale).astype(q.dtype), (dk + dk_in).astype(k.dtype),
-                dv.astype(v.dtype), dg.astype(g.dtype), dS0T)
+        dq, dk, dv, dG, dqk = state_grads(cfg, qs, kc, G, hT, dhT, vc, qk, do, v.dtype)
+        dq, dk, dg = intra_grads(cfg, qs, kc, G, dqk, dq, dk, dG, scale=scale,
+                                 dtypes=(q.dtype, k.dtype, g.dtype))
+        return dq, dk, dv, dg, dS0T
 
     op.defvjp(forward, bwd)
     return op
@@ -357,7 +362,7 @@ def gated_linear_attention_per_key_pallas(q, k, v, g, *, scale=None, initial_sta
     C = settings.chunk_size
     cfg = kernel_config(settings, B, H, K, V, num_warps=settings.num_warps,
                         num_stages=settings.num_stages, chunk_warps=settings.chunk_warps,
-                        recompute=settings.recompute)
+                        intra_block=settings.intra_block, recompute=settings.recompute)
     scale = K ** -0.5 if scale is None else float(scale)
     pad = (-T) % C
     S0T = (jnp.zeros((B, H, V, K), f32) if initial_state is None

@@ -21,7 +21,8 @@ class DecaySettings(KernelSettings):
     kernels only: block_v: value columns per program of the sequential scans (None:
     ``linear_scan.common.default_block_v``); num_warps / num_stages: the scans' launch on GPU;
     chunk_warps: the one-chunk-per-program kernels' (the outputs and gradients per chunk, the
-    intra-chunk scores of a decay per key); recompute: save only the inputs for the backward
+    intra-chunk scores of a decay per key); intra_block: key columns per matmul of those
+    scores' factored kernels (``intra_key``); recompute: save only the inputs for the backward
     and rerun the forward's state scan there.
     """
     chunk_size: int = 64
@@ -29,6 +30,7 @@ class DecaySettings(KernelSettings):
     num_warps: int = 4
     num_stages: int = 2
     chunk_warps: int = 4
+    intra_block: int = 64
     recompute: bool = False
 
     OP = "gated_linear_attention"
@@ -39,4 +41,4 @@ class DecaySettings(KernelSettings):
     def __post_init__(self):
         super().__post_init__()
         self.require_positive("chunk_size", "num_warps", "num_stages", "chunk_warps",
-                              optional=("block_v",))
+                              "intra_block", optional=("block_v",))

@@ -3,6 +3,7 @@ helpers, the per-chunk launcher, padding and chunk-local cumulative sums."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -27,6 +28,7 @@ class KernelConfig:
     chunk_warps: int = 4        # the one-chunk-per-program kernels (WY fwd / bwd, state grads)
     inverse_warps: int = 1      # of those, the WY inverse's (15 dependent reductions per block)
     chunk_block: int = 64       # their column block over K and V
+    intra_block: int = 64       # the per-key intra-chunk scores' key columns per matmul
     fp32_dots: str = "tf32"     # the WY backward's fp32 x fp32 [C, C] products: "tf32" | "ieee"
     recompute: bool = False     # backward recomputes w, QK, S_n, v from X instead of saving them
 
@@ -90,7 +92,7 @@ def with_absent(kernel, present):
     return run
 
 
-def chunk_call(cfg, kernel, ins, outs, btH, *, name, num_warps=None):
+def chunk_call(cfg, kernel, ins, outs, btH, *, name, num_warps=None, aliases=None):
     """pallas_call of a one-chunk-per-program kernel.
 
     ins: (array, X) pairs, array [B, T, H, X] ("per token") or, with X None, [B, N, H, K, V]
@@ -98,11 +100,15 @@ def chunk_call(cfg, kernel, ins, outs, btH, *, name, num_warps=None):
     input whose array is None or an output whose dtype is None is absent: the kernel sees None
     for its ref, and None is returned for the output.
     Grid (B, N, H) on [B, T, H, X] arrays ("triton") or (B, H, N) on [B, H, T, X] ("tpu").
-    ``num_warps``: this kernel's warps on GPU (default ``cfg.chunk_warps``).
+    ``num_warps``: this kernel's warps on GPU (default ``cfg.chunk_warps``); ``aliases``: {input
+    index: output index} of outputs written over an input (a kernel that updates some chunks
+    of an earlier kernel's output; every input present).
     Returns the outputs in [B, T, H, X].
     """
     present = [a is not None for a, _ in ins] + [dt is not None for _, dt in outs]
     if not all(present):
+        if aliases:
+            raise ValueError(f"chunk_call({name}): aliases need every input and output present")
         kernel = with_absent(kernel, present)
         res = iter(chunk_call(cfg, kernel, [i for i in ins if i[0] is not None],
                               [o for o in outs if o[1] is not None], btH, name=name,
@@ -132,7 +138,7 @@ def chunk_call(cfg, kernel, ins, outs, btH, *, name, num_warps=None):
         in_specs=[chk(a) if X is None else tok(X) for a, X in ins],
         out_specs=[tok(X) for X, _ in outs],
         out_shape=[jax.ShapeDtypeStruct(shape(X), dt) for X, dt in outs],
-        interpret=cfg.interpret, name=name, **params,
+        interpret=cfg.interpret, name=name, input_output_aliases=aliases or {}, **params,
     )(*(swap(a) for a, _ in ins))
     return tuple(swap(r) for r in res)
 
@@ -183,6 +189,26 @@ def chunk_local_cumsum(g, chunk_size):
     B, T = g.shape[:2]
     return jnp.cumsum(g.reshape(B, T // chunk_size, chunk_size, *g.shape[2:]),
                       axis=2).reshape(g.shape)
+
+
+def _cumsum_kernel(x_ref, o_ref, *, triton):
+    x = x_ref[...].astype(f32)
+    if triton:
+        o = jnp.cumsum(x, axis=0)
+    else:                                   # Mosaic has no cumsum: a lower-triangular product
+        n = x.shape[0]
+        lower = jax.lax.broadcasted_iota(jnp.int32, (n, n), 0) >= jax.lax.broadcasted_iota(
+            jnp.int32, (n, n), 1)
+        o = dot(lower.astype(f32), x, fp32_dots="ieee")
+    o_ref[...] = o
+
+
+def chunk_local_cumsum_pallas(cfg, x):
+    """``chunk_local_cumsum`` of x [B, T, H, X] (T a multiple of ``cfg.chunk``) as one Pallas
+    kernel, fp32: one program a chunk and head."""
+    B, T, H, X = x.shape
+    kernel = functools.partial(_cumsum_kernel, triton=cfg.layout == "triton")
+    return chunk_call(cfg, kernel, [(x, X)], [(X, f32)], (B, T, H), name="chunk_cumsum")[0]
 
 
 def chunked(x, chunk_size):
