@@ -179,8 +179,8 @@ def test_chunk_parallel_kernels_in_several_column_blocks(layout, decay):
 
 @pytest.mark.parametrize("layout", ["triton", "tpu"])
 @pytest.mark.parametrize("decay,factor_range", [("strong", None), ("mild", None),
-                                                ("mixed", None), ("mild", -1.0),
-                                                ("mild", float("inf"))])
+                                                ("steep", None), ("mixed", None),
+                                                ("mild", -1.0), ("mild", float("inf"))])
 def test_per_key_intra_chunk_scores_kernels_against_brute_force(layout, decay, factor_range,
                                                                 monkeypatch):
     """``intra_key.intra_scores`` (chunks of 32: two sub-chunks; 32 key columns: two passes of
@@ -190,8 +190,10 @@ def test_per_key_intra_chunk_scores_kernels_against_brute_force(layout, decay, f
     gradients (dq_s, dk_s, dG_s: dq = (dq_A + dq_s) * scale, dk = dk_A + dk_s, dg = the
     chunk's reverse cumsum of dG_A + dG_s). "strong": a decay of up to e^-12 a step, exponents
     down to -380 within a chunk, where factoring e^{G_i} e^{-G_j} would overflow fp32 (the
-    exact kernels); "mild": up to e^-1 (the factored kernels); "mixed": the two in alternate
-    chunks (both kernels in one call, the exact one over the factored one's output).
+    exact kernels); "mild": up to e^-1 (the factored kernels); "steep": e^-4 to e^-4.9, a
+    sub-chunk's decay ranges up to e^-74 (e^-39 in each half: the factored kernels with factors
+    up to e^39); "mixed": strong and mild in alternate chunks (both kernels in one call, the
+    exact one over the factored one's output).
     ``factor_range`` -1 / inf forces every chunk of the mild decay through the exact /
     factored kernels."""
     from jax.experimental.pallas import tpu as pltpu
@@ -205,9 +207,10 @@ def test_per_key_intra_chunk_scores_kernels_against_brute_force(layout, decay, f
     b, t, h, kd, C = 2, 64, 2, 32, 32                   # keys in two blocks of 16
     normal = lambda *shape: jnp.asarray(r.normal(size=shape), jnp.float32)  # noqa: E731
     q, k = normal(b, t, h, kd), normal(b, t, h, kd)
-    top = {"strong": 12.0, "mild": 1.0,
-           "mixed": np.where((np.arange(t) // C) % 2, 12.0, 1.0)[None, :, None, None]}[decay]
-    g = jnp.asarray(-r.uniform(0, 1, size=(b, t, h, kd)) * top, jnp.float32)
+    low, top = {"strong": (0.0, 12.0), "mild": (0.0, 1.0), "steep": (4.0, 4.9),
+                "mixed": (0.0, np.where((np.arange(t) // C) % 2, 12.0, 1.0)[None, :, None, None])
+                }[decay]
+    g = jnp.asarray(-(low + r.uniform(0, 1, size=(b, t, h, kd)) * (top - low)), jnp.float32)
     G = chunk_local_cumsum(g, C)
     dA, state = normal(b, t, h, C), [normal(b, t, h, kd) for _ in range(3)]
     interpret = pltpu.InterpretParams() if layout == "tpu" else True
@@ -231,6 +234,34 @@ def test_per_key_intra_chunk_scores_kernels_against_brute_force(layout, decay, f
     for name, a, w in zip("q k g".split(), got, want):
         assert np.isfinite(np.asarray(a)).all(), name
         np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("decay", [(0.0, 0.3), (3.5, 4.5)])
+def test_per_key_bf16_gradients_under_mild_and_steep_decays(decay):
+    """bf16 inputs through the per-key kernels (interpreted) against the fp32 jnp form: every
+    gradient within 1% (norm-relative). At a steep decay (e^-3.5 to e^-4.5 a token: the
+    factored kernels, with factors up to e^36) dg is a small difference of large products: the
+    diagonal of the intra-chunk scores (weight 1) enters q dq and k dk alike and cancels in
+    dG = q dq - k dk, so the kernels keep it out of the bf16 products."""
+    from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
+    r = np.random.default_rng(5)
+    b, t, h, kd = 1, 128, 2, 32
+    q, k, v, do = (jnp.asarray(r.normal(size=(b, t, h, kd)), jnp.float32) for _ in range(4))
+    g = jnp.asarray(-r.uniform(*decay, size=(b, t, h, kd)), jnp.float32)
+    settings = DecaySettings(impl="pallas", interpret=True, chunk_size=64)
+
+    def loss(q, k, v, g, impl):
+        o, _ = (gated_linear_attention(q, k, v, g, settings=settings) if impl == "pallas" else
+                gated_linear_attention_chunked(q, k, v, g, chunk_size=64))
+        return jnp.sum(o.astype(jnp.float32) * do)
+
+    bf = tuple(x.astype(jnp.bfloat16) for x in (q, k, v))
+    got = jax.grad(loss, argnums=range(4))(*bf, g, "pallas")
+    want = jax.grad(loss, argnums=range(4))(*(x.astype(jnp.float32) for x in bf), g, "ref")
+    for name, a, w in zip("q k v g".split(), got, want):
+        a, w = np.asarray(a, np.float64), np.asarray(w, np.float64)
+        err = np.linalg.norm(a - w) / np.linalg.norm(w)
+        assert err <= 1e-2, (name, err)
 
 
 def test_pallas_path_bf16_error_and_its_refusals():

@@ -8,25 +8,27 @@ the chunk),
 
 The decay does not factor out of the sum, and neither factor e^{G_i}, e^{-G_j} alone is bounded.
 Each program (one chunk of one head, ``common.chunk_call``) takes the query rows in sub-chunks
-of c = 16 (``SUB``), with G_r the sub-chunk's first row, and two kernels share the work:
+of c = 16 (``SUB``), with G_m the sub-chunk's middle row, and two kernels share the work:
 
   factored   every key of the chunk up to the sub-chunk's end in one matmul over the keys'
-             dimension (``intra_block`` columns at a time), (q_i e^{G_i - G_r}) (k_j e^{G_r -
-             G_j})^T: the query factors are <= 1, the keys' <= 1 before the sub-chunk and
-             <= e^D inside it, D = G_r - G_{r+c-1} its decay range (per key); run when D <=
-             ``FACTOR_RANGE`` (40) in every sub-chunk of the chunk, so that nothing overflows
-             (bf16 has fp32's range) and every factor keeps its relative precision;
-  exact      the other chunks (a decay of more than e^-40 within 16 tokens), rerun over the
+             dimension (``intra_block`` columns at a time), (q_i e^{G_i - G_m}) (k_j e^{G_m -
+             G_j})^T: every factor is <= 1 but for rows of the sub-chunk, where it is <= e^D,
+             D the larger decay range of the sub-chunk's two halves (G_first - G_m, G_m -
+             G_last, per key); run when D <= ``FACTOR_RANGE`` (40) in every sub-chunk of the
+             chunk, so that no factor overflows (bf16 has fp32's range; the products above the
+             diagonal, up to e^{2D}, are masked after the matmul) and every factor keeps its
+             relative precision;
+  exact      the other chunks (a decay of more than e^-40 within 8 tokens), rerun over the
              factored kernel's output (aliased; the other programs return at once): keys before
-             the sub-chunk as above (both factors <= 1), keys inside it through the weights
-             e^{G_ik - G_jk} [c, c, BK] of BK = 16 key columns at a time (a ``fori_loop``
-             over K), every exponent <= 0.
+             the sub-chunk against its first row (both factors <= 1), keys inside it through the
+             weights e^{G_ik - G_jk} [c, c, BK] of BK = 16 key columns at a time (a
+             ``fori_loop`` over K), every exponent <= 0.
 
-The backward, in the same two kernels, takes dA [C, C] and returns dq (from a sub-chunk's rows
-of dA, against the keys up to its end) and dk (from its columns of dA, against the queries from
-its start on, with the sub-chunk's last row of G as reference) and finishes the op's gradients
-there (``_tail``): the state path's dq, dk, dG added, dG = q dq - k dk (d exp(G_i - G_j) / dG_i
-= +, / dG_j = -), and dg, the sum of dG over each position and the later ones of its chunk (the
+The backward, in the same two kernels and against the same reference rows, takes dA [C, C]
+and returns dq (from a sub-chunk's rows of dA, against the keys up to its end) and dk (from its
+columns of dA, against the queries from its start on), and finishes the op's gradients there
+(``_tail``): the state path's dq, dk, dG added, dG = q dq - k dk (d exp(G_i - G_j) / dG_i = +,
+/ dG_j = -), and dg, the sum of dG over each position and the later ones of its chunk (the
 sub-chunks walked up, a running sum carried), so that no fp32 gradient goes back to memory
 twice. ``bench/triton_regs.py --ops decay_key`` gives their registers and layout conversions
 without a GPU. Both layouts of ``linear_scan.common`` ([B, T, H, X] with grid (B, N, H) for
@@ -45,7 +47,7 @@ from kernels_pallas.linear_scan.common import chunk_call, col_blocks, dot, dot_n
 
 SUB = 16                    # query rows of a sub-chunk
 BK = 16                     # key columns at a time (the exact kernels' [c, c, BK] weights)
-FACTOR_RANGE = 40.0         # the largest decay range of a sub-chunk the factored kernels take
+FACTOR_RANGE = 40.0         # the largest decay range of a sub-chunk's half the factored take
 
 
 def _masked_exp(x, keep):
@@ -58,10 +60,12 @@ def _iota(shape, axis):
 
 
 def _factored(g_ref, chunk, sub):
-    """Whether every sub-chunk's decay range G_first - G_last (each key) is <= FACTOR_RANGE."""
+    """Whether in every sub-chunk the decay from its first row to its middle one and from its
+    middle one to its last (G_r - G_m, G_m - G_last, each key) is at most FACTOR_RANGE."""
     worst = None
     for r in range(0, chunk, sub):
-        d = jnp.max(g_ref[pl.ds(r, 1), :] - g_ref[pl.ds(r + sub - 1, 1), :])
+        first, mid, last = (g_ref[pl.ds(i, 1), :] for i in (r, r + sub // 2, r + sub - 1))
+        d = jnp.maximum(jnp.max(first - mid), jnp.max(mid - last))
         worst = d if worst is None else jnp.maximum(worst, d)
     return worst <= FACTOR_RANGE
 
@@ -86,9 +90,9 @@ def _fwd_factored(q_ref, k_ref, g_ref, a_ref, *, chunk, sub, blk, fp32_dots):
             rows = pl.ds(r, sub)
             acc = jnp.zeros((sub, chunk), f32)
             for ck in col_blocks(q_ref.shape[-1], blk):
-                g0 = g_ref[pl.ds(r, 1), ck]
-                qg = q_ref[rows, ck].astype(f32) * jnp.exp(g_ref[rows, ck] - g0)
-                kg = k_ref[:, ck].astype(f32) * _masked_exp(g0 - g_ref[:, ck], pos < r + sub)
+                gm = g_ref[pl.ds(r + sub // 2, 1), ck]
+                qg = q_ref[rows, ck].astype(f32) * jnp.exp(g_ref[rows, ck] - gm)
+                kg = k_ref[:, ck].astype(f32) * _masked_exp(gm - g_ref[:, ck], pos < r + sub)
                 acc += dot_nt(qg.astype(dt), kg.astype(dt), fp32_dots)   # [c, C]
             keep = _iota((sub, chunk), 1) <= _iota((sub, chunk), 0) + r     # j <= i
             a_ref[rows, :] = jnp.where(keep, acc, 0.0).astype(a_ref.dtype)
@@ -97,16 +101,15 @@ def _fwd_factored(q_ref, k_ref, g_ref, a_ref, *, chunk, sub, blk, fp32_dots):
         jax.lax.fori_loop(0, chunk // sub, body, 0)
 
 
-def _tail(rows, ck, dq_in, dk_in, below, refs, scale):
+def _tail(rows, ck, dq_in, dk_in, dG_in, below, refs, scale):
     """The gradients of a block of rows (a sub-chunk) and key columns: the intra-chunk parts
-    dq_in, dk_in [c, ck] added to the state path's (dq_s, dk_s, dG_s), dq scaled, and the
-    gradient of g, the sum of dG = dG_s + q dq_in - k dk_in over the chunk's later rows: the
-    sub-chunk's own by a triangular product, the later sub-chunks' (``below`` [1, ck], the
-    sub-chunks are walked up) added. Returns ``below`` with this block's rows added."""
-    q_ref, k_ref, dqs_ref, dks_ref, dgs_ref, dq_ref, dk_ref, dg_ref = refs
+    dq_in, dk_in, dG_in [c, ck] added to the state path's (dq_s, dk_s, dG_s), dq scaled, and
+    the gradient of g, the sum of dG = dG_s + dG_in over the chunk's later rows: the sub-chunk's
+    own by a triangular product, the later sub-chunks' (``below`` [1, ck], the sub-chunks are
+    walked up) added. Returns ``below`` with this block's rows added."""
+    dqs_ref, dks_ref, dgs_ref, dq_ref, dk_ref, dg_ref = refs
     c = dq_in.shape[0]
-    dG = (dgs_ref[rows, ck] + q_ref[rows, ck].astype(f32) * dq_in
-          - k_ref[rows, ck].astype(f32) * dk_in)
+    dG = dgs_ref[rows, ck] + dG_in
     dq_ref[rows, ck] = ((dq_in + dqs_ref[rows, ck]) * scale).astype(dq_ref.dtype)
     dk_ref[rows, ck] = (dk_in + dks_ref[rows, ck]).astype(dk_ref.dtype)
     upper = (_iota((c, c), 0) <= _iota((c, c), 1)).astype(f32)       # U @ x: sums over s >= t
@@ -116,11 +119,16 @@ def _tail(rows, ck, dq_in, dk_in, below, refs, scale):
 
 def _bwd_factored(q_ref, k_ref, g_ref, da_ref, dqs_ref, dks_ref, dgs_ref, dq_ref, dk_ref,
                   dg_ref, *, chunk, sub, blk, fp32_dots, scale):
+    """dq = (dA kg) e^{G - G_m} and dk = (dA^T qg) e^{G_m - G} of each sub-chunk's rows, and
+    dG = q dq - k dk formed as qg (dA kg) - kg (dA^T qg) from the same rounded factors qg, kg
+    that went into the products: a pair (i, j) of the sub-chunk enters dG_i and dG_j as the same
+    number, and cancels exactly in dg's sums, as it does in exact arithmetic (rounded apart, it
+    would leave an error that a strong decay, which makes dg small, magnifies)."""
     dt = q_ref.dtype
     pos = _iota((chunk, 1), 0)
     n = chunk // sub
     cks = col_blocks(q_ref.shape[-1], blk)
-    refs = (q_ref, k_ref, dqs_ref, dks_ref, dgs_ref, dq_ref, dk_ref, dg_ref)
+    refs = (dqs_ref, dks_ref, dgs_ref, dq_ref, dk_ref, dg_ref)
 
     @pl.when(_factored(g_ref, chunk, sub))
     def _():
@@ -133,14 +141,16 @@ def _bwd_factored(q_ref, k_ref, g_ref, da_ref, dqs_ref, dks_ref, dgs_ref, dq_ref
                                 da_ref[:, rows].astype(f32), 0.0).astype(dt)   # [C, c]
             out = []
             for ck, bl in zip(cks, below):
-                Gr = g_ref[rows, ck]
-                g0, gl = g_ref[pl.ds(r, 1), ck], g_ref[pl.ds(r + sub - 1, 1), ck]
-                kg = k_ref[:, ck].astype(f32) * _masked_exp(g0 - g_ref[:, ck], pos < r + sub)
-                dq = dot(dA_rows, kg.astype(dt), fp32_dots=fp32_dots) * jnp.exp(Gr - g0)
-                qg = q_ref[:, ck].astype(f32) * _masked_exp(g_ref[:, ck] - gl, pos >= r)
-                dk = dot(dA_cols, qg.astype(dt), trans_a=True,
-                         fp32_dots=fp32_dots) * jnp.exp(gl - Gr)
-                out.append(_tail(rows, ck, dq, dk, bl, refs, scale))
+                Gr, gm = g_ref[rows, ck], g_ref[pl.ds(r + sub // 2, 1), ck]
+                kg = k_ref[:, ck].astype(f32) * _masked_exp(gm - g_ref[:, ck], pos < r + sub)
+                qg = q_ref[:, ck].astype(f32) * _masked_exp(g_ref[:, ck] - gm, pos >= r)
+                dq = dot(dA_rows, kg.astype(dt), fp32_dots=fp32_dots)            # [c, ck]
+                dk = dot(dA_cols, qg.astype(dt), trans_a=True, fp32_dots=fp32_dots)
+                up, down = jnp.exp(Gr - gm), jnp.exp(gm - Gr)
+                qg_r = (q_ref[rows, ck].astype(f32) * up).astype(dt).astype(f32)
+                kg_r = (k_ref[rows, ck].astype(f32) * down).astype(dt).astype(f32)
+                out.append(_tail(rows, ck, dq * up, dk * down, qg_r * dq - kg_r * dk, bl, refs,
+                                 scale))
             return tuple(out)
 
         jax.lax.fori_loop(0, n, body, tuple(jnp.zeros((1, ck.size), f32) for ck in cks))
@@ -202,7 +212,7 @@ def _bwd_exact(q_ref, k_ref, g_ref, da_ref, dqs_ref, dks_ref, dgs_ref, dq_in, dk
     K = q_ref.shape[-1]
     pos = _iota((chunk, bk), 0)
     factored = _factored(g_ref, chunk, sub)
-    refs = (q_ref, k_ref, dqs_ref, dks_ref, dgs_ref, dq_ref, dk_ref, dg_ref)
+    refs = (dqs_ref, dks_ref, dgs_ref, dq_ref, dk_ref, dg_ref)
     if copy:
         _keep_factored(factored, [(dq_in, dq_ref), (dk_in, dk_ref), (dg_in, dg_ref)])
 
@@ -233,7 +243,7 @@ def _bwd_exact(q_ref, k_ref, g_ref, da_ref, dqs_ref, dks_ref, dgs_ref, dq_in, dk
                                     da_ref[:, pl.ds(r, sub)].astype(f32), 0.0).astype(dt)
                     dk = dk + dot(dAa, qa.astype(dt), trans_a=True,
                                   fp32_dots=fp32_dots) * jnp.exp(gl - Gr)
-                below = _tail(rows, ks, dq, dk, below, refs, scale)
+                below = _tail(rows, ks, dq, dk, qr * dq - kr * dk, below, refs, scale)
             return 0
 
         jax.lax.fori_loop(0, K // bk, body, 0)
