@@ -9,7 +9,8 @@
 #       decay      gated linear attention, a decay per head (Lightning, RetNet, Mamba-2), the
 #                  Pallas kernels and the jnp form against fla's chunk_simple_gla (with
 #                  --profile: device times per call, the measure comparable to fla's)
-#       decay_key  the same with a decay per key dimension (GLA, HGRN-2) against fla's chunk_gla
+#       decay_key  the same with a decay per key dimension (GLA, HGRN-2) against fla's chunk_gla,
+#                  and the Pallas kernels under a steep decay (--gate_bias -4: their exact form)
 #       delta_rule DeltaNet (the GDN kernels with g = 0) against fla's chunk_delta_rule
 #       hgrn       HGRN's element-wise recurrence (associative scan, Pallas kernels) against fla's chunk_hgrn
 #                  (the mixer parts at B=8, T=2K and B=2, T=8K, 16 heads of 128; each fla op
@@ -48,7 +49,9 @@ for part in "$@"; do
       python3 bench/fla_gdn_anchor.py simple_gla $MIXER_SHAPES | tee "$OUT/decay_fla.jsonl" ;;
     decay_key)
       python3 bench/decay_attention.py --per_key --profile --reps 10 --shapes $MIXER_SHAPES --out "$OUT/decay_key.jsonl"
-      python3 bench/fla_gdn_anchor.py gla $MIXER_SHAPES | tee "$OUT/decay_key_fla.jsonl" ;;
+      python3 bench/fla_gdn_anchor.py gla $MIXER_SHAPES | tee "$OUT/decay_key_fla.jsonl"
+      python3 bench/decay_attention.py --per_key --profile --reps 10 --impls pallas --gate_bias -4 \
+        --shapes 8,2048,16,128,128 --out "$OUT/decay_key_steep.jsonl" ;;
     delta_rule)
       python3 bench/gdn.py --no_decay --check --profile --shapes $MIXER_SHAPES --impls pallas --out "$OUT/delta_rule.jsonl"
       python3 bench/fla_gdn_anchor.py delta_rule $MIXER_SHAPES | tee "$OUT/delta_rule_fla.jsonl" ;;
