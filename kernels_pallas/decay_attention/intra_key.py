@@ -47,7 +47,7 @@ from kernels_pallas.linear_scan.common import chunk_call, col_blocks, dot, dot_n
 
 SUB = 16                    # query rows of a sub-chunk
 BK = 16                     # key columns at a time (the exact kernels' [c, c, BK] weights)
-FACTOR_RANGE = 40.0         # the largest decay range of a sub-chunk's half the factored take
+FACTOR_RANGE = 40.0         # log decay over half a sub-chunk the factored kernels take
 
 
 def _masked_exp(x, keep):
