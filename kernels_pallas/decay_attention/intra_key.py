@@ -259,7 +259,11 @@ def _bk(K):
     return BK if K % BK == 0 else K
 
 
-def _fwd(cfg, q, k, G):
+def intra_scores(cfg, q, k, G):
+    """A [B, T, H, C] in q's dtype (row t: its scores against the keys of its chunk, 0 after
+    it) from q, k [B, T, H, K] (T a multiple of ``cfg.chunk``; the kernels' matmuls in q's
+    dtype) and the chunk-local cumulative log decay G [B, T, H, K] fp32. Its gradients:
+    ``intra_grads``."""
     B, T, H, K = q.shape
     C = cfg.chunk
     kw = dict(chunk=C, sub=_sub(C), fp32_dots=cfg.fp32_dots)
@@ -269,14 +273,6 @@ def _fwd(cfg, q, k, G):
     exact = functools.partial(_fwd_exact, bk=_bk(K), copy=cfg.layout == "tpu", **kw)
     return chunk_call(cfg, exact, ins + [(a, C)], out, (B, T, H), name="gla_intra_fwd_exact",
                       aliases={3: 0})[0]
-
-
-def intra_scores(cfg, q, k, G):
-    """A [B, T, H, C] in q's dtype (row t: its scores against the keys of its chunk, 0 after
-    it) from q, k [B, T, H, K] (T a multiple of ``cfg.chunk``; the kernels' matmuls in q's
-    dtype) and the chunk-local cumulative log decay G [B, T, H, K] fp32. Its gradients:
-    ``intra_grads``."""
-    return _fwd(cfg, q, k, G)
 
 
 def intra_grads(cfg, q, k, G, dA, dq_s, dk_s, dG_s, *, scale, dtypes):
