@@ -98,6 +98,34 @@ def test_without_decay_matches_recurrent_at_g_zero(shape, mode):
         assert rel(a, b) < TOL[name], (name, rel(a, b))
 
 
+@pytest.mark.parametrize("decay", [True, False])
+@pytest.mark.parametrize("scale,recompute", [(0.3, False), (0.3, True), (1.0, False)])
+def test_explicit_scale_matches_recurrent(scale, recompute, decay):
+    """A given query scale (the forward's kernels fold it into QK and q's decay, the
+    backward's take q scaled; with ``recompute`` the backward reruns the WY kernel on the
+    scaled q): outputs, state and every gradient equal the recurrent form's, with and without
+    the decay."""
+    B, T, H, K, V, C = 1, 40, 2, 16, 32, 16
+    q, k, v, g, beta, h0, do = make_inputs(B, T, H, K, V, seed=6)
+    if not decay:
+        g = None
+    outs = []
+    for settings in (GDNSettings(impl="pallas", chunk_size=C, interpret=True,
+                                 recompute=recompute),
+                     GDNSettings(impl="recurrent")):
+        def loss(q, k, v, beta, h0, settings=settings):
+            gg = jnp.zeros(beta.shape) if g is None and settings.impl == "recurrent" else g
+            o, s = gated_delta_rule(q, k, v, gg, beta, scale=scale, initial_state=h0,
+                                    output_final_state=True, settings=settings)
+            return jnp.sum(o * do) + jnp.sum(s * s) * 0.1, (o, s)
+        grads, (o, s) = jax.jit(jax.grad(loss, argnums=tuple(range(5)), has_aux=True))(
+            q, k, v, beta, h0)
+        outs.append((o, s) + grads)
+    names = ("o", "state", "dq", "dk", "dv", "dbeta", "dh0")
+    for name, a, b in zip(names, *outs):
+        assert rel(a, b) < TOL[name], (name, rel(a, b))
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 def test_extreme_gates_stay_finite(mode):
     """g = -60 per step (decay e^-60 per token, e^-960 over a chunk) and beta at 0 and 1:

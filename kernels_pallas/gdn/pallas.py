@@ -12,8 +12,10 @@ Saved between the passes: the inputs, the initial state, X, w, QK, the chunk sta
 corrected values v (in the inputs' dtype: 640 bytes per token and head at K = V = 64 in bf16).
 With ``GDNSettings.recompute`` only X is saved and the backward recomputes w, QK
 (``wy_forward`` given X) and S_n, v (``scan_forward(store=True)``), as fla does: 128 bytes per
-token and head, two kernels more (docs/benchmarks.md compares the two). Padding T to the chunk,
-the chunk-local cumulative sum of g and its transpose are XLA. Memory is O(T). With g None
+token and head, two kernels more (docs/benchmarks.md compares the two). The forward's kernels
+take q unscaled and fold the scale into QK and into q's decay e^G (no XLA pass over q); the
+backward's take it scaled by XLA. Padding T to the chunk, the
+chunk-local cumulative sum of g and its transpose are XLA. Memory is O(T). With g None
 (DeltaNet: no decay) the same kernels run without G: no exponentials, no dG.
 """
 from __future__ import annotations
@@ -33,9 +35,9 @@ f32 = jnp.float32
 # distinct (config, shapes) within a program, and lowering a pallas_call is where Triton compiles
 # it, so the GDN layers of a model that share a shape share one compilation of each kernel.
 _jit = lambda fn, *names: jax.jit(fn, static_argnums=0, static_argnames=names)  # noqa: E731
-wy_forward = _jit(wy_kernels.wy_forward, "sub")
+wy_forward = _jit(wy_kernels.wy_forward, "sub", "q_scale")
 wy_backward = _jit(wy_kernels.wy_backward, "scale", "out_dtypes")
-scan_forward = _jit(scan_kernels.scan_forward, "store")
+scan_forward = _jit(scan_kernels.scan_forward, "store", "q_scale")
 scan_backward = _jit(scan_kernels.scan_backward)
 state_grads = _jit(scan_kernels.state_grads)
 
@@ -45,16 +47,18 @@ def _op(cfg, scale):
     decay (DeltaNet), the kernels then without exponentials and without dG."""
     C = cfg.chunk
 
-    def prepare(q, k, v, g, beta):
+    def prepare(q, k, v, g, beta, scale_q=True):
+        """Inputs in the kernels' dtypes; q times ``scale`` unless not ``scale_q`` (the
+        forward's kernels fold the scale in)."""
         cd = jnp.result_type(q.dtype, k.dtype, v.dtype)
-        qs = q.astype(cd) if scale == 1.0 else (q.astype(f32) * scale).astype(cd)
+        qs = q.astype(cd) if scale == 1.0 or not scale_q else (q.astype(f32) * scale).astype(cd)
         G = None if g is None else chunk_local_cumsum(g.astype(f32), C)
         return qs, k.astype(cd), v.astype(cd), beta.astype(f32), G
 
     def primal(q, k, v, g, beta, S0, store):
-        qs, kc, vc, b, G = prepare(q, k, v, g, beta)
-        w, u, qk, X = wy_forward(cfg, qs, kc, vc, b, G)
-        outs = scan_forward(cfg, qs, kc, w, u, qk, G, S0, store=store)
+        qc, kc, vc, b, G = prepare(q, k, v, g, beta, scale_q=False)
+        w, u, qk, X = wy_forward(cfg, qc, kc, vc, b, G, q_scale=scale)
+        outs = scan_forward(cfg, qc, kc, w, u, qk, G, S0, store=store, q_scale=scale)
         return outs, (w, qk, X)
 
     @jax.custom_vjp

@@ -45,22 +45,23 @@ from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, column, d
 _NEG = -1e30
 
 
-def _decay(Gi, Gj, mask, shape=None):
-    """e^{G_i - G_j} where ``mask`` ("strict": j < i, "causal": j <= i) keeps it, else 0;
+def _decay(Gi, Gj, mask, shape=None, scale=1.0):
+    """scale e^{G_i - G_j} where ``mask`` ("strict": j < i, "causal": j <= i) keeps it, else 0;
     mask None keeps all (a block wholly below the diagonal). Gi [n, 1], Gj [m, 1]. Without a
-    decay (Gi None) the mask alone as 1s and 0s of ``shape`` (None where there is no mask)."""
+    decay (Gi None) the mask alone as ``scale`` and 0s of ``shape`` (None where there is no mask
+    and no scale)."""
     if Gi is None:
         if mask is None:
-            return None
+            return None if scale == 1.0 else jnp.full(shape, scale, f32)
         r = jax.lax.broadcasted_iota(jnp.int32, shape, 0)
         c = jax.lax.broadcasted_iota(jnp.int32, shape, 1)
-        return jnp.where(r > c if mask == "strict" else r >= c, 1.0, 0.0)
+        return jnp.where(r > c if mask == "strict" else r >= c, scale, 0.0)
     diff = Gi - Gj.T
-    if mask is None:
-        return jnp.exp(diff)
-    r = jax.lax.broadcasted_iota(jnp.int32, diff.shape, 0)
-    c = jax.lax.broadcasted_iota(jnp.int32, diff.shape, 1)
-    return jnp.exp(jnp.where(r > c if mask == "strict" else r >= c, diff, _NEG))
+    if mask is not None:
+        r = jax.lax.broadcasted_iota(jnp.int32, diff.shape, 0)
+        c = jax.lax.broadcasted_iota(jnp.int32, diff.shape, 1)
+        diff = jnp.where(r > c if mask == "strict" else r >= c, diff, _NEG)
+    return jnp.exp(diff) if scale == 1.0 else scale * jnp.exp(diff)
 
 
 def _times(x, d):
@@ -107,9 +108,11 @@ def _inverse_kernel(k_ref, b_ref, g_ref, x_ref, *, sub):
                 x_ref.dtype)
 
 
-def _apply_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, w_ref, u_ref, qk_ref, *, blk):
+def _apply_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, w_ref, u_ref, qk_ref, *, blk,
+                  q_scale):
     """w = X (beta e^G k), u = X (beta v), QK = (q k^T) o Dc for one chunk, given X; the K
-    and V columns in blocks of ``blk`` so that few wide fp32 tiles are live at once."""
+    and V columns in blocks of ``blk`` so that few wide fp32 tiles are live at once; QK times
+    ``q_scale`` (q unscaled)."""
     C, K = k_ref.shape
     V = v_ref.shape[-1]
     cd = k_ref.dtype
@@ -121,7 +124,7 @@ def _apply_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, w_ref, u_ref, qk_ref
         k = k_ref[:, c]
         qk += dot_nt(q_ref[:, c], k)
         w_ref[:, c] = dot(Xc, (scale_k * k.astype(f32)).astype(cd)).astype(w_ref.dtype)
-    qk_ref[...] = (qk * _decay(G, G, "causal", (C, C))).astype(qk_ref.dtype)
+    qk_ref[...] = (qk * _decay(G, G, "causal", (C, C), q_scale)).astype(qk_ref.dtype)
     for c in col_blocks(V, blk):
         u_ref[:, c] = dot(Xc, (beta * v_ref[:, c].astype(f32)).astype(cd)).astype(u_ref.dtype)
 
@@ -194,11 +197,12 @@ def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk
 
 # ---------------------------------------------------------------- launchers
 
-def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16):
+def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16, q_scale=1.0):
     """w [B,T,H,K], u [B,T,H,V], QK [B,T,H,C] and X [B,T,H,C] (computed unless given), all in
     k's dtype (X is rounded to it where the products use it, so storing it so loses nothing in
-    the forward; the backward's X^T dX X^T reads it back, as fla's does). q is the scaled
-    query, beta and G [B, T, H] (G None: no decay)."""
+    the forward; the backward's X^T dX X^T reads it back, as fla's does).
+    QK = q_scale (q k^T) o Dc: q is the scaled query with q_scale 1, or the query with its
+    scale; beta and G [B, T, H] (G None: no decay)."""
     B, T, H, K = k.shape
     V, C = v.shape[-1], cfg.chunk
     cd = k.dtype
@@ -207,7 +211,8 @@ def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16):
         (X,) = chunk_call(cfg, functools.partial(_inverse_kernel, sub=math.gcd(sub, C)),
                           [(k, K), (b1, 1), (G1, 1)], [(C, cd)], (B, T, H),
                           name="gdn_wy_inverse", num_warps=cfg.inverse_warps)
-    w, u, qk = chunk_call(cfg, functools.partial(_apply_kernel, blk=cfg.chunk_block),
+    w, u, qk = chunk_call(cfg, functools.partial(_apply_kernel, blk=cfg.chunk_block,
+                                                 q_scale=q_scale),
                           [(q, K), (k, K), (v, V), (b1, 1), (G1, 1), (X, C)],
                           [(K, cd), (V, cd), (C, cd)], (B, T, H), name="gdn_wy_apply")
     return w, u, qk, X

@@ -15,11 +15,11 @@ def last_row(G):
     return last, jnp.sum(jnp.where(last, G, 0.0), axis=0, keepdims=True)
 
 
-def q_decayed(q, G):
-    """qd = q e^G (q's dtype); G is a [C, 1] column (None: q)."""
+def q_decayed(q, G, scale=1.0):
+    """qd = q e^G (q's dtype), times ``scale``; G is a [C, 1] column (None: no decay)."""
     if G is None:
-        return q
-    return (q.astype(f32) * jnp.exp(G)).astype(q.dtype)
+        return q if scale == 1.0 else (q.astype(f32) * scale).astype(q.dtype)
+    return (q.astype(f32) * (jnp.exp(G) if scale == 1.0 else scale * jnp.exp(G))).astype(q.dtype)
 
 
 def k_decayed(k, G):
@@ -51,6 +51,6 @@ def chunk_rows(G, chunk_size):
     return G.reshape(B, T // chunk_size, chunk_size, H).transpose(0, 1, 3, 2)[:, :, :, None, :]
 
 
-def chunk_output(q, qk, G, S, v):
-    """o = (q e^G) S + QK v of one chunk, S and v in q's dtype."""
-    return dot(q_decayed(q, G), S) + dot(qk, v)
+def chunk_output(q, qk, G, S, v, q_scale=1.0):
+    """o = (q_scale q e^G) S + QK v of one chunk, S and v in q's dtype (QK already scaled)."""
+    return dot(q_decayed(q, G, q_scale), S) + dot(qk, v)

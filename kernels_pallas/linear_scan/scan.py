@@ -13,7 +13,8 @@ cumulative log gates G [C]. What is left is sequential over chunks and independe
     o_n     = qd_n S_n + QK_n v_n               dS   <- e^{G_last} dS + qd_n^T do_n - w_n^T dv_n
     S_{n+1} = e^{G_last} S_n + kd_n^T v_n
 
-with qd = q e^G and kd = k e^{G_last - G}, both <= 1 in size since G falls within a chunk.
+with qd = q e^G and kd = k e^{G_last - G}, both <= 1 in size since G falls within a chunk
+(the forward can take q unscaled and its scale, folded into e^G: ``scan_forward(q_scale=)``).
 Only the state's own recurrence is sequential; the kernels carry no more than it needs:
   forward    ``scan_forward``: one fused kernel, o and v as it walks, storing S_n and v_n
              under differentiation (the delta rule's); ``scan_forward(q=None, store=True)``:
@@ -55,13 +56,13 @@ from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, column, c
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
 
-def _fwd_chunk(S, q, k, w, u, qk, G):
-    """(o or None without q, v, S_{n+1}) of one chunk."""
+def _fwd_chunk(S, q, k, w, u, qk, G, q_scale=1.0):
+    """(o or None without q, v, S_{n+1}) of one chunk; q times ``q_scale`` (QK already)."""
     kd, a_last = k_decayed(k, G)
     Sc = S.astype(k.dtype)
     v = u.astype(f32) if w is None else u.astype(f32) - dot(w, Sc)
     vc = v.astype(k.dtype)
-    o = None if q is None else chunk_output(q, qk, G, Sc, vc)
+    o = None if q is None else chunk_output(q, qk, G, Sc, vc, q_scale)
     return o, v, (S if a_last is None else a_last * S) + dot(kd, vc, trans_a=True)
 
 
@@ -82,13 +83,13 @@ def _bwd_chunk(dS, q, k, w, qk, G, do):
 # ---------------------------------------------------------------- "triton" layout kernels
 
 def _fwd_kernel_loop(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, sN_ref,
-                     *store_refs, n_chunks, chunk):
+                     *store_refs, n_chunks, chunk, q_scale):
     def body(n, S):
         t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
         if store_refs:
             store_refs[0][n, :, :] = S.astype(store_refs[0].dtype)
-        o, v, S = _fwd_chunk(S, ref_rows(q_ref, t), k_ref[t, :], ref_rows(w_ref, t), u_ref[t, :],
-                             ref_rows(qk_ref, t), ref_rows(g_ref, t))
+        o, v, S = _fwd_chunk(S, ref_rows(q_ref, t), k_ref[t, :], ref_rows(w_ref, t),
+                             u_ref[t, :], ref_rows(qk_ref, t), ref_rows(g_ref, t), q_scale)
         if o_ref is not None:
             o_ref[t, :] = o.astype(o_ref.dtype)
         if len(store_refs) > 1:
@@ -116,7 +117,7 @@ def _bwd_kernel_loop(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
 # ---------------------------------------------------------------- "tpu" layout kernels
 
 def _fwd_kernel_grid(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, sN_ref,
-                     *rest, n_chunks, store):
+                     *rest, n_chunks, store, q_scale):
     store_refs, (S_scr,) = rest[:-1], rest[-1:]
     n = pl.program_id(3)
 
@@ -128,7 +129,7 @@ def _fwd_kernel_grid(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
     if store:
         store_refs[0][...] = S.astype(store_refs[0].dtype)
     o, v, S = _fwd_chunk(S, ref_all(q_ref), k_ref[...], ref_all(w_ref), u_ref[...],
-                         ref_all(qk_ref), ref_all(g_ref))
+                         ref_all(qk_ref), ref_all(g_ref), q_scale)
     if o_ref is not None:
         o_ref[...] = o.astype(o_ref.dtype)
     if len(store_refs) > 1:
@@ -271,13 +272,14 @@ def _scan_call(cfg, kernel, ins, outs, *, reverse, name):
     return tuple(next(it) if p else None for _, _, p in outs)
 
 
-def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
+def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False, q_scale=1.0):
     """Forward kernel. [B, T, H, X] inputs (T a multiple of the chunk; w None: no delta rule),
     G [B, T, H] fp32, S0 [B, H, K, V] fp32. Returns o [B, T, H, V] (u's dtype), S_N, and with
     ``store`` also S_n for every chunk [B, N, H, K, V] and (with w) v [B, T, H, V], in
     ``store_dtype``. With q and qk None (and ``store``) the kernel carries the state alone and o
     is None (without the delta rule ``decay_attention/pallas.py`` forms it from the stored S_n,
-    in parallel over chunks)."""
+    in parallel over chunks). ``q_scale``: the outputs' q times it, in the kernel (folded into
+    e^G; qk comes scaled), sparing XLA a pass over q."""
     K = k.shape[-1]
     outputs, delta = q is not None, w is not None
     if not (outputs or store):
@@ -285,9 +287,10 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False):
     sd = store_dtype(cfg, k.dtype, K)
     N = k.shape[1] // cfg.chunk
     if cfg.layout == "triton":
-        kernel = functools.partial(_fwd_kernel_loop, n_chunks=N, chunk=cfg.chunk)
+        kernel = functools.partial(_fwd_kernel_loop, n_chunks=N, chunk=cfg.chunk,
+                                   q_scale=q_scale)
     else:
-        kernel = functools.partial(_fwd_kernel_grid, n_chunks=N, store=store)
+        kernel = functools.partial(_fwd_kernel_grid, n_chunks=N, store=store, q_scale=q_scale)
     res = _scan_call(
         cfg, kernel,
         [(q, "K"), (k, "K"), (w, "K"), (u, "V"), (qk, "C"), (column(G), "1"), (S0, "state")],
