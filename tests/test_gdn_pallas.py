@@ -107,21 +107,20 @@ def test_explicit_scale_matches_recurrent(scale, recompute, decay):
     the decay."""
     B, T, H, K, V, C = 1, 40, 2, 16, 32, 16
     q, k, v, g, beta, h0, do = make_inputs(B, T, H, K, V, seed=6)
-    if not decay:
-        g = None
     outs = []
     for settings in (GDNSettings(impl="pallas", chunk_size=C, interpret=True,
                                  recompute=recompute),
                      GDNSettings(impl="recurrent")):
-        def loss(q, k, v, beta, h0, settings=settings):
-            gg = jnp.zeros(beta.shape) if g is None and settings.impl == "recurrent" else g
-            o, s = gated_delta_rule(q, k, v, gg, beta, scale=scale, initial_state=h0,
+        def loss(q, k, v, g, beta, h0, settings=settings):
+            if not decay:               # DeltaNet: the kernels without G, the reference at 0
+                g = None if settings.impl == "pallas" else jnp.zeros(beta.shape)
+            o, s = gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
                                     output_final_state=True, settings=settings)
             return jnp.sum(o * do) + jnp.sum(s * s) * 0.1, (o, s)
-        grads, (o, s) = jax.jit(jax.grad(loss, argnums=tuple(range(5)), has_aux=True))(
-            q, k, v, beta, h0)
-        outs.append((o, s) + grads)
-    names = ("o", "state", "dq", "dk", "dv", "dbeta", "dh0")
+        grads, (o, s) = jax.jit(jax.grad(loss, argnums=tuple(range(6)), has_aux=True))(
+            q, k, v, g, beta, h0)
+        outs.append((o, s) + grads[:3] + grads[4:] + (grads[3] if decay else 0.0 * g,))
+    names = ("o", "state", "dq", "dk", "dv", "dbeta", "dh0", "dg")
     for name, a, b in zip(names, *outs):
         assert rel(a, b) < TOL[name], (name, rel(a, b))
 

@@ -12,9 +12,9 @@ Saved between the passes: the inputs, the initial state, X, w, QK, the chunk sta
 corrected values v (in the inputs' dtype: 640 bytes per token and head at K = V = 64 in bf16).
 With ``GDNSettings.recompute`` only X is saved and the backward recomputes w, QK
 (``wy_forward`` given X) and S_n, v (``scan_forward(store=True)``), as fla does: 128 bytes per
-token and head, two kernels more (docs/benchmarks.md compares the two). The forward's kernels
-take q unscaled and fold the scale into QK and into q's decay e^G (no XLA pass over q); the
-backward's take it scaled by XLA. Padding T to the chunk, the
+token and head, two kernels more (docs/benchmarks.md compares the two). The kernels take q
+unscaled and fold its scale into QK, into q's decay e^G and into the gradients' products (no XLA
+pass over q). Padding T to the chunk, the
 chunk-local cumulative sum of g and its transpose are XLA. Memory is O(T). With g None
 (DeltaNet: no decay) the same kernels run without G: no exponentials, no dG.
 """
@@ -38,8 +38,8 @@ _jit = lambda fn, *names: jax.jit(fn, static_argnums=0, static_argnames=names)  
 wy_forward = _jit(wy_kernels.wy_forward, "sub", "q_scale")
 wy_backward = _jit(wy_kernels.wy_backward, "scale", "out_dtypes")
 scan_forward = _jit(scan_kernels.scan_forward, "store", "q_scale")
-scan_backward = _jit(scan_kernels.scan_backward)
-state_grads = _jit(scan_kernels.state_grads)
+scan_backward = _jit(scan_kernels.scan_backward, "q_scale")
+state_grads = _jit(scan_kernels.state_grads, "q_scale")
 
 
 def _op(cfg, scale):
@@ -47,16 +47,14 @@ def _op(cfg, scale):
     decay (DeltaNet), the kernels then without exponentials and without dG."""
     C = cfg.chunk
 
-    def prepare(q, k, v, g, beta, scale_q=True):
-        """Inputs in the kernels' dtypes; q times ``scale`` unless not ``scale_q`` (the
-        forward's kernels fold the scale in)."""
+    def prepare(q, k, v, g, beta):
+        """Inputs in the kernels' dtypes (q unscaled: every kernel folds the scale in)."""
         cd = jnp.result_type(q.dtype, k.dtype, v.dtype)
-        qs = q.astype(cd) if scale == 1.0 or not scale_q else (q.astype(f32) * scale).astype(cd)
         G = None if g is None else chunk_local_cumsum(g.astype(f32), C)
-        return qs, k.astype(cd), v.astype(cd), beta.astype(f32), G
+        return q.astype(cd), k.astype(cd), v.astype(cd), beta.astype(f32), G
 
     def primal(q, k, v, g, beta, S0, store):
-        qc, kc, vc, b, G = prepare(q, k, v, g, beta, scale_q=False)
+        qc, kc, vc, b, G = prepare(q, k, v, g, beta)
         w, u, qk, X = wy_forward(cfg, qc, kc, vc, b, G, q_scale=scale)
         outs = scan_forward(cfg, qc, kc, w, u, qk, G, S0, store=store, q_scale=scale)
         return outs, (w, qk, X)
@@ -74,17 +72,19 @@ def _op(cfg, scale):
     def bwd(res, cts):
         q, k, v, g, beta, S0, X, saved = res
         do, dSN = cts
-        qs, kc, vc, b, G = prepare(q, k, v, g, beta)
-        cd = qs.dtype
+        qc, kc, vc, b, G = prepare(q, k, v, g, beta)
+        cd = qc.dtype
         if saved:
             w, qk, h, v_new = saved
         else:
-            w, u, qk, _ = wy_forward(cfg, qs, kc, vc, b, G, X)
+            w, u, qk, _ = wy_forward(cfg, qc, kc, vc, b, G, X, q_scale=scale)
             _, _, h, v_new = scan_forward(cfg, None, kc, w, u, None, G, S0,   # no o needed
                                           store=True)
-        dv_new, dh, dS0 = scan_backward(cfg, qs, kc, w, qk, G, do.astype(cd), dSN.astype(f32))
-        dq, dk, dw, dqk, dG = state_grads(cfg, qs, kc, G, h, dh, v_new, dv_new, do.astype(cd))
-        dq, dk, dv, db, dG = wy_backward(cfg, qs, kc, vc, b, G, X, dw, dv_new.astype(cd), dqk,
+        dv_new, dh, dS0 = scan_backward(cfg, qc, kc, w, qk, G, do.astype(cd), dSN.astype(f32),
+                                        q_scale=scale)
+        dq, dk, dw, dqk, dG = state_grads(cfg, qc, kc, G, h, dh, v_new, dv_new, do.astype(cd),
+                                          q_scale=scale)
+        dq, dk, dv, db, dG = wy_backward(cfg, qc, kc, vc, b, G, X, dw, dv_new.astype(cd), dqk,
                                          dq, dk, dG, scale=scale,
                                          out_dtypes=(q.dtype, k.dtype, v.dtype))
         dg = None if g is None else reverse_chunk_cumsum(dG, C).astype(g.dtype)

@@ -170,7 +170,7 @@ def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk
         qk = jnp.zeros((C, C), f32)
         for c in col_blocks(K, blk):
             qk += dot_nt(q_ref[:, c], k_ref[:, c])
-    F = dqk_ref[...].astype(f32) * _decay(G, G, "causal", (C, C))   # through QK = (q k^T) o Dc
+    F = dqk_ref[...].astype(f32) * _decay(G, G, "causal", (C, C), scale)   # through QK, scaled
     if decay:
         PM = beta * Ekk + F * qk                              # dA o A + dQK o QK
         dG = dg_in_ref[...] + jnp.sum(PM, axis=1, keepdims=True) - _colsum(PM)
@@ -179,7 +179,7 @@ def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk
     for c in col_blocks(K, blk):
         k, q, dw = k_ref[:, c], q_ref[:, c], dw_ref[:, c]
         kf = k.astype(f32)
-        dq_ref[:, c] = (scale * (dq_in_ref[:, c] + dot(Fc, k))).astype(dq_ref.dtype)
+        dq_ref[:, c] = (scale * dq_in_ref[:, c].astype(f32) + dot(Fc, k)).astype(dq_ref.dtype)
         dkb = dot(Xc, dw, trans_a=True)
         dk_ref[:, c] = (dk_in_ref[:, c] + dot(Fc, q, trans_a=True) + bk * dkb
                         + dot(Es, k)).astype(dk_ref.dtype)
@@ -221,9 +221,10 @@ def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16, q_scale=1.0):
 def wy_backward(cfg, q, k, v, beta, G, X, dw, du, dqk, dq, dk, dG, *, scale=1.0,
                 out_dtypes=(f32, f32, f32)):
     """Adds the WY-path gradients to dq, dk, dG (from the state path) and returns
-    (dq, dk, dv) [B,T,H,X] in ``out_dtypes`` (dq times ``scale``: the gradient of the unscaled
-    query), (dbeta, dG) fp32 [B, T, H] (G and dG None, no decay: dG None). Writing the final
-    dtypes here spares a pass of XLA casts over three fp32 arrays."""
+    (dq, dk, dv) [B,T,H,X] in ``out_dtypes``, (dbeta, dG) fp32 [B, T, H] (G and dG None, no
+    decay: dG None). q is the unscaled query and ``scale`` its scale (QK = scale q k^T o Dc);
+    the dq given is the state path's gradient of the scaled query, the dq returned that of q.
+    Writing the final dtypes here spares a pass of XLA casts over three fp32 arrays."""
     B, T, H, K = k.shape
     V, C = v.shape[-1], cfg.chunk
     # TF32 is a GPU (Triton) notion: elsewhere the fp32 products stay at full precision.

@@ -66,15 +66,15 @@ def _fwd_chunk(S, q, k, w, u, qk, G, q_scale=1.0):
     return o, v, (S if a_last is None else a_last * S) + dot(kd, vc, trans_a=True)
 
 
-def _bwd_chunk(dS, q, k, w, qk, G, do):
-    """(dv or None without k, dS_n) of one chunk, from dS = dS_{n+1}."""
+def _bwd_chunk(dS, q, k, w, qk, G, do, q_scale=1.0):
+    """(dv or None without k, dS_n) of one chunk, from dS = dS_{n+1}; q times ``q_scale``."""
     dv = None
     if k is not None:
         kd, _ = k_decayed(k, G)
         dv = dot(qk, do, trans_a=True) + dot(kd, dS.astype(q.dtype))
     if G is not None:
         dS = jnp.exp(last_row(G)[1]) * dS
-    dS = dS + dot(q_decayed(q, G), do, trans_a=True)
+    dS = dS + dot(q_decayed(q, G, q_scale), do, trans_a=True)
     if w is not None:
         dS = dS - dot(w, dv.astype(q.dtype), trans_a=True)
     return dv, dS
@@ -100,13 +100,13 @@ def _fwd_kernel_loop(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
 
 
 def _bwd_kernel_loop(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref, dh_ref,
-                     ds0_ref, *, n_chunks, chunk):
+                     ds0_ref, *, n_chunks, chunk, q_scale):
     def body(i, dS):
         n = n_chunks - 1 - i
         t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
         dh_ref[n, :, :] = dS.astype(dh_ref.dtype)
         dv, dS = _bwd_chunk(dS, q_ref[t, :], ref_rows(k_ref, t), ref_rows(w_ref, t),
-                            ref_rows(qk_ref, t), ref_rows(g_ref, t), do_ref[t, :])
+                            ref_rows(qk_ref, t), ref_rows(g_ref, t), do_ref[t, :], q_scale)
         if dv_ref is not None:
             dv_ref[t, :] = dv.astype(dv_ref.dtype)
         return dS
@@ -142,7 +142,7 @@ def _fwd_kernel_grid(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
 
 
 def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref, dh_ref,
-                     ds0_ref, dS_scr, *, n_chunks):
+                     ds0_ref, dS_scr, *, n_chunks, q_scale):
     i = pl.program_id(3)
 
     @pl.when(i == 0)
@@ -152,7 +152,7 @@ def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
     dS = dS_scr[...]
     dh_ref[...] = dS.astype(dh_ref.dtype)
     dv, dS = _bwd_chunk(dS, q_ref[...], ref_all(k_ref), ref_all(w_ref), ref_all(qk_ref),
-                        ref_all(g_ref), do_ref[...])
+                        ref_all(g_ref), do_ref[...], q_scale)
     if dv_ref is not None:
         dv_ref[...] = dv.astype(dv_ref.dtype)
     dS_scr[...] = dS
@@ -165,9 +165,10 @@ def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
 # ---------------------------------------------------------------- state-path gradients
 
 def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_ref,
-                        dq_ref, dk_ref, dw_ref, dqk_ref, dg_ref, *, blk):
+                        dq_ref, dk_ref, dw_ref, dqk_ref, dg_ref, *, blk, q_scale):
     """One chunk of the delta rule: the gradients that flow through the state, from S_n (h),
-    dS_{n+1} (dh), the corrected values v and their cotangents dv. K and V in blocks of
+    dS_{n+1} (dh), the corrected values v and their cotangents dv; dq is the gradient of the
+    scaled query q_scale q. K and V in blocks of
     ``blk``: three [C, blk] fp32 accumulators live at a time. Without a decay (g_ref and
     dg_ref None) no exponentials and no dG."""
     C, K = k_ref.shape
@@ -210,7 +211,7 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
         dw_ref[:, ck] = dw.astype(dw_ref.dtype)
     if decay:
         d_last = jnp.sum(from_k, axis=0, keepdims=True) + jnp.exp(g_last) * hdh
-        dg_ref[...] = from_q - from_k + jnp.where(last, d_last, 0.0)
+        dg_ref[...] = q_scale * from_q - from_k + jnp.where(last, d_last, 0.0)
     dqk_ref[...] = dqk.astype(dqk_ref.dtype)
 
 
@@ -300,20 +301,22 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False, q_scale=1.0):
     return res[:2] + (res[2:3] if store else ()) + (res[3:] if store and delta else ())
 
 
-def scan_backward(cfg, q, k, w, qk, G, do, dSN):
+def scan_backward(cfg, q, k, w, qk, G, do, dSN, *, q_scale=1.0):
     """Backward kernel: dv [B, T, H, V] and dS_{n+1} for every chunk [B, N, H, K, V] (in
     ``store_dtype``) and dS_0 (fp32), given the cotangents do [B, T, H, V] and dS_N [B, H, K, V]
     (w None: no delta rule). With k and qk None (no delta rule only) the kernel walks dS alone
-    and dv is None (the caller forms it in parallel over chunks)."""
+    and dv is None (the caller forms it in parallel over chunks). q times ``q_scale`` in the
+    kernel, as in ``scan_forward``."""
     K = q.shape[-1]
     if k is None and (w is not None or qk is not None):
         raise ValueError("scan_backward without k: no delta rule (w None) and no qk")
     sd = store_dtype(cfg, q.dtype, K)
     N = q.shape[1] // cfg.chunk
     if cfg.layout == "triton":
-        kernel = functools.partial(_bwd_kernel_loop, n_chunks=N, chunk=cfg.chunk)
+        kernel = functools.partial(_bwd_kernel_loop, n_chunks=N, chunk=cfg.chunk,
+                                   q_scale=q_scale)
     else:
-        kernel = functools.partial(_bwd_kernel_grid, n_chunks=N)
+        kernel = functools.partial(_bwd_kernel_grid, n_chunks=N, q_scale=q_scale)
     return _scan_call(
         cfg, kernel,
         [(q, "K"), (k, "K"), (w, "K"), (qk, "C"), (column(G), "1"), (do, "V"),
@@ -322,17 +325,18 @@ def scan_backward(cfg, q, k, w, qk, G, do, dSN):
         reverse=True, name="gdn_scan_bwd" if w is not None else "linear_scan_bwd")
 
 
-def state_grads(cfg, q, k, G, h, dh, v, dv, do):
+def state_grads(cfg, q, k, G, h, dh, v, dv, do, *, q_scale=1.0):
     """Per chunk, in parallel: dq, dk, dw and dQK of the state path in q's dtype (bf16 halves
     the traffic of dq and dk, written here and read by the WY backward, as the decay family's
     kernels keep theirs; fp32 inputs keep fp32) and dG (fp32
     [B, T, H]; None without a decay, G None) from S_n (h) and dS_{n+1} (dh) [B, N, H, K, V], v,
     dv, do [B, T, H, V] (the delta rule's; without it the decay family's own kernels take the
-    chunk-parallel part: ``decay_attention/pallas.py``)."""
+    chunk-parallel part: ``decay_attention/pallas.py``). The query is q_scale q; dq is its
+    gradient (of the scaled query)."""
     B, T, H, K = q.shape
     V, C, cd = v.shape[-1], cfg.chunk, q.dtype
     dq, dk, dw, dqk, dG = chunk_call(
-        cfg, functools.partial(_state_grads_kernel, blk=cfg.chunk_block),
+        cfg, functools.partial(_state_grads_kernel, blk=cfg.chunk_block, q_scale=q_scale),
         [(q, K), (k, K), (column(G), 1), (h, None), (dh, None), (v, V), (dv, V), (do, V)],
         [(K, cd), (K, cd), (K, cd), (C, cd), (1, None if G is None else f32)],
         (B, T, H), name="gdn_state_grads")
