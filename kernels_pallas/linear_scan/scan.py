@@ -14,7 +14,7 @@ cumulative log gates G [C]. What is left is sequential over chunks and independe
     S_{n+1} = e^{G_last} S_n + kd_n^T v_n
 
 with qd = q e^G and kd = k e^{G_last - G}, both <= 1 in size since G falls within a chunk
-(the forward can take q unscaled and its scale, folded into e^G: ``scan_forward(q_scale=)``).
+(both walks can take q unscaled and its scale, folded into e^G: their ``q_scale``).
 Only the state's own recurrence is sequential; the kernels carry no more than it needs:
   forward    ``scan_forward``: one fused kernel, o and v as it walks, storing S_n and v_n
              under differentiation (the delta rule's); ``scan_forward(q=None, store=True)``:
