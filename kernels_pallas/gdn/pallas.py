@@ -15,8 +15,8 @@ With ``GDNSettings.recompute`` only X is saved and the backward recomputes w, QK
 token and head, two kernels more (docs/benchmarks.md compares the two). The kernels take q
 unscaled and fold its scale into QK, into q's decay e^G and into the gradients' products (no XLA
 pass over q). Padding T to the chunk, the chunk-local cumulative sum of g and its transpose are
-XLA. Memory is O(T). With g None
-(DeltaNet: no decay) the same kernels run without G: no exponentials, no dG.
+XLA. Memory is O(T). With g None (DeltaNet: no decay) the same kernels run without G: no
+exponentials, no dG.
 """
 from __future__ import annotations
 
