@@ -168,9 +168,8 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
                         dq_ref, dk_ref, dw_ref, dqk_ref, dg_ref, *, blk, q_scale):
     """One chunk of the delta rule: the gradients that flow through the state, from S_n (h),
     dS_{n+1} (dh), the corrected values v and their cotangents dv; dq is the gradient of the
-    scaled query q_scale q. K and V in blocks of
-    ``blk``: three [C, blk] fp32 accumulators live at a time. Without a decay (g_ref and
-    dg_ref None) no exponentials and no dG."""
+    scaled query q_scale q. K and V in blocks of ``blk``: three [C, blk] fp32 accumulators live
+    at a time. Without a decay (g_ref and dg_ref None) no exponentials and no dG."""
     C, K = k_ref.shape
     V = h_ref.shape[-1]
     cd = k_ref.dtype
