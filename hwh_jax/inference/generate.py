@@ -79,6 +79,7 @@ class Generator:
 
     def _decode_fn(self, state, logits, cache, key, *, steps, temperature, top_p):
         model = nnx.merge(self.graphdef, state)
+        weights = model.input_weights()      # once, not once a step (HybridLM.input_weights)
         B = logits.shape[0]
         eos = -1 if self.eos_id is None else self.eos_id
 
@@ -89,7 +90,7 @@ class Generator:
             tok = jnp.where(done, self.pad_id, tok)
             out = out.at[:, i].set(tok)
             done = done | (tok == eos)
-            logits, cache = model.extend(tok[:, None], cache)
+            logits, cache = model.extend(tok[:, None], cache, input_weights=weights)
             return logits[:, 0], cache, key, out, done
 
         out = jnp.full((B, steps), self.pad_id, jnp.int32)

@@ -3,6 +3,7 @@ projections of one input as a group (``project``)."""
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +53,31 @@ def project(x, layers) -> list:
 def dot_last(x, w):
     """x [..., d] @ w [d, n] -> [..., n]."""
     return jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
+
+
+def matmul(x, w):
+    """x [..., d] @ w [d, n] -> [..., n], a lone row (one token of batch 1: a decode step)
+    computed as the first of two rows, the second zero.
+
+    XLA's GPU compiler rewrites a vector-matrix product whose matrix has fewer than 10M
+    elements (every projection of a 380m or 1b4 layer) into an elementwise multiply and a
+    reduction, often two kernels that read the weight at a fraction of the bandwidth of a
+    GEMM (docs/benchmarks.md, "Decode and cache"); a product of two rows stays a GEMM. The
+    barriers keep the compiler from slicing the zero row away again. The values are those of
+    ``dot_last``: the zero row does not touch the first."""
+    if math.prod(x.shape[:-1]) != 1:
+        return dot_last(x, w)
+    two = jax.lax.optimization_barrier(jnp.pad(x.reshape(1, x.shape[-1]), ((0, 1), (0, 0))))
+    y = jax.lax.optimization_barrier(dot_last(two, w))
+    return y[:1].reshape(x.shape[:-1] + (w.shape[1],))
+
+
+def apply(layer: nnx.Linear, x):
+    """``layer(x)`` for a bias-free ``dense`` layer, through ``matmul`` (a lone row as two)."""
+    if layer.bias is not None:
+        raise ValueError("linear.apply: the layer must be bias-free")
+    x, w = x.astype(layer.dtype), layer.kernel[...].astype(layer.dtype)
+    return matmul(x, w)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

@@ -8,8 +8,9 @@ has no such branch at all: no weights, no compute. A pure Transformer layer is n
 GDN layer n_fa = 0, a layer-wise hybrid alternates the two, HwH mixes them inside the layer.
 
 Inference (``extend``) computes the input projections of both branches (FA: q, k, v; GDN: q, k,
-v, b, a, gate) as one matmul over their weights concatenated at each call; the parameters stay
-separate, so checkpoints and imports do not change. Decoding one token is a string of small
+v, b, a, gate) as one matmul over their weights concatenated (``input_weight``: at each call,
+or once per decode loop by ``Generator``); the parameters stay separate, so checkpoints and
+imports do not change. Decoding one token is a string of small
 kernels, and one GEMM where there were up to nine shortens it. Training keeps one matmul per
 projection (``linear.project``): fused there, the concatenated widths get slower GEMM kernels
 and the output gradients have to be concatenated again (docs/benchmarks.md has both timings).
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -28,7 +28,7 @@ from hwh_jax.layers.config import LayerSpec, ModelConfig
 from hwh_jax.layers.decay_heads import DecayLinearHeads
 from hwh_jax.layers.gdn import GatedDeltaNetHeads
 from hwh_jax.layers.hgrn_heads import HGRNHeads
-from hwh_jax.layers.linear import INIT_STD, dense, project
+from hwh_jax.layers.linear import INIT_STD, apply, dense, matmul, project
 from hwh_jax.layers.variables import data
 from kernels_pallas.sharding import constrain
 
@@ -61,15 +61,27 @@ class HeadwiseMixer(nnx.Module):
         self.o_proj = dense(width, cfg.d_model, ("heads", "embed"),
                             std=INIT_STD / math.sqrt(2 * cfg.num_layers), **kw)
 
-    def project(self, x, fused: bool = False):
+    def _inputs(self):
+        """The input projections of both branches, FA's first, each in its branch's order."""
+        return ((list(self.fa.projections()) if self.fa is not None else []),
+                (list(self.la.projections()) if self.la is not None else []))
+
+    def input_weight(self):
+        """The input projections' weights concatenated, [d, width of all], in the compute
+        dtype: what ``project(fused=True)`` multiplies by. ``Generator``'s decode loop forms
+        it once before its steps instead of once a token (the concatenation is a copy of the
+        weights: 7 us a layer at 380m on an H200)."""
+        fa, la = self._inputs()
+        return jnp.concatenate([p.kernel[...].astype(self.dtype) for p in fa + la], axis=1)
+
+    def project(self, x, fused: bool = False, weight=None):
         """(FA projections or None, GDN projections or None) of x [B, T, d], each a list of
-        [B, T, width] in the order of the branch's ``projections()``; ``fused``: one matmul."""
-        fa = list(self.fa.projections()) if self.fa is not None else []
-        la = list(self.la.projections()) if self.la is not None else []
+        [B, T, width] in the order of the branch's ``projections()``; ``fused``: one matmul
+        (``linear.matmul``) by ``weight`` (default: ``input_weight()``)."""
+        fa, la = self._inputs()
         if fused:
-            x = x.astype(self.dtype)
-            w = jnp.concatenate([p.kernel[...].astype(self.dtype) for p in fa + la], axis=1)
-            y = jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
+            w = self.input_weight() if weight is None else weight
+            y = matmul(x.astype(self.dtype), w)
             ys = jnp.split(y, np.cumsum([p.kernel.shape[1] for p in fa + la])[:-1], axis=-1)
         else:   # under a mesh: rows stay over the batch axes, heads over tensor where they divide
             heads = ([self.fa.num_heads, self.fa.num_kv, self.fa.num_kv] if fa else []) + \
@@ -92,8 +104,10 @@ class HeadwiseMixer(nnx.Module):
         return {"fa": None if self.fa is None else self.fa.init_cache(batch, max_len, dtype),
                 "la": None if self.la is None else self.la.init_cache(batch, dtype)}
 
-    def extend(self, x, t0, start, valid, cache, fresh: bool = False):
-        fa, la = self.project(x, fused=True)
+    def extend(self, x, t0, start, valid, cache, fresh: bool = False, weight=None):
+        """One chunk (or token) over the cache; ``weight``: ``input_weight()`` if already
+        formed."""
+        fa, la = self.project(x, fused=True, weight=weight)
         outs, new = [], {"fa": None, "la": None}
         if fa is not None:
             o, new["fa"] = self.fa.extend(fa, t0, start, cache["fa"], fresh=fresh)
@@ -102,7 +116,7 @@ class HeadwiseMixer(nnx.Module):
             o, new["la"] = self.la.extend(la, valid, cache["la"], t0=t0, start=start)
             outs.append(o)
         y = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
-        return self.o_proj(y), new
+        return apply(self.o_proj, y), new
 
 
 def _linear_heads(cfg: ModelConfig, spec: LayerSpec, layer: int, kw: dict):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from hwh_jax.layers.linear import dense
+from hwh_jax.layers.linear import apply, dense
 from kernels_pallas.sharding import constrain
 
 
@@ -20,5 +20,6 @@ class SwiGLU(nnx.Module):
         self.down = dense(hidden, d_model, ("mlp", "embed"), std=out_std, **kw)
 
     def __call__(self, x):  # [B, T, d] -> [B, T, d]
-        h = constrain(jax.nn.silu(self.gate(x)) * self.up(x), self.gate.kernel.shape[1])
-        return self.down(h)
+        h = constrain(jax.nn.silu(apply(self.gate, x)) * apply(self.up, x),
+                      self.gate.kernel.shape[1])
+        return apply(self.down, h)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hwh_jax.layers.config import LayerSpec, ModelConfig
-from hwh_jax.layers.linear import INIT_STD, dense, dot_last
+from hwh_jax.layers.linear import INIT_STD, dense, matmul
 from hwh_jax.layers.mixer import HeadwiseMixer
 from hwh_jax.layers.mlp import SwiGLU
 from hwh_jax.layers.norms import RMSNorm
@@ -56,8 +56,9 @@ class Block(nnx.Module):
         x, y = self.mlp_norm.add(constrain(x), self.mixer(y, positions, segment_ids))
         return constrain(x), constrain(self.mlp(y))
 
-    def extend(self, x, t0, start, valid, cache, fresh: bool = False):
-        y, cache = self.mixer.extend(self.mixer_norm(x), t0, start, valid, cache, fresh)
+    def extend(self, x, t0, start, valid, cache, fresh: bool = False, weight=None):
+        y, cache = self.mixer.extend(self.mixer_norm(x), t0, start, valid, cache, fresh,
+                                     weight)
         x = x + y
         return x + self.mlp(self.mlp_norm(x)), cache
 
@@ -109,7 +110,7 @@ class HybridLM(nnx.Module):
 
     def logits(self, h, dtype=jnp.float32):
         """[B, T, d] -> logits [B, T, vocab] in ``dtype`` (None: the compute dtype)."""
-        out = dot_last(h.astype(self.cfg.compute_dtype), self.head_weight())
+        out = matmul(h.astype(self.cfg.compute_dtype), self.head_weight())
         return out if dtype is None else out.astype(dtype)
 
     def head_weight(self):
@@ -131,19 +132,27 @@ class HybridLM(nnx.Module):
         return {"t": jnp.int32(0), "start": start,
                 "layers": [b.mixer.init_cache(batch, max_len, dtype) for b in self.blocks]}
 
-    def extend(self, tokens, cache, *, fresh: bool = False, last_only: bool = False):
+    def input_weights(self):
+        """Each block's mixer input weights concatenated (``HeadwiseMixer.input_weight``), for
+        ``extend(..., input_weights=)``: a decode loop forms them once, not once a token."""
+        return [b.mixer.input_weight() for b in self.blocks]
+
+    def extend(self, tokens, cache, *, fresh: bool = False, last_only: bool = False,
+               input_weights=None):
         """tokens [B, Tn] at times cache["t"] ... -> (fp32 logits [B, Tn, vocab], new cache).
 
         ``fresh``: the cache is as ``init_cache`` made it (nothing written, t = 0): the FA
         heads attend over the chunk itself through the training attention, not over the cache.
         ``last_only``: logits of the last token only, [B, 1, vocab] (a prompt's prefill needs
-        no more; all of a 32K prompt's would be 6.6 GB per row)."""
+        no more; all of a 32K prompt's would be 6.6 GB per row). ``input_weights``:
+        ``input_weights()`` formed beforehand (default: each layer forms its own)."""
         t0, start = cache["t"], cache["start"]
         valid = (t0 + jnp.arange(tokens.shape[1]))[None] >= start[:, None]
         x = self.embed_tokens(tokens)
         layers = []
-        for block, c in zip(self.blocks, cache["layers"]):
-            x, c = block.extend(x, t0, start, valid, c, fresh)
+        weights = input_weights or [None] * len(self.blocks)
+        for block, c, w in zip(self.blocks, cache["layers"], weights):
+            x, c = block.extend(x, t0, start, valid, c, fresh, w)
             layers.append(c)
         logits = self.logits(self.final_norm(x[:, -1:] if last_only else x))
         return logits, {**cache, "t": t0 + tokens.shape[1], "layers": layers}
