@@ -70,12 +70,14 @@ class KernelSettings:
         return dataclasses.replace(self, **changes)
 
 
-def record(settings: KernelSettings, impl: str) -> str:
-    """Remember and log (once) which implementation ``settings.OP`` runs on its platform."""
-    key = f"{settings.OP}@{settings.target()}"
+def record(settings: KernelSettings, impl: str, op: str | None = None) -> str:
+    """Remember and log (once) which implementation ``op`` (default ``settings.OP``) runs on
+    its platform."""
+    op = settings.OP if op is None else op
+    key = f"{op}@{settings.target()}"
     if _chosen.get(key) != impl:
         _chosen[key] = impl
-        _log.info("kernels_pallas: %s runs impl=%r on %r", settings.OP, impl, settings.target())
+        _log.info("kernels_pallas: %s runs impl=%r on %r", op, impl, settings.target())
     return impl
 
 

@@ -294,3 +294,31 @@ def test_recompute_option_gives_the_same_result():
     assert float(l0) == float(l1)
     for a, b in zip(g0, g1):
         assert rel(a, b) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_decode_step_kernel_matches_the_jnp_step(dtype):
+    """The one-kernel decode step (interpreted) against ``reference.gated_delta_rule_step``,
+    four steps chained through the aliased state; K or V not a power of two runs the jnp
+    step, and ``chosen()`` says which ran."""
+    import kernels_pallas
+    from kernels_pallas.gdn import reference
+    from kernels_pallas.gdn import gated_delta_rule_step
+    B, T, H, K, V = 3, 4, 2, 16, 32
+    q, k, v, g, beta, h0, _ = make_inputs(B, T, H, K, V, seed=7)
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
+    pallas = GDNSettings(impl="pallas", interpret=True)
+    s_ref = s = h0
+    for t in range(T):
+        o_ref, s_ref = reference.gated_delta_rule_step(q[:, t], k[:, t], v[:, t], g[:, t],
+                                                       beta[:, t], s_ref)
+        o, s = gated_delta_rule_step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], s,
+                                     settings=pallas)
+        assert o.dtype == v.dtype and s.dtype == jnp.float32
+        assert rel(o.astype(jnp.float32), o_ref.astype(jnp.float32)) < (
+            1e-6 if dtype == jnp.float32 else 1e-2)
+        assert rel(s, s_ref) < 1e-6
+    assert kernels_pallas.chosen()["gated_delta_rule_step@cpu"] == "pallas"
+    q, k, v, g, beta, h0, _ = make_inputs(1, 1, 2, 12, 8, seed=8)
+    gated_delta_rule_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], h0, settings=pallas)
+    assert kernels_pallas.chosen()["gated_delta_rule_step@cpu"] == "reference"

@@ -208,7 +208,8 @@ class GatedDeltaNetHeads(nnx.Module):
         beta, g = jnp.where(valid[..., None], beta, 0.0), jnp.where(valid[..., None], g, 0.0)
         if Tn == 1:
             o, state = kernels_pallas.gated_delta_rule_step(
-                q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], cache["state"])
+                q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], cache["state"],
+                settings=self.settings)
             o = o[:, None]
         else:
             o, state = kernels_pallas.gated_delta_rule(

@@ -1,14 +1,18 @@
-"""``gated_delta_rule``: the public entry, which checks shapes and runs the implementation its
-``GDNSettings`` choose; under ``kernel_mesh`` the Pallas kernels run per device shard."""
+"""``gated_delta_rule`` and ``gated_delta_rule_step``: the public entries, which check shapes
+and run the implementation their ``GDNSettings`` choose; under ``kernel_mesh`` the chunked
+Pallas kernels run per device shard."""
 from __future__ import annotations
 
 import jax.numpy as jnp
 
 from kernels_pallas import dispatch, sharding
+from kernels_pallas.dispatch import pow2
 from kernels_pallas.gdn.chunk_reference import gated_delta_rule_chunk_reference
 from kernels_pallas.gdn.pallas import gated_delta_rule_pallas
+from kernels_pallas.gdn import reference
 from kernels_pallas.gdn.reference import gated_delta_rule_recurrent
 from kernels_pallas.gdn.settings import GDNSettings
+from kernels_pallas.gdn.step import step_pallas
 
 
 def _check_shapes(q, k, v, g, beta, initial_state):
@@ -77,3 +81,34 @@ def _pallas_per_shard(km, q, k, v, g, beta, *, initial_state, output_final_state
     out = sharding.per_shard(local, km, tuple(specs), (x4, st) if output_final_state else x4)(
         *args)
     return out if output_final_state else (out, None)
+
+
+def gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, *, scale=None,
+                          settings: GDNSettings | None = None):
+    """One decode step: q_t, k_t [B, H, K]; v_t [B, H, V]; g_t, beta_t [B, H]; state
+    [B, H, K, V] fp32 -> (o_t [B, H, V] in v_t's dtype, new state fp32).
+
+    ``settings.impl`` "pallas" ("auto" on a GPU) runs ``step.step_pallas`` (one kernel, the
+    state read and written once) where K and V are powers of two and the target is a GPU or the
+    kernel is interpreted; every other case the jnp step (``reference.py``), which XLA fuses.
+    Under ``kernel_mesh`` the jnp step runs (XLA partitions it)."""
+    settings = GDNSettings() if settings is None else settings
+    B, H, K = q_t.shape
+    V = v_t.shape[-1]
+    if k_t.shape != q_t.shape or v_t.shape[:2] != (B, H) or state.shape != (B, H, K, V):
+        raise ValueError(f"gated_delta_rule_step: q, k [B,H,K], v [B,H,V], state [B,H,K,V] "
+                         f"expected, got q {q_t.shape}, k {k_t.shape}, v {v_t.shape}, state "
+                         f"{state.shape}")
+    for name, x in (("g", g_t), ("beta", beta_t)):
+        if x.shape != (B, H):
+            raise ValueError(f"gated_delta_rule_step: {name} must be [B,H]={(B, H)}, got "
+                             f"{x.shape}")
+    scale = K ** -0.5 if scale is None else scale
+    kernel = (settings.choose() == "pallas" and pow2(K) and pow2(V)
+              and (settings.target() == "gpu" or settings.interpret is not False)
+              and sharding.current() is None)
+    dispatch.record(settings, "pallas" if kernel else "reference", op="gated_delta_rule_step")
+    if kernel:
+        return step_pallas(q_t, k_t, v_t, g_t, beta_t, state, scale=float(scale),
+                           interpret=settings.interpret, num_warps=settings.num_warps)
+    return reference.gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, scale=scale)
