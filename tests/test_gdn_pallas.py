@@ -189,7 +189,8 @@ def test_fp32_dots_option_is_checked_and_both_settings_agree():
         assert rel(a, b) < 1e-6
 
 
-@pytest.mark.parametrize("field", ["chunk_size", "num_warps", "inverse_warps", "block_v"])
+@pytest.mark.parametrize("field", ["chunk_size", "num_warps", "inverse_warps", "block_v",
+                                   "step_min_programs"])
 def test_launch_settings_below_one_are_refused_by_name(field):
     """Every count of the kernels' settings must be >= 1 (block_v may also be None: chosen from
     the shape); the error names the op, the field and the value."""
@@ -300,14 +301,14 @@ def test_recompute_option_gives_the_same_result():
 def test_decode_step_kernel_matches_the_jnp_step(dtype):
     """The one-kernel decode step (interpreted) against ``reference.gated_delta_rule_step``,
     four steps chained through the aliased state; K or V not a power of two runs the jnp
-    step, and ``chosen()`` says which ran."""
+    step, as do fewer rows x heads than ``step_min_programs``; ``chosen()`` says which ran."""
     import kernels_pallas
     from kernels_pallas.gdn import reference
     from kernels_pallas.gdn import gated_delta_rule_step
     B, T, H, K, V = 3, 4, 2, 16, 32
     q, k, v, g, beta, h0, _ = make_inputs(B, T, H, K, V, seed=7)
     q, k, v = (x.astype(dtype) for x in (q, k, v))
-    pallas = GDNSettings(impl="pallas", interpret=True)
+    pallas = GDNSettings(impl="pallas", interpret=True, step_min_programs=B * H)
     s_ref = s = h0
     for t in range(T):
         o_ref, s_ref = reference.gated_delta_rule_step(q[:, t], k[:, t], v[:, t], g[:, t],
@@ -320,5 +321,8 @@ def test_decode_step_kernel_matches_the_jnp_step(dtype):
         assert rel(s, s_ref) < 1e-6
     assert kernels_pallas.chosen()["gated_delta_rule_step@cpu"] == "pallas"
     q, k, v, g, beta, h0, _ = make_inputs(1, 1, 2, 12, 8, seed=8)
+    gated_delta_rule_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], h0, settings=pallas)
+    assert kernels_pallas.chosen()["gated_delta_rule_step@cpu"] == "reference"
+    q, k, v, g, beta, h0, _ = make_inputs(1, 1, 2, 16, 8, seed=9)        # 2 programs < 6
     gated_delta_rule_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], h0, settings=pallas)
     assert kernels_pallas.chosen()["gated_delta_rule_step@cpu"] == "reference"

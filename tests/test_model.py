@@ -12,7 +12,7 @@ from flax import nnx
 
 from hwh_jax.models import ARCHS, HybridLM, count_params, count_params_whole, model_config
 from hwh_jax.layers.mixer import HeadwiseMixer  # noqa: I001  (after models: import cycle)
-from hwh_jax.layers.linear import dense, project
+from hwh_jax.layers.linear import dense, dot_last, matmul, project
 from hwh_jax.layers.config import LayerSpec
 from hwh_jax.models.variants import model_config_from_dict
 
@@ -75,6 +75,35 @@ def test_fused_projections_equal_one_matmul_per_projection(spec):
     n = {"both": 9, "fa": 3, "gdn": 6}[("both" if spec.num_fa and spec.num_la else
                                         "fa" if spec.num_fa else "gdn")]
     assert len((fused[0] or []) + (fused[1] or [])) == n
+
+
+@pytest.mark.parametrize("lead", [(1, 1), (1,), (2, 1), (3, 4)])
+def test_matmul_computes_a_lone_row_as_two(lead):
+    """``matmul`` equals ``dot_last`` bitwise; a lone row is multiplied as a 2-row matrix (the
+    product XLA's GPU compiler keeps a GEMM), more rows as they are."""
+    x = jax.random.normal(jax.random.key(0), lead + (32,), jnp.bfloat16)
+    w = jax.random.normal(jax.random.key(1), (32, 48), jnp.bfloat16)
+    y = jax.jit(matmul)(x, w)
+    assert y.shape == lead + (48,)
+    np.testing.assert_array_equal(np.asarray(y, np.float32),
+                                  np.asarray(dot_last(x, w), np.float32))
+    text = jax.jit(matmul).lower(x, w).as_text()
+    rows = "2x32" if np.prod(lead) == 1 else "x".join(map(str, lead)) + "x32"
+    assert f"tensor<{rows}xbf16>, tensor<32x48xbf16>" in text
+
+
+def test_decode_loop_with_input_weights_formed_once_matches_per_step():
+    """``extend(..., input_weights=input_weights())``, as the decode loop runs it, gives the
+    logits and cache of the layers forming their own weights."""
+    cfg = model_config("hwh", "tiny", dtype="float32")
+    model = HybridLM(cfg, rngs=nnx.Rngs(0))
+    cache = model.init_cache(1, 8)
+    tok = jnp.array([[3]], jnp.int32)
+    a, ca = model.extend(tok, cache)
+    b, cb = model.extend(tok, cache, input_weights=model.input_weights())
+    np.testing.assert_array_equal(a, b)
+    for x, y in zip(jax.tree.leaves(ca), jax.tree.leaves(cb)):
+        np.testing.assert_array_equal(x, y)
 
 
 TINY_CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*_tiny.py")))

@@ -23,6 +23,10 @@ class GDNSettings(KernelSettings):
     backward's fp32 x fp32 products on GPU, "tf32" (tensor cores) or "ieee";
     recompute: save only X for the backward and recompute w, QK, S_n, v there (less memory,
     two kernels more).
+    step_min_programs: ``gated_delta_rule_step`` runs its kernel (one program per row and
+    head) from this many rows x heads, the jnp step below: at 13 programs (380m, batch 1) the
+    kernel cost 0.16 ms a token more than XLA's fusions, at 416 (batch 32) it saved ~0.5 ms
+    (docs/benchmarks.md, "Decode and cache").
     """
     chunk_size: int = 64
     block_v: int | None = None
@@ -32,6 +36,7 @@ class GDNSettings(KernelSettings):
     inverse_warps: int = 1
     fp32_dots: str = "tf32"
     recompute: bool = False
+    step_min_programs: int = 128
 
     OP = "gated_delta_rule"
     IMPLS = ("auto", "recurrent", "chunk_reference", "pallas")
@@ -41,7 +46,7 @@ class GDNSettings(KernelSettings):
     def __post_init__(self):
         super().__post_init__()
         self.require_positive("chunk_size", "num_warps", "num_stages", "chunk_warps",
-                              "inverse_warps", optional=("block_v",))
+                              "inverse_warps", "step_min_programs", optional=("block_v",))
         if self.fp32_dots not in FP32_DOTS:
             raise ValueError(f"gated_delta_rule: fp32_dots must be one of {FP32_DOTS}, got "
                              f"{self.fp32_dots!r}")
