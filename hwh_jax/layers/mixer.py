@@ -10,10 +10,10 @@ GDN layer n_fa = 0, a layer-wise hybrid alternates the two, HwH mixes them insid
 Inference (``extend``) computes the input projections of both branches (FA: q, k, v; GDN: q, k,
 v, b, a, gate) as one matmul over their weights concatenated (``input_weight``: at each call,
 or once per decode loop by ``Generator``); the parameters stay separate, so checkpoints and
-imports do not change. Decoding one token is a string of small
-kernels, and one GEMM where there were up to nine shortens it. Training keeps one matmul per
-projection (``linear.project``): fused there, the concatenated widths get slower GEMM kernels
-and the output gradients have to be concatenated again (docs/benchmarks.md has both timings).
+imports do not change. Decoding one token is a string of small kernels, and one GEMM where
+there were up to nine shortens it. Training keeps one matmul per projection
+(``linear.project``): fused there, the concatenated widths get slower GEMM kernels and the
+output gradients have to be concatenated again (docs/benchmarks.md has both timings).
 """
 from __future__ import annotations
 

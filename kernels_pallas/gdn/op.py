@@ -90,7 +90,7 @@ def gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, *, scale=None,
 
     ``settings.impl`` "pallas" ("auto" on a GPU) runs ``step.step_pallas`` (one kernel, the
     state read and written once) where K and V are powers of two, B x H is at least
-    ``settings.step_min_programs`` and the target is a GPU or the kernel is interpreted; every
+    ``settings.step_min_programs`` and the target is a GPU (or ``interpret=True``); every
     other case the jnp step (``reference.py``), which XLA fuses. Under ``kernel_mesh`` the jnp
     step runs (XLA partitions it)."""
     settings = GDNSettings() if settings is None else settings
@@ -107,7 +107,7 @@ def gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, *, scale=None,
     scale = K ** -0.5 if scale is None else scale
     kernel = (settings.choose() == "pallas" and pow2(K) and pow2(V)
               and B * H >= settings.step_min_programs
-              and (settings.target() == "gpu" or settings.interpret is not False)
+              and (settings.target() == "gpu" or settings.interpret is True)
               and sharding.current() is None)
     dispatch.record(settings, "pallas" if kernel else "reference", op="gated_delta_rule_step")
     if kernel:
