@@ -25,8 +25,8 @@ class GDNSettings(KernelSettings):
     two kernels more).
     step_min_programs: ``gated_delta_rule_step`` runs its kernel (one program per row and
     head) from this many rows x heads, the jnp step below: at 13 programs (380m, batch 1) the
-    kernel cost 0.16 ms a token more than XLA's fusions, at 416 (batch 32) the step went from
-    6.95 to 6.43 ms (two calls; docs/benchmarks.md, "Decode and cache").
+    kernel was slower than XLA's fusions, at 416 (batch 32) faster (docs/benchmarks.md,
+    "Decode and cache").
     """
     chunk_size: int = 64
     block_v: int | None = None
