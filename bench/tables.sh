@@ -2,7 +2,8 @@
 # The tables of docs/benchmarks.md on one GPU, part by part:
 #   bash bench/tables.sh OUT_DIR PART [PART ...]
 # PART: gdn        GDN kernels against fla at three shapes (fla_gdn_anchor.py needs fla installed;
-#                  bench/gdn.py --check adds the bf16 errors against an fp32 reference)
+#                  --profile: fla's kernels summed, the figure comparable to ours; bench/gdn.py
+#                  --check adds the bf16 errors against an fp32 reference)
 #       step2k     the 380m training step at 2K, HwH and the Transformer, 44 sequences a step
 #       steplong   the 380m step at 8K and 32K, HwH and the Transformer, 65,536 tokens a step
 #       decode     prefill-free decode at 32K, batch 1 and 32, HwH and the Transformer
@@ -34,7 +35,7 @@ for part in "$@"; do
   case $part in
     gdn)
       python3 bench/gdn.py --profile --shapes $SHAPES --impls pallas --out "$OUT/gdn.jsonl"
-      python3 bench/fla_gdn_anchor.py $SHAPES | tee "$OUT/gdn_fla.jsonl" ;;
+      python3 bench/fla_gdn_anchor.py --profile $SHAPES | tee "$OUT/gdn_fla.jsonl" ;;
     step2k)
       XLA_FLAGS=$TRAIN_FLAGS python3 bench/train_step.py --sizes 380m --contexts 2048 --tokens_per_step 90112 \
         --steps 8 --archs hwh transformer --out "$OUT/step2k.jsonl" ;;
