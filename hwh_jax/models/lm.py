@@ -56,11 +56,14 @@ class Block(nnx.Module):
         x, y = self.mlp_norm.add(constrain(x), self.mixer(y, positions, segment_ids))
         return constrain(x), constrain(self.mlp(y))
 
-    def extend(self, x, t0, start, valid, cache, fresh: bool = False, weight=None):
-        y, cache = self.mixer.extend(self.mixer_norm(x), t0, start, valid, cache, fresh,
-                                     weight)
-        x = x + y
-        return x + self.mlp(self.mlp_norm(x)), cache
+    def extend(self, x, delta, t0, start, valid, cache, fresh: bool = False, weight=None):
+        """``residual``'s step over the cache: (stream after the mixer's add, MLP output, new
+        cache) from the stream x and the previous block's MLP output ``delta`` (None: already
+        in x); each add goes into the norm after it, as in training."""
+        x, h = self.mixer_norm.add(x, delta)
+        y, cache = self.mixer.extend(h, t0, start, valid, cache, fresh, weight)
+        x, h = self.mlp_norm.add(x, y)
+        return x, self.mlp(h), cache
 
 
 class HybridLM(nnx.Module):
@@ -148,13 +151,15 @@ class HybridLM(nnx.Module):
         ``input_weights()`` formed beforehand (default: each layer forms its own)."""
         t0, start = cache["t"], cache["start"]
         valid = (t0 + jnp.arange(tokens.shape[1]))[None] >= start[:, None]
-        x = self.embed_tokens(tokens)
+        x, delta = self.embed_tokens(tokens), None
         layers = []
         weights = input_weights or [None] * len(self.blocks)
         for block, c, w in zip(self.blocks, cache["layers"], weights):
-            x, c = block.extend(x, t0, start, valid, c, fresh, w)
+            x, delta, c = block.extend(x, delta, t0, start, valid, c, fresh, w)
             layers.append(c)
-        logits = self.logits(self.final_norm(x[:, -1:] if last_only else x))
+        if last_only:
+            x, delta = x[:, -1:], None if delta is None else delta[:, -1:]
+        logits = self.logits(self.final_norm.add(x, delta)[1])
         return logits, {**cache, "t": t0 + tokens.shape[1], "layers": layers}
 
 
