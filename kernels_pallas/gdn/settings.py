@@ -17,7 +17,8 @@ class GDNSettings(KernelSettings):
     on TPU); "auto" takes the kernels on GPU and TPU, the XLA chunked form elsewhere.
     chunk_size: C of the chunked forms. The rest concern the Pallas kernels only:
     block_v: value columns per program of the sequential scans (None: ``default_block_v``);
-    num_warps / num_stages: the scans' launch on GPU; chunk_warps: the per-chunk kernels';
+    num_warps / num_stages: the scans' launch on GPU (num_warps also the decode step
+    kernel's, ``gated_delta_rule_step``); chunk_warps: the per-chunk kernels';
     inverse_warps: the WY inverse's among them (its time is the latency of dependent row
     reductions, which one warp does without shared memory); fp32_dots: precision of the WY
     backward's fp32 x fp32 products on GPU, "tf32" (tensor cores) or "ieee";
