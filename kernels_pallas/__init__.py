@@ -12,10 +12,13 @@ from kernels_pallas.gdn import GDNSettings, gated_delta_rule, gated_delta_rule_s
 from kernels_pallas.rms_norm import RMSNormSettings, rms_norm
 from kernels_pallas.sharding import kernel_mesh
 from kernels_pallas.short_conv import ShortConvSettings, short_conv
+from kernels_pallas.skinny_matmul import SkinnyMatmulSettings, skinny_matmul
 from kernels_pallas.softmax_xent import SoftmaxXentSettings, softmax_xent
 
 __all__ = ["AttentionSettings", "DecaySettings", "DecodeAttentionSettings", "GDNSettings",
            "GatedRecurrenceSettings", "KernelSettings", "RMSNormSettings", "ShortConvSettings",
-           "SoftmaxXentSettings", "attention", "attention_reference", "cached_attention",
-           "cached_attention_blockwise", "chosen", "decode_attention", "gated_delta_rule", "gated_delta_rule_step", "gated_linear_attention",
-           "gated_recurrence", "kernel_mesh", "rms_norm", "short_conv", "softmax_xent"]
+           "SkinnyMatmulSettings", "SoftmaxXentSettings", "attention", "attention_reference",
+           "cached_attention", "cached_attention_blockwise", "chosen", "decode_attention",
+           "gated_delta_rule", "gated_delta_rule_step", "gated_linear_attention",
+           "gated_recurrence", "kernel_mesh", "rms_norm", "short_conv", "skinny_matmul",
+           "softmax_xent"]
