@@ -169,6 +169,10 @@ def main():
                     help="model.decode_attn_impl of each row (auto | reference | pallas): "
                          "the FA heads' attention over the cache in a decode step; "
                          "pallas:KEY=VALUE,... sets DecodeAttentionSettings fields")
+    ap.add_argument("--matmul_impls", nargs="+", default=["auto"],
+                    help="model.matmul_impl of each row (auto | reference | pallas): the "
+                         "products of a decode step's rows (kernels_pallas.skinny_matmul); "
+                         "pallas:KEY=VALUE,... sets SkinnyMatmulSettings fields")
     ap.add_argument("--profile", default="",
                     help="directory: trace one decode loop per row and print its device time")
     ap.add_argument("--memory_bandwidth", type=float, default=0.0,
@@ -178,21 +182,25 @@ def main():
     print_device()
     bandwidth = args.memory_bandwidth or peak_memory_bandwidth(jax.devices()[0].device_kind)
     rows = []
-    for arch, impl in itertools.product(args.archs, args.decode_attn_impls):
+    for arch, impl, mm in itertools.product(args.archs, args.decode_attn_impls,
+                                            args.matmul_impls):
         name, opts = parse_impl(impl)
-        cfg = model_config(arch, args.size, dtype=args.dtype, decode_attn_impl=name)
+        mm_name, mm_opts = parse_impl(mm)
+        cfg = model_config(arch, args.size, dtype=args.dtype, decode_attn_impl=name,
+                           matmul_impl=mm_name)
         model = HybridLM(cfg, rngs=nnx.Rngs(0))
-        if opts:                           # launch settings: every FA module's decode op
-            for _, m in nnx.iter_graph(model):
-                if isinstance(m, FullAttentionHeads):
-                    m.decode_settings = m.decode_settings.replace(**opts)
+        for _, m in nnx.iter_graph(model):  # launch settings: every module's decode op
+            if opts and isinstance(m, FullAttentionHeads):
+                m.decode_settings = m.decode_settings.replace(**opts)
+            if mm_opts and isinstance(m, nnx.Module) and hasattr(m, "matmul_settings"):
+                m.matmul_settings = m.matmul_settings.replace(**mm_opts)
         for T in args.contexts:
             for B in args.batches:
                 row = {"arch": arch, "size": args.size, "context": T, "batch": B,
-                       "decode_attn_impl": impl,
+                       "decode_attn_impl": impl, "matmul_impl": mm,
                        "cache_gib": cache_bytes(cfg, B, T)["total"] / 2 ** 30}
                 try:
-                    prof = (f"{args.profile}/{arch}_{impl}_{args.size}_{T}_b{B}"
+                    prof = (f"{args.profile}/{arch}_{impl}_{mm}_{args.size}_{T}_b{B}"
                             if args.profile else "")
                     row.update(measure(model, cfg, T, B, args.prefill_chunk,
                                        args.decode_steps, prof, args.prefill == "full",
@@ -206,19 +214,20 @@ def main():
                 row["kernels"] = kernels_pallas.chosen()
                 emit(rows, row)
                 write_jsonl(args.out, rows)          # after every row: a cut run keeps its rows
-    print(f"\n{'arch':12s} {'attn':>9s} {'ctx':>6s} {'B':>3s} {'cache GiB':>9s} "
+    print(f"\n{'arch':12s} {'attn':>9s} {'matmul':>9s} {'ctx':>6s} {'B':>3s} {'cache GiB':>9s} "
           f"{'prefill s':>9s} {'decode ms/token':>15s} {'per call':>9s} {'floor ms':>9s} "
           f"{'x floor':>8s}")
     for r in rows:
         if r.get("oom"):
-            print(f"{r['arch']:12s} {r['decode_attn_impl']:>9s} {r['context']:6d} {r['batch']:3d} "
-                  f"{r['cache_gib']:9.2f}  OOM")
+            print(f"{r['arch']:12s} {r['decode_attn_impl']:>9s} {r['matmul_impl']:>9s} "
+                  f"{r['context']:6d} {r['batch']:3d} {r['cache_gib']:9.2f}  OOM")
             continue
         pre = f"{r['prefill_s']:9.2f}" if "prefill_s" in r else f"{'-':>9}"
         floor = (f"{r['floor_ms']:9.3f} {r['x_floor']:8.1f}" if r.get("floor_ms")
                  else f"{'-':>9} {'-':>8}")
-        print(f"{r['arch']:12s} {r['decode_attn_impl']:>9s} {r['context']:6d} {r['batch']:3d} "
-              f"{r['cache_gib']:9.2f} {pre} {r['decode_ms']:15.2f} {r['decode_call_ms']:9.2f} "
+        print(f"{r['arch']:12s} {r['decode_attn_impl']:>9s} {r['matmul_impl']:>9s} "
+              f"{r['context']:6d} {r['batch']:3d} {r['cache_gib']:9.2f} {pre} "
+              f"{r['decode_ms']:15.2f} {r['decode_call_ms']:9.2f} "
               f"{floor}")
 
 

@@ -109,11 +109,17 @@ def test_the_decay_kernels_lower_with_their_gradients(platform):
         assert set(summary["kernels"]) == kernels, summary["kernels"]
 
 
-def test_the_decode_step_lowers_for_cuda_with_its_attention_kernel():
+def test_the_decode_step_lowers_for_cuda_with_its_attention_and_product_kernels():
     """One decode token on a GPU at 8 rows: every layer with FA heads reads its cache through
-    the decode kernel (Triton), not the fp32 reference."""
+    the decode kernel (Triton), not the fp32 reference, and the products are XLA's GEMMs; at
+    one row each layer's four products (the mixer's fused inputs, o_proj, the MLP's gate and
+    up as one, down) run the few-row product kernel."""
     cfg = model_config("hwh", "380m", attn_impl="reference")  # cuDNN: no library on this host
     decode = export.summarize(export.export_inference_steps(
         cfg, platform="gpu", batch=8, context=4096)["decode"])
     assert decode["platforms"] == ["cuda"]
     assert decode["kernels"]["decode_attention"] == sum(n > 0 for n in cfg.fa_heads) == 22
+    assert "skinny_matmul" not in decode["kernels"]
+    one = export.summarize(export.export_inference_steps(
+        cfg, platform="gpu", batch=1, context=4096)["decode"])
+    assert one["kernels"]["skinny_matmul"] == 4 * cfg.num_layers

@@ -13,8 +13,8 @@ more dimensions: projections, embedding, convolution kernels) in the compute dty
 casts them to that dtype before use, so the outputs are the same bit for bit, while a decode
 step at batch 1, bound by reading the weights, reads half the bytes of fp32 parameters and
 skips their conversion (docs/benchmarks.md has the decode times). Its decode loop forms each
-mixer's concatenated input weights once, before its steps (``HybridLM.input_weights``), not
-once a token.
+layer's concatenated input weights (the mixer's projections, the MLP's gate and up) once,
+before its steps (``HybridLM.input_weights``), not once a token.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from hwh_jax.layers.rope import PAIRINGS
 from kernels_pallas import (AttentionSettings, DecaySettings, DecodeAttentionSettings,
                             GatedRecurrenceSettings, GDNSettings, RMSNormSettings,
-                            ShortConvSettings)
+                            ShortConvSettings, SkinnyMatmulSettings)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 LA_KINDS = ("gdn", "deltanet", "lightning", "retnet", "mamba2", "gla", "hgrn", "hgrn2")
@@ -74,6 +74,8 @@ class ModelConfig:
     hgrn_impl: str = "auto"            # kernels_pallas.gated_recurrence impl (HGRN heads)
     conv_impl: str = "auto"            # kernels_pallas.short_conv impl (GDN conv, SiLU, norm)
     norm_impl: str = "auto"            # kernels_pallas.rms_norm impl (RMSNorms, residual adds)
+    matmul_impl: str = "auto"          # kernels_pallas.skinny_matmul impl (a decode step's
+                                       # projections of a few rows; the LM head excepted)
     gdn_chunk_size: int = 64          # chunk of every linear-head kind's chunked form
     la_kind: str = "gdn"               # the linear heads: gdn, deltanet, lightning, retnet,
                                        # mamba2, gla, hgrn, hgrn2 (layers/decay_heads.py,
@@ -97,7 +99,8 @@ class ModelConfig:
                 raise ValueError(f"layer {l}: {spec.num_fa} FA heads not divisible by "
                                  f"q_per_kv={self.q_per_kv}")
         for name in ("attention_settings", "decode_attention_settings", "gdn_settings",
-                     "decay_settings", "hgrn_settings", "conv_settings", "norm_settings"):
+                     "decay_settings", "hgrn_settings", "conv_settings", "norm_settings",
+                     "matmul_settings"):
             try:
                 getattr(self, name)()
             except ValueError as e:
@@ -145,6 +148,9 @@ class ModelConfig:
 
     def norm_settings(self) -> RMSNormSettings:
         return self._kernel(RMSNormSettings, self.norm_impl)
+
+    def matmul_settings(self) -> SkinnyMatmulSettings:
+        return self._kernel(SkinnyMatmulSettings, self.matmul_impl)
 
     @property
     def num_layers(self) -> int:

@@ -11,6 +11,8 @@ import numpy as np
 from flax import nnx
 
 from hwh_jax.layers.variables import partitioned
+from kernels_pallas.skinny_matmul import SkinnyMatmulSettings, skinny_matmul
+from kernels_pallas.skinny_matmul.op import runs_kernel
 
 INIT_STD = 0.02  # GPT-2 / Llama-style init; output projections get INIT_STD / sqrt(2 L)
 GEMM_ALIGN = 8   # XLA pads a bf16 GEMM's dimension that is not a multiple of this (``project``)
@@ -55,9 +57,11 @@ def dot_last(x, w):
     return jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
 
 
-def matmul(x, w):
-    """x [..., d] @ w [d, n] -> [..., n], a lone row (one token of batch 1: a decode step)
-    computed as the first of two rows, the second zero.
+def matmul(x, w, settings: SkinnyMatmulSettings | None = None):
+    """x [..., d] @ w [d, n] -> [..., n]. With ``settings``, a product of few rows (a decode
+    step's) runs ``kernels_pallas.skinny_matmul``'s kernel where those settings choose it (a
+    GPU, at most ``max_rows`` rows). Otherwise XLA's product, a lone row (one token of batch
+    1) computed as the first of two rows, the second zero.
 
     XLA's GPU compiler rewrites a vector-matrix product whose matrix has fewer than 10M
     elements (every projection of a 380m or 1b4 layer) into an elementwise multiply and a
@@ -65,19 +69,22 @@ def matmul(x, w):
     GEMM (docs/benchmarks.md, "Decode and cache"); a product of two rows stays a GEMM. The
     barriers keep the compiler from slicing the zero row away again. The values are those of
     ``dot_last``: the zero row does not touch the first."""
-    if math.prod(x.shape[:-1]) != 1:
+    rows = math.prod(x.shape[:-1])
+    if settings is not None and runs_kernel(settings, rows, x.shape[-1], w.shape[1]):
+        return skinny_matmul(x, w, settings=settings)
+    if rows != 1:
         return dot_last(x, w)
     two = jax.lax.optimization_barrier(jnp.pad(x.reshape(1, x.shape[-1]), ((0, 1), (0, 0))))
     y = jax.lax.optimization_barrier(dot_last(two, w))
     return y[:1].reshape(x.shape[:-1] + (w.shape[1],))
 
 
-def apply(layer: nnx.Linear, x):
-    """``layer(x)`` for a bias-free ``dense`` layer, through ``matmul`` (a lone row as two)."""
+def apply(layer: nnx.Linear, x, settings: SkinnyMatmulSettings | None = None):
+    """``layer(x)`` for a bias-free ``dense`` layer, through ``matmul`` (``settings``: its)."""
     if layer.bias is not None:
         raise ValueError("linear.apply: the layer must be bias-free")
     x, w = x.astype(layer.dtype), layer.kernel[...].astype(layer.dtype)
-    return matmul(x, w)
+    return matmul(x, w, settings)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

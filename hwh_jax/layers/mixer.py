@@ -57,6 +57,7 @@ class HeadwiseMixer(nnx.Module):
                 norm_settings=cfg.norm_settings(), **kw))
         self.la = data(None if not spec.num_la else _linear_heads(cfg, spec, layer, kw))
         self.dtype = cfg.compute_dtype
+        self.matmul_settings = cfg.matmul_settings()
         width = spec.num_fa * cfg.head_dim + spec.num_la * cfg.la_value_dim
         self.o_proj = dense(width, cfg.d_model, ("heads", "embed"),
                             std=INIT_STD / math.sqrt(2 * cfg.num_layers), **kw)
@@ -81,7 +82,7 @@ class HeadwiseMixer(nnx.Module):
         fa, la = self._inputs()
         if fused:
             w = self.input_weight() if weight is None else weight
-            y = matmul(x.astype(self.dtype), w)
+            y = matmul(x.astype(self.dtype), w, self.matmul_settings)
             ys = jnp.split(y, np.cumsum([p.kernel.shape[1] for p in fa + la])[:-1], axis=-1)
         else:   # under a mesh: rows stay over the batch axes, heads over tensor where they divide
             heads = ([self.fa.num_heads, self.fa.num_kv, self.fa.num_kv] if fa else []) + \
@@ -116,7 +117,7 @@ class HeadwiseMixer(nnx.Module):
             o, new["la"] = self.la.extend(la, valid, cache["la"], t0=t0, start=start)
             outs.append(o)
         y = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
-        return apply(self.o_proj, y), new
+        return apply(self.o_proj, y, self.matmul_settings), new
 
 
 def _linear_heads(cfg: ModelConfig, spec: LayerSpec, layer: int, kw: dict):

@@ -43,7 +43,8 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, **norm_kw)
         self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden,
                           out_std=INIT_STD / math.sqrt(2 * cfg.num_layers),
-                          dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, rngs=rngs)
+                          dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+                          matmul_settings=cfg.matmul_settings(), rngs=rngs)
 
     def __call__(self, x, positions, segment_ids=None):
         x, delta = self.residual(x, None, positions, segment_ids)
@@ -56,14 +57,20 @@ class Block(nnx.Module):
         x, y = self.mlp_norm.add(constrain(x), self.mixer(y, positions, segment_ids))
         return constrain(x), constrain(self.mlp(y))
 
-    def extend(self, x, delta, t0, start, valid, cache, fresh: bool = False, weight=None):
+    def input_weights(self):
+        """(the mixer's, the MLP's) input weights concatenated, for ``extend``."""
+        return self.mixer.input_weight(), self.mlp.input_weight()
+
+    def extend(self, x, delta, t0, start, valid, cache, fresh: bool = False, weights=None):
         """``residual``'s step over the cache: (stream after the mixer's add, MLP output, new
         cache) from the stream x and the previous block's MLP output ``delta`` (None: already
-        in x); each add goes into the norm after it, as in training."""
+        in x); each add goes into the norm after it, as in training. ``weights``:
+        ``input_weights()`` if already formed."""
+        mixer_w, mlp_w = (None, None) if weights is None else weights
         x, h = self.mixer_norm.add(x, delta)
-        y, cache = self.mixer.extend(h, t0, start, valid, cache, fresh, weight)
+        y, cache = self.mixer.extend(h, t0, start, valid, cache, fresh, mixer_w)
         x, h = self.mlp_norm.add(x, y)
-        return x, self.mlp(h), cache
+        return x, self.mlp.extend(h, mlp_w), cache
 
 
 class HybridLM(nnx.Module):
@@ -136,9 +143,10 @@ class HybridLM(nnx.Module):
                 "layers": [b.mixer.init_cache(batch, max_len, dtype) for b in self.blocks]}
 
     def input_weights(self):
-        """Each block's mixer input weights concatenated (``HeadwiseMixer.input_weight``), for
-        ``extend(..., input_weights=)``: a decode loop forms them once, not once a token."""
-        return [b.mixer.input_weight() for b in self.blocks]
+        """Each block's input weights concatenated (``Block.input_weights``: the mixer's
+        projections, the MLP's gate and up), for ``extend(..., input_weights=)``: a decode loop
+        forms them once, not once a token."""
+        return [b.input_weights() for b in self.blocks]
 
     def extend(self, tokens, cache, *, fresh: bool = False, last_only: bool = False,
                input_weights=None):
