@@ -121,3 +121,13 @@ def test_decode_steps_through_the_kernel_match_xla():
         tok = jnp.argmax(a[:, -1], axis=-1)[:, None].astype(jnp.int32)
     for x, y in zip(jax.tree.leaves(ca), jax.tree.leaves(cb)):
         np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_matmul_takes_the_kernel_where_its_settings_choose_it_and_says_so():
+    from hwh_jax.layers.linear import dot_last, matmul
+    x, w = make(4, 64, 32, jnp.float32, seed=3)
+    np.testing.assert_allclose(matmul(x, w, settings("interpret")), dot_last(x, w), rtol=1e-6)
+    assert chosen()["skinny_matmul@cpu"] == "pallas"
+    np.testing.assert_array_equal(matmul(x, w, settings("interpret", max_rows=1)),
+                                  dot_last(x, w))
+    assert chosen()["skinny_matmul@cpu"] == "reference"

@@ -11,6 +11,7 @@ import numpy as np
 from flax import nnx
 
 from hwh_jax.layers.variables import partitioned
+from kernels_pallas import dispatch
 from kernels_pallas.skinny_matmul import SkinnyMatmulSettings, skinny_matmul
 from kernels_pallas.skinny_matmul.op import runs_kernel
 
@@ -70,8 +71,10 @@ def matmul(x, w, settings: SkinnyMatmulSettings | None = None):
     barriers keep the compiler from slicing the zero row away again. The values are those of
     ``dot_last``: the zero row does not touch the first."""
     rows = math.prod(x.shape[:-1])
-    if settings is not None and runs_kernel(settings, rows, x.shape[-1], w.shape[1]):
-        return skinny_matmul(x, w, settings=settings)
+    if settings is not None:
+        if runs_kernel(settings, rows, x.shape[-1], w.shape[1]):
+            return skinny_matmul(x, w, settings=settings)
+        dispatch.record(settings, "reference")         # what ran, for kernels_pallas.chosen()
     if rows != 1:
         return dot_last(x, w)
     two = jax.lax.optimization_barrier(jnp.pad(x.reshape(1, x.shape[-1]), ((0, 1), (0, 0))))
