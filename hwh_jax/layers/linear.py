@@ -83,7 +83,7 @@ def matmul(x, w, settings: SkinnyMatmulSettings | None = None):
 
 
 def apply(layer: nnx.Linear, x, settings: SkinnyMatmulSettings | None = None):
-    """``layer(x)`` for a bias-free ``dense`` layer, through ``matmul`` (``settings``: its)."""
+    """``layer(x)`` for a bias-free ``dense`` layer, through ``matmul`` (with ``settings``)."""
     if layer.bias is not None:
         raise ValueError("linear.apply: the layer must be bias-free")
     x, w = x.astype(layer.dtype), layer.kernel[...].astype(layer.dtype)

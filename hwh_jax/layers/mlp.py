@@ -12,8 +12,8 @@ from kernels_pallas.skinny_matmul import SkinnyMatmulSettings
 
 class SwiGLU(nnx.Module):
     """x [B, T, d] -> down(SiLU(x W_gate) * (x W_up)) [B, T, d], hidden width ``hidden``
-    (sharded over the tensor axis as "mlp"); ``matmul_settings``: the products' in a decode
-    step (``extend``, ``linear.matmul``)."""
+    (sharded over the tensor axis as "mlp"); ``matmul_settings``: how a decode step's
+    products run (``extend``, through ``linear.matmul``)."""
 
     def __init__(self, d_model: int, hidden: int, *, out_std: float, dtype, param_dtype,
                  matmul_settings: SkinnyMatmulSettings | None = None, rngs: nnx.Rngs):
