@@ -160,3 +160,17 @@ def test_mixer_benches_forward_backward_returns_the_output(script, monkeypatch):
     assert len(got) == len(args) + 1
     assert jnp.allclose(got[0], out, atol=1e-5)
     assert [g.shape for g in got[1:]] == [a.shape for a in args]
+
+
+def test_skinny_matmul_bench_rows(tmp_path):
+    """Each (impl, rows, kind) a row over the model's layers; the kernel (interpreted) gives XLA's
+    products."""
+    rows, stdout = _run(tmp_path, "skinny_matmul.py", "--size", "tiny", "--rows", "1", "2",
+                        "--impls", "xla", "pallas:block_n=32", "--kinds", "o", "step",
+                        "--reps", "1", "--interpret")
+    layers = 4                                   # HwH-tiny
+    assert [(r["impl"], r["rows"], r["kind"], r["products"]) for r in rows] == [
+        (impl, n, kind, layers * (4 if kind == "step" else 1))
+        for impl in ("xla", "pallas:block_n=32") for n in (1, 2) for kind in ("o", "step")]
+    assert all(r["rel_err"] < 1e-2 and r["ms"] > 0 and r["weight_bytes"] > 0 for r in rows)
+    assert "us each" in stdout
