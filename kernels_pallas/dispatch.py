@@ -70,6 +70,12 @@ class KernelSettings:
         return dataclasses.replace(self, **changes)
 
 
+def triton_target(settings: KernelSettings) -> bool:
+    """Whether a kernel written for Triton alone can run as ``settings`` say: compiled for a GPU,
+    or in the generic interpreter (``interpret=True``)."""
+    return settings.target() == "gpu" or settings.interpret is True
+
+
 def record(settings: KernelSettings, impl: str, op: str | None = None) -> str:
     """Remember and log (once) which implementation ``op`` (default ``settings.OP``) runs on
     its platform."""

@@ -24,9 +24,8 @@ class SwiGLU(nnx.Module):
         self.matmul_settings = matmul_settings
 
     def __call__(self, x):  # [B, T, d] -> [B, T, d]
-        h = constrain(jax.nn.silu(apply(self.gate, x)) * apply(self.up, x),
-                      self.gate.kernel.shape[1])
-        return apply(self.down, h)
+        h = constrain(jax.nn.silu(self.gate(x)) * self.up(x), self.gate.kernel.shape[1])
+        return self.down(h)
 
     def input_weight(self):
         """gate's and up's weights concatenated, [d, 2 hidden] in the compute dtype: what

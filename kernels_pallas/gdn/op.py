@@ -107,8 +107,7 @@ def gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, *, scale=None,
     scale = K ** -0.5 if scale is None else scale
     kernel = (settings.choose() == "pallas" and pow2(K) and pow2(V)
               and B * H >= settings.step_min_programs
-              and (settings.target() == "gpu" or settings.interpret is True)
-              and sharding.current() is None)
+              and dispatch.triton_target(settings) and sharding.current() is None)
     dispatch.record(settings, "pallas" if kernel else "reference", op="gated_delta_rule_step")
     if kernel:
         return step_pallas(q_t, k_t, v_t, g_t, beta_t, state, scale=float(scale),

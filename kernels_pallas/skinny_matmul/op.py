@@ -2,6 +2,8 @@
 ``SkinnyMatmulSettings`` choose."""
 from __future__ import annotations
 
+import math
+
 from kernels_pallas import dispatch, sharding
 from kernels_pallas.skinny_matmul.pallas import plan, skinny_matmul_pallas
 from kernels_pallas.skinny_matmul.reference import skinny_matmul_reference
@@ -11,8 +13,7 @@ from kernels_pallas.skinny_matmul.settings import SkinnyMatmulSettings
 def runs_kernel(settings: SkinnyMatmulSettings, M: int, K: int, N: int) -> bool:
     """Whether ``skinny_matmul`` of M rows by a [K, N] matrix runs the kernel."""
     return (settings.choose() == "pallas" and plan(M, K, N, settings) is not None
-            and (settings.target() == "gpu" or settings.interpret is True)
-            and sharding.current() is None)
+            and dispatch.triton_target(settings) and sharding.current() is None)
 
 
 def skinny_matmul(x, w, *, settings: SkinnyMatmulSettings | None = None):
@@ -26,10 +27,7 @@ def skinny_matmul(x, w, *, settings: SkinnyMatmulSettings | None = None):
     if w.ndim != 2 or x.shape[-1] != w.shape[0]:
         raise ValueError(f"skinny_matmul: x [..., K] and w [K, N] expected, got x {x.shape}, "
                          f"w {w.shape}")
-    M = 1
-    for d in x.shape[:-1]:
-        M *= d
-    kernel = runs_kernel(settings, M, x.shape[-1], w.shape[1])
+    kernel = runs_kernel(settings, math.prod(x.shape[:-1]), x.shape[-1], w.shape[1])
     dispatch.record(settings, "pallas" if kernel else "reference")
     if kernel:
         return skinny_matmul_pallas(x, w, settings=settings)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -146,9 +147,7 @@ def skinny_matmul_pallas(x, w, *, settings: SkinnyMatmulSettings = SkinnyMatmulS
     """x [..., K] @ w [K, N] -> [..., N] in x's dtype through the kernel; the reference where
     ``plan`` gives none. Rows are padded to a power of two (zeros) and sliced after."""
     lead, K = x.shape[:-1], x.shape[-1]
-    M = 1
-    for d in lead:
-        M *= d
+    M = math.prod(lead)
     p = plan(M, K, w.shape[1], settings)
     if p is None:
         return skinny_matmul_reference(x, w)
