@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -15,9 +16,9 @@ from hwh_jax.profiling import profile
 
 
 def print_device() -> None:
-    """The JSON line every bench output starts with: device kind and JAX version."""
-    print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__}),
-          flush=True)
+    """The JSON line every bench output starts with: device kind, JAX version, XLA_FLAGS."""
+    print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__,
+                      "xla_flags": os.environ.get("XLA_FLAGS", "")}), flush=True)
 
 
 def is_oom(e: Exception) -> bool:

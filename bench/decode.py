@@ -8,11 +8,14 @@ prefilled in chunks of --prefill_chunk (default 0: the whole prompt at once, as 
 prefills) through ``Generator``'s own prefill step, compiled once per chunk shape (the first
 chunk ``fresh``: its FA heads attend over the chunk through the training attention, later ones
 over the cache). Then
---decode_steps single tokens are decoded greedily: ``decode_ms`` is the median over
---decode_reps runs of ``hwh_jax.inference.Generator``'s compiled decode loop (one
+--decode_steps single tokens (default 128) are decoded greedily: ``decode_ms`` is the median
+over --decode_reps runs of ``hwh_jax.inference.Generator``'s compiled decode loop (one
 ``fori_loop`` on the device, greedy), each run's wall time over the steps divided by their
-number (all runs in ``decode_ms_runs``: one run of 16 steps can vary by ~10% between rows),
-``decode_call_ms`` the median of one jitted call per token from Python
+number (all runs in ``decode_ms_runs``). A loop also has a fixed cost, paid once per call
+whatever its length (on a GPU the device idles at the loop's start); a second loop of --short_steps tokens
+(default 16), timed the same way, splits the two: ``token_ms``, the slope between the two
+loops' median times (what one more token costs), and ``loop_fixed_ms``. Short loops carry more
+of the fixed cost per token (docs/benchmarks.md). ``decode_call_ms`` the median of one jitted call per token from Python
 (adds the host's dispatch of the parameter and cache pytrees: 500 parameter arrays for
 HwH-380m, 218 for the Transformer). The cache is allocated for the full context, so the latency
 is that of a step at the end of a ``context``-long sequence; its size comes from the cache's own
@@ -61,7 +64,7 @@ from hwh_jax.profiling import profile
 
 
 def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir="",
-            prefill=True, decode_reps=3, bandwidth=None):
+            prefill=True, decode_reps=3, bandwidth=None, short_steps=0):
     gen = Generator(model)   # its compiled decode loop: what generate() runs after the prefill
     graphdef, state = gen.graphdef, gen.state
 
@@ -119,23 +122,36 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     # The same steps as one device loop (compiled from shapes, then timed from a new cache at
     # the prompt's end); its compiled text names the kernels' sources for --profile.
     logits_shape = jax.ShapeDtypeStruct((batch, cfg.vocab_size), jnp.float32)
-    loop = gen.decode.lower(state, logits_shape, cache_shape, jax.random.key(0),
-                            steps=decode_steps, temperature=0.0, top_p=1.0).compile()
-    decode_loop = lambda logits, cache: loop(state, logits, cache, jax.random.key(0))  # noqa: E731
-    first = (jnp.zeros((batch, cfg.vocab_size), jnp.float32),     # costs as any cache would
-             jax.block_until_ready({**init(state), "t": jnp.int32(prompt_len)}))
-    t = time.perf_counter()
-    jax.block_until_ready(decode_loop(*first))     # its first run: kept apart as decode_first_ms
-    row["decode_first_ms"] = 1e3 * (time.perf_counter() - t) / decode_steps
-    del first
-    loops = []
-    for _ in range(decode_reps):                   # each from a new prompt-end cache
-        _, last, cache = jax.block_until_ready(after_prompt())
+
+    def timed_loop(steps):
+        """(compiled loop, ms of its first run, ms of each timed run), per step."""
+        loop = gen.decode.lower(state, logits_shape, cache_shape, jax.random.key(0),
+                                steps=steps, temperature=0.0, top_p=1.0).compile()
+        run = lambda logits, cache: loop(state, logits, cache, jax.random.key(0))  # noqa: E731
+        first = (jnp.zeros((batch, cfg.vocab_size), jnp.float32),  # costs as any cache would
+                 jax.block_until_ready({**init(state), "t": jnp.int32(prompt_len)}))
         t = time.perf_counter()
-        jax.block_until_ready(decode_loop(last, cache))
-        loops.append(1e3 * (time.perf_counter() - t) / decode_steps)
+        jax.block_until_ready(run(*first))        # its first run: kept apart
+        first_ms = 1e3 * (time.perf_counter() - t) / steps
+        del first
+        loops = []
+        for _ in range(decode_reps):               # each from a new prompt-end cache
+            _, last, cache = jax.block_until_ready(after_prompt())
+            t = time.perf_counter()
+            jax.block_until_ready(run(last, cache))
+            loops.append(1e3 * (time.perf_counter() - t) / steps)
+        return run, loop, first_ms, loops
+
+    decode_loop, loop, row["decode_first_ms"], loops = timed_loop(decode_steps)
     row.update(decode_ms=statistics.median(loops), decode_ms_runs=loops,
                decode_call_ms=1e3 * statistics.median(times))
+    if short_steps:          # a loop's fixed cost: the slope between two lengths' medians
+        *_, short = timed_loop(short_steps)
+        long_total = row["decode_ms"] * decode_steps
+        short_total = statistics.median(short) * short_steps
+        token = (long_total - short_total) / (decode_steps - short_steps)
+        row.update(decode_short_ms=statistics.median(short), decode_short_ms_runs=short,
+                   token_ms=token, loop_fixed_ms=short_total - token * short_steps)
     step_bytes = decode_step_bytes(state, cfg, batch, context)
     row.update(step_bytes=step_bytes, floor_ms=floor_ms(step_bytes["total"], bandwidth))
     if row["floor_ms"]:
@@ -158,7 +174,12 @@ def main():
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 32])
     ap.add_argument("--prefill_chunk", type=int, default=0,
                     help="0: the whole prompt at once, as Generator prefills")
-    ap.add_argument("--decode_steps", type=int, default=16)
+    ap.add_argument("--decode_steps", type=int, default=128,
+                    help="tokens of the timed decode loop (decode_ms: its time per token)")
+    ap.add_argument("--short_steps", type=int, default=16,
+                    help="tokens of a second, shorter loop, timed the same way: the slope between "
+                         "the two is token_ms, the rest a loop's fixed cost loop_fixed_ms "
+                         "(0: no second loop)")
     ap.add_argument("--decode_reps", type=int, default=3,
                     help="timed decode loops per row (decode_ms: their median)")
     ap.add_argument("--prefill", choices=("full", "none"), default="full",
@@ -179,6 +200,9 @@ def main():
                     help="bytes/s of the floor (0: the device kind's peak, if known)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    if not 0 <= args.short_steps < args.decode_steps:
+        ap.error(f"--short_steps {args.short_steps}: 0 (none) or fewer than --decode_steps "
+                 f"{args.decode_steps}")
     print_device()
     bandwidth = args.memory_bandwidth or peak_memory_bandwidth(jax.devices()[0].device_kind)
     rows = []
@@ -204,7 +228,7 @@ def main():
                             if args.profile else "")
                     row.update(measure(model, cfg, T, B, args.prefill_chunk,
                                        args.decode_steps, prof, args.prefill == "full",
-                                       args.decode_reps, bandwidth))
+                                       args.decode_reps, bandwidth, args.short_steps))
                 except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
                     if not is_oom(e):
                         raise
@@ -215,8 +239,8 @@ def main():
                 emit(rows, row)
                 write_jsonl(args.out, rows)          # after every row: a cut run keeps its rows
     print(f"\n{'arch':12s} {'attn':>9s} {'matmul':>9s} {'ctx':>6s} {'B':>3s} {'cache GiB':>9s} "
-          f"{'prefill s':>9s} {'decode ms/token':>15s} {'per call':>9s} {'floor ms':>9s} "
-          f"{'x floor':>8s}")
+          f"{'prefill s':>9s} {'decode ms/token':>15s} {'marginal':>9s} {'loop fixed':>10s} "
+          f"{'per call':>9s} {'floor ms':>9s} {'x floor':>8s}")
     for r in rows:
         if r.get("oom"):
             print(f"{r['arch']:12s} {r['decode_attn_impl']:>9s} {r['matmul_impl']:>9s} "
@@ -225,9 +249,11 @@ def main():
         pre = f"{r['prefill_s']:9.2f}" if "prefill_s" in r else f"{'-':>9}"
         floor = (f"{r['floor_ms']:9.3f} {r['x_floor']:8.1f}" if r.get("floor_ms")
                  else f"{'-':>9} {'-':>8}")
+        slope = (f"{r['token_ms']:9.2f} {r['loop_fixed_ms']:10.2f}" if "token_ms" in r
+                 else f"{'-':>9} {'-':>10}")
         print(f"{r['arch']:12s} {r['decode_attn_impl']:>9s} {r['matmul_impl']:>9s} "
               f"{r['context']:6d} {r['batch']:3d} {r['cache_gib']:9.2f} {pre} "
-              f"{r['decode_ms']:15.2f} {r['decode_call_ms']:9.2f} "
+              f"{r['decode_ms']:15.2f} {slope} {r['decode_call_ms']:9.2f} "
               f"{floor}")
 
 

@@ -27,8 +27,9 @@ def _run(tmp_path, script, *args):
 # it compiles fastest, and what is timed does not change what the code around it does.
 def test_decode_bench_rows_and_profile(tmp_path):
     rows, stdout = _run(tmp_path, "decode.py", "--archs", "transformer", "--size", "tiny",
-                        "--contexts", "128", "--batches", "1", "--decode_steps", "2",
-                        "--decode_reps", "3", "--memory_bandwidth", "1e11")
+                        "--contexts", "128", "--batches", "1", "--decode_steps", "3",
+                        "--short_steps", "1", "--decode_reps", "3",
+                        "--memory_bandwidth", "1e11")
     (row,) = rows
     assert (row["arch"], row["context"], row["batch"]) == ("transformer", 128, 1)
     assert len(row["decode_ms_runs"]) == 3
@@ -36,8 +37,12 @@ def test_decode_bench_rows_and_profile(tmp_path):
     assert row["prefill_s"] > 0 and row["cache_gib"] > 0
     assert row["floor_ms"] == pytest.approx(1e3 * row["step_bytes"]["total"] / 1e11)
     assert row["x_floor"] == pytest.approx(row["decode_ms"] / row["floor_ms"])
-    assert row["profile"]["steps"] == 2
-    assert "decode ms/token" in stdout and "x floor" in stdout
+    # the two loops' totals are the fixed cost plus the marginal cost per token
+    short = statistics.median(row["decode_short_ms_runs"])
+    for steps, per_step in ((3, row["decode_ms"]), (1, short)):
+        assert steps * per_step == pytest.approx(row["loop_fixed_ms"] + steps * row["token_ms"])
+    assert row["profile"]["steps"] == 3
+    assert "decode ms/token" in stdout and "x floor" in stdout and "loop fixed" in stdout
 
 
 def test_train_step_bench_rows_and_profile(tmp_path):
