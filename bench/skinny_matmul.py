@@ -6,7 +6,8 @@ model's projection shapes.
 
 A row is one (impl, rows, kind) for the model's layers: one jitted call multiplies x [rows, d_in]
 by every layer's weight of that kind in turn, as a decode step does (each layer's weight a
-distinct array, so the L2 cache holds none of them from one product to the next). Kinds: "in"
+distinct array, so the L2 cache holds none of them from one product to the next; each product
+ordered after the one before, ``chain``). Kinds: "in"
 (the mixer's input projections as one weight), "o" (o_proj), "gate_up" (the MLP's gate and up
 as one), "down", and "step" (all four, layer by layer). ``ms`` is the call's wall-clock median,
 ``us_per_product`` and ``tb_per_s`` (the weights' bf16 bytes over that time), ``rel_err`` the
@@ -21,6 +22,7 @@ check of the script; its times mean nothing).
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 
 import jax
@@ -64,6 +66,20 @@ def product_fn(impl: str, rows: int, interpret: bool):
     return lambda x, w: skinny_matmul(x, w, settings=settings)
 
 
+def chain(f, xs, ws):
+    """Every product in turn, each after the one before (as a decode step's are): left
+    independent, XLA's GPU compiler concatenates the weights that share an input into one
+    product (a copy of them all each call), which a step never does."""
+    outs, last = [], None
+    for w in ws:
+        x = xs[w.shape[0]]
+        if last is not None:
+            x, _ = jax.lax.optimization_barrier((x, last))
+        last = f(x, w)
+        outs.append(last)
+    return outs
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="hwh")
@@ -98,14 +114,14 @@ def main():
                 ws = [weights[k, i] for i in range(layers) for k in kinds]
                 xs = {d: jax.random.normal(jax.random.fold_in(key, d), (rows, d), jnp.bfloat16)
                       for d in {w.shape[0] for w in ws}}
-                call = jax.jit(lambda xs, ws: [f(xs[w.shape[0]], w) for w in ws])
+                call = jax.jit(functools.partial(chain, f))
                 nbytes = sum(w.size * w.dtype.itemsize for w in ws)
                 row = {"arch": args.arch, "size": args.size, "impl": impl, "rows": rows,
                        "kind": kind, "products": len(ws), "weight_bytes": nbytes}
                 row["ms"] = median_ms(call, xs, ws, reps=args.reps)
                 row["us_per_product"] = 1e3 * row["ms"] / len(ws)
                 row["tb_per_s"] = nbytes / row["ms"] / 1e9
-                want = jax.jit(lambda xs, ws: [matmul(xs[w.shape[0]], w) for w in ws])(xs, ws)
+                want = jax.jit(functools.partial(chain, matmul))(xs, ws)
                 row["rel_err"] = max(
                     float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)))
                           / np.max(np.abs(np.asarray(b, np.float32))))
