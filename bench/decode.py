@@ -12,10 +12,11 @@ over the cache). Then
 over --decode_reps runs of ``hwh_jax.inference.Generator``'s compiled decode loop (one
 ``fori_loop`` on the device, greedy), each run's wall time over the steps divided by their
 number (all runs in ``decode_ms_runs``). A loop also has a fixed cost, paid once per call
-whatever its length (on a GPU the device idles at the loop's start); a second loop of --short_steps tokens
-(default 16), timed the same way, splits the two: ``token_ms``, the slope between the two
-loops' median times (what one more token costs), and ``loop_fixed_ms``. Short loops carry more
-of the fixed cost per token (docs/benchmarks.md). ``decode_call_ms`` the median of one jitted call per token from Python
+whatever its length (on a GPU the device idles at the loop's start); a second loop of
+--short_steps tokens (default 16), timed the same way, splits the two: ``token_ms``, the slope
+between the two loops' median times (what one more token costs), and ``loop_fixed_ms``. Short
+loops carry more of the fixed cost per token (docs/benchmarks.md). ``decode_call_ms`` is the
+median of one jitted call per token from Python
 (adds the host's dispatch of the parameter and cache pytrees: 500 parameter arrays for
 HwH-380m, 218 for the Transformer). The cache is allocated for the full context, so the latency
 is that of a step at the end of a ``context``-long sequence; its size comes from the cache's own

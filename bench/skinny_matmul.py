@@ -13,8 +13,9 @@ as one), "down", and "step" (all four, layer by layer). ``ms`` is the call's wal
 ``us_per_product`` and ``tb_per_s`` (the weights' bf16 bytes over that time), ``rel_err`` the
 outputs' largest error against XLA's product relative to its largest entry; --profile DIR adds
 ``device_ms``, the kernels' time per call from a profiler trace of 5 calls kept under DIR (the
-host's dispatch and launch gaps out), with its ``device_tb_per_s`` and kernels. Impls: "xla" is ``linear.matmul`` without
-settings (a lone row as the first of two: the decode step without the kernel);
+host's dispatch and launch gaps out), with its ``device_tb_per_s`` and kernels. Impls: "xla"
+is ``linear.matmul`` without settings (a lone row as the first of two: the decode step without
+the kernel);
 "pallas[:KEY=VALUE,...]" is ``skinny_matmul`` with those ``SkinnyMatmulSettings`` fields
 (``max_rows`` at least the rows). --interpret runs the kernel in the generic interpreter (a CPU
 check of the script; its times mean nothing).
