@@ -7,9 +7,9 @@ model's projection shapes.
 A row is one (impl, rows, kind) for the model's layers: one jitted call multiplies x [rows, d_in]
 by every layer's weight of that kind in turn, as a decode step does (each layer's weight a
 distinct array, so the L2 cache holds none of them from one product to the next; each product
-ordered after the one before, ``chain``). Kinds: "in"
-(the mixer's input projections as one weight), "o" (o_proj), "gate_up" (the MLP's gate and up
-as one), "down", and "step" (all four, layer by layer). ``ms`` is the call's wall-clock median,
+ordered after the one before, ``chain``). Kinds: "in" (the mixer's input projections as one
+weight), "o" (o_proj), "gate_up" (the MLP's gate and up as one), "down", and "step" (all four,
+layer by layer). ``ms`` is the call's wall-clock median,
 ``us_per_product`` and ``tb_per_s`` (the weights' bf16 bytes over that time), ``rel_err`` the
 outputs' largest error against XLA's product relative to its largest entry; --profile DIR adds
 ``device_ms``, the kernels' time per call from a profiler trace of 5 calls kept under DIR (the
