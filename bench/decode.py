@@ -15,7 +15,10 @@ number (all runs in ``decode_ms_runs``). A loop also has a fixed cost, paid once
 whatever its length (on a GPU the device idles at the loop's start); a second loop of
 --short_steps tokens (default 16), timed the same way, splits the two: ``token_ms``, the slope
 between the two loops' median times (what one more token costs), and ``loop_fixed_ms``. Short
-loops carry more of the fixed cost per token (docs/benchmarks.md). ``decode_call_ms`` is the
+loops carry more of the fixed cost per token (docs/benchmarks.md). Each loop is also timed
+--decode_reps times more on the cache its previous run returned (donated: the same buffers,
+its position set back), ``decode_reused_ms`` and ``loop_fixed_reused_ms``: whether the fixed
+cost depends on the call's buffers being new. ``decode_call_ms`` is the
 median of one jitted call per token from Python
 (adds the host's dispatch of the parameter and cache pytrees: 500 parameter arrays for
 HwH-380m, 218 for the Transformer). The cache is allocated for the full context, so the latency
@@ -125,7 +128,8 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
     logits_shape = jax.ShapeDtypeStruct((batch, cfg.vocab_size), jnp.float32)
 
     def timed_loop(steps):
-        """(compiled loop, ms of its first run, ms of each timed run), per step."""
+        """(compiled loop, ms of its first run, ms of each timed run, ms of each run on the
+        previous run's cache), per step."""
         loop = gen.decode.lower(state, logits_shape, cache_shape, jax.random.key(0),
                                 steps=steps, temperature=0.0, top_p=1.0).compile()
         run = lambda logits, cache: loop(state, logits, cache, jax.random.key(0))  # noqa: E731
@@ -135,24 +139,35 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
         jax.block_until_ready(run(*first))        # its first run: kept apart
         first_ms = 1e3 * (time.perf_counter() - t) / steps
         del first
-        loops = []
-        for _ in range(decode_reps):               # each from a new prompt-end cache
+        loops, reused = [], []
+        for i in range(decode_reps):               # each from a new prompt-end cache
             _, last, cache = jax.block_until_ready(after_prompt())
             t = time.perf_counter()
-            jax.block_until_ready(run(last, cache))
+            _, cache = jax.block_until_ready(run(last, cache))
             loops.append(1e3 * (time.perf_counter() - t) / steps)
-        return run, loop, first_ms, loops
+            if i < decode_reps - 1:
+                del cache                          # one cache alive at a time
+        for _ in range(decode_reps):  # the previous run's cache (its buffers), back at the end
+            cache = jax.block_until_ready({**cache, "t": jnp.int32(prompt_len)})
+            t = time.perf_counter()
+            _, cache = jax.block_until_ready(run(last, cache))
+            reused.append(1e3 * (time.perf_counter() - t) / steps)
+        del cache
+        return run, loop, first_ms, loops, reused
 
-    decode_loop, loop, row["decode_first_ms"], loops = timed_loop(decode_steps)
+    decode_loop, loop, row["decode_first_ms"], loops, reused = timed_loop(decode_steps)
     row.update(decode_ms=statistics.median(loops), decode_ms_runs=loops,
+               decode_reused_ms=statistics.median(reused), decode_reused_ms_runs=reused,
                decode_call_ms=1e3 * statistics.median(times))
     if short_steps:          # a loop's fixed cost: the slope between two lengths' medians
-        *_, short = timed_loop(short_steps)
-        long_total = row["decode_ms"] * decode_steps
-        short_total = statistics.median(short) * short_steps
-        token = (long_total - short_total) / (decode_steps - short_steps)
+        *_, short, short_reused = timed_loop(short_steps)
+        token = ((row["decode_ms"] * decode_steps - statistics.median(short) * short_steps)
+                 / (decode_steps - short_steps))
         row.update(decode_short_ms=statistics.median(short), decode_short_ms_runs=short,
-                   token_ms=token, loop_fixed_ms=short_total - token * short_steps)
+                   decode_short_reused_ms_runs=short_reused, token_ms=token,
+                   loop_fixed_ms=statistics.median(short) * short_steps - token * short_steps,
+                   loop_fixed_reused_ms=(statistics.median(short_reused) - token)
+                   * short_steps)
     step_bytes = decode_step_bytes(state, cfg, batch, context)
     row.update(step_bytes=step_bytes, floor_ms=floor_ms(step_bytes["total"], bandwidth))
     if row["floor_ms"]:
@@ -241,6 +256,7 @@ def main():
                 write_jsonl(args.out, rows)          # after every row: a cut run keeps its rows
     print(f"\n{'arch':12s} {'attn':>9s} {'matmul':>9s} {'ctx':>6s} {'B':>3s} {'cache GiB':>9s} "
           f"{'prefill s':>9s} {'decode ms/token':>15s} {'marginal':>9s} {'loop fixed':>10s} "
+          f"{'reused':>7s} "
           f"{'per call':>9s} {'floor ms':>9s} {'x floor':>8s}")
     for r in rows:
         if r.get("oom"):
@@ -250,8 +266,9 @@ def main():
         pre = f"{r['prefill_s']:9.2f}" if "prefill_s" in r else f"{'-':>9}"
         floor = (f"{r['floor_ms']:9.3f} {r['x_floor']:8.1f}" if r.get("floor_ms")
                  else f"{'-':>9} {'-':>8}")
-        slope = (f"{r['token_ms']:9.2f} {r['loop_fixed_ms']:10.2f}" if "token_ms" in r
-                 else f"{'-':>9} {'-':>10}")
+        slope = (f"{r['token_ms']:9.2f} {r['loop_fixed_ms']:10.2f} "
+                 f"{r['loop_fixed_reused_ms']:7.2f}" if "token_ms" in r
+                 else f"{'-':>9} {'-':>10} {'-':>7}")
         print(f"{r['arch']:12s} {r['decode_attn_impl']:>9s} {r['matmul_impl']:>9s} "
               f"{r['context']:6d} {r['batch']:3d} {r['cache_gib']:9.2f} {pre} "
               f"{r['decode_ms']:15.2f} {slope} {r['decode_call_ms']:9.2f} "

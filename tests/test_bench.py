@@ -41,6 +41,9 @@ def test_decode_bench_rows_and_profile(tmp_path):
     short = statistics.median(row["decode_short_ms_runs"])
     for steps, per_step in ((3, row["decode_ms"]), (1, short)):
         assert steps * per_step == pytest.approx(row["loop_fixed_ms"] + steps * row["token_ms"])
+    reused = statistics.median(row["decode_short_reused_ms_runs"])
+    assert reused == pytest.approx(row["loop_fixed_reused_ms"] + row["token_ms"])
+    assert len(row["decode_reused_ms_runs"]) == 3 and row["decode_reused_ms"] > 0
     assert row["profile"]["steps"] == 3
     assert "decode ms/token" in stdout and "x floor" in stdout and "loop fixed" in stdout
 
