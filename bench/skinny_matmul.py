@@ -45,7 +45,7 @@ def product_shapes(arch: str, size: str) -> dict[str, list[tuple[int, int]]]:
     model = nnx.eval_shape(lambda: HybridLM(model_config(arch, size), rngs=nnx.Rngs(0)))
     shapes = {k: [] for k in KINDS}
     for block in model.blocks:
-        fa, la = block.mixer._inputs()
+        fa, la = block.mixer.input_projections()
         shapes["in"].append((block.mixer.o_proj.kernel.shape[1],
                              sum(p.kernel.shape[1] for p in fa + la)))
         shapes["o"].append(tuple(block.mixer.o_proj.kernel.shape))

@@ -62,7 +62,7 @@ class HeadwiseMixer(nnx.Module):
         self.o_proj = dense(width, cfg.d_model, ("heads", "embed"),
                             std=INIT_STD / math.sqrt(2 * cfg.num_layers), **kw)
 
-    def _inputs(self):
+    def input_projections(self):
         """The input projections of both branches, FA's first, each in its branch's order."""
         return ((list(self.fa.projections()) if self.fa is not None else []),
                 (list(self.la.projections()) if self.la is not None else []))
@@ -72,14 +72,14 @@ class HeadwiseMixer(nnx.Module):
         dtype: what ``project(fused=True)`` multiplies by. ``Generator``'s decode loop forms
         it once before its steps instead of once a token (the concatenation is a copy of the
         weights)."""
-        fa, la = self._inputs()
+        fa, la = self.input_projections()
         return jnp.concatenate([p.kernel[...].astype(self.dtype) for p in fa + la], axis=1)
 
     def project(self, x, fused: bool = False, weight=None):
         """(FA projections or None, GDN projections or None) of x [B, T, d], each a list of
         [B, T, width] in the order of the branch's ``projections()``; ``fused``: one matmul
         (``linear.matmul``) by ``weight`` (default: ``input_weight()``)."""
-        fa, la = self._inputs()
+        fa, la = self.input_projections()
         if fused:
             w = self.input_weight() if weight is None else weight
             y = matmul(x.astype(self.dtype), w, self.matmul_settings)
