@@ -55,9 +55,7 @@ def plan(M: int, K: int, N: int, settings: SkinnyMatmulSettings) -> MatmulPlan |
     the fp32 partial sums (4 x splits x rows x N bytes) stay at most half of w's bf16 bytes."""
     if M > settings.max_rows or K % 16:
         return None
-    rows = 1
-    while rows < M:
-        rows *= 2
+    rows = 1 << (max(M, 1) - 1).bit_length()             # M rounded up to a power of two
     bk = 16
     while bk * 2 <= settings.block_k and K % (bk * 2) == 0:
         bk *= 2

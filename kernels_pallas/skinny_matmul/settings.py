@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kernels_pallas.dispatch import KernelSettings
+from kernels_pallas.dispatch import KernelSettings, pow2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +38,6 @@ class SkinnyMatmulSettings(KernelSettings):
                               "num_stages")
         for name in ("block_n", "block_k"):
             value = getattr(self, name)
-            if value < 16 or value & (value - 1):
+            if value < 16 or not pow2(value):
                 raise ValueError(f"skinny_matmul: {name} must be a power of two >= 16, got "
                                  f"{value}")
