@@ -11,8 +11,8 @@ the bytes the op must move at least over that time (forward: read x, write y;
 forward+backward adds read x and dy, write dx: 2 and 5 passes of B*T*C bf16) beside a
 device-to-device copy's rate timed the same way, and the forward+backward's kernels. Each
 row's ``rel_err`` is the relative error of its y, dx, dw against the reference in fp32. An
---impls entry "pallas:KEY=VALUE,..." passes options to ``short_conv_pallas`` (block_t,
-num_warps).
+--impls entry "pallas:KEY=VALUE,..." sets fields of ``ShortConvSettings`` (block_t, num_warps;
+interpret=True runs the kernels interpreted, on any device).
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ import numpy as np
 
 import _bench
 from _bench import device_ms, median_ms, parse_impl, rel_err
-from kernels_pallas.short_conv import short_conv_pallas, short_conv_reference
+from kernels_pallas.short_conv import (ShortConvSettings, short_conv_pallas,
+                                      short_conv_reference)
 
 
 
@@ -33,7 +34,8 @@ def op(impl, heads, normalize, **kw):
     if impl == "reference":
         return functools.partial(short_conv_reference, heads=heads, normalize=normalize)
     if impl == "pallas":
-        return functools.partial(short_conv_pallas, heads=heads, normalize=normalize, **kw)
+        return functools.partial(short_conv_pallas, heads=heads, normalize=normalize,
+                                 settings=ShortConvSettings(impl="pallas", **kw))
     raise ValueError(f"unknown impl {impl!r}; known: reference, pallas[:KEY=VALUE,...]")
 
 

@@ -81,6 +81,25 @@ def test_gated_recurrence_bench_rows(tmp_path):
         assert r["profile"] == {"fwd": {}, "fwd_bwd": {}} and "fwd_device_ms" not in r
 
 
+def test_short_conv_bench_rows(tmp_path):
+    """A "pallas:KEY=VALUE" entry reaches ``ShortConvSettings``: block_t=16 on 32 tokens runs two
+    tiles (the edge branch and the rest), interpreted, against the fp32 reference."""
+    out = tmp_path / "rows.jsonl"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "short_conv.py"),
+                           "--shapes", "1,32,32,2", "--impls", "reference",
+                           "pallas:interpret=True,block_t=16", "--reps", "2", "--out", str(out)],
+                          cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu",
+                                         "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["impl"], r["normalize"]) for r in rows] == [
+        ("reference", True), ("pallas:interpret=True,block_t=16", True),
+        ("reference", False), ("pallas:interpret=True,block_t=16", False)]
+    for r in rows:                      # bf16 inputs against the fp32 reference
+        assert r["fwd_ms"] > 0 and max(r["rel_err"].values()) < 2e-2
+
+
 def _triton_regs():
     import importlib.util
     spec = importlib.util.spec_from_file_location("triton_regs", ROOT / "bench" / "triton_regs.py")
