@@ -84,11 +84,14 @@ def test_without_decay_matches_recurrent_at_g_zero(shape, mode):
     q, k, v, _, beta, h0, do = make_inputs(B, T, H, K, V, seed=4)
     interpret = MODES[mode]
     outs = []
+    # compiled: the WY backward's fp32 products at IEEE precision, as in ``run``
+    dots = "ieee" if mode == "compiled" else "tf32"
     for impl, g in (("pallas", None), ("recurrent", jnp.zeros(beta.shape))):
         def loss(q, k, v, beta, h0, impl=impl, g=g):
             o, s = gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                     settings=GDNSettings(impl=impl, chunk_size=C,
-                                                         interpret=interpret))
+                                                         interpret=interpret,
+                                                         fp32_dots=dots))
             return jnp.sum(o * do) + jnp.sum(s * s) * 0.1, (o, s)
         grads, (o, s) = jax.jit(jax.grad(loss, argnums=tuple(range(5)), has_aux=True))(
             q, k, v, beta, h0)
