@@ -193,13 +193,13 @@ def test_fp32_dots_option_is_checked_and_both_settings_agree():
 
 
 @pytest.mark.parametrize("field", ["chunk_size", "num_warps", "inverse_warps", "block_v",
-                                   "step_min_programs"])
+                                   "num_stages", "step_min_programs"])
 def test_launch_settings_below_one_are_refused_by_name(field):
-    """Every count of the kernels' settings must be >= 1 (block_v may also be None: chosen from
-    the shape); the error names the op, the field and the value."""
+    """Every count of the kernels' settings must be >= 1 (block_v and num_stages may also be
+    None: chosen from the shape); the error names the op, the field and the value."""
     from kernels_pallas.decay_attention import DecaySettings
     from kernels_pallas.gated_recurrence import GatedRecurrenceSettings
-    alt = " or None" if field == "block_v" else ""
+    alt = " or None" if field in ("block_v", "num_stages") else ""
     with pytest.raises(ValueError, match=f"gated_delta_rule: {field} must be >= 1{alt}, got 0"):
         GDNSettings(**{field: 0})
     assert GDNSettings(block_v=None).block_v is None
@@ -207,6 +207,21 @@ def test_launch_settings_below_one_are_refused_by_name(field):
         DecaySettings(block_v=-2)
     with pytest.raises(ValueError, match="gated_recurrence: block_d must be >= 1, got 0"):
         GatedRecurrenceSettings(block_d=0)
+
+
+@pytest.mark.parametrize("B,H,K,V,stages", [
+    (2, 16, 128, 128, 3),     # block_v 32 -> 128 programs: one an SM, a deeper pipeline
+    (8, 16, 128, 128, 2),     # block_v 64 -> 256 programs
+    (32, 13, 64, 64, 2),      # HwH-380m's layer at 32 sequences: 416 programs
+    (1, 2, 16, 16, 3)])
+def test_num_stages_none_follows_the_scans_grid(B, H, K, V, stages):
+    """num_stages=None resolves by the scan's grid (``default_num_stages``); a value given is
+    kept."""
+    from kernels_pallas.linear_scan.common import kernel_config
+    settings = GDNSettings(platform="gpu")
+    cfg = kernel_config(settings, B, H, K, V, num_stages=settings.num_stages)
+    assert cfg.num_stages == stages
+    assert kernel_config(settings, B, H, K, V, num_stages=4).num_stages == 4
 
 
 def test_pallas_without_a_lowering_names_interpret():

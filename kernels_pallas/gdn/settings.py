@@ -18,7 +18,8 @@ class GDNSettings(KernelSettings):
     chunk_size: C of the chunked forms. The rest concern the Pallas kernels only:
     block_v: value columns per program of the sequential scans (None: ``default_block_v``);
     num_warps / num_stages: the scans' launch on GPU (num_warps also the decode step
-    kernel's, ``gated_delta_rule_step``); chunk_warps: the per-chunk kernels';
+    kernel's, ``gated_delta_rule_step``; num_stages None: by the scan's grid,
+    ``linear_scan.common.default_num_stages``); chunk_warps: the per-chunk kernels';
     inverse_warps: the WY inverse's among them (its time is the latency of dependent row
     reductions, which one warp does without shared memory); fp32_dots: precision of the WY
     backward's fp32 x fp32 products on GPU, "tf32" (tensor cores) or "ieee";
@@ -32,7 +33,7 @@ class GDNSettings(KernelSettings):
     chunk_size: int = 64
     block_v: int | None = None
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int | None = None
     chunk_warps: int = 4
     inverse_warps: int = 1
     fp32_dots: str = "tf32"
@@ -46,8 +47,9 @@ class GDNSettings(KernelSettings):
 
     def __post_init__(self):
         super().__post_init__()
-        self.require_positive("chunk_size", "num_warps", "num_stages", "chunk_warps",
-                              "inverse_warps", "step_min_programs", optional=("block_v",))
+        self.require_positive("chunk_size", "num_warps", "chunk_warps",
+                              "inverse_warps", "step_min_programs",
+                              optional=("block_v", "num_stages"))
         if self.fp32_dots not in FP32_DOTS:
             raise ValueError(f"gated_delta_rule: fp32_dots must be one of {FP32_DOTS}, got "
                              f"{self.fp32_dots!r}")

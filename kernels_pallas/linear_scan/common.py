@@ -257,6 +257,15 @@ def default_block_v(layout, B, H, K, V, programs=128):
     return bv
 
 
+def default_num_stages(B, H, V, block_v, programs=128):
+    """Triton's pipeline depth of the scans: 3 while the grid B x H x V/block_v has at most
+    ``programs`` programs (about one per SM of an H200), else 2. With one program an SM, a
+    deeper pipeline hides more of the chunk loop's load latency and its shared memory keeps no
+    second program out; with more, the third stage's buffers cost programs an SM
+    (docs/benchmarks.md, "GDN kernels against fla")."""
+    return 3 if B * H * (V // block_v) <= programs else 2
+
+
 def triton_takes(n: int) -> bool:
     """Whether the Triton kernels take n as a key width or chunk size: a power of two >= 16."""
     return pow2(n) and n >= 16
@@ -265,8 +274,8 @@ def triton_takes(n: int) -> bool:
 def kernel_config(settings, B, H, K, V, **launch) -> KernelConfig:
     """The ``KernelConfig`` of a chunked op's ``settings`` (``chunk_size``, ``block_v``,
     ``interpret`` and the launch fields named in ``launch``) for [B, T, H, K] keys and V value
-    columns: the layout, the scan's value block, and on GPU the power-of-two shapes Triton
-    needs, refused by name."""
+    columns: the layout, the scan's value block, num_stages None as ``default_num_stages``, and
+    on GPU the power-of-two shapes Triton needs, refused by name."""
     C = settings.chunk_size
     lay = layout(settings)
     bv = default_block_v(lay, B, H, K, V) if settings.block_v is None else settings.block_v
@@ -277,5 +286,7 @@ def kernel_config(settings, B, H, K, V, **launch) -> KernelConfig:
             if not (pow2(n) if name == "block_v" else triton_takes(n)):
                 raise ValueError(f"{settings.OP}(impl='pallas') on GPU needs {name} a power "
                                  f"of two >= 16, got {n}")
+    if launch.get("num_stages", 2) is None:
+        launch["num_stages"] = default_num_stages(B, H, V, bv)
     return KernelConfig(chunk=C, layout=lay, block_v=bv, interpret=settings.interpret,
                         **launch)
