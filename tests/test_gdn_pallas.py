@@ -205,6 +205,8 @@ def test_launch_settings_below_one_are_refused_by_name(field):
     assert GDNSettings(block_v=None).block_v is None
     with pytest.raises(ValueError, match="gated_linear_attention: block_v must be >= 1 or None"):
         DecaySettings(block_v=-2)
+    with pytest.raises(ValueError, match="gated_linear_attention: num_stages must be >= 1 or "):
+        DecaySettings(num_stages=0)
     with pytest.raises(ValueError, match="gated_recurrence: block_d must be >= 1, got 0"):
         GatedRecurrenceSettings(block_d=0)
 
@@ -215,13 +217,15 @@ def test_launch_settings_below_one_are_refused_by_name(field):
     (32, 13, 64, 64, 2),      # HwH-380m's layer at 32 sequences: 416 programs
     (1, 2, 16, 16, 3)])
 def test_num_stages_none_follows_the_scans_grid(B, H, K, V, stages):
-    """num_stages=None resolves by the scan's grid (``default_num_stages``); a value given is
-    kept."""
+    """num_stages=None (GDN's and the decay ops' default) resolves by the scan's grid
+    (``default_num_stages``); a value given is kept."""
+    from kernels_pallas.decay_attention import DecaySettings
     from kernels_pallas.linear_scan.common import kernel_config
-    settings = GDNSettings(platform="gpu")
-    cfg = kernel_config(settings, B, H, K, V, num_stages=settings.num_stages)
-    assert cfg.num_stages == stages
-    assert kernel_config(settings, B, H, K, V, num_stages=4).num_stages == 4
+    for settings in (GDNSettings(platform="gpu"), DecaySettings(platform="gpu")):
+        assert settings.num_stages is None
+        cfg = kernel_config(settings, B, H, K, V, num_stages=settings.num_stages)
+        assert cfg.num_stages == stages
+        assert kernel_config(settings, B, H, K, V, num_stages=4).num_stages == 4
 
 
 def test_pallas_without_a_lowering_names_interpret():

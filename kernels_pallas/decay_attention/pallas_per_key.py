@@ -360,8 +360,11 @@ def gated_linear_attention_per_key_pallas(q, k, v, g, *, scale=None, initial_sta
                          f"dimension, g [B, T, H, K] = {(B, T, H, K)}; got {g.shape}")
     V = v.shape[-1]
     C = settings.chunk_size
+    # num_stages None: 2, not the grid's rule of the scans with a decay per head (three
+    # stages have not been timed on these kernels)
+    stages = 2 if settings.num_stages is None else settings.num_stages
     cfg = kernel_config(settings, B, H, K, V, num_warps=settings.num_warps,
-                        num_stages=settings.num_stages, chunk_warps=settings.chunk_warps,
+                        num_stages=stages, chunk_warps=settings.chunk_warps,
                         intra_block=settings.intra_block, recompute=settings.recompute)
     scale = K ** -0.5 if scale is None else float(scale)
     pad = (-T) % C

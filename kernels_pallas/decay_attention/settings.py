@@ -19,7 +19,9 @@ class DecaySettings(KernelSettings):
     "chunk_reference" elsewhere (the Mosaic TPU layout is tested interpreted, never timed).
     chunk_size: C of the chunked forms. The rest concern the Pallas
     kernels only: block_v: value columns per program of the sequential scans (None:
-    ``linear_scan.common.default_block_v``); num_warps / num_stages: the scans' launch on GPU;
+    ``linear_scan.common.default_block_v``); num_warps / num_stages: the scans' launch on GPU
+    (num_stages None: for a decay per head by the scan's grid,
+    ``linear_scan.common.default_num_stages``; per key dimension 2);
     chunk_warps: the one-chunk-per-program kernels' (the outputs and gradients per chunk, the
     intra-chunk scores of a decay per key); intra_block: key columns per matmul of those
     scores' factored kernels (``intra_key``); recompute: save only the inputs for the backward
@@ -28,7 +30,7 @@ class DecaySettings(KernelSettings):
     chunk_size: int = 64
     block_v: int | None = None
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int | None = None
     chunk_warps: int = 4
     intra_block: int = 64
     recompute: bool = False
@@ -40,5 +42,5 @@ class DecaySettings(KernelSettings):
 
     def __post_init__(self):
         super().__post_init__()
-        self.require_positive("chunk_size", "num_warps", "num_stages", "chunk_warps",
-                              "intra_block", optional=("block_v",))
+        self.require_positive("chunk_size", "num_warps", "chunk_warps", "intra_block",
+                              optional=("block_v", "num_stages"))
