@@ -4,6 +4,7 @@
   chunk_reference.py  the chunked WY/UT form in jnp: the plain-XLA path and the kernels' model
   pallas.py           the chunked form as Pallas kernels (``wy_kernels.py`` per chunk,
                       ``linear_scan.scan`` across chunks) under one custom_vjp
+  wy_apply_mosaic.py  the per-chunk w, u, QK as a Mosaic GPU kernel (``wy_apply="mosaic"``)
   settings.py         ``GDNSettings``: implementation and launch settings as one value
   step.py             the decode step as one Pallas kernel (GPU)
   op.py               ``gated_delta_rule`` and ``gated_delta_rule_step``: shapes checked, the

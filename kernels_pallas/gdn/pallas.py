@@ -23,7 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.gdn import wy_kernels
+from kernels_pallas.gdn import wy_apply_mosaic, wy_kernels
 from kernels_pallas.gdn.settings import GDNSettings
 from kernels_pallas.linear_scan import scan as scan_kernels
 from kernels_pallas.linear_scan.common import (chunk_local_cumsum, kernel_config, pad_time,
@@ -104,7 +104,12 @@ def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,
     cfg = kernel_config(settings, B, H, K, V, num_warps=settings.num_warps,
                         num_stages=settings.num_stages, chunk_warps=settings.chunk_warps,
                         inverse_warps=settings.inverse_warps, fp32_dots=settings.fp32_dots,
-                        recompute=settings.recompute)
+                        recompute=settings.recompute, wy_apply=settings.wy_apply)
+    if cfg.wy_apply == "mosaic":
+        if cfg.layout != "triton":
+            raise ValueError("gated_delta_rule(wy_apply='mosaic') is a GPU kernel: no TPU "
+                             "layout; use wy_apply='triton' with pltpu.InterpretParams")
+        wy_apply_mosaic.check_shapes(K, V, C, jnp.result_type(q.dtype, k.dtype, v.dtype))
     scale = K ** -0.5 if scale is None else float(scale)
     pad = (-T) % C
     S0 = (jnp.zeros((B, H, K, V), f32) if initial_state is None

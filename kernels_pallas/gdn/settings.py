@@ -6,6 +6,7 @@ import dataclasses
 from kernels_pallas.dispatch import KernelSettings
 
 FP32_DOTS = ("tf32", "ieee")
+WY_APPLY = ("triton", "mosaic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +26,9 @@ class GDNSettings(KernelSettings):
     backward's fp32 x fp32 products on GPU, "tf32" (tensor cores) or "ieee";
     recompute: save only X for the backward and recompute w, QK, S_n, v there (less memory,
     two kernels more).
+    wy_apply: the kernel that forms w, u and QK from X on GPU: "triton" (``wy_kernels``) or
+    "mosaic" (``wy_apply_mosaic``: Mosaic GPU, TMA and wgmma; chunks of 64, K and V multiples
+    of 64, 16-bit inputs; with interpret=True the Mosaic GPU interpreter).
     step_min_programs: ``gated_delta_rule_step`` runs its kernel (one program per row and
     head) from this many rows x heads, the jnp step below: at 13 programs (380m, batch 1) the
     kernel was slower than XLA's fusions, at 416 (batch 32) faster (docs/benchmarks.md,
@@ -39,6 +43,7 @@ class GDNSettings(KernelSettings):
     fp32_dots: str = "tf32"
     recompute: bool = False
     step_min_programs: int = 128
+    wy_apply: str = "triton"
 
     OP = "gated_delta_rule"
     IMPLS = ("auto", "recurrent", "chunk_reference", "pallas")
@@ -50,6 +55,9 @@ class GDNSettings(KernelSettings):
         self.require_positive("chunk_size", "num_warps", "chunk_warps",
                               "inverse_warps", "step_min_programs",
                               optional=("block_v", "num_stages"))
+        if self.wy_apply not in WY_APPLY:
+            raise ValueError(f"gated_delta_rule: wy_apply must be one of {WY_APPLY}, got "
+                             f"{self.wy_apply!r}")
         if self.fp32_dots not in FP32_DOTS:
             raise ValueError(f"gated_delta_rule: fp32_dots must be one of {FP32_DOTS}, got "
                              f"{self.fp32_dots!r}")

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels_pallas.gdn.wy_apply_mosaic import wy_apply_mosaic
 from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, column, dot, dot_nt, f32,
                                                ref_all)
 _NEG = -1e30
@@ -211,6 +212,10 @@ def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16, q_scale=1.0):
         (X,) = chunk_call(cfg, functools.partial(_inverse_kernel, sub=math.gcd(sub, C)),
                           [(k, K), (b1, 1), (G1, 1)], [(C, cd)], (B, T, H),
                           name="gdn_wy_inverse", num_warps=cfg.inverse_warps)
+    if cfg.wy_apply == "mosaic":
+        w, u, qk = wy_apply_mosaic(q, k, v, beta, G, X, q_scale=q_scale,
+                                   interpret=cfg.interpret is not False)
+        return w, u, qk, X
     w, u, qk = chunk_call(cfg, functools.partial(_apply_kernel, blk=cfg.chunk_block,
                                                  q_scale=q_scale),
                           [(q, K), (k, K), (v, V), (b1, 1), (G1, 1), (X, C)],

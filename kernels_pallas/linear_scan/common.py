@@ -31,6 +31,7 @@ class KernelConfig:
     intra_block: int = 64       # the per-key intra-chunk scores' key columns per matmul
     fp32_dots: str = "tf32"     # the WY backward's fp32 x fp32 [C, C] products: "tf32" | "ieee"
     recompute: bool = False     # backward recomputes w, QK, S_n, v from X instead of saving them
+    wy_apply: str = "triton"    # GDN's w, u, QK kernel on GPU: "triton" | "mosaic" (Mosaic GPU)
 
 
 def _precision(dtype, fp32_dots):
