@@ -4,9 +4,10 @@
     w = (X diag(beta e^G)) k,   u = (X diag(beta)) v,   QK = q_scale (q k^T) o Dc
 
 One CTA (one warpgroup) per (batch, head, group of chunks). The group's inputs stream through
-``STAGES`` SMEM slots by TMA (chunk i + STAGES loads while chunk i computes), so the kernel
-keeps loads in flight the way the Triton kernel, one chunk a program, cannot; the outputs leave
-through one SMEM buffer each by TMA. X's columns are scaled in registers and written to SMEM
+``STAGES`` SMEM slots by TMA: a slot is refilled with chunk i + STAGES as soon as chunk i's
+products have read it, so the kernel keeps loads in flight the way the Triton kernel, one chunk
+a program, cannot; the outputs leave through one SMEM tile each by TMA, whose previous copy
+out overlaps the next chunk's products. X's columns are scaled in registers and written to SMEM
 as the products' A operand; k, v and k^T are the B operands in place.
 
 Without a GPU the kernel runs under the Mosaic GPU interpreter (``interpret=True``; its
@@ -77,8 +78,8 @@ def _product(a_ref, b_ref, shape):
     return pl.run_scoped(run, plgpu.ACC(shape, f32))
 
 
-def _chunk(q_s, k_s, v_s, x_s, b_s, g_s, w_s, u_s, qk_s, xk_s, xb_s, *, q_scale, interp):
-    """w, u and QK of one chunk from its SMEM tiles into the output tiles."""
+def _chunk(q_s, k_s, v_s, x_s, b_s, g_s, xk_s, xb_s, *, q_scale, interp):
+    """(w, u, QK) of one chunk from its SMEM tiles, fp32 in registers."""
     C = x_s.shape[0]
     cd = k_s.dtype
     X = x_s[...].astype(f32)
@@ -90,8 +91,8 @@ def _chunk(q_s, k_s, v_s, x_s, b_s, g_s, w_s, u_s, qk_s, xk_s, xb_s, *, q_scale,
     xk_s[...] = (xb * jnp.exp(G_j)).astype(cd)                        # X diag(beta e^G)
     xb_s[...] = xb.astype(cd)
     plgpu.commit_smem()
-    w_s[...] = _product(xk_s, k_s, (C, k_s.shape[1])).astype(w_s.dtype)
-    u_s[...] = _product(xb_s, v_s, (C, v_s.shape[1])).astype(u_s.dtype)
+    w = _product(xk_s, k_s, (C, k_s.shape[1]))
+    u = _product(xb_s, v_s, (C, v_s.shape[1]))
     if interp:
         s = lax.dot_general(q_s[...], k_s[...], (((1,), (1,)), ((), ())),
                             preferred_element_type=f32)
@@ -99,7 +100,7 @@ def _chunk(q_s, k_s, v_s, x_s, b_s, g_s, w_s, u_s, qk_s, xk_s, xb_s, *, q_scale,
         s = _product(q_s, plgpu.transpose_ref(k_s, (1, 0)), (C, C))
     causal = _iota((C, C), 0, interp) >= _iota((C, C), 1, interp)
     diff = lax.broadcast_in_dim(g_i, (C, C), [0]) - G_j
-    qk_s[...] = (s * jnp.exp(jnp.where(causal, diff, -1e30)) * q_scale).astype(qk_s.dtype)
+    return w, u, s * jnp.exp(jnp.where(causal, diff, -1e30)) * q_scale
 
 
 def wy_apply_mosaic(q, k, v, beta, G, X, *, q_scale=1.0, interpret=False):
@@ -150,17 +151,20 @@ def wy_apply_mosaic(q, k, v, beta, G, X, *, q_scale=1.0, interpret=False):
             slot = lax.rem(i, stages)
             for bar in bars:
                 plgpu.barrier_wait(bar.at[slot])
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)           # output tiles free
-            _chunk(*(buf.at[slot] for buf in ins), *outs, *scaled, q_scale=q_scale,
-                   interp=interp)
+            res = _chunk(*(buf.at[slot] for buf in ins), *scaled, q_scale=q_scale,
+                         interp=interp)
+
+            @pl.when(i + stages < per)                                # the slot is read: refill
+            def _():
+                issue(i + stages, slot)
+
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)           # last chunk's tiles out
+            for o_s, x in zip(outs, res):
+                o_s[...] = x.astype(o_s.dtype)
             plgpu.commit_smem()
             for o_s, r in zip(outs, (w_r, u_r, qk_r)):
                 plgpu.copy_smem_to_gmem(o_s, tok(r, i), commit_group=False)
             plgpu.commit_smem_to_gmem_group()
-
-            @pl.when(i + stages < per)
-            def _():
-                issue(i + stages, slot)
 
         plgpu.wait_smem_to_gmem(0)
 
