@@ -263,7 +263,8 @@ def default_num_stages(B, H, V, block_v, programs=128):
     ``programs`` programs (about one per SM of an H200), else 2. With one program an SM, a
     deeper pipeline hides more of the chunk loop's load latency and its shared memory keeps no
     second program out; with more, the third stage's buffers cost programs an SM
-    (docs/benchmarks.md, "GDN kernels against fla")."""
+    (docs/benchmarks.md, "GDN kernels against fla"). The op's one-chunk kernels launch with the
+    same value; having no loop to pipeline, they do not change with it."""
     return 3 if B * H * (V // block_v) <= programs else 2
 
 
