@@ -13,11 +13,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(tmp_path, script, *args):
+def _run(tmp_path, script, *args, profile=True):
+    """(rows, stdout) of ``bench/script`` on the CPU, its profile (a trace folder) on unless
+    ``profile`` is False."""
     out = tmp_path / "rows.jsonl"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args,
-                           "--profile", str(tmp_path / "prof"), "--out", str(out)],
+    prof = ["--profile", str(tmp_path / "prof")] if profile else []
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args, *prof,
+                           "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in out.read_text().splitlines()], proc.stdout
@@ -63,16 +66,9 @@ def test_train_step_bench_rows_and_profile(tmp_path):
 
 
 def test_gated_recurrence_bench_rows(tmp_path):
-    out = tmp_path / "rows.jsonl"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gated_recurrence.py"),
-                           "--shapes", "2,64,32", "--impls", "scan",
-                           "pallas:interpret=True,chunk_size=16,block_d=16", "--recurrent",
-                           "--reps", "2", "--profile", "--out", str(out)],
-                          cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu",
-                                         "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    rows, _ = _run(tmp_path, "gated_recurrence.py", "--shapes", "2,64,32", "--impls", "scan",
+                   "pallas:interpret=True,chunk_size=16,block_d=16", "--recurrent", "--reps",
+                   "2", "--profile", profile=False)     # its --profile is a flag
     assert [r["impl"] for r in rows] == ["scan", "pallas:interpret=True,chunk_size=16,block_d=16",
                                          "recurrent"]
     for r in rows:                      # bf16 inputs against the fp32 recurrence
@@ -84,15 +80,8 @@ def test_gated_recurrence_bench_rows(tmp_path):
 def test_short_conv_bench_rows(tmp_path):
     """A "pallas:KEY=VALUE" entry reaches ``ShortConvSettings``: block_t=16 on 32 tokens runs two
     tiles (the edge branch and the rest), interpreted, against the fp32 reference."""
-    out = tmp_path / "rows.jsonl"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "short_conv.py"),
-                           "--shapes", "1,32,32,2", "--impls", "reference",
-                           "pallas:interpret=True,block_t=16", "--reps", "2", "--out", str(out)],
-                          cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu",
-                                         "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    rows, _ = _run(tmp_path, "short_conv.py", "--shapes", "1,32,32,2", "--impls", "reference",
+                   "pallas:interpret=True,block_t=16", "--reps", "2", profile=False)
     assert [(r["impl"], r["normalize"]) for r in rows] == [
         ("reference", True), ("pallas:interpret=True,block_t=16", True),
         ("reference", False), ("pallas:interpret=True,block_t=16", False)]
