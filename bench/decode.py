@@ -163,11 +163,10 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
         *_, short, short_reused = timed_loop(short_steps)
         token = ((row["decode_ms"] * decode_steps - statistics.median(short) * short_steps)
                  / (decode_steps - short_steps))
+        fixed = lambda runs: (statistics.median(runs) - token) * short_steps  # noqa: E731
         row.update(decode_short_ms=statistics.median(short), decode_short_ms_runs=short,
                    decode_short_reused_ms_runs=short_reused, token_ms=token,
-                   loop_fixed_ms=statistics.median(short) * short_steps - token * short_steps,
-                   loop_fixed_reused_ms=(statistics.median(short_reused) - token)
-                   * short_steps)
+                   loop_fixed_ms=fixed(short), loop_fixed_reused_ms=fixed(short_reused))
     step_bytes = decode_step_bytes(state, cfg, batch, context)
     row.update(step_bytes=step_bytes, floor_ms=floor_ms(step_bytes["total"], bandwidth))
     if row["floor_ms"]:
