@@ -177,4 +177,7 @@ def wy_apply_mosaic(q, k, v, beta, G, X, *, q_scale=1.0, interpret=False):
                        (tiles(K), tiles(V), tiles(C)), (tiles(C), tiles(C)),
                        (plgpu.Barrier(num_barriers=stages),) * 6],
         grid=(B, H, N // per), grid_names=("b", "h", "g"),
+        # per-thread arrays with the layouts given here; JAX 0.11 defaults to warpgroup
+        # semantics (layouts inferred), which finds none for this body
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
         **({"interpret": params} if interp else {}))(q, k, v, X.astype(cd), bt, gt))
