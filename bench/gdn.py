@@ -122,7 +122,7 @@ def breakdown(shape, x, cfg=None, parts=("chunk", "scan"), reps=20, decay=True):
     _, _, h, v_new = fwd_store(q, k, w, u, qk, G, S0)
     dv_new, dh, _ = bwd(q, k, w, qk, G, do, S0)
     sg = jax.jit(lambda *a: scan_kernels.state_grads(cfg, *a))
-    dq, dk, dw, dqk, dG = sg(q, k, G, h, dh, v_new, dv_new, do)
+    dq, dk, dw, dG = sg(q, k, G, h, dh, v_new, dv_new, do)
     wy_b = jax.jit(lambda *a: wy_kernels.wy_backward(cfg, *a))
     t = functools.partial(median_ms, reps=reps)
     out = {}
@@ -130,7 +130,7 @@ def breakdown(shape, x, cfg=None, parts=("chunk", "scan"), reps=20, decay=True):
         out.update({"wy_fwd_ms": t(wy_f, q, k, v, b, G),
                     "wy_fwd_given_inverse_ms": t(wy_f, q, k, v, b, G, X),
                     "state_grads_ms": t(sg, q, k, G, h, dh, v_new, dv_new, do),
-                    "wy_bwd_ms": t(wy_b, q, k, v, b, G, X, dw, u, dqk, dq, dk, dG)})
+                    "wy_bwd_ms": t(wy_b, k, v, b, G, X, dw, u, dk, dG)})
     if "scan" in parts:
         out.update({"scan_fwd_ms": t(fwd, q, k, w, u, qk, G, S0),
                     "scan_fwd_store_ms": t(fwd_store, q, k, w, u, qk, G, S0),

@@ -5,8 +5,9 @@ Six kernels under one ``jax.custom_vjp`` (notation of ``chunk_reference.py``):
             ``linear_scan.scan_forward``     sequential over chunks: v, o and the state (under
                                              differentiation also storing S_n and v per chunk).
   backward  ``linear_scan.scan_backward``    sequential, backwards: dv and dS_{n+1} per chunk, dS_0.
-            ``linear_scan.state_grads``      per chunk: dq, dk, dw, dQK, dG through the state.
-            ``wy_kernels.wy_backward``       per chunk: adds dq, dk, dG through the WY form; dv,
+            ``linear_scan.state_grads``      per chunk: dq (whole), dk, dw, dG through the
+                                             state and the intra-chunk scores QK.
+            ``wy_kernels.wy_backward``       per chunk: adds dk, dG through the WY form; dv,
                                              dbeta.
 Saved between the passes: the inputs, the initial state, X, w, QK, the chunk states S_n and the
 corrected values v (in the inputs' dtype: 640 bytes per token and head at K = V = 64 in bf16).
@@ -36,10 +37,10 @@ f32 = jnp.float32
 # it, so the GDN layers of a model that share a shape share one compilation of each kernel.
 _jit = lambda fn, *names: jax.jit(fn, static_argnums=0, static_argnames=names)  # noqa: E731
 wy_forward = _jit(wy_kernels.wy_forward, "sub", "q_scale")
-wy_backward = _jit(wy_kernels.wy_backward, "scale", "out_dtypes")
+wy_backward = _jit(wy_kernels.wy_backward, "out_dtypes")
 scan_forward = _jit(scan_kernels.scan_forward, "store", "q_scale")
 scan_backward = _jit(scan_kernels.scan_backward, "q_scale")
-state_grads = _jit(scan_kernels.state_grads, "q_scale")
+state_grads = _jit(scan_kernels.state_grads, "q_scale", "dq_dtype")
 
 
 def _op(cfg, scale):
@@ -82,11 +83,10 @@ def _op(cfg, scale):
                                           store=True)
         dv_new, dh, dS0 = scan_backward(cfg, qc, kc, w, qk, G, do.astype(cd), dSN.astype(f32),
                                         q_scale=scale)
-        dq, dk, dw, dqk, dG = state_grads(cfg, qc, kc, G, h, dh, v_new, dv_new, do.astype(cd),
-                                          q_scale=scale)
-        dq, dk, dv, db, dG = wy_backward(cfg, qc, kc, vc, b, G, X, dw, dv_new.astype(cd), dqk,
-                                         dq, dk, dG, scale=scale,
-                                         out_dtypes=(q.dtype, k.dtype, v.dtype))
+        dq, dk, dw, dG = state_grads(cfg, qc, kc, G, h, dh, v_new, dv_new, do.astype(cd),
+                                     q_scale=scale, dq_dtype=q.dtype)
+        dk, dv, db, dG = wy_backward(cfg, kc, vc, b, G, X, dw, dv_new.astype(cd), dk, dG,
+                                     out_dtypes=(k.dtype, v.dtype))
         dg = None if g is None else reverse_chunk_cumsum(dG, C).astype(g.dtype)
         return dq, dk, dv, dg, db.astype(beta.dtype), dS0
 

@@ -16,16 +16,16 @@ cancellation whatever the keys. X is saved for the backward pass in k's dtype (f
 inverse so too); ``_apply_kernel`` forms w, u and QK from it (in the forward, and again in the
 backward).
 
-The backward kernel takes the cotangents dw, du, dQK and returns dq, dk, dv, dbeta and dG
-(the gradient with respect to the cumulative gates; the caller turns it into dg):
+The backward kernel takes the cotangents dw, du (with the state path's dk and dG, to which it
+adds) and returns dk, dv, dbeta and dG (the gradient with respect to the cumulative gates; the
+caller turns it into dg); the scores' part, through dQK, is the state-path kernel's
+(``linear_scan.scan.state_grads``):
 
     dX  = dw kb^T + du vb^T,   dkb = X^T dw,   dvb = X^T du       (kb = beta e^G k, vb = beta v)
     dA  = -(X^T dX X^T) o strict-lower,   E = dA o D
-    dk  = beta e^G dkb + diag(beta) E k + (diag(beta) E)^T k + F^T q,   F = dQK o Dc
-    dq  = F k,   dv = beta dvb
+    dk  = beta e^G dkb + diag(beta) E k + (diag(beta) E)^T k,   dv = beta dvb
     dbeta = rowsum(dkb o e^G k) + rowsum(dvb o v) + rowsum(E o k k^T)
-    dG  = rowsum(dkb o kb) + rowsum(M) - colsum(M) + rowsum(P) - colsum(P),
-          M = dA o A,   P = dQK o QK
+    dG  = rowsum(dkb o kb) + rowsum(M) - colsum(M),   M = dA o A
 Masks are applied to the exponent (before ``exp``), so no masked entry can overflow. Wide
 operands are walked in 64-column blocks so that few [C, 64] fp32 tiles are live at once. The two
 fp32 products X^T dX X^T run in TF32 on GPU by default (``GDNSettings.fp32_dots``): faster than
@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels_pallas.gdn.wy_apply_mosaic import wy_apply_mosaic
+from kernels_pallas.linear_scan.chunk_math import colsum
 from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, column, dot, dot_nt, f32,
                                                ref_all)
 _NEG = -1e30
@@ -130,21 +131,11 @@ def _apply_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, w_ref, u_ref, qk_ref
         u_ref[:, c] = dot(Xc, (beta * v_ref[:, c].astype(f32)).astype(cd)).astype(u_ref.dtype)
 
 
-def _colsum(M):
-    """Column sums of a square tile as a [C, 1] column, without transposing the tile."""
-    rows = jax.lax.broadcasted_iota(jnp.int32, M.shape, 0)
-    cols = jax.lax.broadcasted_iota(jnp.int32, M.shape, 1)
-    return jnp.sum(jnp.where(rows == cols, jnp.sum(M, axis=0, keepdims=True), 0.0), axis=1,
-                   keepdims=True)
-
-
-def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk_ref,
-                   dq_in_ref, dk_in_ref, dg_in_ref, dq_ref, dk_ref, dv_ref, db_ref, dg_ref,
-                   *, blk, fp32_dots, scale):
+def _wy_bwd_kernel(k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dk_in_ref, dg_in_ref,
+                   dk_ref, dv_ref, db_ref, dg_ref, *, blk, fp32_dots):
     """Ordered so that few [C, C] fp32 tiles are live at once (register pressure is what
-    bounds this kernel): dX dies into E, k k^T into E o kk, q k^T into F o QK. Without a
-    decay (g_ref, dg_in_ref and dg_ref None) no exponentials, and no dG, which spares
-    recomputing q k^T."""
+    bounds this kernel): dX dies into E, k k^T into E o kk. Without a decay (g_ref, dg_in_ref
+    and dg_ref None) no exponentials and no dG."""
     C, K = k_ref.shape
     V = v_ref.shape[-1]
     cd = k_ref.dtype
@@ -167,23 +158,16 @@ def _wy_bwd_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dqk
         kk += dot_nt(k, k)
     Ekk = E * kk
     db = jnp.sum(Ekk, axis=1, keepdims=True)
-    if decay:                                                 # q k^T, for dG only
-        qk = jnp.zeros((C, C), f32)
-        for c in col_blocks(K, blk):
-            qk += dot_nt(q_ref[:, c], k_ref[:, c])
-    F = dqk_ref[...].astype(f32) * _decay(G, G, "causal", (C, C), scale)   # through QK, scaled
     if decay:
-        PM = beta * Ekk + F * qk                              # dA o A + dQK o QK
-        dG = dg_in_ref[...] + jnp.sum(PM, axis=1, keepdims=True) - _colsum(PM)
+        PM = beta * Ekk                                       # dA o A
+        dG = dg_in_ref[...] + jnp.sum(PM, axis=1, keepdims=True) - colsum(PM)
     bE = beta * E
-    Fc, Es = F.astype(cd), (bE + bE.T).astype(cd)             # (diag(beta) E) k + its transpose
+    Es = (bE + bE.T).astype(cd)                               # (diag(beta) E) k + its transpose
     for c in col_blocks(K, blk):
-        k, q, dw = k_ref[:, c], q_ref[:, c], dw_ref[:, c]
+        k, dw = k_ref[:, c], dw_ref[:, c]
         kf = k.astype(f32)
-        dq_ref[:, c] = (scale * dq_in_ref[:, c].astype(f32) + dot(Fc, k)).astype(dq_ref.dtype)
         dkb = dot(Xc, dw, trans_a=True)
-        dk_ref[:, c] = (dk_in_ref[:, c] + dot(Fc, q, trans_a=True) + bk * dkb
-                        + dot(Es, k)).astype(dk_ref.dtype)
+        dk_ref[:, c] = (dk_in_ref[:, c] + bk * dkb + dot(Es, k)).astype(dk_ref.dtype)
         db += jnp.sum(dkb * _times(kf, eG), axis=1, keepdims=True)
         if decay:
             dG += jnp.sum(dkb * bk * kf, axis=1, keepdims=True)
@@ -223,24 +207,20 @@ def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16, q_scale=1.0):
     return w, u, qk, X
 
 
-def wy_backward(cfg, q, k, v, beta, G, X, dw, du, dqk, dq, dk, dG, *, scale=1.0,
-                out_dtypes=(f32, f32, f32)):
-    """Adds the WY-path gradients to dq, dk, dG (from the state path) and returns
-    (dq, dk, dv) [B,T,H,X] in ``out_dtypes``, (dbeta, dG) fp32 [B, T, H] (G and dG None, no
-    decay: dG None). q is the unscaled query and ``scale`` its scale (QK = scale q k^T o Dc);
-    the dq given is the state path's gradient of the scaled query, the dq returned that of q.
-    Writing the final dtypes here spares a pass of XLA casts over three fp32 arrays."""
+def wy_backward(cfg, k, v, beta, G, X, dw, du, dk, dG, *, out_dtypes=(f32, f32)):
+    """Adds the WY-path gradients to dk and dG (the state path's and the scores', from
+    ``linear_scan.state_grads``) and returns (dk, dv) [B,T,H,X] in ``out_dtypes``, (dbeta, dG)
+    fp32 [B, T, H] (G and dG None, no decay: dG None). Writing the final dtypes here spares a
+    pass of XLA casts."""
     B, T, H, K = k.shape
     V, C = v.shape[-1], cfg.chunk
     # TF32 is a GPU (Triton) notion: elsewhere the fp32 products stay at full precision.
     fp32_dots = cfg.fp32_dots if cfg.layout == "triton" else "ieee"
     decay = G is not None
-    dq, dk, dv, db, dG = chunk_call(
-        cfg, functools.partial(_wy_bwd_kernel, blk=cfg.chunk_block, fp32_dots=fp32_dots,
-                               scale=scale),
-        [(q, K), (k, K), (v, V), (beta[..., None], 1), (column(G), 1), (X, C), (dw, K),
-         (du, V), (dqk, C), (dq, K), (dk, K), (column(dG), 1)],
-        [(K, out_dtypes[0]), (K, out_dtypes[1]), (V, out_dtypes[2]), (1, f32),
-         (1, f32 if decay else None)],
+    dk, dv, db, dG = chunk_call(
+        cfg, functools.partial(_wy_bwd_kernel, blk=cfg.chunk_block, fp32_dots=fp32_dots),
+        [(k, K), (v, V), (beta[..., None], 1), (column(G), 1), (X, C), (dw, K), (du, V),
+         (dk, K), (column(dG), 1)],
+        [(K, out_dtypes[0]), (V, out_dtypes[1]), (1, f32), (1, f32 if decay else None)],
         (B, T, H), name="gdn_wy_bwd")
-    return dq, dk, dv, db[..., 0], (dG[..., 0] if decay else None)
+    return dk, dv, db[..., 0], (dG[..., 0] if decay else None)

@@ -15,6 +15,14 @@ def last_row(G):
     return last, jnp.sum(jnp.where(last, G, 0.0), axis=0, keepdims=True)
 
 
+def colsum(M):
+    """Column sums of a square tile as a [C, 1] column, without transposing the tile."""
+    rows = jax.lax.broadcasted_iota(jnp.int32, M.shape, 0)
+    cols = jax.lax.broadcasted_iota(jnp.int32, M.shape, 1)
+    return jnp.sum(jnp.where(rows == cols, jnp.sum(M, axis=0, keepdims=True), 0.0), axis=1,
+                   keepdims=True)
+
+
 def q_decayed(q, G, scale=1.0):
     """qd = q e^G (q's dtype), times ``scale``; G is a [C, 1] column (None: no decay)."""
     if G is None:

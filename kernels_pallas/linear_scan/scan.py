@@ -165,53 +165,69 @@ def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
 # ---------------------------------------------------------------- state-path gradients
 
 def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_ref,
-                        dq_ref, dk_ref, dw_ref, dqk_ref, dg_ref, *, blk, q_scale):
+                        dq_ref, dk_ref, dw_ref, dg_ref, *, blk, q_scale):
     """One chunk of the delta rule: the gradients that flow through the state, from S_n (h),
-    dS_{n+1} (dh), the corrected values v and their cotangents dv; dq is the gradient of the
-    scaled query q_scale q. K and V in blocks of ``blk``: three [C, blk] fp32 accumulators live
-    at a time. Without a decay (g_ref and dg_ref None) no exponentials and no dG."""
+    dS_{n+1} (dh), the corrected values v and their cotangents dv, and those through the
+    intra-chunk scores QK = q_scale (q k^T) o Dc (o = ... + QK v), from F = q_scale dQK o Dc,
+    dQK = do v^T: dq += F k (dq of the unscaled query), dk += F^T q. Their dG, rowsum(F o QK')
+    - colsum(F o QK') with QK' = q k^T, is rowsum(q o F k) - rowsum(k o F^T q), which the
+    totals' rowsum(dq o q) - rowsum(dk o k) already hold, so no [C, C] product of q k^T is
+    formed. K and V in blocks of ``blk``: three [C, blk] fp32 accumulators live at a time
+    beside F (in the inputs' dtype). Without a decay (g_ref and dg_ref None) no exponentials
+    and no dG."""
     C, K = k_ref.shape
     V = h_ref.shape[-1]
     cd = k_ref.dtype
     decay = g_ref is not None
+    kblocks, vblocks = col_blocks(K, blk), col_blocks(V, blk)
+    dqk = jnp.zeros((C, C), f32)
+    for cv in vblocks:
+        dqk += dot_nt(do_ref[:, cv], v_ref[:, cv].astype(cd))
+    causal = (jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
+              >= jax.lax.broadcasted_iota(jnp.int32, (C, C), 1))
     if decay:
         G = g_ref[...]
         last, g_last = last_row(G)
-    kblocks, vblocks = col_blocks(K, blk), col_blocks(V, blk)
-    dqk = jnp.zeros((C, C), f32)
+        F = (dqk * (q_scale * jnp.exp(jnp.where(causal, G - G.T, -1e30)))).astype(cd)
+        q_decay, k_decay = q_scale * jnp.exp(G), jnp.exp(g_last - G)
+    else:
+        F = jnp.where(causal, q_scale * dqk, 0.0).astype(cd)
+        q_decay, k_decay = q_scale, None
     hdh = jnp.zeros((1, 1), f32)
-    from_q = jnp.zeros((C, 1), f32)
+    from_q = jnp.zeros((C, 1), f32)          # rowsum(dq o q), rowsum(dk o k) of the totals
     from_k = jnp.zeros((C, 1), f32)
-    for i, ck in enumerate(kblocks):
-        dqd = jnp.zeros((C, ck.size), f32)
+    f_qk = jnp.zeros((1, 1), f32)            # sum(F o q k^T): the scores' part of sum(from_k)
+    for ck in kblocks:
+        q, k = q_ref[:, ck], k_ref[:, ck]
+        dq = dot(F, k)
+        dk = dot(F, q, trans_a=True)
         dw = jnp.zeros((C, ck.size), f32)
-        dkd = jnp.zeros((C, ck.size), f32)
+        if decay:
+            f_qk += jnp.sum(jnp.sum(dq * q.astype(f32), axis=1, keepdims=True), axis=0,
+                            keepdims=True)
         for cv in vblocks:
             h, dh = h_ref[ck, cv], dh_ref[ck, cv]
-            do, v = do_ref[:, cv], v_ref[:, cv].astype(cd)
             hc = h.astype(cd)
-            dqd += dot_nt(do, hc)
+            dq += q_decay * dot_nt(do_ref[:, cv], hc)
             dw -= dot_nt(dv_ref[:, cv].astype(cd), hc)
-            dkd += dot_nt(v, dh.astype(cd))
+            dk += _times(dot_nt(v_ref[:, cv].astype(cd), dh.astype(cd)), k_decay)
             if decay:
                 hdh += jnp.sum(jnp.sum(h.astype(f32) * dh.astype(f32), axis=1, keepdims=True),
                                axis=0, keepdims=True)
-            if i == 0:
-                dqk += dot_nt(do, v)
         if decay:
-            dq = dqd * jnp.exp(G)
-            dk = dkd * jnp.exp(g_last - G)
-            from_q += jnp.sum(dq * q_ref[:, ck].astype(f32), axis=1, keepdims=True)
-            from_k += jnp.sum(dk * k_ref[:, ck].astype(f32), axis=1, keepdims=True)
-        else:
-            dq, dk = dqd, dkd
+            from_q += jnp.sum(dq * q.astype(f32), axis=1, keepdims=True)
+            from_k += jnp.sum(dk * k.astype(f32), axis=1, keepdims=True)
         dq_ref[:, ck] = dq.astype(dq_ref.dtype)
         dk_ref[:, ck] = dk.astype(dk_ref.dtype)
         dw_ref[:, ck] = dw.astype(dw_ref.dtype)
     if decay:
-        d_last = jnp.sum(from_k, axis=0, keepdims=True) + jnp.exp(g_last) * hdh
-        dg_ref[...] = q_scale * from_q - from_k + jnp.where(last, d_last, 0.0)
-    dqk_ref[...] = dqk.astype(dqk_ref.dtype)
+        d_last = jnp.sum(from_k, axis=0, keepdims=True) - f_qk + jnp.exp(g_last) * hdh
+        dg_ref[...] = from_q - from_k + jnp.where(last, d_last, 0.0)
+
+
+def _times(x, d):
+    """x * d, or x where there is no factor (d None)."""
+    return x if d is None else x * d
 
 
 # ---------------------------------------------------------------- launchers
@@ -324,19 +340,19 @@ def scan_backward(cfg, q, k, w, qk, G, do, dSN, *, q_scale=1.0):
         reverse=True, name="gdn_scan_bwd" if w is not None else "linear_scan_bwd")
 
 
-def state_grads(cfg, q, k, G, h, dh, v, dv, do, *, q_scale=1.0):
-    """Per chunk, in parallel: dq, dk, dw and dQK of the state path in q's dtype (bf16 halves
-    the traffic of dq and dk, written here and read by the WY backward, as the decay family's
-    kernels keep theirs; fp32 inputs keep fp32) and dG (fp32
-    [B, T, H]; None without a decay, G None) from S_n (h) and dS_{n+1} (dh) [B, N, H, K, V], v,
-    dv, do [B, T, H, V] (the delta rule's; without it the decay family's own kernels take the
-    chunk-parallel part: ``decay_attention/pallas.py``). The query is q_scale q; dq is its
-    gradient (of the scaled query)."""
+def state_grads(cfg, q, k, G, h, dh, v, dv, do, *, q_scale=1.0, dq_dtype=None):
+    """Per chunk, in parallel: the gradients through the state and through the intra-chunk
+    scores QK (``_state_grads_kernel``): dq (final: of the unscaled query q, in ``dq_dtype``,
+    default q's), dk and dw in q's dtype (bf16 halves the traffic of dk and dw, written here
+    and read by the WY backward; fp32 inputs keep fp32) and dG (fp32 [B, T, H]; None without
+    a decay, G None) from S_n (h) and dS_{n+1} (dh) [B, N, H, K, V], v, dv, do [B, T, H, V]
+    (the delta rule's; without it the decay family's own kernels take the chunk-parallel part:
+    ``decay_attention/pallas.py``). The scores are QK = q_scale (q k^T) o Dc."""
     B, T, H, K = q.shape
-    V, C, cd = v.shape[-1], cfg.chunk, q.dtype
-    dq, dk, dw, dqk, dG = chunk_call(
+    V, cd = v.shape[-1], q.dtype
+    dq, dk, dw, dG = chunk_call(
         cfg, functools.partial(_state_grads_kernel, blk=cfg.chunk_block, q_scale=q_scale),
         [(q, K), (k, K), (column(G), 1), (h, None), (dh, None), (v, V), (dv, V), (do, V)],
-        [(K, cd), (K, cd), (K, cd), (C, cd), (1, None if G is None else f32)],
+        [(K, dq_dtype or cd), (K, cd), (K, cd), (1, None if G is None else f32)],
         (B, T, H), name="gdn_state_grads")
-    return dq, dk, dw, dqk, (None if dG is None else dG[..., 0])
+    return dq, dk, dw, (None if dG is None else dG[..., 0])
