@@ -21,6 +21,7 @@ needs_interpreter = pytest.mark.skipif(interpreter() is None,
                                        reason=f"JAX {jax.__version__} has no Mosaic GPU "
                                               "interpreter")
 C = 64
+ON_GPU = jax.default_backend() == "gpu"
 
 
 def inputs(B, T, H, K, V, decay=True, seed=0):
@@ -77,10 +78,12 @@ def test_mosaic_apply_matches_the_formulas_and_the_triton_kernel(shape, decay):
         assert rel(a, t) < 1e-2, (name, rel(a, t))
 
 
-@needs_interpreter
+@pytest.mark.skipif(not ON_GPU and interpreter() is None,
+                    reason=f"JAX {jax.__version__} has no Mosaic GPU interpreter")
 def test_gdn_with_the_mosaic_apply_matches_the_triton_path():
     """The whole op (forward and every gradient) with wy_apply="mosaic" against "triton", both
-    interpreted, on bf16 inputs: the backward reads the w and QK the forward saved."""
+    compiled on a GPU, else both interpreted, on bf16 inputs: the backward reads the w and QK
+    the forward saved."""
     B, T, H, K, V = 1, 128, 2, 64, 64
     q, k, v, _, _, _ = inputs(B, T, H, K, V, seed=1)
     ks = jax.random.split(jax.random.key(2), 3)
@@ -92,7 +95,7 @@ def test_gdn_with_the_mosaic_apply_matches_the_triton_path():
                                                  keepdims=True)).astype(jnp.bfloat16)
     res = []
     for apply in ("triton", "mosaic"):
-        settings = GDNSettings(impl="pallas", interpret=True, wy_apply=apply)
+        settings = GDNSettings(impl="pallas", interpret=not ON_GPU, wy_apply=apply)
 
         def loss(q, k, v, g, beta, settings=settings):
             o, _ = gated_delta_rule(q, k, v, g, beta, settings=settings)
@@ -103,7 +106,7 @@ def test_gdn_with_the_mosaic_apply_matches_the_triton_path():
         assert rel(a, b) < 2e-2, (name, rel(a, b))
 
 
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="compiled: needs a (Hopper) GPU")
+@pytest.mark.skipif(not ON_GPU, reason="compiled: needs a (Hopper) GPU")
 @pytest.mark.parametrize("shape", [(2, 512, 3, 64, 64), (1, 256, 2, 128, 128)],
                          ids=["K64", "K128"])
 def test_compiled_mosaic_apply_matches_the_formulas(shape):
@@ -143,3 +146,29 @@ def test_mosaic_apply_refuses_what_it_does_not_take(kw, shape, match):
         gated_delta_rule(q, k, v, g, beta, settings=settings)
     with pytest.raises(ValueError, match="wy_apply must be one of"):
         GDNSettings(wy_apply="cuda")
+
+
+@pytest.mark.parametrize("hopper,platform,interpret,K,dtype,want", [
+    (True, "gpu", False, 128, jnp.bfloat16, "mosaic"),
+    (True, "gpu", False, 96, jnp.bfloat16, "triton"),      # K not a multiple of 64
+    (True, "gpu", False, 128, jnp.float32, "triton"),      # not 16-bit
+    (True, "gpu", True, 128, jnp.bfloat16, "triton"),      # interpreted
+    (True, "tpu", False, 128, jnp.bfloat16, "triton"),     # compiled for another platform
+    (False, "gpu", False, 128, jnp.bfloat16, "triton")])   # not a Hopper GPU
+def test_auto_takes_the_mosaic_apply_only_where_it_runs_compiled(monkeypatch, hopper, platform,
+                                                                 interpret, K, dtype, want):
+    """wy_apply="auto" (the default): Mosaic GPU on a Hopper GPU for the shapes it takes, the
+    Triton kernel everywhere else; explicit values are kept."""
+    from kernels_pallas.gdn import pallas, wy_apply_mosaic
+    monkeypatch.setattr(wy_apply_mosaic, "hopper", lambda: hopper)
+    settings = GDNSettings(platform=platform, interpret=interpret)
+    assert settings.wy_apply == "auto"
+    assert pallas.wy_apply(settings, K, 64, dtype, dtype, dtype) == want
+    for fixed in ("triton", "mosaic"):
+        assert pallas.wy_apply(settings.replace(wy_apply=fixed), K, 64, dtype) == fixed
+
+
+def test_hopper_is_false_off_a_gpu():
+    from kernels_pallas.gdn import wy_apply_mosaic
+    assert wy_apply_mosaic.hopper() is (jax.devices()[0].platform == "gpu" and
+                                        jax.devices()[0].compute_capability == "9.0")

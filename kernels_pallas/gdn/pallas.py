@@ -24,6 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas import dispatch
 from kernels_pallas.gdn import wy_apply_mosaic, wy_kernels
 from kernels_pallas.gdn.settings import GDNSettings
 from kernels_pallas.linear_scan import scan as scan_kernels
@@ -94,6 +95,18 @@ def _op(cfg, scale):
     return op
 
 
+def wy_apply(settings: GDNSettings, K, V, *dtypes) -> str:
+    """``settings.wy_apply``, "auto" resolved: the Mosaic GPU kernel where it runs compiled (a
+    Hopper GPU in this process, shapes it takes), the Triton one elsewhere; logged once."""
+    if settings.wy_apply != "auto":
+        return settings.wy_apply
+    mosaic = (settings.target() == "gpu" and settings.interpret is False
+              and wy_apply_mosaic.hopper()
+              and wy_apply_mosaic.takes(K, V, settings.chunk_size, jnp.result_type(*dtypes)))
+    return dispatch.record(settings, "mosaic" if mosaic else "triton",
+                           op="gated_delta_rule.wy_apply")
+
+
 def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,
                             output_final_state=False, settings: GDNSettings = GDNSettings()):
     """Same contract as ``gated_delta_rule``, as the kernels of the module docstring, launched
@@ -104,7 +117,8 @@ def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,
     cfg = kernel_config(settings, B, H, K, V, num_warps=settings.num_warps,
                         num_stages=settings.num_stages, chunk_warps=settings.chunk_warps,
                         inverse_warps=settings.inverse_warps, fp32_dots=settings.fp32_dots,
-                        recompute=settings.recompute, wy_apply=settings.wy_apply)
+                        recompute=settings.recompute,
+                        wy_apply=wy_apply(settings, K, V, q.dtype, k.dtype, v.dtype))
     if cfg.wy_apply == "mosaic":
         if cfg.layout != "triton":
             raise ValueError("gated_delta_rule(wy_apply='mosaic') is a GPU kernel: no TPU "

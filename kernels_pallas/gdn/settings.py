@@ -6,7 +6,7 @@ import dataclasses
 from kernels_pallas.dispatch import KernelSettings
 
 FP32_DOTS = ("tf32", "ieee")
-WY_APPLY = ("triton", "mosaic")
+WY_APPLY = ("auto", "triton", "mosaic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,9 +26,11 @@ class GDNSettings(KernelSettings):
     backward's fp32 x fp32 products on GPU, "tf32" (tensor cores) or "ieee";
     recompute: save only X for the backward and recompute w, QK, S_n, v there (less memory,
     two kernels more).
-    wy_apply: the kernel that forms w, u and QK from X on GPU: "triton" (``wy_kernels``) or
+    wy_apply: the kernel that forms w, u and QK from X on GPU: "triton" (``wy_kernels``),
     "mosaic" (``wy_apply_mosaic``: Mosaic GPU, TMA and wgmma; chunks of 64, K and V multiples
-    of 64, 16-bit inputs; with interpret=True the Mosaic GPU interpreter).
+    of 64, 16-bit inputs; with interpret=True the Mosaic GPU interpreter) or "auto": "mosaic"
+    where it runs compiled (a Hopper GPU, shapes it takes), where it was 0.72-0.76x the Triton
+    kernel's time (docs/benchmarks.md), else "triton".
     step_min_programs: ``gated_delta_rule_step`` runs its kernel (one program per row and
     head) from this many rows x heads, the jnp step below: at 13 programs (380m, batch 1) the
     kernel was slower than XLA's fusions, at 416 (batch 32) faster (docs/benchmarks.md,
@@ -43,7 +45,7 @@ class GDNSettings(KernelSettings):
     fp32_dots: str = "tf32"
     recompute: bool = False
     step_min_programs: int = 128
-    wy_apply: str = "triton"
+    wy_apply: str = "auto"
 
     OP = "gated_delta_rule"
     IMPLS = ("auto", "recurrent", "chunk_reference", "pallas")

@@ -45,6 +45,17 @@ def interpreter():
     return InterpretGPUParams()
 
 
+def hopper() -> bool:
+    """Whether this process's first device is a Hopper GPU (sm_90: wgmma and TMA)."""
+    device = jax.devices()[0]
+    return device.platform == "gpu" and getattr(device, "compute_capability", "") == "9.0"
+
+
+def takes(K, V, C, dtype) -> bool:
+    """Whether the kernel takes these shapes (``check_shapes`` names what it refuses)."""
+    return C == CHUNK and K % 64 == 0 and V % 64 == 0 and jnp.dtype(dtype).itemsize == 2
+
+
 def check_shapes(K, V, C, dtype):
     """Refuses, naming the value, what the kernel does not take."""
     if C != CHUNK:
