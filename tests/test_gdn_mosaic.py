@@ -1,6 +1,6 @@
 """GDN's WY apply on Mosaic GPU (``GDNSettings(wy_apply="mosaic")``): its w, u and QK against
 the formulas in fp32 and against the Triton kernel, the whole op against the Triton path, its
-CUDA lowering, and the shapes it refuses.
+CUDA lowering, the shapes it refuses, and where ``wy_apply="auto"`` takes it.
 
 On CPU the kernel runs under the Mosaic GPU interpreter (where this JAX has one), which checks
 its data flow but models neither layouts nor swizzling nor the transposed operand of QK's

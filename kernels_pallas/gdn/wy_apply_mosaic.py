@@ -14,7 +14,9 @@ Without a GPU the kernel runs under the Mosaic GPU interpreter (``interpret=True
 ``InterpretGPUParams``), which models neither layouts nor swizzling nor a transposed wgmma
 operand: there the tiles are unswizzled, vectors are plain loads and QK is a ``dot_general``,
 so it checks the kernel's data flow (slots, barriers, copies, the scaling), not those three.
-The compiled form is checked by lowering it for CUDA (``tests/test_gdn_mosaic.py``).
+The compiled form is checked on a GPU and, without one, by lowering it for CUDA
+(``tests/test_gdn_mosaic.py``). ``GDNSettings(wy_apply="auto")`` takes this kernel on a Hopper
+GPU for the shapes it takes (``hopper``, ``takes``).
 Requires chunks of 64 (one wgmma M tile), K and V multiples of 64 and 16-bit inputs.
 """
 from __future__ import annotations
