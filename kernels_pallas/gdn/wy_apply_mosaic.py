@@ -110,7 +110,7 @@ def _chunk(q_s, k_s, v_s, x_s, b_s, g_s, xk_s, xb_s, *, q_scale, interp):
         s = lax.dot_general(q_s[...], k_s[...], (((1,), (1,)), ((), ())),
                             preferred_element_type=f32)
     else:
-        s = _product(q_s, plgpu.transpose_ref(k_s, (1, 0)), (C, C))
+        s = _product(q_s, k_s.transpose((1, 0)), (C, C))
     causal = _iota((C, C), 0, interp) >= _iota((C, C), 1, interp)
     diff = lax.broadcast_in_dim(g_i, (C, C), [0]) - G_j
     return w, u, s * jnp.exp(jnp.where(causal, diff, -1e30)) * q_scale
