@@ -23,9 +23,9 @@ Only the state's own recurrence is sequential; the kernels carry no more than it
              QK_n v_n in parallel over chunks (one matmul a chunk in the walk instead of three).
   backward   ``scan_backward``: dS walking down (with the delta rule also dv_n, which dS
              needs; without it, k and qk None, dS alone); then, with the delta rule,
-             ``state_grads``, parallel over chunks: dq, dk, dw, dQK, dG through the state
-             from S_n, dS_{n+1}, v_n, dv_n (without it: ``decay_attention/pallas.py``'s
-             chunk-parallel kernels, which also take the path through QK).
+             ``state_grads``, parallel over chunks: dq, dk, dw, dG through the state from
+             S_n, dS_{n+1}, v_n, dv_n and through the scores QK (without the delta rule:
+             ``decay_attention/pallas.py``'s chunk-parallel kernels).
 Splitting the walks as fla's chunk kernels do shortens the sequential chain, whose latency
 times the number of chunks is the scans' time when (batch, head, value block) programs are
 few (long sequences, small batches).
