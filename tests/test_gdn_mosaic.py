@@ -163,7 +163,7 @@ def test_auto_takes_the_mosaic_apply_only_where_it_runs_compiled(monkeypatch, ho
     monkeypatch.setattr(wy_apply_mosaic, "hopper", lambda: hopper)
     settings = GDNSettings(platform=platform, interpret=interpret)
     assert settings.wy_apply == "auto"
-    assert pallas.wy_apply(settings, K, 64, dtype, dtype, dtype) == want
+    assert pallas.wy_apply(settings, K, 64, dtype) == want
     for fixed in ("triton", "mosaic"):
         assert pallas.wy_apply(settings.replace(wy_apply=fixed), K, 64, dtype) == fixed
 

@@ -95,14 +95,14 @@ def _op(cfg, scale):
     return op
 
 
-def wy_apply(settings: GDNSettings, K, V, *dtypes) -> str:
+def wy_apply(settings: GDNSettings, K, V, dtype) -> str:
     """``settings.wy_apply``, "auto" resolved: the Mosaic GPU kernel where it runs compiled (a
     Hopper GPU in this process, shapes it takes), the Triton one elsewhere; logged once."""
     if settings.wy_apply != "auto":
         return settings.wy_apply
     mosaic = (settings.target() == "gpu" and settings.interpret is False
               and wy_apply_mosaic.hopper()
-              and wy_apply_mosaic.takes(K, V, settings.chunk_size, jnp.result_type(*dtypes)))
+              and wy_apply_mosaic.takes(K, V, settings.chunk_size, dtype))
     return dispatch.record(settings, "mosaic" if mosaic else "triton",
                            op="gated_delta_rule.wy_apply")
 
@@ -114,16 +114,17 @@ def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = settings.chunk_size
+    cd = jnp.result_type(q.dtype, k.dtype, v.dtype)
     cfg = kernel_config(settings, B, H, K, V, num_warps=settings.num_warps,
                         num_stages=settings.num_stages, chunk_warps=settings.chunk_warps,
                         inverse_warps=settings.inverse_warps, fp32_dots=settings.fp32_dots,
                         recompute=settings.recompute,
-                        wy_apply=wy_apply(settings, K, V, q.dtype, k.dtype, v.dtype))
+                        wy_apply=wy_apply(settings, K, V, cd))
     if cfg.wy_apply == "mosaic":
         if cfg.layout != "triton":
             raise ValueError("gated_delta_rule(wy_apply='mosaic') is a GPU kernel: no TPU "
                              "layout; use wy_apply='triton' with pltpu.InterpretParams")
-        wy_apply_mosaic.check_shapes(K, V, C, jnp.result_type(q.dtype, k.dtype, v.dtype))
+        wy_apply_mosaic.check_shapes(K, V, C, cd)
     scale = K ** -0.5 if scale is None else float(scale)
     pad = (-T) % C
     S0 = (jnp.zeros((B, H, K, V), f32) if initial_state is None

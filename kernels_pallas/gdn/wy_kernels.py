@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels_pallas.gdn.wy_apply_mosaic import wy_apply_mosaic
-from kernels_pallas.linear_scan.chunk_math import colsum
+from kernels_pallas.linear_scan.chunk_math import colsum, times
 from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, column, dot, dot_nt, f32,
                                                ref_all)
 _NEG = -1e30
@@ -64,11 +64,6 @@ def _decay(Gi, Gj, mask, shape=None, scale=1.0):
         c = jax.lax.broadcasted_iota(jnp.int32, diff.shape, 1)
         diff = jnp.where(r > c if mask == "strict" else r >= c, diff, _NEG)
     return jnp.exp(diff) if scale == 1.0 else scale * jnp.exp(diff)
-
-
-def _times(x, d):
-    """x * d, or x where there is no factor (d None)."""
-    return x if d is None else x * d
 
 
 def _invert_diag_block(A):
@@ -95,7 +90,7 @@ def _inverse_kernel(k_ref, b_ref, g_ref, x_ref, *, sub):
     for i in range(m):
         Gi, bi, ki = g(rs[i]), b_ref[rs[i], :].astype(f32), k_ref[rs[i], :]
         for j in range(i + 1):
-            A[i, j] = _times(bi * dot_nt(ki, k_ref[rs[j], :]),
+            A[i, j] = times(bi * dot_nt(ki, k_ref[rs[j], :]),
                              _decay(Gi, g(rs[j]), "strict" if i == j else None, (sub, sub)))
     X = {(i, i): _invert_diag_block(A[i, i]) for i in range(m)}
     for i in range(1, m):
@@ -142,7 +137,7 @@ def _wy_bwd_kernel(k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dk_in_ref,
     decay = g_ref is not None
     G, beta = ref_all(g_ref), b_ref[...].astype(f32)
     eG = jnp.exp(G) if decay else None
-    bk = _times(beta, eG)                                     # kb = bk k
+    bk = times(beta, eG)                                      # kb = bk k
     dX = jnp.zeros((C, C), f32)                               # dw kb^T + du vb^T
     for c in col_blocks(K, blk):
         dX += dot_nt(dw_ref[:, c], (bk * k_ref[:, c].astype(f32)).astype(cd))
@@ -168,7 +163,7 @@ def _wy_bwd_kernel(k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dk_in_ref,
         kf = k.astype(f32)
         dkb = dot(Xc, dw, trans_a=True)
         dk_ref[:, c] = (dk_in_ref[:, c] + bk * dkb + dot(Es, k)).astype(dk_ref.dtype)
-        db += jnp.sum(dkb * _times(kf, eG), axis=1, keepdims=True)
+        db += jnp.sum(dkb * times(kf, eG), axis=1, keepdims=True)
         if decay:
             dG += jnp.sum(dkb * bk * kf, axis=1, keepdims=True)
     for c in col_blocks(V, blk):

@@ -23,6 +23,11 @@ def colsum(M):
                    keepdims=True)
 
 
+def times(x, d):
+    """x * d, or x where there is no factor (d None: no decay)."""
+    return x if d is None else x * d
+
+
 def q_decayed(q, G, scale=1.0):
     """qd = q e^G (q's dtype), times ``scale``; G is a [C, 1] column (None: no decay)."""
     if G is None:

@@ -48,7 +48,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels_pallas.linear_scan.chunk_math import chunk_output, k_decayed, last_row, q_decayed
+from kernels_pallas.linear_scan.chunk_math import (chunk_output, k_decayed, last_row, q_decayed,
+                                                   times)
 from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, column, compiler_params,
                                                dot, dot_nt, f32, ref_all, ref_rows, scan_specs,
                                                with_absent)
@@ -210,7 +211,7 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
             hc = h.astype(cd)
             dq += q_decay * dot_nt(do_ref[:, cv], hc)
             dw -= dot_nt(dv_ref[:, cv].astype(cd), hc)
-            dk += _times(dot_nt(v_ref[:, cv].astype(cd), dh.astype(cd)), k_decay)
+            dk += times(dot_nt(v_ref[:, cv].astype(cd), dh.astype(cd)), k_decay)
             if decay:
                 hdh += jnp.sum(jnp.sum(h.astype(f32) * dh.astype(f32), axis=1, keepdims=True),
                                axis=0, keepdims=True)
@@ -223,11 +224,6 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
     if decay:
         d_last = jnp.sum(from_k, axis=0, keepdims=True) - f_qk + jnp.exp(g_last) * hdh
         dg_ref[...] = from_q - from_k + jnp.where(last, d_last, 0.0)
-
-
-def _times(x, d):
-    """x * d, or x where there is no factor (d None)."""
-    return x if d is None else x * d
 
 
 # ---------------------------------------------------------------- launchers
