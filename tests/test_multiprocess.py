@@ -31,18 +31,7 @@ def corpus(tmp_path_factory):
 
 def _launcher(module, args, cache, processes: int) -> list[str]:
     """``python -m launch.<module> ARGS`` as ``processes`` processes of one job; their outputs."""
-    cmd = [sys.executable, "-m", f"launch.{module}", *args]
-    if processes == 1:
-        procs = [subprocess.Popen(cmd, cwd=ROOT, env=_env(cache), stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)]
-    else:
-        port = _free_port()
-        procs = [subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=_env(cache, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
-                     JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(i)))
-            for i in range(processes)]
-    return _wait(procs)
+    return _wait(_spawn([sys.executable, "-m", f"launch.{module}", *args], cache, processes))
 
 
 def _args(corpus, workdir, **train):
@@ -72,30 +61,47 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(corpus, workdir, cache, processes: int, **train):
-    """``processes`` processes of one job, one CPU device each (one process: that many)."""
-    if processes == 1:
-        env = _env(cache, XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {XLA_TEST_FLAGS}")
-        return [subprocess.Popen(_args(corpus, workdir, **train), cwd=ROOT, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+def _spawn(cmd, cache, processes: int, devices: int = 1) -> list[subprocess.Popen]:
+    """``cmd`` as ``processes`` processes of one job with ``devices`` CPU devices each (one
+    process: a job of its own)."""
+    env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {XLA_TEST_FLAGS}"}
     port = _free_port()
     return [subprocess.Popen(
-        _args(corpus, workdir, **train), cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-        env=_env(cache, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
-                 JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(i)))
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=_env(cache, **env) if processes == 1 else
+        _env(cache, **env, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+             JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(i)))
         for i in range(processes)]
+
+
+def _start(corpus, workdir, cache, processes: int, devices: int = 1, **train):
+    """Training as ``processes`` processes of ``devices`` CPU devices each."""
+    return _spawn(_args(corpus, workdir, **train), cache, processes, devices)
 
 
 def _wait(procs, timeout=600):
     outs = [p.communicate(timeout=timeout)[0] for p in procs]
-    for i, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{out[-3000:]}"
+    if any(p.returncode for p in procs):
+        # every process's status, and each failed one's first error lines (the cause: a process
+        # that the others' coordination service reports dead is not always the first listed)
+        raise AssertionError("\n".join(
+            f"process {i} exited {p.returncode}" + ("" if p.returncode == 0 else
+                                                     ":\n" + _errors(out))
+            for i, (p, out) in enumerate(zip(procs, outs))))
     return outs
 
 
-def _run(corpus, workdir, cache, processes, **train):
-    return _wait(_start(corpus, workdir, cache, processes, **train))
+def _errors(out: str, lines: int = 12) -> str:
+    """``lines`` lines of ``out`` from its first error (an absl E/F line, a traceback) on, and
+    its last ``lines``; native stack frames left out."""
+    rows = [r for r in out.splitlines() if not r.lstrip().startswith("@ ")]
+    first = next((i for i, r in enumerate(rows)
+                  if r.startswith(("E0", "E1", "F0", "F1", "Traceback", "Fatal"))), len(rows))
+    return "\n".join("  " + r for r in rows[first:first + lines] + ["..."] + rows[-lines:])
+
+
+def _run(corpus, workdir, cache, processes, devices=1, **train):
+    return _wait(_start(corpus, workdir, cache, processes, devices, **train))
 
 
 def _losses(workdir) -> dict[int, float]:
@@ -117,27 +123,29 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def four(corpus, cache, tmp_path_factory):
-    """Six steps by 4 processes of one job (the reference run; its checkpoint at step 6)."""
+    """Six steps on 4 devices: 2 processes of one job with 2 devices each (the reference run;
+    its checkpoint at step 6)."""
     four = tmp_path_factory.mktemp("four")
-    _run(corpus, four, cache, 4, steps=6)
+    _run(corpus, four, cache, 2, devices=2, steps=6)
     return four
 
 
 def test_process_counts_train_the_same_losses_and_trade_checkpoints(corpus, cache, four,
                                                                    tmp_path):
-    """Six steps two ways: 4 processes straight; and 1 process (2 devices) for steps 1-2, 2
-    processes from its checkpoint for 3-4, 1 process from theirs for 5-6. Every step's loss
-    agrees (steps 1-2: one process against four; 3-4 and 5-6: after a checkpoint written by
-    another number of processes). The first process alone logs and writes metrics."""
+    """Six steps two ways: 2 processes of 2 devices straight; and 1 process (2 devices) for
+    steps 1-2, 2 processes of 1 device from its checkpoint for 3-4, 1 process from theirs for
+    5-6. Every step's loss agrees (steps 1-2: one process against two; 3-4 and 5-6: after a
+    checkpoint written by another number of processes and devices). The first process alone
+    logs and writes metrics."""
     chain = tmp_path / "chain"
-    _run(corpus, chain, cache, 1, steps=6, stop_at_step=2)
+    _run(corpus, chain, cache, 1, devices=2, steps=6, stop_at_step=2)
     outs = _run(corpus, chain, cache, 2, steps=6, stop_at_step=4)
     assert "step      4/6" in outs[0] and "step      4/6" not in outs[1]
     assert (chain / "train.1.log").exists()
-    _run(corpus, chain, cache, 1, steps=6)
+    _run(corpus, chain, cache, 1, devices=2, steps=6)
     log = (chain / "train.log").read_text()
     assert "resumed from step 2" in log and "resumed from step 4" in log
-    assert "process 0 of 4: 1 local of 4 devices" in (four / "train.log").read_text()
+    assert "process 0 of 2: 2 local of 4 devices" in (four / "train.log").read_text()
     assert sorted(int(p.name) for p in (four / "checkpoints").iterdir() if p.name.isdigit()) \
         == [6]
     want = _losses(four)
@@ -164,8 +172,8 @@ def test_sigterm_to_one_process_stops_every_process_with_a_checkpoint(corpus, ca
 
 def test_the_evaluation_launchers_run_under_several_processes(four, cache, tmp_path):
     """launch.eval, launch.generate and launch.analyze as 2 processes of one job (the
-    checkpoint written by 4): every process exits 0, the first alone prints and writes, and the
-    results equal one process's."""
+    checkpoint written on 4 devices): every process exits 0, the first alone prints and writes,
+    and the results equal one process's."""
     ckpt = f"--checkpoint={four}"
     ppl = {}
     for n in (1, 2):
