@@ -91,7 +91,7 @@ def _inverse_kernel(k_ref, b_ref, g_ref, x_ref, *, sub):
         Gi, bi, ki = g(rs[i]), b_ref[rs[i], :].astype(f32), k_ref[rs[i], :]
         for j in range(i + 1):
             A[i, j] = times(bi * dot_nt(ki, k_ref[rs[j], :]),
-                             _decay(Gi, g(rs[j]), "strict" if i == j else None, (sub, sub)))
+                            _decay(Gi, g(rs[j]), "strict" if i == j else None, (sub, sub)))
     X = {(i, i): _invert_diag_block(A[i, i]) for i in range(m)}
     for i in range(1, m):
         for j in range(i):
