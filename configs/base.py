@@ -115,7 +115,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     t.eval_batches = 20                    # held-out batches per evaluation (0 = all)
     t.final_eval = True                    # held-out evaluation after the last step
     t.checkpoint_every = 100 if size == "tiny" else 1000
+    t.checkpoint_minutes = 0.0             # also save when this much wall time passed since
+    #                                        the last save (0 = by steps only)
     t.keep_checkpoints = 3
+    t.async_checkpoints = True             # write checkpoints while training goes on
+    t.stop_exit_status = 0                 # exit status after a SIGTERM/SIGINT stop with its
+    #                                        checkpoint saved; 75 lets a supervisor relaunch
+    t.loggers = "tensorboard"              # besides metrics.jsonl: "", "tensorboard", "wandb",
+    #                                        or both comma-separated (wandb: the [wandb] extra)
+    t.wandb_project = "hwh-jax"            # W&B project; the run id is kept in the workdir
     t.peak_flops = 0.0                     # per-device peak for MFU; 0 = from the device kind
     t.profile_at = 0                       # trace the steps after this one (0 = never) into
     t.profile_steps = 5                    # <workdir>/profile; hwh_jax.profiling.profile sums it

@@ -5,8 +5,8 @@ import json
 import logging
 import math
 import time
-from pathlib import Path
 
+from hwh_jax import storage
 from hwh_jax.plotting import finish_line_chart, pyplot
 
 log = logging.getLogger(__name__)
@@ -20,46 +20,70 @@ def format_duration(seconds: float) -> str:
 
 
 class MetricsWriter:
-    """Appends JSON lines to ``metrics.jsonl`` and scalars to TensorBoard (tensorboardX)."""
+    """Appends JSON lines to ``<workdir>/metrics.jsonl`` and scalars to the run's loggers
+    (``hwh_jax.loggers``: TensorBoard, W&B). On a local disk each row is appended at once; in a
+    bucket (no appending there) the rows are kept and the whole object rewritten by ``flush``
+    (at log points, checkpoints and close) and at most every ``FLUSH_S`` seconds."""
 
-    def __init__(self, workdir: Path, *, enabled: bool = True):
+    FLUSH_S = 30.0
+
+    def __init__(self, workdir, *, enabled: bool = True, loggers=()):
         self.enabled = enabled
-        self.path = Path(workdir) / "metrics.jsonl"
-        self.tb = None
-        if enabled:
-            try:
-                from tensorboardX import SummaryWriter
-                self.tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
-            except ImportError:
-                log.warning("tensorboardX is not installed: no TensorBoard events")
+        self.path = storage.path(workdir) / "metrics.jsonl"
+        self.remote = storage.is_remote(self.path)
+        self.loggers = list(loggers) if enabled else []
+        self._rows: list[str] | None = None      # a bucket's rows, read on first use
+        self._dirty, self._flushed = False, time.time()
+
+    def _remote_rows(self) -> list[str]:
+        if self._rows is None:
+            self._rows = (self.path.read_text().splitlines() if self.path.exists() else [])
+        return self._rows
 
     def write(self, step: int, split: str, values: dict) -> None:
         if not self.enabled:
             return
         row = {"step": int(step), "split": split, "time": time.time(),
                **{k: float(v) for k, v in values.items()}}
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        if self.tb is not None:
-            for k, v in values.items():
-                self.tb.add_scalar(f"{split}/{k}", float(v), int(step))
-            self.tb.flush()
+        line = json.dumps(row)
+        if self.remote:
+            self._remote_rows().append(line)
+            self._dirty = True
+            if time.time() - self._flushed > self.FLUSH_S:
+                self.flush()
+        else:
+            with self.path.open("a") as f:
+                f.write(line + "\n")
+        for logger in self.loggers:
+            logger.scalars(int(step), {f"{split}/{k}": float(v) for k, v in values.items()})
+
+    def flush(self) -> None:
+        """Bring the bucket's metrics.jsonl and the loggers up to date."""
+        if self.remote and self._dirty:
+            storage.write_text(self.path, "".join(r + "\n" for r in self._remote_rows()))
+            self._dirty = False
+        self._flushed = time.time()
+        for logger in self.loggers:
+            logger.flush()
 
     def truncate(self, step: int) -> int:
         """Drop the rows after ``step`` (a run resuming there repeats them); returns how many."""
         if not self.enabled or not self.path.exists():
             return 0
-        rows = self.path.read_text().splitlines()
+        rows = self._remote_rows() if self.remote else self.path.read_text().splitlines()
         keep = [r for r in rows if r.strip() and json.loads(r)["step"] <= step]
         if len(keep) != len(rows):
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(r + "\n" for r in keep))
-            tmp.replace(self.path)
+            storage.write_text(self.path, "".join(r + "\n" for r in keep))
+            if self.remote:
+                self._rows = keep
         return len(rows) - len(keep)
 
     def close(self):
-        if self.tb is not None:
-            self.tb.close()
+        if not self.enabled:
+            return
+        self.flush()
+        for logger in self.loggers:
+            logger.close()
 
 
 def progress_line(step: int, total: int, m: dict, tokens_per_s: float, mfu: float | None,
@@ -76,14 +100,15 @@ def progress_line(step: int, total: int, m: dict, tokens_per_s: float, mfu: floa
             f"ETA {format_duration(eta_s)}")
 
 
-def read_metrics(path: Path) -> list[dict]:
-    if not Path(path).exists():
+def read_metrics(path) -> list[dict]:
+    path = storage.path(path)
+    if not path.exists():
         return []
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_loss(metrics_path: Path, out_png: Path, *, title: str = "",
-              reference: dict[str, float] | None = None) -> Path:
+def plot_loss(metrics_path, out_png, *, title: str = "",
+              reference: dict[str, float] | None = None):
     """Train and held-out loss against step; horizontal lines for reference levels."""
     plt = pyplot()
     rows = read_metrics(metrics_path)

@@ -1,7 +1,8 @@
 """Thin absl entry points; the logic lives in hwh_jax and is tested there.
 
 Exit statuses of every launcher (docs/training.md, "Faults"): 0 done, or stopped by SIGTERM /
-SIGINT with a complete checkpoint; 1 the run failed and says what is kept (a non-finite loss,
+SIGINT with a complete checkpoint (``train.stop_exit_status`` sets another status for that
+stop, e.g. 75 for a supervisor that relaunches); 1 the run failed and says what is kept (a non-finite loss,
 a checkpoint that could not be written); 2 the run was refused before it started (a bad config
 value, data that cannot be read, a workdir made by another config). A failure prints one line;
 the traceback goes to the log file (a launcher's workdir's ``<name>.log``) and, with
@@ -13,7 +14,8 @@ import os
 import shutil
 import sys
 import tempfile
-from pathlib import Path
+
+from hwh_jax import storage
 
 EXIT_FAILED, EXIT_REFUSED = 1, 2
 _log = logging.getLogger("launch")
@@ -22,9 +24,10 @@ _log = logging.getLogger("launch")
 NOISY = ("asyncio", "orbax", "etils", "absl")   # library detail: the log file, not the console
 
 
-def setup_logging(log_file: str | Path | None = None) -> None:
+def setup_logging(log_file: storage.PathLike | None = None) -> None:
     """INFO from the project's loggers on the console (libraries' records only with
-    ``--verbosity=1``); with ``log_file``, every record from DEBUG on into that file."""
+    ``--verbosity=1``); with ``log_file``, every record from DEBUG on into that file (a bucket
+    URL: written locally and copied up at checkpoints and at exit, ``storage.Staged``)."""
     from absl import flags
     from absl import logging as absl_logging
     verbose = flags.FLAGS.is_parsed() and flags.FLAGS.verbosity >= 1
@@ -35,7 +38,8 @@ def setup_logging(log_file: str | Path | None = None) -> None:
     if not verbose:
         console.addFilter(_Quiet())
     if log_file:
-        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        target = storage.path(log_file)
+        log_file = storage.Staged(target.parent).local / target.name
         handler = logging.FileHandler(log_file)
         handler.setLevel(logging.DEBUG)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -57,19 +61,19 @@ def begin(log_file=None) -> None:
 
 
 @contextlib.contextmanager
-def first_process_writes(out: str | Path | None = None):
+def first_process_writes(out: storage.PathLike | None = None):
     """For the evaluation launchers in a job of several processes, where every process computes
     the same thing on its own devices: yields the folder to write to, ``out`` on the first
     process and a scratch folder (removed after) on the others, whose console output is also
     dropped, so plots, JSON and printed results come once. A single process: ``out`` itself."""
     import jax
     if jax.process_index() == 0:
-        yield None if out is None else Path(out)
+        yield None if out is None else storage.path(out)
         return
     scratch = tempfile.mkdtemp(prefix=f"hwh_jax_process{jax.process_index()}_")
     stdout, sys.stdout = sys.stdout, open(os.devnull, "w")
     try:
-        yield Path(scratch)
+        yield storage.path(scratch)
     finally:
         sys.stdout.close()
         sys.stdout = stdout

@@ -9,11 +9,11 @@ usable as ``--config.model.counts=<path>`` of an ``hwh`` config), RFIS/RPD heatm
 ``retrieval_by_depth.png``; and for all models together ``gpband.png``.
 """
 import json
-from pathlib import Path
 
 from absl import app, flags
 
 from launch import begin, first_process_writes, one_line_errors
+from hwh_jax import storage
 
 flags.DEFINE_list("checkpoint", [], "launch.train workdir(s)")
 flags.DEFINE_list("hf_checkpoint", [], "Hugging Face folder(s) (config.json + safetensors)")
@@ -38,15 +38,15 @@ def _load(kind, path):
         from hwh_jax.analysis.hf_import import load_hf_checkpoint
         model, cfg, hf = load_hf_checkpoint(path)
         tok = None
-        if (Path(path) / "tokenizer.json").exists():
+        if (storage.path(path) / "tokenizer.json").exists():
             from tokenizers import Tokenizer
-            t = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+            t = Tokenizer.from_file(str(storage.path(path) / "tokenizer.json"))
             tok = type("HFTok", (), {"encode": lambda self, s: t.encode(s).ids,
                                      "vocab_size": t.get_vocab_size()})()
         scaling = dict(cfg.rope_scaling)
         train_len = int(scaling.get("original_max_position_embeddings")
                         or hf.get("max_position_embeddings") or 0)
-        return model, cfg, tok, train_len, None, Path(path).name
+        return model, cfg, tok, train_len, None, storage.path(path).name
     from hwh_jax.training.restore import load_run
     run = load_run(path)
     return run.model, run.model_cfg, run.tokenizer, int(run.config.seq_len), run, run.name
@@ -86,11 +86,11 @@ def analyze():
     if not models:
         raise app.UsageError("give --checkpoint and/or --hf_checkpoint")
     # several processes: each computes everything on its own devices, the first writes
-    with first_process_writes(FLAGS.out or Path(models[0][1]) / "analysis") as out:
+    with first_process_writes(FLAGS.out or storage.path(models[0][1]) / "analysis") as out:
         _analyze(models, out)
 
 
-def _analyze(models, out: Path):
+def _analyze(models, out: storage.PathLike):
     import numpy as np
     from hwh_jax.analysis import plots
     from hwh_jax.analysis.run import analyze_model, qr_scores

@@ -6,11 +6,11 @@ first writes it. Writes, under ``--out`` (default ``<first checkpoint>/eval``): 
 cross-model extrapolation chart and perplexity chart. The logic is ``hwh_jax.eval.suite``.
 """
 import json
-from pathlib import Path
 
 from absl import app, flags
 
 from launch import begin, first_process_writes, one_line_errors
+from hwh_jax import storage
 
 flags.DEFINE_list("checkpoint", None, "launch.train workdir(s), comma-separated")
 flags.DEFINE_string("out", "", "output folder (default <first checkpoint>/eval)")
@@ -57,11 +57,11 @@ def evaluate():
              if FLAGS[name].value is not None}
     spec = suite.EvalSpec(**given)
     spec.validate()  # before loading anything
-    with first_process_writes(FLAGS.out or Path(FLAGS.checkpoint[0]) / "eval") as out:
+    with first_process_writes(FLAGS.out or storage.path(FLAGS.checkpoint[0]) / "eval") as out:
         _evaluate(spec, out)
 
 
-def _evaluate(spec, out: Path):
+def _evaluate(spec, out: storage.PathLike):
     from hwh_jax.eval import suite
     from hwh_jax.training.restore import load_run
     results = []

@@ -19,13 +19,13 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 
 from absl import app, flags
 from ml_collections import config_flags
 
 from launch import EXIT_FAILED, devices, one_line_errors, setup_logging
 from launch.processes import argv_without, run_side_by_side
+from hwh_jax import storage
 
 config_flags.DEFINE_config_file("config", None, "run config file (e.g. configs/experiment.py:hwh)")
 flags.DEFINE_string("out", None, "the run's workdir (--config) or the report's folder (--report)")
@@ -85,7 +85,7 @@ def several_seeds():
         raise ValueError(f"--side_by_side must be >= 1, got {FLAGS.side_by_side}")
     if not FLAGS.config.eval.at_end:
         raise app.UsageError("an experiment needs its closing evaluation: config.eval.at_end")
-    out = Path(FLAGS.out)
+    out = storage.path(FLAGS.out)
     out.mkdir(parents=True, exist_ok=True)
     child = argv_without(sys.argv[1:], ("seeds", "side_by_side", "out"))
     env = dict(os.environ)

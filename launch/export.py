@@ -13,12 +13,12 @@ kind of device). The logic is ``hwh_jax.training.export``; docs/tpu.md shows its
 """
 import json
 import os
-from pathlib import Path
 
 from absl import app, flags
 from ml_collections import config_flags
 
 from launch import one_line_errors, setup_logging
+from hwh_jax import storage
 
 config_flags.DEFINE_config_file("config", None, "run config file", lock_config=True)
 flags.DEFINE_enum("platform", "tpu", ["tpu", "gpu", "cpu"], "platform to lower for")
@@ -52,7 +52,7 @@ def export():
                                      mesh=tuple(config.train.mesh), devices=devices)
     summary = {"config": FLAGS["config"].config_filename, "platform": FLAGS.platform,
                "mesh": list(config.train.mesh), "train_step": lib.summarize(exported)}
-    out = Path(FLAGS.out) if FLAGS.out else None
+    out = storage.path(FLAGS.out) if FLAGS.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
         (out / "train_step.mlir").write_text(exported.mlir_module())

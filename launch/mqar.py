@@ -20,12 +20,12 @@ is ``hwh_jax.training.mqar_sweep``.
 import dataclasses
 import os
 import sys
-from pathlib import Path
 
 from absl import app, flags
 
 from launch import EXIT_FAILED, begin, one_line_errors
 from launch.processes import argv_without, run_side_by_side
+from hwh_jax import storage
 
 flags.DEFINE_string("out", None, "output folder")
 flags.DEFINE_list("report", None, "sweep folders (each a --out of its own) to tabulate and plot "
@@ -95,7 +95,7 @@ def cells_side_by_side(spec):
     time, then the finished cells merged into --out (module docstring)."""
     from hwh_jax.training.mqar_sweep import merge, table
     spec.validate()
-    out = Path(FLAGS.out)
+    out = storage.path(FLAGS.out)
     cells = out / "cells"
     child = argv_without(sys.argv[1:], ("archs", "widths", "out", "side_by_side"))
     env = dict(os.environ)

@@ -11,11 +11,11 @@ and the first step at which it reaches ``--threshold``. Keep enough checkpoints 
 and first step) and ``trace.png``. The logic is ``hwh_jax.analysis.trace``.
 """
 import json
-from pathlib import Path
 
 from absl import app, flags
 
 from launch import begin, first_process_writes, one_line_errors
+from hwh_jax import storage
 
 flags.DEFINE_string("checkpoint", None, "a launch.train workdir")
 flags.DEFINE_list("steps", None, "checkpoint steps (default: every one kept)")
@@ -31,11 +31,11 @@ def main(argv):
     del argv
     begin()
     with one_line_errors():
-        with first_process_writes(FLAGS.out or Path(FLAGS.checkpoint) / "retrieval_trace") as out:
+        with first_process_writes(FLAGS.out or storage.path(FLAGS.checkpoint) / "retrieval_trace") as out:
             trace(out)
 
 
-def trace(out: Path):
+def trace(out: storage.PathLike):
     from hwh_jax.analysis import plots
     from hwh_jax.analysis.run import qr_scores
     from hwh_jax.analysis.trace import trace_table

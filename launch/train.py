@@ -7,9 +7,11 @@ the device defaults set and how several processes find each other). Exit statuse
 log file (``<workdir>/train.log``): ``launch/__init__.py``.
 """
 import os
+import sys
 
 from absl import app, flags
 
+from hwh_jax import storage
 from launch import begin, one_line_errors
 from ml_collections import config_flags
 
@@ -21,11 +23,15 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
+    with one_line_errors():          # a bucket URL without its package: one line, nothing written
+        storage.check_backend(FLAGS.workdir)
     # the first process logs to train.log, process i to train.i.log
     begin(lambda i: os.path.join(FLAGS.workdir, f"train.{i}.log" if i else "train.log"))
     with one_line_errors():
         from hwh_jax.training.trainer import train_and_evaluate
-        train_and_evaluate(FLAGS.config, FLAGS.workdir)
+        result = train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    if result.signalled and FLAGS.config.train.stop_exit_status:
+        sys.exit(FLAGS.config.train.stop_exit_status)
 
 
 if __name__ == "__main__":

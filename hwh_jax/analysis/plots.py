@@ -2,11 +2,11 @@
 retrieval heads over depth."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 
-from hwh_jax.plotting import finish_line_chart, pyplot
+from hwh_jax.plotting import finish_line_chart, pyplot, save_figure
+from hwh_jax import storage
 
 
 def _period_ticks(ax, periods, train_len):
@@ -19,7 +19,7 @@ def _period_ticks(ax, periods, train_len):
         ax.axvline(r, color="white", ls="--", lw=1)
 
 
-def layer_heatmaps(result: dict, path_prefix: Path, title: str):
+def layer_heatmaps(result: dict, path_prefix: storage.PathLike, title: str):
     """One PNG per analysed layer: RFIS and RPD, heads x frequency, band and training length."""
     plt = pyplot()
     periods = np.asarray(result["periods"])
@@ -38,11 +38,10 @@ def layer_heatmaps(result: dict, path_prefix: Path, title: str):
             fig.colorbar(im, ax=ax)
         fig.suptitle(title + "  (dashed: training length; cyan: GPBand)", fontsize=8)
         fig.tight_layout()
-        fig.savefig(f"{path_prefix}_layer{layer['layer']:02d}.png", dpi=110)
-        plt.close(fig)
+        save_figure(fig, f"{path_prefix}_layer{layer['layer']:02d}.png", dpi=110)
 
 
-def band_profile(results: dict, path: Path):
+def band_profile(results: dict, path: storage.PathLike):
     """Mean RPD per frequency against rotation period, one line per model, bands shaded,
     training lengths dashed: does the band move with the training length?"""
     plt = pyplot()
@@ -60,7 +59,7 @@ def band_profile(results: dict, path: Path):
                       ylabel="mean RPD over heads (bits)")
 
 
-def retrieval_by_depth(result: dict, path: Path, title: str):
+def retrieval_by_depth(result: dict, path: storage.PathLike, title: str):
     plt = pyplot()
     counts = result["counts"]
     heads = [l["heads"] for l in result["layers"]]
@@ -72,11 +71,10 @@ def retrieval_by_depth(result: dict, path: Path, title: str):
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
-def retrieval_trace(steps, rows, threshold: float, path: Path, title: str):
+def retrieval_trace(steps, rows, threshold: float, path: storage.PathLike, title: str):
     """QRscore of every FA head against the training step, the threshold dashed, a dot where
     each head first reaches it."""
     plt = pyplot()

@@ -2,26 +2,30 @@
 
 A relative data path names a file or folder of the shipped data (``hwh_jax/assets``, see its
 README) or, failing that, of the user's data folder (``data.data_dir`` or ``$HWH_DATA_DIR``).
-An absolute path, or one that exists from the working directory, is taken as given.
+An absolute path, a bucket URL (``gs://``, ``s3://``; ``hwh_jax.storage``), or a path that
+exists from the working directory, is taken as given. Caches are always on the local disk.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+from hwh_jax import storage
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"   # local path: shipped files
 
 
-def user_data_dir(override: str | None = None) -> Path | None:
-    """The user's own data folder: ``override`` (``data.data_dir``), else $HWH_DATA_DIR."""
+def user_data_dir(override: str | None = None):
+    """The user's own data folder (a local folder or a bucket URL): ``override``
+    (``data.data_dir``), else $HWH_DATA_DIR."""
     folder = override or os.environ.get("HWH_DATA_DIR")
-    return Path(folder) if folder else None
+    return storage.path(folder) if folder else None
 
 
-def resolve(path: str | Path, data_dir: str | None = None) -> Path:
+def resolve(path: storage.PathLike, data_dir: str | None = None):
     """The file or folder a data path names; FileNotFoundError saying where it looked."""
-    p = Path(path)
-    if p.is_absolute() or p.exists():
+    p = storage.path(path)
+    if storage.is_remote(p) or p.is_absolute() or p.exists():
         if not p.exists():
             raise FileNotFoundError(f"data path {str(path)!r} not found")
         return p
@@ -39,7 +43,6 @@ def resolve(path: str | Path, data_dir: str | None = None) -> Path:
 
 
 def cache_dir() -> Path:
-    """Tokenised corpora and trained tokenizers: $HWH_CACHE_DIR or ~/.cache/hwh_jax."""
-    path = Path(os.environ.get("HWH_CACHE_DIR", Path.home() / ".cache" / "hwh_jax"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """Tokenised corpora and trained tokenizers: $HWH_CACHE_DIR or ~/.cache/hwh_jax (a local
+    disk: each host keeps its own)."""
+    return storage.cache_root()

@@ -16,7 +16,7 @@ from pathlib import Path
 import grain
 import numpy as np
 
-from hwh_jax import checks
+from hwh_jax import checks, storage
 from hwh_jax.data import shards, sources
 from hwh_jax.data.sources import DECODE_ERRORS
 from hwh_jax.data.packing import PackedSequences, concat_documents
@@ -83,7 +83,7 @@ class DataSpec:
                                             f"(docs/training.md, 'Data at scale')") from None
         if self.source == "tfds" and not self.tfds_name:
             raise ValueError("data.source='tfds' needs data.tfds_name")
-        if self.tokenizer == "sentencepiece" and not Path(self.sp_model).exists():
+        if self.tokenizer == "sentencepiece" and not storage.path(self.sp_model).exists():
             raise FileNotFoundError(f"data.sp_model not found: {self.sp_model!r}")
 
 

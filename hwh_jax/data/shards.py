@@ -19,6 +19,13 @@ its last finished shard; processes preparing the same folder at once wait for th
 lock file beside it). ``TokenStream`` reads any token range by the blocks it spans, opening
 the files lazily in each process that reads them (Grain's workers included); its memory does not
 grow with the corpus.
+
+The folder may be a bucket URL (``hwh_jax.storage``). ArrayRecord's reader and writer open
+local files only, so ``prepare`` writes into a local staging folder and uploads the finished
+files (shards first, ``manifest.json`` last, so a reader never sees a manifest without its
+shards), and ``TokenStream`` copies a shard to the local cache the first time it reads from it
+(checked against the size the manifest records). Or mount the bucket (gcsfuse) and give the
+mounted path.
 """
 from __future__ import annotations
 
@@ -26,15 +33,18 @@ import collections
 import datetime
 import fcntl
 import hashlib
+import io
 import json
 import logging
 import multiprocessing
 import os
+import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
+from hwh_jax import storage
 from hwh_jax.data.tokenizers import bpe_file
 
 log = logging.getLogger(__name__)
@@ -52,8 +62,8 @@ class TokenStream:
     ``len()``, ``stream[a:b]`` (an np.ndarray of those tokens, read from their blocks),
     ``view(a, b)`` (a TokenStream of a sub-range) and ``np.asarray(stream)`` (all of it)."""
 
-    def __init__(self, folder: str | Path, start: int = 0, stop: int | None = None):
-        self.folder = Path(folder)
+    def __init__(self, folder: storage.PathLike, start: int = 0, stop: int | None = None):
+        self.folder = storage.path(folder)
         self.manifest = read_manifest(self.folder)
         total = int(self.manifest["tokens"])
         self.start, self.stop = start, total if stop is None else stop
@@ -61,20 +71,26 @@ class TokenStream:
             raise ValueError(f"TokenStream range [{start}, {stop}) outside [0, {total})")
         self.block = int(self.manifest["block"])
         self.dtype = np.dtype(np.uint32)
-        self._source = None
+        self._first_block = np.cumsum([0] + [s["blocks"] for s in self.manifest["shards"]])
+        self._sources = {}
 
     def __getstate__(self):                     # readers are reopened in each process
-        return {k: v for k, v in self.__dict__.items() if k != "_source"}
+        return {k: v for k, v in self.__dict__.items() if k != "_sources"}
 
     def __setstate__(self, state):
-        self.__dict__.update(state, _source=None)
+        self.__dict__.update(state, _sources={})
 
-    def _records(self):
-        if self._source is None:
+    def _record(self, r: int) -> bytes:
+        """Block ``r`` of the stream, from the shard that holds it (opened on first use; a
+        bucket's shard copied to the local cache first)."""
+        i = int(np.searchsorted(self._first_block, r, side="right")) - 1
+        source = self._sources.get(i)
+        if source is None:
             from array_record.python.array_record_data_source import ArrayRecordDataSource
-            files = [str(self.folder / s["file"]) for s in self.manifest["shards"]]
-            self._source = ArrayRecordDataSource(files)
-        return self._source
+            shard = self.manifest["shards"][i]
+            local = storage.local_copy(self.folder / shard["file"], expected_size=shard.get("bytes"))
+            source = self._sources[i] = ArrayRecordDataSource([str(local)])
+        return source[r - int(self._first_block[i])]
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -99,8 +115,7 @@ class TokenStream:
             return np.zeros((0,), np.uint32)
         a, b = a + self.start, b + self.start
         first, last = a // self.block, (b - 1) // self.block
-        source = self._records()
-        blocks = [np.frombuffer(source[r], dtype="<u4") for r in range(first, last + 1)]
+        blocks = [np.frombuffer(self._record(r), dtype="<u4") for r in range(first, last + 1)]
         data = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
         return data[a - first * self.block:b - first * self.block].astype(np.uint32)
 
@@ -116,7 +131,7 @@ class TokenStream:
     def counts(self) -> np.ndarray:
         """Token-id histogram of this range (the whole stream's from counts.npy, less what
         lies outside the range, read from its blocks)."""
-        counts = np.load(self.folder / "counts.npy").astype(np.int64)
+        counts = np.load(io.BytesIO((self.folder / "counts.npy").read_bytes())).astype(np.int64)
         total = int(self.manifest["tokens"])
         for a, b in ((0, self.start), (self.stop, total)):
             for lo in range(a, b, 1 << 24):
@@ -128,8 +143,8 @@ class TokenStream:
         return f"TokenStream({self.folder}, tokens {self.start}..{self.stop})"
 
 
-def read_manifest(folder: str | Path) -> dict:
-    path = Path(folder) / "manifest.json"
+def read_manifest(folder: storage.PathLike) -> dict:
+    path = storage.path(folder) / "manifest.json"
     if not path.exists():
         raise FileNotFoundError(f"{folder}: no manifest.json (not a prepared token folder; "
                                 f"python -m launch.prepare_data makes one)")
@@ -139,8 +154,8 @@ def read_manifest(folder: str | Path) -> dict:
     return manifest
 
 
-def is_prepared(folder: str | Path) -> bool:
-    path = Path(folder) / "manifest.json"
+def is_prepared(folder: storage.PathLike) -> bool:
+    path = storage.path(folder) / "manifest.json"
     return path.exists() and json.loads(path.read_text()).get("complete", False)
 
 
@@ -149,11 +164,26 @@ def tokenizer_fingerprint(tokenizer) -> dict:
     h = hashlib.sha256()
     if hasattr(tokenizer, "folder"):             # the files' contents, shipped gzipped or not
         for name in ("encoder.json", "vocab.bpe"):
-            h.update(bpe_file(Path(tokenizer.folder), name).encode("utf-8"))
+            h.update(bpe_file(storage.path(tokenizer.folder), name).encode("utf-8"))
     elif hasattr(tokenizer, "model_path"):
-        h.update(Path(tokenizer.model_path).read_bytes())
+        h.update(storage.path(tokenizer.model_path).read_bytes())
     return {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size,
             "eos_id": tokenizer.eos_id, "sha256": h.hexdigest()}
+
+
+def _upload(local: Path, remote, echo) -> None:
+    """A locally prepared folder's files to ``remote``: shards (those of the same size already
+    there are kept), the histogram, then the manifest."""
+    manifest = json.loads((local / "manifest.json").read_text())
+    remote.mkdir(parents=True, exist_ok=True)
+    names = [s["file"] for s in manifest["shards"]] + ["counts.npy", "manifest.json"]
+    for i, name in enumerate(names):
+        target, size = remote / name, (local / name).stat().st_size
+        if name != "manifest.json" and target.exists() and storage.size(target) == size:
+            continue
+        with open(local / name, "rb") as a, target.open("wb") as b:
+            shutil.copyfileobj(a, b, 1 << 20)
+        echo(f"uploaded {name} to {remote} ({i + 1}/{len(names)}, {size:,} bytes)")
 
 
 # ---------------------------------------------------------------- preparing
@@ -192,7 +222,7 @@ class _Writer:
     counted and the tokens pending always agree; shards hold ``shard_blocks`` blocks or a chunk
     more."""
 
-    def __init__(self, folder: Path, block: int, shard_blocks: int, state: dict):
+    def __init__(self, folder, block: int, shard_blocks: int, state: dict):
         self.folder, self.block, self.shard_blocks = folder, block, shard_blocks
         self.shards = state.get("shards", [])
         self.pending = np.asarray(state.get("pending", []), np.uint32)
@@ -232,7 +262,8 @@ class _Writer:
         if self.writer is None:
             return
         self.writer.close()
-        self.shards.append({"file": self.current, "blocks": self.blocks_in_shard})
+        self.shards.append({"file": self.current, "blocks": self.blocks_in_shard,
+                            "bytes": (self.folder / self.current).stat().st_size})
         self.writer, self.blocks_in_shard = None, 0
 
     def save_progress(self):
@@ -246,13 +277,23 @@ class _Writer:
         tmp.replace(self.folder / "progress.json")
 
 
-def prepare(documents, tokenizer, out: str | Path, *, source: dict, workers: int = 0,
+def prepare(documents, tokenizer, out: storage.PathLike, *, source: dict, workers: int = 0,
             block: int = BLOCK, shard_blocks: int = SHARD_BLOCKS, chunk_chars: int = CHUNK_CHARS,
-            total_chars: int | None = None, log_every_s: float = 10.0, echo=print) -> Path:
+            total_chars: int | None = None, log_every_s: float = 10.0, echo=print):
     """Tokenise ``documents`` (an iterable of str, in a fixed order) into a prepared folder
-    ``out`` (module docstring) on ``workers`` processes (0: this one); resumes a stopped
-    preparation of the same source and tokenizer. ``total_chars`` (the corpus' size, if known)
-    gives the progress lines an ETA. Returns ``out``."""
+    ``out`` (module docstring; a local path or a bucket URL) on ``workers`` processes (0: this
+    one); resumes a stopped preparation of the same source and tokenizer. ``total_chars`` (the
+    corpus' size, if known) gives the progress lines an ETA. Returns ``out``."""
+    if storage.is_remote(out):
+        remote = storage.path(out)
+        if is_prepared(remote):
+            return remote
+        staging = storage.Staged(remote).local      # prepared here, then uploaded
+        prepare(documents, tokenizer, staging, source=source, workers=workers, block=block,
+                shard_blocks=shard_blocks, chunk_chars=chunk_chars, total_chars=total_chars,
+                log_every_s=log_every_s, echo=echo)
+        _upload(staging, remote, echo)
+        return remote
     out = Path(out)
     if is_prepared(out):
         return out

@@ -17,6 +17,8 @@ import json
 import logging
 import zipfile
 from pathlib import Path
+
+from hwh_jax import storage
 from typing import Iterator
 
 log = logging.getLogger(__name__)
@@ -160,14 +162,23 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
 
 def read_text(path: Path) -> str:
     """The whole text of a ``.txt`` / ``.txt.gz`` file, or of a ``.zip``'s members joined."""
-    return "".join(text_documents(Path(path)))
+    return "".join(text_documents(storage.local_copy(path)))
 
 
-def expand(paths: list[Path]) -> list[Path]:
-    """Folders expand to the supported files inside them, sorted."""
+def expand(paths: list) -> list[Path]:
+    """Folders expand to the supported files inside them, sorted. A bucket's files are copied
+    to the local cache (once) and the copies returned; a bucket folder expands to the files
+    directly inside it."""
     out = []
     for p in paths:
-        if p.is_dir():
+        if storage.is_remote(p):
+            p = storage.path(p)
+            found = sorted(f for f in p.glob("*") if f.name.endswith(TEXT_SUFFIXES)) \
+                if p.is_dir() else [p] if p.exists() else []
+            if not found:
+                raise FileNotFoundError(f"no {TEXT_SUFFIXES} files at {p}")
+            out.extend(storage.local_copy(f) for f in found)
+        elif p.is_dir():
             found = sorted(f for f in p.rglob("*") if f.name.endswith(TEXT_SUFFIXES))
             if not found:
                 raise FileNotFoundError(f"no {TEXT_SUFFIXES} files under {p}")

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import regex
 
+from hwh_jax import storage
 from hwh_jax.data import bpe_pieces
 
 
@@ -200,9 +201,9 @@ class SentencePieceTokenizer:
     (``use_seqio=None``: when available), else the sentencepiece library directly."""
 
     def __init__(self, model_path: str | Path, *, use_seqio: bool | None = None):
-        model_path = Path(model_path)
-        if not model_path.exists():
+        if not storage.path(model_path).exists():
             raise FileNotFoundError(f"SentencePiece model not found: {model_path}")
+        model_path = storage.local_copy(model_path)   # a bucket's model: read from a copy
         if use_seqio is None:
             use_seqio = importlib.util.find_spec("seqio") is not None
         self.backend = "seqio" if use_seqio else "sentencepiece"

@@ -24,17 +24,17 @@ import bz2
 import gzip
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 
 from hwh_jax.data.paths import resolve
+from hwh_jax import storage
 
 TASKS = ("arc_easy", "arc_challenge", "piqa", "openbook_qa", "hellaswag", "winogrande",
          "lambada_openai")
 
 
-def _jsonl(root: Path, task: str):
+def _jsonl(root: storage.PathLike, task: str):
     """Rows of ``<task>.jsonl`` in ``root``, or of ``<task>.jsonl.gz`` (the shipped form)."""
     path = root / f"{task}.jsonl"
     if not path.exists() and path.with_suffix(".jsonl.gz").exists():
@@ -53,9 +53,9 @@ def _hellaswag_preprocess(text: str) -> str:
     return text.replace("  ", " ")
 
 
-def load_task(task: str, folder: str | Path | None = None, limit: int | None = None):
+def load_task(task: str, folder: storage.PathLike | None = None, limit: int | None = None):
     """Examples {context(s), choices, gold} of ``task`` (first ``limit`` of them)."""
-    root = Path(folder) if folder else resolve("evals")
+    root = storage.path(folder) if folder else resolve("evals")
     if task in ("arc_easy", "arc_challenge", "piqa", "openbook_qa"):
         rows = _jsonl(root, task)
         out = []

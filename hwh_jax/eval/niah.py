@@ -39,12 +39,12 @@ import gzip
 import random
 import re
 import uuid
-from pathlib import Path
 
 from hwh_jax.data.paths import resolve
 from hwh_jax.eval.stats import share
 from hwh_jax.data.ruler import (NEEDLE, NOISE, TOKENS_TO_GENERATE, WORDS, prompt_template,
                                 value_type)
+from hwh_jax import storage
 
 TASKS = {  # name -> (haystack, value type)
     "niah_single_1": ("noise", "numbers"),
@@ -67,7 +67,7 @@ class NiahSample:
 
 @functools.lru_cache(maxsize=4)
 def essay_words(folder: str | None = None) -> tuple[str, ...]:
-    root = Path(folder) if folder else resolve("pg_essays/PaulGrahamEssays")
+    root = storage.path(folder) if folder else resolve("pg_essays/PaulGrahamEssays")
     files = sorted((p for p in [*root.glob("*.txt"), *root.glob("*.txt.gz")]
                     if p.name not in ("rss.txt", "rss.txt.gz")),
                    key=lambda p: p.name.removesuffix(".gz"))

@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 
 from hwh_jax.eval.stats import share
-from hwh_jax.plotting import finish_line_chart, pyplot
+from hwh_jax.plotting import finish_line_chart, pyplot, save_figure
+from hwh_jax import storage
 
 
-def niah_heatmap(rows, task: str, title: str, path: Path, train_len: int | None = None):
+def niah_heatmap(rows, task: str, title: str, path: storage.PathLike, train_len: int | None = None):
     """Depth (rows) x length (columns) mean score of one task for one model."""
     plt = pyplot()
     rows = [r for r in rows if r["task"] == task]
@@ -35,8 +35,7 @@ def niah_heatmap(rows, task: str, title: str, path: Path, train_len: int | None 
     fig.colorbar(im, ax=ax, label="score")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def seed_groups(names) -> dict[str, list[str]]:
@@ -49,7 +48,7 @@ def seed_groups(names) -> dict[str, list[str]]:
     return groups
 
 
-def extrapolation_chart(per_model: dict, path: Path, train_len: int | None = None):
+def extrapolation_chart(per_model: dict, path: storage.PathLike, train_len: int | None = None):
     """NIAH score vs length: one panel per task and one of their mean, one line (one colour) per
     model, with the 95% Wilson interval of each cell's share right as a bar; a model missing a
     cell has a gap there. Models named ``ARCH@seedN`` or ``ARCH/seedN`` of an ARCH with several
@@ -97,11 +96,10 @@ def extrapolation_chart(per_model: dict, path: Path, train_len: int | None = Non
     rows = -(-len(labels) // 6)
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8)
     fig.tight_layout(rect=(0, 0.04 + 0.06 * rows, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
-def ppl_chart(per_model: dict, path: Path, train_len: int | None = None):
+def ppl_chart(per_model: dict, path: storage.PathLike, train_len: int | None = None):
     """Perplexity per position bucket, one line per model."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -114,7 +112,7 @@ def ppl_chart(per_model: dict, path: Path, train_len: int | None = None):
     finish_line_chart(fig, ax, path, xlabel="position (tokens)", ylabel="perplexity")
 
 
-def longppl_chart(result: dict, path: Path, title: str, train_len: int | None = None):
+def longppl_chart(result: dict, path: storage.PathLike, title: str, train_len: int | None = None):
     """Per position bucket: the loss over all tokens and over the key tokens (lines), and the
     key tokens' share (bars, right axis)."""
     plt = pyplot()

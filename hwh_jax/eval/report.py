@@ -11,17 +11,17 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from pathlib import Path
 
 from hwh_jax.eval import stats
 from hwh_jax.eval.suite import compare
 from hwh_jax.metrics import read_metrics
 from hwh_jax.plotting import finish_line_chart, pyplot
+from hwh_jax import storage
 
 
-def summarize(workdir: str | Path) -> dict:
+def summarize(workdir: storage.PathLike) -> dict:
     """One experiment's figures from its workdir (errors name the missing file)."""
-    workdir = Path(workdir)
+    workdir = storage.path(workdir)
     for need in ("summary.json", "metrics.jsonl", "eval/results.json"):
         if not (workdir / need).exists():
             raise FileNotFoundError(f"{workdir} has no {need}: not a finished run with its "
@@ -141,16 +141,16 @@ def seeds_length_table(groups: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_name(workdir: Path) -> str:
+def run_name(workdir: storage.PathLike) -> str:
     """A run's name in tables: its folder, with the parent for a seed run (``hwh/seed1``)."""
-    workdir = Path(workdir)
+    workdir = storage.path(workdir)
     seed = workdir.name.startswith("seed") and workdir.name[4:].isdigit()
     return f"{workdir.parent.name}/{workdir.name}" if seed else workdir.name
 
 
-def seed_dirs(folder: str | Path) -> list[Path]:
+def seed_dirs(folder: storage.PathLike) -> list:
     """The seed workdirs (``seed<N>``, by N) of a folder ``launch.experiment --seeds`` made."""
-    dirs = [p for p in Path(folder).glob("seed*") if p.is_dir() and p.name[4:].isdigit()]
+    dirs = [p for p in storage.path(folder).glob("seed*") if p.is_dir() and p.name[4:].isdigit()]
     return sorted(dirs, key=lambda p: int(p.name[4:]))
 
 
@@ -198,10 +198,10 @@ def run_table(exps: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def training_row(workdir: str | Path, last: int = 50) -> dict:
+def training_row(workdir: storage.PathLike, last: int = 50) -> dict:
     """What a run's metrics.jsonl says, finished or not: steps reached, mean train loss of the
     last ``last`` logged steps, the last held-out loss, median steady tokens/s."""
-    workdir = Path(workdir)
+    workdir = storage.path(workdir)
     path = workdir / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{workdir} has no metrics.jsonl: not a launch.train workdir")
@@ -224,7 +224,7 @@ def _eval_state(exp: dict | None) -> str:
     return "yes" if exp["eval_finished"] else "partial (cut during it)"
 
 
-def loss_figure(rows: list[dict], path: Path, smooth: int = 25):
+def loss_figure(rows: list[dict], path: storage.PathLike, smooth: int = 25):
     """Training loss (running mean over ``smooth`` steps) of several runs against step."""
     import numpy as np
     plt = pyplot()
@@ -238,24 +238,24 @@ def loss_figure(rows: list[dict], path: Path, smooth: int = 25):
     finish_line_chart(fig, ax, path, xlabel="step", ylabel="loss (nats/token)")
 
 
-def report(workdirs: list[str | Path], out_dir: str | Path) -> str:
+def report(workdirs: list[storage.PathLike], out_dir: storage.PathLike) -> str:
     """Write report.md (tables), experiments.json and the cross-model figures into out_dir.
 
     Runs without their closing evaluation (cut short) are not dropped: they get their own table
     (steps reached, training and held-out loss) and appear in the loss figure; a run cut during
     its evaluation shows the cells it measured ("-" for the others) and is marked "partial"."""
-    out_dir = Path(out_dir)
+    out_dir = storage.path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     groups = {}                      # a folder of seed runs: its runs, and their row over seeds
     expanded = []
     for w in workdirs:
-        seeds = seed_dirs(w) if not (Path(w) / "summary.json").exists() else []
+        seeds = seed_dirs(w) if not (storage.path(w) / "summary.json").exists() else []
         if seeds:
-            groups[Path(w).name] = seeds
+            groups[storage.path(w).name] = seeds
         expanded += seeds or [w]
     workdirs = expanded
-    finished = [w for w in workdirs if (Path(w) / "eval" / "results.json").exists()
-                and (Path(w) / "summary.json").exists()]
+    finished = [w for w in workdirs if (storage.path(w) / "eval" / "results.json").exists()
+                and (storage.path(w) / "summary.json").exists()]
     cut = [w for w in workdirs if w not in finished]
     exps = [summarize(w) for w in finished]
     by_dir = dict(zip(finished, exps))

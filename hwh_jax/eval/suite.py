@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -23,6 +22,7 @@ from hwh_jax.eval.retrieval_probe import retrieval_probe
 from hwh_jax.eval.scoring import Scorer
 from hwh_jax.data.sources import read_text
 from hwh_jax.inference.generate import Generator
+from hwh_jax import storage
 
 SUITES = ("niah", "mqar", "ppl", "longppl", "retrieval", "commonsense")
 
@@ -98,7 +98,7 @@ def depth_grid(n: int) -> list[int]:
 
 def _heldout_stream(subject: EvalModel, spec: EvalSpec) -> np.ndarray:
     if spec.ppl_text:
-        return np.asarray(subject.tokenizer.encode(read_text(Path(spec.ppl_text))), np.int32)
+        return np.asarray(subject.tokenizer.encode(read_text(storage.path(spec.ppl_text))), np.int32)
     return subject.heldout_stream()
 
 
@@ -112,13 +112,13 @@ def spec_from_config(e) -> EvalSpec:
     return EvalSpec(**{k: _tupled(v) for k, v in e.items() if k in fields})
 
 
-def run_suite(subject: EvalModel, spec: EvalSpec, out_dir: str | Path, log=print,
+def run_suite(subject: EvalModel, spec: EvalSpec, out_dir: storage.PathLike, log=print,
               evaluator: EvalModel | None = None) -> dict:
     """Every suite of ``spec`` on ``subject``; ``results.json`` is rewritten after each.
     ``evaluator``: the model choosing LongPPL's key tokens (default ``subject`` itself; it must
     share its tokenizer)."""
     spec.validate()
-    out_dir = Path(out_dir)
+    out_dir = storage.path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     L = int(subject.train_len)
     tok = subject.tokenizer
@@ -205,9 +205,9 @@ def run_suite(subject: EvalModel, spec: EvalSpec, out_dir: str | Path, log=print
     return results
 
 
-def compare(all_results: list[dict], out_dir: str | Path):
+def compare(all_results: list[dict], out_dir: storage.PathLike):
     """Cross-model figures from several ``run_suite`` results."""
-    out_dir = Path(out_dir)
+    out_dir = storage.path(out_dir)
     train_len = all_results[0]["train_len"]
     niah_rows = {r["model"]: r["niah"] for r in all_results if "niah" in r}
     if niah_rows:

@@ -6,7 +6,7 @@ import numpy as np
 from hwh_jax.layers.config import ModelConfig
 from hwh_jax.models.params import param_table
 from hwh_jax.models.variants import ARCHS, SIZES, model_config
-from hwh_jax.plotting import pyplot
+from hwh_jax.plotting import pyplot, save_figure
 
 
 def describe(cfg: ModelConfig) -> str:
@@ -69,5 +69,4 @@ def plot_allocation(configs: dict, path) -> None:
     fig.legend(handles=[Patch(color=c, label=k) for k, c in kinds], loc="lower center",
                ncol=len(kinds), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)

@@ -1,6 +1,14 @@
 """Orbax checkpoints of the train state, the data iterator's state and the run's metadata, each
 proving itself when restored.
 
+The workdir may be a local folder or a bucket URL (``hwh_jax.storage``; Orbax writes the
+arrays through TensorStore, the rest through ``etils.epath``). Saves are asynchronous by default:
+``save`` returns once the state is copied off the devices (and its fingerprint computed), the
+files are written on a background thread while training goes on, and the next ``save``,
+``wait`` or ``close`` waits for them. A save is committed only once complete (Orbax writes
+under a temporary name and finalises it), so a crash mid-save never leaves a checkpoint that a
+restore would choose.
+
 Layout under ``<workdir>/checkpoints/<step>/``: ``state`` (params, optimizer state, step, rng;
 sharded arrays, restorable onto any mesh), ``data`` (Grain iterator state, JSON) and ``meta``
 (JSON: config, step, the run's wall time so far and the state's ``fingerprint``).
@@ -21,16 +29,18 @@ is tried.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+
+from hwh_jax import storage
 
 log = logging.getLogger(__name__)
 _GOLDEN = np.uint32(2654435761)          # Knuth's multiplicative hash constant (odd)
@@ -72,52 +82,72 @@ def fingerprint(state) -> dict[str, int]:
 
 
 class Checkpointer:
-    """The run's checkpoints under ``<workdir>/checkpoints``: ``save`` (synchronous, with the
-    state's fingerprint), ``restore`` of the newest step that proves itself (module docstring),
-    and ``mark_suspect``."""
+    """The run's checkpoints under ``<workdir>/checkpoints``: ``save`` (asynchronous unless
+    ``asynchronous=False``, with the state's fingerprint), ``wait``, ``restore`` of the newest
+    step that proves itself (module docstring), and ``mark_suspect``."""
 
-    def __init__(self, workdir: str | Path, *, keep: int = 3, writer: bool = True):
+    def __init__(self, workdir, *, keep: int = 3, writer: bool = True,
+                 asynchronous: bool = True):
         """``writer``: the training run's own (it clears the temporary folders a save cut off
         by a crash left); False for readers (eval, generate), which must leave a running
         training's writes alone."""
-        self.directory = Path(workdir).resolve() / "checkpoints"
+        self.directory = storage.absolute(workdir) / "checkpoints"
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=writer,
-                                               enable_async_checkpointing=False,
+                                               enable_async_checkpointing=asynchronous,
                                                cleanup_tmp_directories=writer)
         self.manager = ocp.CheckpointManager(self.directory, options=options,
                                              item_names=("state", "data", "meta"))
+        self.in_flight: int | None = None        # the step an asynchronous save is writing
 
     def save(self, step: int, state, data_state: dict, meta: dict) -> bool:
-        """Write the checkpoint of ``step``; False (nothing written) if it exists already.
-        ``CheckpointWriteError`` names the OS's reason when the write fails."""
+        """Start writing the checkpoint of ``step`` (waiting first for the previous save);
+        False (nothing written) if it exists already. ``CheckpointWriteError`` names the OS's
+        reason when a write fails (this one's, or the previous asynchronous one's)."""
+        self.wait()
         if step in self.steps():
             return False
         meta = {**meta, "fingerprint": fingerprint(state)}
-        try:
+        with self._write_errors(step):
             self.manager.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
+                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(dict(data_state)),
                 meta=ocp.args.JsonSave(meta)), force=True)
+            self.in_flight = step
+        return True
+
+    def wait(self) -> None:
+        """Wait for an asynchronous save to be committed (``CheckpointWriteError`` if it
+        failed)."""
+        if self.in_flight is None:
+            return
+        step, self.in_flight = self.in_flight, None
+        with self._write_errors(step):
             self.manager.wait_until_finished()
+
+    @contextlib.contextmanager
+    def _write_errors(self, step: int):
+        try:
+            yield
         except Exception as e:  # noqa: BLE001 - Orbax wraps the OS error in its own types
             os_error = _os_error(e)
             if os_error is None:
                 raise
             log.debug("writing checkpoint %d failed", step, exc_info=True)
+            self.in_flight = None
             previous = [s for s in self.steps() if s != step]
             raise CheckpointWriteError(
                 f"cannot write the checkpoint of step {step} to {self.directory}: "
                 f"{os_error.strerror or os_error}; "
                 + (f"the checkpoint of step {previous[-1]} stays" if previous
                    else "no earlier checkpoint exists")) from None
-        return True
 
     def steps(self) -> list[int]:
-        return sorted(self.manager.all_steps())
+        """The committed steps (an asynchronous save still being written is not among them)."""
+        return sorted(s for s in self.manager.all_steps() if s != self.in_flight)
 
-    def suspect(self, step: int) -> Path:
+    def suspect(self, step: int):
         return self.directory / f"{step}.suspect"
 
-    def mark_suspect(self, step: int, reason: str) -> Path:
+    def mark_suspect(self, step: int, reason: str):
         """Mark ``step`` so that restores skip it; returns the marker's path."""
         marker = self.suspect(step)
         marker.write_text(json.dumps({"step": step, "reason": reason, "time": time.time()}))
@@ -169,7 +199,11 @@ class Checkpointer:
                   step, why, detail, aside)
 
     def close(self):
-        self.manager.close()
+        """Wait for an asynchronous save (its errors raised), then release the manager."""
+        try:
+            self.wait()
+        finally:
+            self.manager.close()
 
 
 def _os_error(e: BaseException) -> OSError | None:

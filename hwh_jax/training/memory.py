@@ -31,10 +31,11 @@ import dataclasses
 import hashlib
 import json
 import logging
-from pathlib import Path
 from typing import Callable
 
 import jax
+
+from hwh_jax import storage
 
 log = logging.getLogger(__name__)
 
@@ -201,9 +202,9 @@ def plan_key(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def remembered(workdir: Path, key: str) -> int | None:
+def remembered(workdir, key: str) -> int | None:
     """The micro-batch a previous start of this run planned under ``key``, or None."""
-    path = Path(workdir) / PLAN_FILE
+    path = storage.path(workdir) / PLAN_FILE
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -211,5 +212,6 @@ def remembered(workdir: Path, key: str) -> int | None:
     return saved.get("micro_batch") if saved.get("key") == key else None
 
 
-def remember(workdir: Path, key: str, got: Plan) -> None:
-    (Path(workdir) / PLAN_FILE).write_text(json.dumps({"key": key, **got.to_json()}, indent=1))
+def remember(workdir, key: str, got: Plan) -> None:
+    storage.write_text(storage.path(workdir) / PLAN_FILE,
+                       json.dumps({"key": key, **got.to_json()}, indent=1))

@@ -23,7 +23,6 @@ import dataclasses
 import json
 import statistics
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -38,10 +37,11 @@ from hwh_jax.layers.loss import token_nll
 from hwh_jax.models.lm import HybridLM
 from hwh_jax.models.params import count_params
 from hwh_jax.models.variants import build_layers
-from hwh_jax.plotting import pyplot
+from hwh_jax.plotting import pyplot, save_figure
 from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
 from hwh_jax.training.signals import StopOnSignal
 from hwh_jax.training.state import init_train_state
+from hwh_jax import storage
 
 ARCHS = ("transformer", "gdn", "layerwise", "hwh", "hwh_rope")
 
@@ -191,7 +191,7 @@ class Stopped(Exception):
     """A signal stopped the sweep inside a cell; its trials' state is saved to continue."""
 
 
-def _save_partial(path: Path, states, step: int, seconds: float):
+def _save_partial(path: storage.PathLike, states, step: int, seconds: float):
     """The trials' parameters and optimizer states after ``step`` steps, written atomically
     (floats narrower than fp32 stored as fp32: exact)."""
     leaves = [np.asarray(x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating)
@@ -202,7 +202,7 @@ def _save_partial(path: Path, states, step: int, seconds: float):
     tmp.replace(path)
 
 
-def _load_partial(path: Path, states):
+def _load_partial(path: storage.PathLike, states):
     """(states, step, seconds) from ``_save_partial``'s file, every leaf checked against the
     freshly initialised ``states`` (another spec's file is an error naming it)."""
     with np.load(path) as f:
@@ -216,7 +216,7 @@ def _load_partial(path: Path, states):
         return jax.tree.unflatten(tree, restored), int(f["step"]), float(f["seconds"])
 
 
-def run_cell(arch: str, width: int, spec: SweepSpec, log=print, partial: Path | None = None,
+def run_cell(arch: str, width: int, spec: SweepSpec, log=print, partial: storage.PathLike | None = None,
              save_every: int = 1000, stop=None) -> dict:
     """Train every (seed, lr) trial of ``arch`` at ``width`` as one program; score them.
     ``partial``: a file the trials' state is saved to every ``save_every`` steps and when
@@ -302,7 +302,7 @@ def table(cells: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def figure(cells: list[dict], path: Path):
+def figure(cells: list[dict], path: storage.PathLike):
     """Zoology's figure: a panel per sequence length, accuracy against width (log), a line per
     architecture through the mean over seeds and every seed's accuracy as a dot (three seeds
     tell more than a standard deviation: one seed that has not learned shows as a lone dot)."""
@@ -329,8 +329,7 @@ def figure(cells: list[dict], path: Path):
     axes[0][0].set_ylabel("MQAR accuracy (line: mean; dots: seeds)")
     axes[0][0].legend(fontsize=7, loc="lower left")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def _differences(spec: dict, other: dict):
@@ -340,7 +339,7 @@ def _differences(spec: dict, other: dict):
             if k not in ("archs", "widths") and v != other.get(k)]
 
 
-def sweep(spec: SweepSpec, out: str | Path, log=print, save_every: int = 1000) -> list[dict]:
+def sweep(spec: SweepSpec, out: storage.PathLike, log=print, save_every: int = 1000) -> list[dict]:
     """Run every (arch, width) cell; ``out``/results.json (rows, cells, spec), table.md and
     mqar_sweep.png, rewritten after each cell so a cut sweep keeps what it measured.
 
@@ -350,7 +349,7 @@ def sweep(spec: SweepSpec, out: str | Path, log=print, save_every: int = 1000) -
     spec.validate()
     if save_every < 1:
         raise ValueError(f"--save_every must be >= 1, got {save_every}")
-    out = Path(out)
+    out = storage.path(out)
     out.mkdir(parents=True, exist_ok=True)
     cells_done, rows = [], []
     if (out / "results.json").exists():
@@ -386,7 +385,7 @@ def sweep(spec: SweepSpec, out: str | Path, log=print, save_every: int = 1000) -
     return summarize(rows)
 
 
-def merge(folders: list[str | Path], out: str | Path) -> list[dict]:
+def merge(folders: list[storage.PathLike], out: storage.PathLike) -> list[dict]:
     """Sweeps run apart (one process per architecture, side by side) as one: their rows
     summarised together into ``out``'s results.json, table.md and mqar_sweep.png. Every spec
     field but the architectures and widths must agree (else the error names the field); a cell
@@ -394,7 +393,7 @@ def merge(folders: list[str | Path], out: str | Path) -> list[dict]:
     counts as the folders it came from (``merged_from`` lists the sweeps' own folders)."""
     loaded = []
     for folder in folders:
-        path = Path(folder) / "results.json"
+        path = storage.path(folder) / "results.json"
         if not path.exists():
             raise FileNotFoundError(f"--report: {path} does not exist (a sweep's --out folder "
                                     f"holds it)")
@@ -414,12 +413,12 @@ def merge(folders: list[str | Path], out: str | Path) -> list[dict]:
             seen[cell] = path
         runs += res["runs"]
         rows += res["rows"]
-    out = Path(out)
+    out = storage.path(out)
     out.mkdir(parents=True, exist_ok=True)
     return _write(out, spec, runs, rows, merged_from=sources)
 
 
-def _write(out: Path, spec: dict, runs: list[dict], rows: list[dict], **extra) -> list[dict]:
+def _write(out: storage.PathLike, spec: dict, runs: list[dict], rows: list[dict], **extra) -> list[dict]:
     """results.json (the spec with the architectures and widths of ``runs``, the runs, the
     cells summarised from ``rows``, the rows and ``extra``), table.md and mqar_sweep.png into
     ``out``; the cells."""

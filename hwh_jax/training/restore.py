@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
+
+from hwh_jax import storage
 
 from hwh_jax.data.pipeline import build_splits, load_tokenizer
 from hwh_jax.eval.suite import EvalModel
@@ -38,7 +39,7 @@ class LoadedRun:
     tokenizer: object
     config: ml_collections.ConfigDict
     step: int
-    workdir: Path
+    workdir: object                 # an epath.Path (a local folder or a URL)
 
     @property
     def name(self) -> str:
@@ -59,12 +60,12 @@ class LoadedRun:
                          heldout=self.heldout_stream)
 
 
-def load_run(workdir: str | Path, step: int | None = None) -> LoadedRun:
+def load_run(workdir, step: int | None = None) -> LoadedRun:
     """The run in ``workdir`` at ``step`` (default: the newest checkpoint that proves itself;
     ``hwh_jax.training.checkpoint``: unreadable or corrupt ones are moved aside, with one log
     line each, and the previous one is taken)."""
-    workdir = Path(workdir)
-    directory = (workdir / "checkpoints").resolve()
+    workdir = storage.absolute(workdir)
+    directory = workdir / "checkpoints"
     if not directory.is_dir():
         raise FileNotFoundError(f"no checkpoints/ under {workdir} (is it a launch.train workdir?)")
     ckpt = Checkpointer(workdir, writer=False)

@@ -9,6 +9,7 @@ from hwh_jax.data.pipeline import DataSpec
 from hwh_jax.eval.suite import EvalSpec, spec_from_config
 from hwh_jax.layers.config import ModelConfig
 from hwh_jax.layers.loss import LOSS_IMPLS
+from hwh_jax.loggers import parse_loggers
 from hwh_jax.models.variants import model_config_from_dict
 from hwh_jax.training.optimizer import OptimizerSpec
 
@@ -66,6 +67,10 @@ def run_specs(config, data_files: bool = True) -> RunSpecs:
     checks.number("train.z_loss", c.z_loss, lo=0)
     checks.number("train.peak_flops", c.peak_flops, lo=0)
     checks.number("train.device_memory_gb", c.device_memory_gb, lo=0)
+    checks.number("train.checkpoint_minutes", c.get("checkpoint_minutes", 0.0), lo=0)
+    checks.number("train.stop_exit_status", c.get("stop_exit_status", 0), lo=0, hi=255,
+                  integer=True)
+    parse_loggers(c.get("loggers", ""))
     checks.number("seq_len", config.seq_len, lo=2, integer=True)
     checks.number("seed", config.seed, lo=0, integer=True)
     mesh = tuple(c.mesh)

@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +20,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
+from hwh_jax import storage
 from hwh_jax.data.pipeline import build_splits, eval_batches, train_dataset
 from hwh_jax.eval import stats
 from hwh_jax.eval.suite import EvalModel, run_suite
@@ -31,6 +31,7 @@ from hwh_jax.training import sharding as shd
 from hwh_jax.training import workdir as workdir_lib
 from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
 from hwh_jax.training.flops import flops_per_token, peak_flops
+from hwh_jax.loggers import make_loggers
 from hwh_jax.metrics import MetricsWriter, format_duration, plot_loss, progress_line
 from hwh_jax.training.optimizer import make_optimizer
 from hwh_jax.training.signals import StopOnSignal
@@ -51,21 +52,26 @@ class RunResult:
     heldout: dict[int, float]
     stopped_early: bool
     summary: dict
+    signalled: bool = False          # stopped by SIGTERM/SIGINT (here or in another process)
 
 
-def train_and_evaluate(config, workdir: str | Path) -> RunResult:
+def train_and_evaluate(config, workdir) -> RunResult:
     """Train ``config`` in ``workdir`` (resuming from its newest checkpoint), then evaluate.
     SIGTERM / SIGINT at any point end the run with a complete checkpoint of the last step
     trained (docs/training.md, "Faults")."""
     with StopOnSignal("saving a checkpoint and stopping") as stop:
         run = Run(config, workdir, stop)
-        run.make_mesh()
-        run.load_data()
-        run.build_model_and_optimizer()
-        run.restore_or_initialise()
-        run.compile_steps()
-        run.train()
-        run.evaluate_final()
+        try:
+            run.make_mesh()
+            run.load_data()
+            run.build_model_and_optimizer()
+            run.restore_or_initialise()
+            run.compile_steps()
+            run.train()
+            run.evaluate_final()
+        except BaseException:
+            run.abandon()
+            raise
         return run.finish()
 
 
@@ -82,16 +88,16 @@ def unigram_entropy(stream) -> float:
 class Run:
     """The state of one pretraining run between the steps of ``train_and_evaluate``."""
 
-    def __init__(self, config, workdir: str | Path, stop=None):
+    def __init__(self, config, workdir, stop=None):
         self.config, self.c = config, config.train
         self.stop = stop or StopOnSignal("saving a checkpoint and stopping")
-        self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = storage.absolute(workdir)      # a local folder or a bucket URL
         self.specs = run_specs(config)
+        self.workdir.mkdir(parents=True, exist_ok=True)
         workdir_lib.bind(self.workdir, config, write=jax.process_index() == 0)
         self.t0, self.wall_before = time.time(), 0.0
         self.losses, self.batch_ids, self.heldout = {}, {}, {}
-        self.stopped_early = self.halted = False
+        self.stopped_early = self.halted = self.signalled = False
         self.final = None
         self.evaluation = None
 
@@ -134,9 +140,15 @@ class Run:
 
     # ------------------------------------------------------------ resume or initialise
     def restore_or_initialise(self):
-        self.ckpt = Checkpointer(self.workdir, keep=self.c.keep_checkpoints)
+        self.ckpt = Checkpointer(self.workdir, keep=self.c.keep_checkpoints,
+                                 asynchronous=self.c.async_checkpoints)
         restored = self.ckpt.restore(abstract_with_shardings(self.abstract_state, self.state_sh))
-        self.writer = MetricsWriter(self.workdir, enabled=jax.process_index() == 0)
+        first = jax.process_index() == 0
+        loggers = make_loggers(
+            self.c.loggers, self.workdir, config=json.loads(self.config.to_json_best_effort()),
+            name=f"{self.cfg.arch}@{self.workdir.name}",
+            project=self.c.wandb_project) if first else []
+        self.writer = MetricsWriter(self.workdir, enabled=first, loggers=loggers)
         if restored is None:
             cfg, tx = self.cfg, self.tx
             with threefry_kernel():
@@ -245,6 +257,7 @@ class Run:
         c = self.c
         loop = _Loop(self)
         tracer = _Tracer(c.profile_at, c.profile_steps, self.workdir / "profile")
+        self.last_save, self.last_save_step = time.time(), self.start
         if c.profile_at and c.profile_at <= self.start:
             log.warning("train.profile_at=%d is not after step %d, where this run resumes: "
                         "nothing will be traced", c.profile_at, self.start)
@@ -252,6 +265,7 @@ class Run:
         stop, vote = self.stop, _StopVote()
         step = self.start
         halt = vote.before_first(stop.signal)
+        minutes = c.checkpoint_minutes
         while step < stop_at and not halt:
             t_data = time.time()
             batch, self.first_batch = self.first_batch or next(self.train_iter), None
@@ -278,7 +292,11 @@ class Run:
             if c.checkpoint_every and step % c.checkpoint_every == 0:
                 loop.flush(step)
                 self.save(step)
-            halt = vote(stop.signal)        # every process stops at the same step
+            timed = bool(minutes) and time.time() - self.last_save >= 60 * minutes
+            halt, save_due = vote(stop.signal, timed)   # every process decides the same
+            if save_due and not halt and step > self.last_save_step + 1:   # not a stale flag
+                loop.flush(step)
+                self.save(step)
             if halt:
                 loop.flush(step)
                 self.save(step)              # no-op when this step's checkpoint exists
@@ -292,6 +310,7 @@ class Run:
             print(f"stopped by {stop.signal} before the first step; nothing new to save",
                   flush=True)
         self.halted = halt
+        self.signalled = halt
         if step == stop_at and step not in self.ckpt.steps():
             self.save(step)
         self.stopped_early = self.stopped_early or step < c.steps
@@ -306,6 +325,7 @@ class Run:
         bad = int(self.state["bad_step"]) if bad is None else bad
         if bad < 0:
             return
+        self.ckpt.wait()                 # the save in flight is the newest checkpoint
         steps = self.ckpt.steps()
         where = "no checkpoint was written"
         if steps and jax.process_index() == 0:
@@ -325,6 +345,9 @@ class Run:
         meta = {"config": json.loads(self.config.to_json_best_effort()), "arch": self.cfg.arch,
                 "step": step, "wall_s": self.wall_before + time.time() - self.t0}
         self.ckpt.save(step, self.state, self.train_iter.get_state(), meta)
+        self.last_save, self.last_save_step = time.time(), step
+        self.writer.flush()
+        storage.sync_all()             # a bucket workdir's staged files (logs, events) go up
 
     def _record_heldout(self, step: int, loss: float | None, echo: bool = False):
         self.heldout[step] = loss
@@ -398,12 +421,26 @@ class Run:
         return out
 
     def write_summary(self):
-        (self.workdir / "summary.json").write_text(json.dumps(self.summary(), indent=2))
+        storage.write_text(self.workdir / "summary.json", json.dumps(self.summary(), indent=2))
+
+    def abandon(self):
+        """On a failure: let an asynchronous save finish (it holds a good step) and flush the
+        metrics; their own errors are logged, the failure that brought us here is raised."""
+        for what in ("ckpt", "writer"):
+            if hasattr(self, what):
+                try:
+                    getattr(self, what).close()
+                except Exception:  # noqa: BLE001 - the original failure matters more
+                    log.warning("closing the %s after a failure failed", what, exc_info=True)
+        storage.sync_all()
 
     def finish(self) -> RunResult:
         summary = self.summary()
         if jax.process_index() == 0:
             self.write_summary()
+            for logger in self.writer.loggers:
+                logger.summary({k: v for k, v in summary.items()
+                                if isinstance(v, (int, float, str))})
             if not self.stopped_early:
                 tokens_per_step = self.c.batch_size * self.config.seq_len
                 plot_loss(self.workdir / "metrics.jsonl", self.workdir / "loss.png",
@@ -415,9 +452,10 @@ class Run:
                       f"wall {format_duration(summary['wall_s'])}; outputs in {self.workdir}",
                       flush=True)
         self.writer.close()
-        self.ckpt.close()
+        self.ckpt.close()              # waits for an asynchronous save to be committed
+        storage.sync_all()
         return RunResult(self.step, self.losses, self.batch_ids, self.heldout,
-                         self.stopped_early, summary)
+                         self.stopped_early, summary, signalled=self.signalled or bool(self.stop.signal))
 
 
 class _Loop:
@@ -478,11 +516,17 @@ def _ready(metrics) -> bool:
 
 
 class _StopVote:
-    """Agreement on when to stop across the processes of a run: a signal reaches one process
-    (a preempted host), and every process must save the same step and leave together. Each
-    step, each process's flag goes into a max over all devices, dispatched behind the step and
-    read after the next step's dispatch (no host stall); so all processes stop after the step
-    following the one where any saw a signal. One process: its own flag, at once."""
+    """Agreement across the processes of a run on when to stop and when a time-based save is
+    due: a signal reaches one process (a preempted host) and each host's clock is its own, yet
+    every process must save the same step and leave together. Each step, each process's two
+    flags (signalled, save due) go into a max over all devices, dispatched behind the step and
+    read after the next step's dispatch (no host stall); so all processes act after the step
+    following the one where any raised a flag. One process: its own flags, at once.
+
+    Why not ``multihost_utils.reached_preemption_sync_point``: it needs ``jax.distributed``'s
+    preemption service, which catches SIGTERM itself (not SIGINT, nor a single process), and
+    does not carry the time-based save; this vote works for one process or many, on any
+    platform, and costs one all-reduce of two integers a step, off the critical path."""
 
     def __init__(self):
         self.several = jax.process_count() > 1
@@ -491,18 +535,24 @@ class _StopVote:
             from jax.sharding import Mesh, NamedSharding, PartitionSpec
             mesh = Mesh(np.array(jax.devices()), ("p",))
             self.sharding = NamedSharding(mesh, PartitionSpec("p"))
-            self.any = jax.jit(jnp.max, out_shardings=NamedSharding(mesh, PartitionSpec()))
+            self.any = jax.jit(lambda f: jnp.max(f, axis=0),
+                               out_shardings=NamedSharding(mesh, PartitionSpec()))
 
     def before_first(self, signal_name) -> bool:
         return bool(signal_name) and not self.several
 
-    def __call__(self, signal_name) -> bool:
+    def __call__(self, signal_name, save_due: bool = False) -> tuple[bool, bool]:
+        """(stop now, save now), the same in every process."""
         if not self.several:
-            return bool(signal_name)
-        flags = np.full((jax.local_device_count(),), int(bool(signal_name)), np.int32)
+            return bool(signal_name), bool(save_due)
+        flags = np.tile(np.array([[bool(signal_name), bool(save_due)]], np.int32),
+                        (jax.local_device_count(), 1))
         new = self.any(jax.make_array_from_process_local_data(self.sharding, flags))
         previous, self.pending = self.pending, new
-        return previous is not None and bool(np.asarray(previous.addressable_data(0)))
+        if previous is None:
+            return False, False
+        stop, save = np.asarray(previous.addressable_data(0)).tolist()
+        return bool(stop), bool(save)
 
 
 class _Stopped(Exception):
@@ -515,8 +565,9 @@ class _Tracer:
     (``hwh_jax.profiling.profile``; the summary also goes to ``out_dir/summary.json``). No log
     line falls inside the traced steps, so its wait is not in them."""
 
-    def __init__(self, at: int, count: int, out_dir: Path):
-        self.at, self.count, self.out_dir = at, count, Path(out_dir)
+    def __init__(self, at: int, count: int, out_dir):
+        self.at, self.count, self.remote_dir = at, count, out_dir
+        self.staged = self.out_dir = None     # the trace is written locally, then copied up
         self._ctx, self._t0 = None, 0.0
 
     def step(self, step: int, state) -> bool:
@@ -525,6 +576,8 @@ class _Tracer:
             return False
         if step == self.at:
             jax.block_until_ready(state)
+            self.staged = storage.Staged(self.remote_dir)
+            self.out_dir = self.staged.local
             self._ctx = profile.capture(self.out_dir)
             self._ctx.__enter__()
             self._t0 = time.perf_counter()
@@ -536,7 +589,8 @@ class _Tracer:
             self._ctx = None
             s = profile.summarize(self.out_dir, steps=self.count)
             (self.out_dir / "summary.json").write_text(json.dumps({"step_ms": wall_ms, **s}))
+            self.staged.sync()
             print(f"profile of steps {self.at + 1}-{step} (wall {wall_ms:.1f} ms a step, "
-                  f"{self.out_dir}):\n{profile.format_summary(s, wall_ms)}", flush=True)
+                  f"{self.remote_dir}):\n{profile.format_summary(s, wall_ms)}", flush=True)
             return False
         return self._ctx is not None

@@ -10,7 +10,7 @@ dotted keys, or ``all``); the file then records the new config.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from hwh_jax import storage
 
 BOUND = ("seed", "seq_len", "model.", "data.", "train.batch_size")
 
@@ -41,10 +41,10 @@ def differences(saved: dict, current: dict) -> list[tuple[str, object, object]]:
     return [(k, a.get(k, "(absent)"), b.get(k, "(absent)")) for k in keys if a.get(k) != b.get(k)]
 
 
-def bind(workdir: Path, config, *, write: bool = True) -> None:
+def bind(workdir, config, *, write: bool = True) -> None:
     """Check ``config`` against the workdir's ``config.json`` and record it (first start, or
     accepted changes). Raises WorkdirMismatch listing the differing keys and the two ways on."""
-    path = Path(workdir) / "config.json"
+    path = storage.path(workdir) / "config.json"
     current = json.loads(config.to_json_best_effort())
     if path.exists():
         try:
@@ -66,4 +66,4 @@ def bind(workdir: Path, config, *, write: bool = True) -> None:
                 f"Use a new --workdir, or keep this one and accept the change with "
                 f"--config.train.accept_changes={keys}")
     if write:
-        path.write_text(json.dumps(current, indent=2))
+        storage.write_text(path, json.dumps(current, indent=2))
