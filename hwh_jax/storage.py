@@ -73,7 +73,11 @@ def check_backend(p) -> None:
         raise MissingBackend(f"{p}: the {s}:// scheme is not supported (gs:// and s3:// are, "
                              "or a local path)")
     module, install = BACKENDS[s]
-    if importlib.util.find_spec(module) is None:
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:
+        found = False
+    if not found:
         raise MissingBackend(f"{p}: {s}:// needs the {module} package, which is not installed: "
                              f"{install}")
 
@@ -191,15 +195,18 @@ class Staged:
 _STAGED: list[Staged] = []
 
 
-def sync_all() -> None:
-    """Upload what every staged folder of this process has changed (at checkpoints, at exit);
-    a failure is logged, not raised: the checkpoints are the run's record, these are its
-    side outputs."""
+def sync_all(level: int = logging.WARNING) -> None:
+    """Upload what every staged folder of this process has changed (at checkpoints, at the end
+    of a launcher); a failure is logged at ``level``, not raised: the checkpoints are the
+    run's record, these are its side outputs."""
     for staged in list(_STAGED):
         try:
             staged.sync()
         except Exception:  # noqa: BLE001 - any storage error: say it, keep the run going
-            log.warning("could not upload %s to %s", staged.local, staged.remote, exc_info=True)
+            log.log(level, "could not upload %s to %s", staged.local, staged.remote,
+                    exc_info=True)
 
 
-atexit.register(sync_all)
+# A last try at exit (the launchers sync before they return; by the time atexit runs, fsspec
+# may have closed its HTTP sessions, so a failure here is only a debug record).
+atexit.register(sync_all, logging.DEBUG)

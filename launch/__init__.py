@@ -98,11 +98,16 @@ def one_line_errors():
     try:
         yield
     except (FloatingPointError, CheckpointWriteError) as e:
+        storage.sync_all()       # a bucket's staged files (the log saying why) go up first
         _fail(e, EXIT_FAILED, verbose)
     except (ValueError, KeyError, FileNotFoundError, NotADirectoryError) as e:
+        storage.sync_all()
         _fail(e, EXIT_REFUSED, verbose)
     except OSError as e:
+        storage.sync_all()
         _fail(e, EXIT_FAILED, verbose)
+    else:
+        storage.sync_all()
 
 
 def _fail(e: BaseException, status: int, verbose: bool):
