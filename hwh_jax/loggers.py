@@ -12,6 +12,7 @@ without a network, for a later ``wandb sync``.
 from __future__ import annotations
 
 import logging
+import uuid
 
 from hwh_jax import storage
 
@@ -67,7 +68,7 @@ class WandbLogger:
                              ) from None
         self.wandb = wandb
         id_file = storage.path(workdir) / self.ID_FILE
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
         self.staged = storage.Staged(storage.path(workdir) / "wandb")
         self.run = wandb.init(project=project, id=run_id, resume="allow", name=name,
                               config=config, dir=str(self.staged.local))

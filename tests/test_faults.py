@@ -95,6 +95,46 @@ def test_signal_inside_the_save_window_ends_with_one_checkpoint(corpus, tmp_path
         second.summary["wall_s"] - 1e-9 > 0
 
 
+def test_sigterm_while_an_asynchronous_save_is_in_flight_ends_with_complete_checkpoints(
+        corpus, tmp_path, monkeypatch):
+    """SIGTERM while the files of an asynchronous save are still being written (Orbax's
+    finalisation held back until the signal has been seen): the stop waits for that save, saves
+    its own step, the run returns normally (status 0 in launch.train) and a second start
+    resumes with the losses of an uninterrupted run."""
+    import threading
+    import time
+
+    import orbax.checkpoint as ocp
+    real_finalize = ocp.CheckpointManager._finalize
+    held = []
+
+    def finalize_after_the_signal(self, step, *args, **kw):
+        if not held:                                # the first save only
+            held.append(step)
+            assert threading.current_thread() is not threading.main_thread()   # in flight
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1.0)                         # the loop reads the stop meanwhile
+        return real_finalize(self, step, *args, **kw)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "_finalize", finalize_after_the_signal)
+    first = train_and_evaluate(tiny(corpus, steps=8), tmp_path)
+    assert held == [2] and first.signalled and first.stopped_early
+    assert first.final_step >= 2 and saved_steps(tmp_path)[0] == 2
+    assert saved_steps(tmp_path)[-1] == first.final_step
+    monkeypatch.setattr(ocp.CheckpointManager, "_finalize", real_finalize)
+    straight = train_and_evaluate(tiny(corpus, steps=8), tmp_path / "straight")
+    second = train_and_evaluate(tiny(corpus, steps=8), tmp_path)
+    assert {**first.losses, **second.losses} == straight.losses   # bitwise
+
+
+def test_synchronous_saves_train_the_same_losses(corpus, tmp_path):
+    """train.async_checkpoints=False (the old behaviour) against the default."""
+    sync = train_and_evaluate(tiny(corpus, async_checkpoints=False), tmp_path / "sync")
+    default = train_and_evaluate(tiny(corpus), tmp_path / "async")
+    assert sync.losses == default.losses and saved_steps(tmp_path / "sync") == [2, 4, 6]
+    assert saved_steps(tmp_path / "async") == [2, 4, 6]
+
+
 def _flip(path: Path, count: int = 4096):
     data = bytearray(path.read_bytes())
     start = max(len(data) // 2 - count // 2, 0)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import XLA_TEST_FLAGS
 
+from hwh_jax import storage
 from hwh_jax.data.paths import resolve
 from hwh_jax.data.sources import read_text
 
@@ -61,10 +62,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(cmd, cache, processes: int, devices: int = 1) -> list[subprocess.Popen]:
+def _spawn(cmd, cache, processes: int, devices: int = 1, **extra_env) -> list[subprocess.Popen]:
     """``cmd`` as ``processes`` processes of one job with ``devices`` CPU devices each (one
     process: a job of its own)."""
-    env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {XLA_TEST_FLAGS}"}
+    env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {XLA_TEST_FLAGS}",
+           **extra_env}
     port = _free_port()
     return [subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -105,8 +107,8 @@ def _run(corpus, workdir, cache, processes, devices=1, **train):
 
 
 def _losses(workdir) -> dict[int, float]:
-    rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().split("\n")
-            if line.strip()]
+    rows = [json.loads(line) for line in (storage.path(workdir) / "metrics.jsonl").read_text()
+            .split("\n") if line.strip()]
     return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
 
 
@@ -151,6 +153,21 @@ def test_process_counts_train_the_same_losses_and_trade_checkpoints(corpus, cach
     want = _losses(four)
     assert sorted(want) == [1, 2, 3, 4, 5, 6]
     _same(_losses(chain), want)
+
+
+def test_the_job_trains_the_same_losses_with_its_workdir_in_a_bucket(corpus, cache, four):
+    """The reference job (2 processes of 2 devices) with ``--workdir=gs://...`` on a Cloud
+    Storage server on loopback: the same losses, one checkpoint and every process's log in the
+    bucket."""
+    from object_store import client_env, gcs_server
+    with gcs_server("bkt") as url:
+        w = "gs://bkt/job"
+        _wait(_spawn(_args(corpus, w, steps=6), cache, 2, devices=2, **client_env(url)))
+        _same(_losses(w), _losses(four))
+        steps = [p.name for p in storage.path(f"{w}/checkpoints").iterdir() if p.name.isdigit()]
+        assert steps == ["6"]
+        assert "process 0 of 2" in storage.path(f"{w}/train.log").read_text()
+        assert storage.path(f"{w}/train.1.log").exists()
 
 
 def test_sigterm_to_one_process_stops_every_process_with_a_checkpoint(corpus, cache, tmp_path):

@@ -218,7 +218,8 @@ def test_sigterm_saves_a_checkpoint_that_resumes(corpus, tmp_path):
             f"--config.data.paths=('{corpus}',)", "--config.data.sp_vocab_size=512",
             "--config.train.steps=100000", "--config.train.batch_size=4",
             "--config.train.log_every=1", "--config.train.eval_every=0",
-            "--config.train.checkpoint_every=0"]
+            "--config.train.checkpoint_every=0",
+            "--config.train.stop_exit_status=75"]     # what a supervisor loop relaunches on
     from conftest import XLA_TEST_FLAGS
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": XLA_TEST_FLAGS}
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -230,7 +231,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes(corpus, tmp_path):
             proc.send_signal(signal.SIGTERM)
             break
     out = "".join(lines) + proc.communicate(timeout=120)[0]
-    assert proc.returncode == 0, out[-3000:]
+    assert proc.returncode == 75, out[-3000:]
     assert "stopped by SIGTERM" in out
     steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     assert steps and min(steps) >= 3
@@ -238,6 +239,31 @@ def test_sigterm_saves_a_checkpoint_that_resumes(corpus, tmp_path):
     config.train.batch_size = 4
     res = train_and_evaluate(config, workdir)
     assert sorted(res.losses) == [max(steps) + 1]
+
+
+def test_wandb_logs_offline_and_a_resumed_run_continues_its_run(corpus, tmp_path, monkeypatch):
+    """train.loggers=tensorboard,wandb in W&B's offline mode: the run's id is kept in the
+    workdir, a resumed start logs into the same W&B run, and the scalars and config are in its
+    offline record; jsonl and TensorBoard as always."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    workdir = tmp_path / "run"
+    train_and_evaluate(small_config(corpus, loggers="tensorboard,wandb", stop_at_step=3,
+                                    checkpoint_every=3), workdir)
+    run_id = (workdir / "wandb_run_id").read_text().strip()
+    train_and_evaluate(small_config(corpus, loggers="tensorboard,wandb"), workdir)
+    assert (workdir / "wandb_run_id").read_text().strip() == run_id
+    runs = sorted((workdir / "wandb" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(run_id) for r in runs)
+    records = b"".join(f.read_bytes() for r in runs for f in r.glob("*.wandb"))
+    assert b"train/loss" in records and b"transformer" in records
+    assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_an_unknown_logger_is_refused_before_anything_runs(corpus, tmp_path):
+    with pytest.raises(ValueError, match="train.loggers='tensorbord'.*choose from"):
+        train_and_evaluate(small_config(corpus, loggers="tensorbord"), tmp_path)
+    assert not (tmp_path / "config.json").exists()
 
 
 @pytest.mark.parametrize("change,match", [
