@@ -32,7 +32,7 @@ TPU_LIBTPU_FLAGS = (("--xla_tpu_enable_async_collective_fusion", "true"),
                     ("--xla_enable_async_all_gather", "true"))
 
 
-def platform(environ=os.environ, dev: Path = Path("/dev")) -> str:
+def platform(environ=os.environ, dev: Path = Path("/dev")) -> str:   # local path: devices
     """"gpu", "tpu" or "cpu": from ``JAX_PLATFORMS`` when set, else from the devices the
     machine has (NVIDIA device files; TPU accelerator files or a TPU VM's variables)."""
     chosen = environ.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()

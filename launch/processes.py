@@ -36,7 +36,7 @@ def run_side_by_side(jobs: list[tuple[str, list[str], Path]], at_once: int,
         while running or (waiting and not stopped):
             while waiting and not stopped and len(running) < at_once:
                 name, argv, console = waiting.pop(0)
-                Path(console).parent.mkdir(parents=True, exist_ok=True)
+                Path(console).parent.mkdir(parents=True, exist_ok=True)   # local path: consoles
                 log = open(console, "a")       # a continued run's console follows on
                 running[name] = (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                                   env=env), log)
@@ -47,7 +47,7 @@ def run_side_by_side(jobs: list[tuple[str, list[str], Path]], at_once: int,
                     continue
                 log.close()
                 del running[name]
-                lines = Path(log.name).read_text().strip().splitlines()[-1:] or [""]
+                lines = Path(log.name).read_text().strip().splitlines()[-1:] or [""]  # local path
                 print(f"{name}: exit {proc.returncode} after {time.time() - t0:.0f}s: "
                       f"{lines[0]}", flush=True)
                 if proc.returncode:

@@ -24,6 +24,26 @@ def test_imports_point_down_the_layers():
     assert lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True) == 0
 
 
+PATHLIB_CALL = re.compile(r"(?<![\w.])(pathlib\.)?Path\(")
+
+
+def test_run_and_data_locations_go_through_storage():
+    """A location a user may give as a bucket URL (workdir, data, checkpoint, output folder) is
+    built with ``hwh_jax.storage.path``: ``pathlib.Path("gs://b/x")`` is the local folder
+    ``gs:/b/x``. A ``Path(...)`` call elsewhere in hwh_jax/ and launch/ says on its line why
+    its location is local (``# local path: ...``)."""
+    found = []
+    for package in ("hwh_jax", "launch"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.name == "storage.py":
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                code = line.split("#", 1)[0]
+                if PATHLIB_CALL.search(code) and "# local path" not in line:
+                    found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
 def test_the_architecture_picture_is_the_codes():
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "architecture.py"), "--check"],
                           capture_output=True, text=True, cwd=ROOT)

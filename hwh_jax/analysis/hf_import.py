@@ -122,7 +122,7 @@ def _path_str(path) -> str:
 
 def load_hf_checkpoint(folder: str | Path, *, dtype: str = "float32"):
     """(HybridLM with the checkpoint's weights, its ModelConfig, the HF config dict)."""
-    folder = Path(folder)
+    folder = Path(folder)          # local path: safetensors memory-maps local files
     path = folder / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"no config.json in {folder}")

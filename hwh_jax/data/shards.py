@@ -88,7 +88,8 @@ class TokenStream:
         if source is None:
             from array_record.python.array_record_data_source import ArrayRecordDataSource
             shard = self.manifest["shards"][i]
-            local = storage.local_copy(self.folder / shard["file"], expected_size=shard.get("bytes"))
+            local = storage.local_copy(self.folder / shard["file"],
+                                       expected_size=shard.get("bytes"))
             source = self._sources[i] = ArrayRecordDataSource([str(local)])
         return source[r - int(self._first_block[i])]
 
@@ -294,7 +295,7 @@ def prepare(documents, tokenizer, out: storage.PathLike, *, source: dict, worker
                 log_every_s=log_every_s, echo=echo)
         _upload(staging, remote, echo)
         return remote
-    out = Path(out)
+    out = Path(out)                    # local path: a URL took the branch above
     if is_prepared(out):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -60,7 +60,7 @@ class GPT2BPEReference:
     PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
     def __init__(self, folder: str | Path):
-        folder = Path(folder)
+        folder = storage.path(folder)
         self.encoder = json.loads(bpe_file(folder, "encoder.json"))
         self.decoder = {v: k for k, v in self.encoder.items()}
         merges = bpe_file(folder, "vocab.bpe").split("\n")[1:]
@@ -126,7 +126,7 @@ class GPT2BPE:
 
     def __init__(self, folder: str | Path):
         import tiktoken
-        folder = Path(folder)
+        folder = storage.path(folder)
         bpe_file(folder, "vocab.bpe")                   # both files must be there
         encoder = json.loads(bpe_file(folder, "encoder.json"))
         to_byte = {c: b for b, c in _bytes_to_unicode().items()}

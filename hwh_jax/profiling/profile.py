@@ -59,13 +59,13 @@ def category(name: str) -> str:
 def capture(out_dir: str | Path):
     """jax.profiler.trace into ``out_dir`` (created), with the Perfetto JSON trace that
     ``summarize`` reads."""
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)   # local path: the profiler's own folder
     with jax.profiler.trace(str(out_dir), create_perfetto_trace=True):
         yield
 
 
 def _trace_file(out_dir: Path) -> Path:
-    found = sorted(Path(out_dir).glob("**/perfetto_trace.json.gz"))
+    found = sorted(Path(out_dir).glob("**/perfetto_trace.json.gz"))   # local path
     if not found:
         raise FileNotFoundError(f"no perfetto_trace.json.gz under {out_dir}: capture() first")
     return found[-1]
@@ -175,7 +175,7 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20, hlo_text: str | No
     ``out_dir``; with ``hlo_text`` (``compiled.as_text()``) each kernel names its source."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    data = json.loads(gzip.open(_trace_file(Path(out_dir))).read())
+    data = json.loads(gzip.open(_trace_file(Path(out_dir))).read())   # local path
     events = data["traceEvents"] if isinstance(data, dict) else data
     device_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") ==
                    "process_name" and str(e.get("args", {}).get("name", "")).startswith("/device:")}
