@@ -56,6 +56,8 @@ class MetricsWriter:
                 f.write(line + "\n")
         for logger in self.loggers:
             logger.scalars(int(step), {f"{split}/{k}": float(v) for k, v in values.items()})
+            if not self.remote:
+                logger.flush()        # a local TensorBoard shows each point at once
 
     def flush(self) -> None:
         """Bring the bucket's metrics.jsonl and the loggers up to date."""

@@ -128,6 +128,14 @@ def _local_name(url: str) -> pathlib.Path:
     return cache_root() / "remote" / digest
 
 
+def staging_folder(remote) -> pathlib.Path:
+    """A local folder (made) standing for the remote folder ``remote``, for writers that need a
+    local disk; the caller uploads what it writes there (``Staged`` does it by ``sync``)."""
+    folder = _local_name(os.fspath(path(remote))) / "staged"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def local_copy(p, *, expected_size: int | None = None) -> pathlib.Path:
     """A local file with ``p``'s bytes: ``p`` itself if local, else a copy in the cache
     (downloaded once; fetched again if its size differs from the remote's, or from
@@ -161,10 +169,10 @@ class Staged:
     def __init__(self, remote):
         self.remote = path(remote)
         if is_remote(self.remote):
-            self.local = _local_name(os.fspath(self.remote)) / "staged"
+            self.local = staging_folder(self.remote)
         else:
             self.local = pathlib.Path(os.fspath(self.remote))
-        self.local.mkdir(parents=True, exist_ok=True)
+            self.local.mkdir(parents=True, exist_ok=True)
         self._sent: dict[str, tuple[int, int]] = {}
         self._lock = threading.Lock()
         if is_remote(self.remote):

@@ -289,7 +289,7 @@ def prepare(documents, tokenizer, out: storage.PathLike, *, source: dict, worker
         remote = storage.path(out)
         if is_prepared(remote):
             return remote
-        staging = storage.Staged(remote).local      # prepared here, then uploaded
+        staging = storage.staging_folder(remote)    # prepared here, then uploaded
         prepare(documents, tokenizer, staging, source=source, workers=workers, block=block,
                 shard_blocks=shard_blocks, chunk_chars=chunk_chars, total_chars=total_chars,
                 log_every_s=log_every_s, echo=echo)
