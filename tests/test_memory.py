@@ -249,3 +249,14 @@ def test_an_impossible_config_stops_before_its_first_step(corpus, tmp_path):
     assert " MiB per device" in msg
     assert not (tmp_path / "w" / "checkpoints").exists() or \
         not any((tmp_path / "w" / "checkpoints").iterdir())
+
+
+def test_a_compiler_out_of_memory_is_a_probe_over_the_limit():
+    """The TPU compiler refuses a program over the HBM at compile time: the planner reads the
+    bytes it says the program needs; any other error is not its business."""
+    from hwh_jax.training.memory import compile_oom_bytes
+    e = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required "
+                     "for HLO temporaries (37.14T) exceeds available HBM (15.75G).")
+    assert compile_oom_bytes(e) == int(37.14 * 2 ** 40)
+    assert compile_oom_bytes(RuntimeError("RESOURCE_EXHAUSTED: out of memory")) == 2 ** 62
+    assert compile_oom_bytes(ValueError("shapes do not match")) is None

@@ -31,6 +31,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 from typing import Callable
 
 import jax
@@ -158,8 +159,14 @@ def plan(compile_at: Callable[[int], object], *, batch: int, dp: int, limit: int
 
     def measure(m):
         if m not in probes:
-            compiled[m] = compile_at(m)
-            probes[m] = step_bytes(compiled[m])
+            try:
+                compiled[m] = compile_at(m)
+                probes[m] = step_bytes(compiled[m])
+            except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory is ours
+                need = compile_oom_bytes(e)
+                if need is None:
+                    raise
+                probes[m] = need          # the TPU compiler refuses what exceeds the HBM
             log.info("memory plan: micro-batch %d -> %.2f GiB per device", m, probes[m] / GiB)
         return probes[m]
 
@@ -195,6 +202,23 @@ def plan(compile_at: Callable[[int], object], *, batch: int, dp: int, limit: int
     n, last = accumulation(batch, chosen)
     got = Plan(chosen, n, probes[chosen], limit, "planned", tuple(sorted(probes.items())), last)
     return got, compiled[chosen]
+
+
+_OOM_NEED = re.compile(r"required for [^(]*\(([\d.]+)([KMGTP]?)\)")
+
+
+def compile_oom_bytes(e: BaseException) -> int | None:
+    """The bytes a program needs, from a compiler's out-of-memory error (the TPU compiler
+    refuses a program over the HBM: "RESOURCE_EXHAUSTED: ... required for HLO temporaries
+    (37.14T) exceeds available HBM (15.75G)"); None for any other error."""
+    text = str(e)
+    if "RESOURCE_EXHAUSTED" not in text:
+        return None
+    m = _OOM_NEED.search(text)
+    if not m:
+        return 2 ** 62                    # over any limit, amount not said
+    scale = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40, "P": 2 ** 50}
+    return int(float(m.group(1)) * scale[m.group(2)])
 
 
 def plan_key(*parts) -> str:

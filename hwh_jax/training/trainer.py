@@ -30,6 +30,7 @@ from hwh_jax.training import memory
 from hwh_jax.training import sharding as shd
 from hwh_jax.training import workdir as workdir_lib
 from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
+from hwh_jax.training.compiled import train_step_compiler
 from hwh_jax.training.flops import flops_per_token, peak_flops
 from hwh_jax.loggers import make_loggers
 from hwh_jax.metrics import MetricsWriter, format_duration, plot_loss, progress_line
@@ -38,7 +39,7 @@ from hwh_jax.training.signals import StopOnSignal
 from hwh_jax.training.specs import model_config, run_specs
 from hwh_jax.training.state import (init_train_state, jit_step, threefry_kernel,
                                     train_state_shardings)
-from hwh_jax.training.steps import make_eval_step, make_train_step
+from hwh_jax.training.steps import make_eval_step
 
 log = logging.getLogger(__name__)
 
@@ -180,17 +181,10 @@ class Run:
                  for k, v in self.first_batch.items() if k != "index"}
 
         dp = shd.data_parallel_size(self.mesh)
-
-        def compile_at(micro: int):
-            n, _ = memory.accumulation(c.batch_size, micro)
-            step_fn = make_train_step(self.graphdef, self.tx, self.schedule, grad_accum=n,
-                                      micro_batch=micro, shards=dp, z_loss=c.z_loss,
-                                      document_mask=c.document_mask, loss_impl=c.loss_impl)
-            t = time.time()
-            out = jit_step(step_fn, self.mesh, self.state_sh, out_shardings=(self.state_sh, None),
-                           donate_argnums=(0,)).lower(self.state, batch).compile()
-            log.info("compiled the train step at micro-batch %d in %.1fs", micro, time.time() - t)
-            return out
+        compile_at = train_step_compiler(
+            self.graphdef, self.tx, self.schedule, self.mesh, self.state_sh, self.state, batch,
+            batch_size=c.batch_size, z_loss=c.z_loss, document_mask=c.document_mask,
+            loss_impl=c.loss_impl)
 
         limit = memory.device_limit(c.device_memory_gb)
         key = memory.plan_key(self.config.model.to_dict(), self.config.seq_len, c.batch_size,

@@ -1,0 +1,141 @@
+"""A training run sized for a TPU slice before anyone rents it: the train step compiled by the
+TPU compiler for the slice's compile-only devices (``tpu_slices``), with the mesh, shardings,
+kernels and micro-batch planning ``launch.train`` would use there, and what the compiler says
+of it.
+
+``plan_train(config, slice)`` builds the step exactly as the trainer does (``run_specs``, the
+model's kernels for TPU, ``train_state_shardings``, ``compiled.train_step_compiler``) and lets
+``memory.plan`` choose the micro-batch against the chip's HBM, as the trainer does against the
+memory a device reports. It returns a JSON-able dict:
+
+- ``memory``: per chip, from the compiled program (arguments, outputs, aliased, temporaries,
+  code; ``step_bytes`` as the planner counts it) against the chip's HBM;
+- ``plan``: the micro-batch and accumulation chosen, and every micro-batch probed;
+- ``cost``: XLA's cost analysis of the chosen program (FLOPs and bytes accessed per chip; a
+  loop body, such as the accumulation's, is counted once by XLA);
+- ``collectives``: count and bytes per kind in the compiled program (``profiling.hlo``);
+- ``kernels``: the Mosaic (Pallas) kernels by name and count;
+- ``estimate``: a roofline step time from the chip's datasheet: compute time is the model's
+  FLOPs a step (``flops.flops_per_token``, the formula MFU uses) over the slice's peak; memory
+  time is XLA's bytes accessed per chip times the accumulation count over the HBM bandwidth;
+  collective time is the collective bytes per chip times the accumulation count over the
+  chip's ICI bandwidth. ``step_s_overlapped`` is the largest of the three (everything
+  overlaps), ``step_s_serial`` their sum (nothing does); tokens/s and MFU from each.
+
+A config that does not fit raises ``memory.MemoryPlanError`` naming the memory needed, the
+chip's HBM and the remedies.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+
+from hwh_jax.profiling import hlo
+from hwh_jax.training import memory
+from hwh_jax.training import sharding as shd
+from hwh_jax.training.compiled import train_step_compiler
+from hwh_jax.training.export import run_model_config
+from hwh_jax.training.flops import flops_per_token
+from hwh_jax.training.optimizer import make_optimizer
+from hwh_jax.training.specs import run_specs
+from hwh_jax.training.state import train_state_shardings
+from hwh_jax.training.tpu_slices import Slice, compile_only_devices
+
+BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
+_KERNEL = re.compile(r"%([A-Za-z_][\w\-]*?)(?:\.\d+)? = .*custom_call_target=\"tpu_custom_call\"")
+
+
+def _memory(compiled) -> dict:
+    m = compiled.memory_analysis()
+    return {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
+            "aliased": m.alias_size_in_bytes, "temporaries": m.temp_size_in_bytes,
+            "code": m.generated_code_size_in_bytes, "step_bytes": memory.step_bytes(compiled)}
+
+
+def _cost(compiled) -> dict:
+    c = compiled.cost_analysis()
+    c = c[0] if isinstance(c, (list, tuple)) else (c or {})
+    return {"flops": float(c.get("flops", 0.0)),
+            "bytes_accessed": float(c.get("bytes accessed", 0.0))}
+
+
+def program_summary(compiled) -> dict:
+    """Collectives (count and bytes per kind) and Mosaic kernels (count by name) of a compiled
+    TPU program."""
+    text = compiled.as_text()
+    by_kind = collections.defaultdict(lambda: {"count": 0, "bytes": 0})
+    for c in hlo.collectives(text):
+        by_kind[c.op]["count"] += 1
+        by_kind[c.op]["bytes"] += c.bytes
+    kernels = collections.Counter(m.group(1) for m in _KERNEL.finditer(text))
+    return {"collectives": dict(by_kind), "kernels": dict(sorted(kernels.items()))}
+
+
+def estimate(slice_: Slice, *, model_flops_step: float, bytes_step: float,
+             collective_bytes_step: float, tokens_step: int) -> dict:
+    """The roofline of the module docstring, per step."""
+    chip = slice_.chip
+    compute = model_flops_step / (chip.bf16_flops * slice_.chips)
+    hbm = bytes_step / chip.hbm_bytes_per_s
+    ici = collective_bytes_step / chip.ici_bytes_per_s
+    out = {"compute_s": compute, "hbm_s": hbm, "ici_s": ici,
+           "step_s_overlapped": max(compute, hbm, ici), "step_s_serial": compute + hbm + ici}
+    for key in ("overlapped", "serial"):
+        t = out[f"step_s_{key}"]
+        out[f"tokens_per_s_{key}"] = tokens_step / t if t else None
+        out[f"mfu_{key}"] = compute / t if t else None
+    return out
+
+
+def plan_train(config, slice_: Slice) -> dict:
+    """The plan of ``config``'s training step on ``slice_`` (module docstring)."""
+    c = config.train
+    devices = compile_only_devices(slice_)
+    specs = run_specs(config, data_files=False)
+    cfg = run_model_config(config, "tpu")
+    tx, schedule = make_optimizer(specs.optimizer)
+    mesh = shd.make_mesh(tuple(c.mesh), devices)
+    graphdef, abstract_state, state_sh = train_state_shardings(cfg, tx, mesh)
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                         abstract_state, state_sh)
+    rows = shd.batch_sharding(mesh)
+    shape = (c.batch_size, config.seq_len)
+    batch = {k: jax.ShapeDtypeStruct(shape, jnp.float32 if k == "loss_mask" else jnp.int32,
+                                     sharding=rows) for k in BATCH_KEYS}
+    compile_at = train_step_compiler(graphdef, tx, schedule, mesh, state_sh, state, batch,
+                                     batch_size=c.batch_size, z_loss=c.z_loss,
+                                     document_mask=c.document_mask, loss_impl=c.loss_impl)
+    hbm = slice_.chip.hbm_bytes
+
+    def advice() -> str:
+        params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract_state))
+        return (f"The parameters and optimizer state alone are {memory.size(params)} before "
+                f"sharding (mesh {dict(mesh.shape)} on {slice_.chips} chips of "
+                f"{memory.size(hbm)}). To fit: a larger slice; more of the mesh on fsdp "
+                f"(train.mesh=1,{slice_.chips},1 shards parameters, optimizer state and "
+                f"gradients over every chip); recomputing activations (model.remat=block); a "
+                f"shorter context (seq_len={config.seq_len}); or a smaller model")
+
+    plan, compiled = memory.plan(compile_at, batch=c.batch_size, dp=shd.data_parallel_size(mesh),
+                                 limit=hbm, grad_accum=c.grad_accum, advice=advice)
+    program = program_summary(compiled)
+    cost = _cost(compiled)
+    tokens = c.batch_size * config.seq_len
+    n = plan.grad_accum
+    collective_bytes = sum(v["bytes"] for v in program["collectives"].values())
+    return {
+        "topology": slice_.name, "grid": "x".join(map(str, slice_.grid)),
+        "chips": slice_.chips, "chip": dataclasses.asdict(slice_.chip),
+        "mesh": dict(mesh.shape), "arch": cfg.arch, "seq_len": config.seq_len,
+        "batch_size": c.batch_size, "tokens_per_step": tokens,
+        "memory": {**_memory(compiled), "hbm": hbm},
+        "fits": plan.step_bytes <= hbm,
+        "plan": plan.to_json(), "cost": cost, **program,
+        "estimate": estimate(slice_, model_flops_step=flops_per_token(cfg, config.seq_len)
+                             * tokens, bytes_step=cost["bytes_accessed"] * n,
+                             collective_bytes_step=collective_bytes * n, tokens_step=tokens),
+    }

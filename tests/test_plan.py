@@ -1,0 +1,74 @@
+"""``launch.plan``: the train step compiled by the TPU compiler for a small slice on this CPU host
+(compile-only TPU devices, ``libtpu``), the plan's fields checked; a config too large for the
+slice refused with the memory it needs, the chip's HBM and the remedies; slice names parsed."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hwh_jax.training import tpu_slices
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def plan(tmp_path, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    out = subprocess.run([sys.executable, "-m", "launch.plan", f"--out={tmp_path}", *args],
+                         cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                         text=True, timeout=600)
+    return out, json.loads((tmp_path / "plan.json").read_text())
+
+
+def test_the_tiny_hwh_step_compiles_for_v5e_2x2_and_fits(tmp_path):
+    out, r = plan(tmp_path, "--config=configs/hwh_tiny.py", "--topology=v5e:2x2",
+                  "--config.train.mesh=1,4,1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert r["fits"] and r["chips"] == 4 and r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    m = r["memory"]
+    assert 0 < m["step_bytes"] <= m["hbm"] == 16 * 2 ** 30
+    assert m["arguments"] > 0 and m["temporaries"] > 0
+    # the planner chose the whole batch (it fits) after probing the smallest micro-batch
+    assert r["plan"]["micro_batch"] == 16 and r["plan"]["grad_accum"] == 1
+    assert [p[0] for p in r["plan"]["probes"]] == [4, 16]
+    # GDN runs as its Mosaic kernels on TPU (no XLA fallback), forward and backward
+    for kernel in ("gdn_wy_inverse", "gdn_wy_apply", "gdn_scan_fwd", "gdn_scan_bwd",
+                   "gdn_state_grads", "gdn_wy_bwd"):
+        assert r["kernels"].get(kernel, 0) >= 1, r["kernels"]
+    assert r["collectives"]["all-gather"]["count"] > 0          # FSDP gathers the weights
+    assert r["cost"]["flops"] > 0 and r["cost"]["bytes_accessed"] > 0
+    e = r["estimate"]
+    assert 0 < e["step_s_overlapped"] <= e["step_s_serial"]
+    assert 0 < e["mfu_serial"] <= e["mfu_overlapped"] <= 1
+    assert "memory per chip" in out.stdout and "estimated step" in out.stdout
+
+
+def test_a_config_too_large_for_the_slice_is_refused_with_what_would_fit(tmp_path):
+    out, r = plan(tmp_path, "--config=configs/hwh_tiny.py", "--topology=v5e-4",
+                  "--config.train.mesh=1,4,1", "--config.seq_len=1048576",
+                  "--config.train.batch_size=4")
+    assert out.returncode == 3, out.stderr[-3000:]
+    assert r == {"topology": "v5e-4", "fits": False, "error": r["error"]}
+    message = out.stderr
+    assert "does not fit" in message and "per device" in message
+    assert "16.00 GiB" in message                                # the chip's HBM
+    assert "a larger slice" in message and "model.remat=block" in message
+    assert "seq_len=1048576" in message
+
+
+@pytest.mark.parametrize("name,grid,chips", [
+    ("v5p-32", (2, 2, 4), 16), ("v5p-16", (2, 2, 2), 8), ("v4-8", (2, 2, 1), 4),
+    ("v5e-16", (4, 4), 16), ("v6e-256", (16, 16), 256), ("v5p:2x2x4", (2, 2, 4), 16),
+    ("v5e:2x2", (2, 2), 4)])
+def test_slice_names(name, grid, chips):
+    s = tpu_slices.parse(name)
+    assert s.grid == grid and s.chips == chips
+
+
+def test_a_slice_name_not_known_names_the_forms():
+    with pytest.raises(ValueError, match="v5p-32, v5e-16"):
+        tpu_slices.parse("v5x-8")
+    with pytest.raises(ValueError, match="chip grid instead"):
+        tpu_slices.parse("v5p-24")
