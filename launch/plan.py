@@ -25,6 +25,9 @@ from launch import devices, one_line_errors, setup_logging
 config_flags.DEFINE_config_file("config", None, "run config file", lock_config=True)
 flags.DEFINE_string("topology", None, "a TPU slice: v5p-32, v5e-16, v6e-256, v5p:2x2x4, ...")
 flags.DEFINE_string("out", "", "folder for plan.json")
+flags.DEFINE_bool("inference", False, "also the prefill and one decode step, on one chip")
+flags.DEFINE_integer("batch", 1, "inference batch")
+flags.DEFINE_integer("context", 8192, "inference cache length (the prompt: half of it)")
 flags.mark_flags_as_required(["config", "topology"])
 FLAGS = flags.FLAGS
 EXIT_DOES_NOT_FIT = 3
@@ -36,6 +39,7 @@ def main(argv):
     # TPU VM (so it does not probe the instance's metadata)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")   # compiling only: no TPU to own
     made = devices.apply_defaults(on="tpu")   # the compiler flags launch.train sets on a TPU
     setup_logging()
     for line in made:
@@ -57,6 +61,9 @@ def plan():
         print(f"does not fit: {e}", file=sys.stderr, flush=True)
         _write({"topology": slice_.name, "fits": False, "error": str(e)})
         sys.exit(EXIT_DOES_NOT_FIT)
+    if FLAGS.inference:
+        result["inference"] = pod_plan.plan_inference(FLAGS.config, slice_, batch=FLAGS.batch,
+                                                      context=FLAGS.context)
     _write(result)
     print(format_plan(result), flush=True)
 
@@ -93,6 +100,13 @@ def format_plan(r: dict) -> str:
         f"{e['tokens_per_s_serial'] / 1e3:,.0f}k-{e['tokens_per_s_overlapped'] / 1e3:,.0f}k "
         f"tokens/s, MFU {100 * e['mfu_serial']:.0f}-{100 * e['mfu_overlapped']:.0f}%",
     ]
+    for name in ("prefill", "decode"):
+        if name in r.get("inference", {}):
+            s = r["inference"][name]
+            lines.append(f"{name} (batch {r['inference']['batch']}, cache "
+                         f"{r['inference']['context']}): {s['memory']['step_bytes'] / gib:.2f} GiB "
+                         f"of one chip's {s['memory']['hbm'] / gib:.0f}, Mosaic kernels "
+                         f"{sum(s['kernels'].values())}")
     return "\n".join(lines)
 
 

@@ -22,9 +22,10 @@ def plan(tmp_path, *args):
     return out, json.loads((tmp_path / "plan.json").read_text())
 
 
-def test_the_tiny_hwh_step_compiles_for_v5e_2x2_and_fits(tmp_path):
+def test_the_tiny_hwh_steps_compile_for_v5e_2x2_and_fit(tmp_path):
+    """The train step over the slice, and the prefill and decode steps on one of its chips."""
     out, r = plan(tmp_path, "--config=configs/hwh_tiny.py", "--topology=v5e:2x2",
-                  "--config.train.mesh=1,4,1")
+                  "--config.train.mesh=1,4,1", "--inference", "--context=512")
     assert out.returncode == 0, out.stderr[-3000:]
     assert r["fits"] and r["chips"] == 4 and r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
     m = r["memory"]
@@ -43,6 +44,11 @@ def test_the_tiny_hwh_step_compiles_for_v5e_2x2_and_fits(tmp_path):
     assert 0 < e["step_s_overlapped"] <= e["step_s_serial"]
     assert 0 < e["mfu_serial"] <= e["mfu_overlapped"] <= 1
     assert "memory per chip" in out.stdout and "estimated step" in out.stdout
+    inf = r["inference"]
+    assert inf["context"] == 512 and inf["prefill"]["fits"] and inf["decode"]["fits"]
+    assert inf["prefill"]["kernels"].get("gdn_scan_fwd", 0) >= 1    # the chunked forward
+    assert inf["decode"]["memory"]["arguments"] > 0
+    assert "decode (batch 1, cache 512)" in out.stdout
 
 
 def test_a_config_too_large_for_the_slice_is_refused_with_what_would_fit(tmp_path):

@@ -75,12 +75,12 @@ def export_train_step(config, *, platform: str, mesh: tuple[int, int, int],
     return _export(step, platform)(state, batch)
 
 
-def export_inference_steps(cfg, *, platform: str, batch: int, context: int,
-                           prompt: int | None = None) -> dict[str, jax_export.Exported]:
-    """{"prefill": a prompt of ``prompt`` tokens (default ``context // 2``) into an empty
-    cache of ``context`` slots, "decode": one token over it}, lowered for ``platform`` on one
-    device, parameters in the compute dtype as ``Generator`` holds them."""
-    cfg = cfg.replace(kernel_platform=platform)
+def inference_programs(cfg, *, batch: int, context: int, prompt: int | None = None,
+                       sharding=None) -> dict[str, tuple]:
+    """{"prefill": (fn, args), "decode": (fn, args)}: a prompt of ``prompt`` tokens (default
+    ``context // 2``) into an empty cache of ``context`` slots, and one token over it, with
+    abstract arguments (parameters in the compute dtype as ``Generator`` holds them; placed
+    by ``sharding`` if given)."""
     graphdef, state = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, cfg.compute_dtype if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating)
@@ -97,11 +97,21 @@ def export_inference_steps(cfg, *, platform: str, batch: int, context: int,
         logits, cache = nnx.merge(graphdef, state).extend(token[:, None], cache)
         return logits[:, 0], cache
 
-    lower = lambda f, *args: _export(jax.jit(f), platform)(*args)  # noqa: E731
     tokens = jax.ShapeDtypeStruct((batch, prompt), jnp.int32)
     token = jax.ShapeDtypeStruct((batch,), jnp.int32)
-    return {"prefill": lower(prefill, state, tokens, cache),
-            "decode": lower(decode, state, token, cache)}
+    args = {"prefill": (state, tokens, cache), "decode": (state, token, cache)}
+    if sharding is not None:
+        place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)  # noqa: E731
+        args = {k: jax.tree.map(place, v) for k, v in args.items()}
+    return {"prefill": (prefill, args["prefill"]), "decode": (decode, args["decode"])}
+
+
+def export_inference_steps(cfg, *, platform: str, batch: int, context: int,
+                           prompt: int | None = None) -> dict[str, jax_export.Exported]:
+    """The programs of ``inference_programs`` lowered for ``platform`` on one device."""
+    cfg = cfg.replace(kernel_platform=platform)
+    return {name: _export(jax.jit(fn), platform)(*args) for name, (fn, args) in
+            inference_programs(cfg, batch=batch, context=context, prompt=prompt).items()}
 
 
 _CALL = re.compile(r"stablehlo\.custom_call @([\w$.\-]+)\(")

@@ -38,7 +38,7 @@ from hwh_jax.profiling import hlo
 from hwh_jax.training import memory
 from hwh_jax.training import sharding as shd
 from hwh_jax.training.compiled import train_step_compiler
-from hwh_jax.training.export import run_model_config
+from hwh_jax.training.export import inference_programs, run_model_config
 from hwh_jax.training.flops import flops_per_token
 from hwh_jax.training.optimizer import make_optimizer
 from hwh_jax.training.specs import run_specs
@@ -89,6 +89,23 @@ def estimate(slice_: Slice, *, model_flops_step: float, bytes_step: float,
         out[f"tokens_per_s_{key}"] = tokens_step / t if t else None
         out[f"mfu_{key}"] = compute / t if t else None
     return out
+
+
+def plan_inference(config, slice_: Slice, *, batch: int, context: int) -> dict:
+    """The prefill of a ``context // 2``-token prompt and one decode step at a ``context``
+    cache, compiled for one chip of ``slice_``: memory against its HBM, kernels, collectives
+    (none on one chip)."""
+    device = compile_only_devices(slice_)[0]
+    cfg = run_model_config(config, "tpu")
+    out = {}
+    for name, (fn, args) in inference_programs(
+            cfg, batch=batch, context=context,
+            sharding=jax.sharding.SingleDeviceSharding(device)).items():
+        compiled = jax.jit(fn).lower(*args).compile()
+        out[name] = {"memory": {**_memory(compiled), "hbm": slice_.chip.hbm_bytes},
+                     "cost": _cost(compiled), **program_summary(compiled)}
+        out[name]["fits"] = out[name]["memory"]["step_bytes"] <= slice_.chip.hbm_bytes
+    return {"batch": batch, "context": context, **out}
 
 
 def plan_train(config, slice_: Slice) -> dict:
