@@ -216,5 +216,5 @@ def sync_all(level: int = logging.WARNING) -> None:
 
 
 # A last try at exit (the launchers sync before they return; by the time atexit runs, fsspec
-# may have closed its HTTP sessions, so a failure here is only a debug record).
+# may have closed its HTTP connections, so a failure here is only a debug record).
 atexit.register(sync_all, logging.DEBUG)
