@@ -158,6 +158,30 @@ def test_flipped_bytes_are_caught_and_the_previous_checkpoint_taken(corpus, four
     assert any(p.name.startswith("4.") for p in (tmp_path / "checkpoints").iterdir())
 
 
+@pytest.mark.parametrize("item,change", [
+    ("data", lambda d: {**d, **{k: v + 1 for k, v in d.items() if isinstance(v, int)
+                                 and not isinstance(v, bool)}}),
+    ("meta", lambda m: {**m, "wall_s": m["wall_s"] + 1.0}),
+])
+def test_a_changed_data_position_or_metadata_sets_the_checkpoint_aside(
+        corpus, four_steps, tmp_path, caplog, item, change):
+    """The data position (Grain's state) and the metadata are covered like the arrays: a
+    checkpoint whose ``data`` or ``meta`` was edited is set aside as corrupt and the previous
+    one taken, with one line; the run resumes exactly from there."""
+    _copy(four_steps, tmp_path)
+    file = tmp_path / "checkpoints" / "4" / item / "metadata"      # Orbax's JSON of the item
+    saved = json.loads(file.read_text())
+    changed = change(saved)
+    assert changed != saved
+    file.write_text(json.dumps(changed))
+    res = train_and_evaluate(tiny(corpus, steps=5), tmp_path)
+    assert sorted(res.losses) == [3, 4, 5]
+    said = [r.getMessage() for r in caplog.records if "checkpoint of step 4" in r.getMessage()]
+    what = "data position" if item == "data" else "metadata"
+    assert len(said) == 1 and f"is corrupt (its {what} differs from what was saved)" in said[0]
+    assert any(p.name.startswith("4.corrupt.") for p in (tmp_path / "checkpoints").iterdir())
+
+
 def test_deleted_metadata_falls_back_with_one_line(corpus, four_steps, tmp_path, caplog):
     _copy(four_steps, tmp_path)
     import shutil

@@ -19,7 +19,9 @@ depend on the order of summation, so the value is the same on any mesh). Any sin
 changes it. Restore walks back from the newest step and tries each in turn:
 
 - a step that cannot be read is moved aside (``<step>.unreadable.<time>``);
-- a step whose restored state does not match its fingerprint is moved aside
+- a step whose restored state does not match its fingerprint, or whose data position or
+  metadata do not match the digests ``meta`` keeps of them (SHA-256 of their JSON; the meta's
+  own digest covers the fingerprint and the data's digest), is moved aside
   (``<step>.corrupt.<time>``);
 - a step marked suspect (``<step>.suspect``: a run that continued from it met a non-finite loss)
   is skipped; delete the marker to use it again;
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import time
@@ -106,7 +109,8 @@ class Checkpointer:
         self.wait()
         if step in self.steps():
             return False
-        meta = {**meta, "fingerprint": fingerprint(state)}
+        meta = {**meta, "fingerprint": fingerprint(state), "data_digest": digest(data_state)}
+        meta["meta_digest"] = digest(meta)
         with self._write_errors(step):
             self.manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(dict(data_state)),
@@ -176,6 +180,10 @@ class Checkpointer:
                 log.debug("restoring checkpoint %d failed", s, exc_info=True)
                 self._set_aside(s, "unreadable", f"{type(e).__name__}: {_first_line(e)}")
                 continue
+            changed = self._changed_items(out, with_data)
+            if changed:
+                self._set_aside(s, "corrupt", changed)
+                continue
             saved = out["meta"].get("fingerprint")
             if saved is None:
                 log.warning("the checkpoint of step %d has no fingerprint (written by an older "
@@ -191,6 +199,18 @@ class Checkpointer:
             return s, out["state"], out.get("data"), out["meta"]
         return None
 
+    @staticmethod
+    def _changed_items(out: dict, with_data: bool) -> str | None:
+        """What of a restored checkpoint's metadata or data position differs from the digests
+        its metadata keeps (None: nothing, or a checkpoint written before the digests)."""
+        meta = out["meta"]
+        rest = {k: v for k, v in meta.items() if k != "meta_digest"}
+        if "meta_digest" in meta and digest(rest) != meta["meta_digest"]:
+            return "its metadata differs from what was saved"
+        if with_data and "data_digest" in meta and digest(out.get("data")) != meta["data_digest"]:
+            return "its data position differs from what was saved"
+        return None
+
     def _set_aside(self, step: int, why: str, detail: str):
         aside = self.directory / f"{step}.{why}.{int(time.time())}"
         (self.directory / str(step)).rename(aside)
@@ -204,6 +224,12 @@ class Checkpointer:
             self.wait()
         finally:
             self.manager.close()
+
+
+def digest(value) -> str:
+    """SHA-256 of a JSON value as it reads back (tuples as lists, keys sorted)."""
+    text = json.dumps(json.loads(json.dumps(value)), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _os_error(e: BaseException) -> OSError | None:
