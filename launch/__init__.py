@@ -110,6 +110,39 @@ def one_line_errors():
         storage.sync_all()
 
 
+def run_main(main) -> None:
+    """``absl.app.run(main)``, with what flag parsing meets as one line and exit status 2: a
+    config file that cannot be read, a ``--config.KEY`` override naming no key (with the
+    key it most likely meant), any other bad flag."""
+    from absl import app
+
+    from launch import devices
+    devices.skip_tpu_probe()
+    app.run(main, flags_parser=_parse_flags)
+
+
+def _parse_flags(argv):
+    from absl import flags
+    try:
+        rest = flags.FLAGS(argv)
+        if "config" in flags.FLAGS:
+            config = flags.FLAGS.config
+            if type(config).__name__ == "_ErrorConfig":   # ml_collections' failed load
+                str(config.anything)                       # raises its error
+        return rest
+    except flags.Error as e:
+        message = " ".join(str(e).split())
+    except (AttributeError, KeyError) as e:   # ml_collections: an override of a missing key
+        text = str(e.args[0] if e.args else e)
+        text = text.replace("\\n", " ").replace("\\'", "").replace("\n", " ").replace("'", "")
+        message = "a --config override names no key of the config: " + " ".join(text.split())
+    except Exception as e:  # noqa: BLE001 - ml_collections' config-file errors have no one type
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        message = f"--config: {lines[-1] if lines else type(e).__name__}"
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_REFUSED)
+
+
 def _fail(e: BaseException, status: int, verbose: bool):
     _log.debug("failed", exc_info=True)
     if verbose:

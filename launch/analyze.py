@@ -12,7 +12,7 @@ import json
 
 from absl import app, flags
 
-from launch import begin, first_process_writes, one_line_errors
+from launch import begin, first_process_writes, one_line_errors, run_main
 from hwh_jax import storage
 
 flags.DEFINE_list("checkpoint", [], "launch.train workdir(s)")
@@ -129,4 +129,4 @@ def _analyze(models, out: storage.PathLike):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

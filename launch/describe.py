@@ -8,7 +8,9 @@ r"""Print a config's parameter count and per-layer FA/LA allocation, without all
                                         # plus each decode step's bytes and memory floor
   python -m launch.describe --plot=alloc.png --archs=transformer,layerwise,hwh --size=380m
 """
-from absl import app, flags
+from absl import flags
+
+from launch import run_main
 from ml_collections import config_flags
 
 from hwh_jax.models.describe import describe, markdown_table
@@ -65,4 +67,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

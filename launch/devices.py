@@ -46,6 +46,17 @@ def platform(environ=os.environ, dev: Path = Path("/dev")) -> str:   # local pat
     return "cpu"
 
 
+def skip_tpu_probe(environ=os.environ) -> bool:
+    """On a machine with no TPU, and ``JAX_PLATFORMS`` unset, name the platforms JAX should
+    start ("cpu", or "cuda,cpu" with NVIDIA devices), so that an installed TPU compiler
+    (``libtpu``, e.g. for ``launch.plan``) is not probed for a chip and its warnings stay off the
+    console. A TPU host is left as it is. True if set."""
+    if environ.get("JAX_PLATFORMS") or platform(environ) == "tpu":
+        return False
+    environ["JAX_PLATFORMS"] = "cuda,cpu" if platform(environ) == "gpu" else "cpu"
+    return True
+
+
 def _merge(current: str, flags) -> tuple[str, list[str]]:
     named = {tok.split("=")[0] for tok in current.split()}
     added = [f"{k}={v}" for k, v in flags if k not in named]

@@ -7,9 +7,9 @@ cross-model extrapolation chart and perplexity chart. The logic is ``hwh_jax.eva
 """
 import json
 
-from absl import app, flags
+from absl import flags
 
-from launch import begin, first_process_writes, one_line_errors
+from launch import begin, first_process_writes, one_line_errors, run_main
 from hwh_jax import storage
 
 flags.DEFINE_list("checkpoint", None, "launch.train workdir(s), comma-separated")
@@ -80,4 +80,4 @@ def _evaluate(spec, out: storage.PathLike):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

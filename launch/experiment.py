@@ -23,7 +23,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from launch import EXIT_FAILED, devices, one_line_errors, setup_logging
+from launch import EXIT_FAILED, devices, one_line_errors, run_main, setup_logging
 from launch.processes import argv_without, run_side_by_side
 from hwh_jax import storage
 
@@ -107,4 +107,4 @@ def several_seeds():
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

@@ -14,10 +14,10 @@ kind of device). The logic is ``hwh_jax.training.export``; docs/tpu.md shows its
 import json
 import os
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from launch import one_line_errors, setup_logging
+from launch import one_line_errors, run_main, setup_logging
 from hwh_jax import storage
 
 config_flags.DEFINE_config_file("config", None, "run config file", lock_config=True)
@@ -71,4 +71,4 @@ def export():
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

@@ -6,9 +6,9 @@ continuations, prefill and decode timings, and the decode cache's memory at this
 """
 
 
-from absl import app, flags
+from absl import flags
 
-from launch import begin, first_process_writes, one_line_errors
+from launch import begin, first_process_writes, one_line_errors, run_main
 
 flags.DEFINE_string("checkpoint", None, "launch.train workdir")
 flags.DEFINE_integer("step", None, "checkpoint step (default: the newest that proves itself)")
@@ -61,4 +61,4 @@ def continuation(tok, prompt_ids, out_ids) -> str:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

@@ -21,9 +21,9 @@ import dataclasses
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 
-from launch import EXIT_FAILED, begin, one_line_errors
+from launch import EXIT_FAILED, begin, one_line_errors, run_main
 from launch.processes import argv_without, run_side_by_side
 from hwh_jax import storage
 
@@ -118,4 +118,4 @@ def cells_side_by_side(spec):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

@@ -16,11 +16,11 @@ import logging
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from hwh_jax import storage
-from launch import devices, one_line_errors, setup_logging
+from launch import devices, one_line_errors, run_main, setup_logging
 
 config_flags.DEFINE_config_file("config", None, "run config file", lock_config=True)
 flags.DEFINE_string("topology", None, "a TPU slice: v5p-32, v5e-16, v6e-256, v5p:2x2x4, ...")
@@ -111,4 +111,4 @@ def format_plan(r: dict) -> str:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

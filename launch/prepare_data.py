@@ -14,9 +14,9 @@ run again. Prints progress (documents, tokens/s, MiB/s of text, ETA). The logic 
 """
 import os
 
-from absl import app, flags
+from absl import flags
 
-from launch import one_line_errors, setup_logging
+from launch import one_line_errors, run_main, setup_logging
 
 flags.DEFINE_list("input", [], "text files or folders")
 flags.DEFINE_string("text_field", "text", "the text field of JSON lines / Parquet rows")
@@ -68,4 +68,4 @@ def prepare():
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

@@ -12,9 +12,9 @@ and first step) and ``trace.png``. The logic is ``hwh_jax.analysis.trace``.
 """
 import json
 
-from absl import app, flags
+from absl import flags
 
-from launch import begin, first_process_writes, one_line_errors
+from launch import begin, first_process_writes, one_line_errors, run_main
 from hwh_jax import storage
 
 flags.DEFINE_string("checkpoint", None, "a launch.train workdir")
@@ -81,4 +81,4 @@ def trace(out: storage.PathLike):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

@@ -9,10 +9,10 @@ log file (``<workdir>/train.log``): ``launch/__init__.py``.
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 
 from hwh_jax import storage
-from launch import begin, one_line_errors
+from launch import begin, one_line_errors, run_main
 from ml_collections import config_flags
 
 config_flags.DEFINE_config_file("config", None, "run config file", lock_config=True)
@@ -35,4 +35,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

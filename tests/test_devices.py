@@ -53,3 +53,14 @@ def test_several_processes_are_recognised():
     assert devices.several_processes({"JAX_COORDINATOR_ADDRESS": "h:1234"})
     assert devices.several_processes({"TPU_WORKER_HOSTNAMES": "h0,h1"})
     assert devices.several_processes({"SLURM_NTASKS": "4"})
+
+
+def test_no_tpu_probe_off_a_tpu_host():
+    """With libtpu installed (the tpu-plan extra) JAX would probe for a TPU at its first use
+    and print libtpu's warnings: off a TPU host the launchers name the platforms instead."""
+    env = {}
+    assert devices.skip_tpu_probe(env) and env["JAX_PLATFORMS"] == "cpu"   # this CPU machine
+    env = {"TPU_ACCELERATOR_TYPE": "v5p-8"}
+    assert not devices.skip_tpu_probe(env) and "JAX_PLATFORMS" not in env
+    env = {"JAX_PLATFORMS": "cuda"}
+    assert not devices.skip_tpu_probe(env) and env["JAX_PLATFORMS"] == "cuda"

@@ -407,3 +407,21 @@ def test_a_truncated_checkpoint_costs_one_line_and_status_0(corpus, four_steps, 
     assert len(mentions) == 1, mentions
     assert "Traceback" not in console and len(console.splitlines()) < 60, console[-3000:]
     assert "Traceback" in (tmp_path / "train.log").read_text()
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--config=configs/hwh_tiny.py", "--config.train.stpes=3"],
+     'error: a --config override names no key of the config: stpes Did you mean "steps"'),
+    (["--config=configs/nope.py"],
+     "error: --config: [Errno 2] No such file or directory: 'configs/nope.py'"),
+])
+def test_a_config_error_in_the_flags_is_one_line_status_2_and_writes_nothing(tmp_path, args,
+                                                                             said):
+    workdir = tmp_path / "w"
+    out = subprocess.run([sys.executable, "-m", "launch.train", *args, f"--workdir={workdir}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert lines == [lines[0]] and lines[0].startswith(said), lines
+    assert not workdir.exists()
