@@ -126,7 +126,8 @@ def test_a_url_without_its_package_is_refused_with_one_line(env, tmp_path):
         "            raise ModuleNotFoundError(name)\n"
         "sys.meta_path.insert(0, _NoGcsfs())\n")
     hidden = {**env, "PYTHONPATH": f"{blocker}{os.pathsep}{ROOT}"}
-    out = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/hwh_tiny.py",
+    out = subprocess.run([sys.executable, "-m", "launch.train",
+                          f"--config={ROOT / 'configs' / 'hwh_tiny.py'}",
                           "--workdir=gs://bkt/runs/nowhere"], cwd=tmp_path, env=hidden,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr[-2000:]
