@@ -72,8 +72,8 @@ def main():
         coll = hlo.collectives(step.lower(abstract_state, batch).compile().as_text())
         count, size = collections.Counter(), collections.Counter()
         for c in coll:
-            count[c.op] += 1
-            size[c.op] += c.bytes
+            count[c.op] += c.times
+            size[c.op] += c.bytes * c.times
         row = {"mesh": dims, "arch": args.arch, "size": args.size, "layers": args.layers,
                "override": args.override, "loss_impl": args.loss_impl,
                "batch": B, "seq_len": T, "backend": jax.default_backend(),

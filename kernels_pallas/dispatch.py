@@ -76,14 +76,36 @@ def triton_target(settings: KernelSettings) -> bool:
     return settings.target() == "gpu" or settings.interpret is True
 
 
+_XLA_IMPLS = ("reference", "recurrent", "scan", "chunk_reference")
+
+
+def lowering(settings: KernelSettings, impl: str) -> str:
+    """What compiles ``impl`` where ``settings`` target: XLA for the jnp forms, the named
+    library, else (a Pallas kernel) Triton on a GPU, Mosaic on a TPU, the interpreter."""
+    if impl in _XLA_IMPLS:
+        return "XLA"
+    if impl == "cudnn":
+        return "cuDNN"
+    if impl == "splash":
+        return "JAX's splash attention, a Pallas kernel compiled by Mosaic TPU"
+    if settings.interpret is not False:
+        return ("a Pallas kernel in the interpreter"
+                + (" (TPU semantics)" if settings.interpret is not True else ""))
+    if impl == "mosaic":
+        return "a Pallas kernel compiled by Mosaic GPU"
+    return {"gpu": "a Pallas kernel compiled by Triton", "tpu": "a Pallas kernel compiled by "
+            "Mosaic TPU"}.get(settings.target(), "a Pallas kernel (no compiled lowering here)")
+
+
 def record(settings: KernelSettings, impl: str, op: str | None = None) -> str:
     """Remember and log (once) which implementation ``op`` (default ``settings.OP``) runs on
-    its platform."""
+    its platform, and what compiles it there (``lowering``)."""
     op = settings.OP if op is None else op
     key = f"{op}@{settings.target()}"
     if _chosen.get(key) != impl:
         _chosen[key] = impl
-        _log.info("kernels_pallas: %s runs impl=%r on %r", op, impl, settings.target())
+        _log.info("kernels_pallas: %s runs impl=%r on %r: %s", op, impl, settings.target(),
+                  lowering(settings, impl))
     return impl
 
 

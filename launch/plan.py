@@ -11,6 +11,7 @@ it to ``OUT/plan.json`` with ``--out``. A config that does not fit exits 3 with 
 needs and what would make it fit. The logic is ``hwh_jax.training.pod_plan``; docs/tpu.md
 explains the estimate.
 """
+import gzip
 import json
 import logging
 import os
@@ -28,6 +29,8 @@ flags.DEFINE_string("out", "", "folder for plan.json")
 flags.DEFINE_bool("inference", False, "also the prefill and one decode step, on one chip")
 flags.DEFINE_integer("batch", 1, "inference batch")
 flags.DEFINE_integer("context", 8192, "inference cache length (the prompt: half of it)")
+flags.DEFINE_bool("hlo", False, "also write the compiled train step's HLO text to "
+                  "OUT/train_step.hlo.txt.gz (collectives, fusions, layouts)")
 flags.mark_flags_as_required(["config", "topology"])
 FLAGS = flags.FLAGS
 EXIT_DOES_NOT_FIT = 3
@@ -56,7 +59,7 @@ def plan():
           f"({slice_.chips} chips of {slice_.chip.generation}, grid {slice_.topology_name}) "
           f"with the TPU compiler; a 1.4B model takes minutes", flush=True)
     try:
-        result = pod_plan.plan_train(FLAGS.config, slice_)
+        result = pod_plan.plan_train(FLAGS.config, slice_, keep_hlo=FLAGS.hlo)
     except memory.MemoryPlanError as e:
         print(f"does not fit: {e}", file=sys.stderr, flush=True)
         _write({"topology": slice_.name, "fits": False, "error": str(e)})
@@ -64,7 +67,11 @@ def plan():
     if FLAGS.inference:
         result["inference"] = pod_plan.plan_inference(FLAGS.config, slice_, batch=FLAGS.batch,
                                                       context=FLAGS.context)
+    hlo_text = result.pop("hlo", None)
     _write(result)
+    if hlo_text is not None and FLAGS.out:
+        with (storage.path(FLAGS.out) / "train_step.hlo.txt.gz").open("wb") as f:
+            f.write(gzip.compress(hlo_text.encode()))
     print(format_plan(result), flush=True)
 
 
@@ -89,9 +96,9 @@ def format_plan(r: dict) -> str:
         f"(probed: {', '.join(f'{a}: {b / gib:.2f} GiB' for a, b in p['probes']) or '-'})",
         f"compiler: {r['cost']['flops'] / 1e12:.2f} TFLOP and "
         f"{r['cost']['bytes_accessed'] / gib:.2f} GiB accessed per chip (loop bodies once)",
-        "collectives per chip: " + (", ".join(
-            f"{k} {v['count']} x, {v['bytes'] / gib:.3f} GiB" for k, v in
-            sorted(r["collectives"].items())) or "none"),
+        "collectives per step and chip: " + (", ".join(
+            f"{k} {v['count']} x, {v['bytes'] / gib:.3f} GiB ({v['wire_bytes'] / gib:.3f} sent)"
+            for k, v in sorted(r["collectives"].items())) or "none"),
         f"Mosaic kernels: {sum(r['kernels'].values())} "
         f"({', '.join(f'{k} {v}' for k, v in r['kernels'].items()) or 'none'})",
         f"estimated step: {e['step_s_overlapped'] * 1e3:.1f} ms if all overlaps, "

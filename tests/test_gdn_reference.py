@@ -126,6 +126,18 @@ def test_auto_choice_is_visible():
     assert GDNSettings(platform="cpu").choose() == "chunk_reference"
 
 
+def test_the_log_names_what_compiles_the_kernel_on_each_platform():
+    """The TPU runs the WY kernel written in Pallas through Mosaic, not Triton, whatever the
+    setting's name for it."""
+    def lowering(**kw):
+        return dispatch.lowering(GDNSettings(**kw), "triton" if "platform" in kw else "pallas")
+    assert "Mosaic TPU" in lowering(platform="tpu") and "Triton" not in lowering(platform="tpu")
+    assert "Triton" in lowering(platform="gpu")
+    assert "interpreter" in lowering(platform="tpu", interpret=True)
+    assert dispatch.lowering(GDNSettings(platform="gpu"), "mosaic").endswith("Mosaic GPU")
+    assert dispatch.lowering(GDNSettings(platform="tpu"), "chunk_reference") == "XLA"
+
+
 @pytest.mark.parametrize("C", [5, 16, 64, 48])
 def test_unit_lower_inverse_matches_numpy(C):
     """Block substitution == LAPACK inverse, for random and for all-ones strictly-lower A

@@ -13,13 +13,15 @@ memory a device reports. It returns a JSON-able dict:
 - ``plan``: the micro-batch and accumulation chosen, and every micro-batch probed;
 - ``cost``: XLA's cost analysis of the chosen program (FLOPs and bytes accessed per chip; a
   loop body, such as the accumulation's, is counted once by XLA);
-- ``collectives``: count and bytes per kind in the compiled program (``profiling.hlo``);
+- ``collectives``: per kind, per step and chip: executions, result bytes and the bytes a chip
+  sends under a ring algorithm (``profiling.hlo``: each collective once, loops' trip counts
+  applied);
 - ``kernels``: the Mosaic (Pallas) kernels by name and count;
 - ``estimate``: a roofline step time from the chip's datasheet: compute time is the model's
   FLOPs a step (``flops.flops_per_token``, the formula MFU uses) over the slice's peak; memory
   time is XLA's bytes accessed per chip times the accumulation count over the HBM bandwidth;
-  collective time is the collective bytes per chip times the accumulation count over the
-  chip's ICI bandwidth. ``step_s_overlapped`` is the largest of the three (everything
+  collective time is the bytes a chip sends per step (ring algorithm) over the chip's ICI
+  bandwidth. ``step_s_overlapped`` is the largest of the three (everything
   overlaps), ``step_s_serial`` their sum (nothing does); tokens/s and MFU from each.
 
 A config that does not fit raises ``memory.MemoryPlanError`` naming the memory needed, the
@@ -64,15 +66,12 @@ def _cost(compiled) -> dict:
 
 
 def program_summary(compiled) -> dict:
-    """Collectives (count and bytes per kind) and Mosaic kernels (count by name) of a compiled
-    TPU program."""
+    """Collectives of a compiled TPU program per kind and per run of it (executions, result
+    bytes, ring wire bytes a chip sends: ``profiling.hlo``) and its Mosaic kernels by name."""
     text = compiled.as_text()
-    by_kind = collections.defaultdict(lambda: {"count": 0, "bytes": 0})
-    for c in hlo.collectives(text):
-        by_kind[c.op]["count"] += 1
-        by_kind[c.op]["bytes"] += c.bytes
     kernels = collections.Counter(m.group(1) for m in _KERNEL.finditer(text))
-    return {"collectives": dict(by_kind), "kernels": dict(sorted(kernels.items()))}
+    return {"collectives": hlo.summary(hlo.collectives(text)),
+            "kernels": dict(sorted(kernels.items()))}
 
 
 def estimate(slice_: Slice, *, model_flops_step: float, bytes_step: float,
@@ -108,8 +107,9 @@ def plan_inference(config, slice_: Slice, *, batch: int, context: int) -> dict:
     return {"batch": batch, "context": context, **out}
 
 
-def plan_train(config, slice_: Slice) -> dict:
-    """The plan of ``config``'s training step on ``slice_`` (module docstring)."""
+def plan_train(config, slice_: Slice, *, keep_hlo: bool = False) -> dict:
+    """The plan of ``config``'s training step on ``slice_`` (module docstring); with
+    ``keep_hlo`` the compiled program's HLO text under ``"hlo"``."""
     c = config.train
     devices = compile_only_devices(slice_)
     specs = run_specs(config, data_files=False)
@@ -143,8 +143,8 @@ def plan_train(config, slice_: Slice) -> dict:
     cost = _cost(compiled)
     tokens = c.batch_size * config.seq_len
     n = plan.grad_accum
-    collective_bytes = sum(v["bytes"] for v in program["collectives"].values())
-    return {
+    wire_bytes = sum(v["wire_bytes"] for v in program["collectives"].values())
+    out = {
         "topology": slice_.name, "grid": "x".join(map(str, slice_.grid)),
         "chips": slice_.chips, "chip": dataclasses.asdict(slice_.chip),
         "mesh": dict(mesh.shape), "arch": cfg.arch, "seq_len": config.seq_len,
@@ -154,5 +154,8 @@ def plan_train(config, slice_: Slice) -> dict:
         "plan": plan.to_json(), "cost": cost, **program,
         "estimate": estimate(slice_, model_flops_step=flops_per_token(cfg, config.seq_len)
                              * tokens, bytes_step=cost["bytes_accessed"] * n,
-                             collective_bytes_step=collective_bytes * n, tokens_step=tokens),
+                             collective_bytes_step=wire_bytes, tokens_step=tokens),
     }
+    if keep_hlo:
+        out["hlo"] = compiled.as_text()
+    return out
