@@ -110,6 +110,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     t.z_loss = 0.0                         # e.g. 1e-4 for PaLM's z-loss
     t.document_mask = False                # attend / recur within documents only
     t.mesh = (-1, 1, 1)                    # (data, fsdp, tensor); -1 = the remaining devices
+    t.allow_unsplit_heads = False          # run a tensor axis that some layers' head counts
+    #                                        cannot split (refused otherwise: training/preflight.py)
     t.log_every = 25 if size == "tiny" else 50
     t.eval_every = 50 if size == "tiny" else 1000
     t.eval_batches = 20                    # held-out batches per evaluation (0 = all)

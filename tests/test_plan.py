@@ -78,3 +78,15 @@ def test_a_slice_name_not_known_names_the_forms():
         tpu_slices.parse("v5x-8")
     with pytest.raises(ValueError, match="chip grid instead"):
         tpu_slices.parse("v5p-24")
+
+
+def test_a_mesh_the_batch_or_the_heads_do_not_fit_is_refused_before_compiling(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "launch.plan", "--config=configs/hwh_tiny.py",
+                          "--topology=v5e:2x2", "--config.train.mesh=1,2,2"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300,
+                         env={**{k: v for k, v in os.environ.items()
+                                 if not k.startswith(("JAX_", "XLA_"))}, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 2, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert "train.mesh=1,4,1" in last and "allow_unsplit_heads" in last
+    assert "compiled the train step" not in out.stderr

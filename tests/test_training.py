@@ -91,7 +91,7 @@ def _train_in_subprocess(corpus, workdir, mesh, devices=8, extra=()):
             "--config.train.warmup_steps=2", "--config.train.log_every=1",
             "--config.train.eval_every=0", "--config.train.checkpoint_every=0",
             "--config.train.final_eval=False", "--config.eval.at_end=False",
-            f"--config.train.mesh={mesh}",
+            f"--config.train.mesh={mesh}", "--config.train.allow_unsplit_heads=True",
             f"--workdir={workdir}", *extra]
     out = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=MESH_TIMEOUT_S)
@@ -269,7 +269,7 @@ def test_an_unknown_logger_is_refused_before_anything_runs(corpus, tmp_path):
 @pytest.mark.parametrize("change,match", [
     (lambda c: setattr(c.data, "paths", ("missing/corpus.txt",)), "missing/corpus.txt"),
     (lambda c: setattr(c.train, "mesh", (3, 1, 1)), "does not divide the 8 devices"),
-    (lambda c: setattr(c.train, "batch_size", 6), "data-parallel size 8"),
+    (lambda c: setattr(c.train, "batch_size", 6), "data x fsdp = 8 devices"),
     (lambda c: setattr(c, "seq_len", 1), "seq_len"),
     (lambda c: setattr(c.train, "schedule", "linear"), "schedule"),
     (lambda c: setattr(c.model, "vocab_size", 100), "vocab_size=100"),

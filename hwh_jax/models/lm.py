@@ -21,6 +21,7 @@ import math
 import jax.numpy as jnp
 from flax import nnx
 
+from hwh_jax.layers import embedding
 from hwh_jax.layers.config import LayerSpec, ModelConfig
 from hwh_jax.layers.linear import INIT_STD, dense, matmul
 from hwh_jax.layers.mixer import HeadwiseMixer
@@ -104,8 +105,9 @@ class HybridLM(nnx.Module):
         table first, so its backward scatter-adds the rows' gradients in the compute dtype: in
         bf16 that sums thousands of a frequent token's rows in bf16, slowly and inexactly, on
         real text (where tokens collide; docs/benchmarks.md). Gathered first, the scatter-add
-        runs in fp32."""
-        rows = jnp.take(self.embed.embedding[...], tokens, axis=0)
+        runs in fp32. Under a mesh the lookup exchanges rows, not the table
+        (``layers.embedding``)."""
+        rows = embedding.lookup(self.embed.embedding[...], tokens)
         return rows.astype(self.cfg.compute_dtype)
 
     def hidden(self, tokens, positions=None, segment_ids=None):

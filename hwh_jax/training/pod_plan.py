@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from hwh_jax.profiling import hlo
-from hwh_jax.training import memory
+from hwh_jax.training import memory, preflight
 from hwh_jax.training import sharding as shd
 from hwh_jax.training.compiled import train_step_compiler
 from hwh_jax.training.export import inference_programs, run_model_config
@@ -116,6 +116,7 @@ def plan_train(config, slice_: Slice, *, keep_hlo: bool = False) -> dict:
     cfg = run_model_config(config, "tpu")
     tx, schedule = make_optimizer(specs.optimizer)
     mesh = shd.make_mesh(tuple(c.mesh), devices)
+    preflight.check_run(config, dict(mesh.shape))
     graphdef, abstract_state, state_sh = train_state_shardings(cfg, tx, mesh)
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                          abstract_state, state_sh)

@@ -26,7 +26,7 @@ from hwh_jax.eval import stats
 from hwh_jax.eval.suite import EvalModel, run_suite
 from hwh_jax.models.params import param_table
 from hwh_jax.profiling import host_gc, profile
-from hwh_jax.training import memory
+from hwh_jax.training import memory, preflight
 from hwh_jax.training import sharding as shd
 from hwh_jax.training import workdir as workdir_lib
 from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
@@ -94,6 +94,8 @@ class Run:
         self.stop = stop or StopOnSignal("saving a checkpoint and stopping")
         self.workdir = storage.absolute(workdir)      # a local folder or a bucket URL
         self.specs = run_specs(config)
+        preflight.check_run(config, dict(zip(shd.MESH_AXES, shd.mesh_shape(
+            config.train.mesh, jax.device_count()))), processes=jax.process_count())
         self.workdir.mkdir(parents=True, exist_ok=True)
         workdir_lib.bind(self.workdir, config, write=jax.process_index() == 0)
         self.t0, self.wall_before = time.time(), 0.0
@@ -105,10 +107,7 @@ class Run:
     # ------------------------------------------------------------ mesh
     def make_mesh(self):
         c = self.c
-        self.mesh = shd.make_mesh(tuple(c.mesh))
-        if c.batch_size % jax.process_count():
-            raise ValueError(f"train.batch_size={c.batch_size} not divisible by "
-                             f"{jax.process_count()} processes")
+        self.mesh = shd.make_mesh(tuple(c.mesh))      # checked against the run in __init__
 
     # ------------------------------------------------------------ data
     def load_data(self):
