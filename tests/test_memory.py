@@ -227,6 +227,14 @@ def test_the_trainer_plans_micro_batches_under_a_memory_limit(corpus, tmp_path, 
     for s, loss in whole.losses.items():
         assert abs(split.losses[s] - loss) <= 2e-5 * abs(loss), (s, split.losses[s], loss)
     assert memory.remembered(tmp_path / "split", saved["key"]) == plan["micro_batch"]
+    # launch.plan's planner (pod_plan.plan_step, which plans a TPU slice on its compile-only
+    # devices) given these devices and this limit: the same probes, the same choice
+    from hwh_jax.training import pod_plan
+    config = _run_config(corpus, device_memory_gb=limit_gb)
+    config.model.vocab_size = 512                              # the trainer's, from its tokenizer
+    got, _, _, _ = pod_plan.plan_step(config, jax.devices(), platform="cpu",
+                                      limit=memory.device_limit(limit_gb))
+    assert got.to_json() == {k: v for k, v in plan.items() if k != "key"}
 
 
 def test_a_plan_is_remembered_under_its_key_only(tmp_path):

@@ -51,6 +51,22 @@ def test_the_tiny_hwh_steps_compile_for_v5e_2x2_and_fit(tmp_path):
     assert "decode (batch 1, cache 512)" in out.stdout
 
 
+def test_the_tiny_hwh_steps_compile_for_v5p_2x2x1(tmp_path):
+    """A megacore chip (two TensorCores a chip, 95 GiB): the train step at a set accumulation,
+    prefill and decode; the GDN kernels through Mosaic, the collectives over 4 chips."""
+    out, r = plan(tmp_path, "--config=configs/hwh_tiny.py", "--topology=v5p:2x2x1",
+                  "--config.train.mesh=2,2,1", "--config.train.grad_accum=2", "--inference",
+                  "--context=256")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert r["chips"] == 4 and r["chip"]["generation"] == "v5p" and r["fits"]
+    assert 0 < r["memory"]["step_bytes"] <= r["memory"]["hbm"] == int(95 * 2 ** 30)
+    assert r["plan"]["grad_accum"] == 2 and r["plan"]["how"] == "set by train.grad_accum"
+    assert r["kernels"].get("gdn_scan_fwd", 0) >= 1 and r["kernels"].get("gdn_wy_bwd", 0) >= 1
+    # inside the accumulation loop: the weights' gathers run once a micro-batch
+    assert r["collectives"]["all-gather"]["count"] % 2 == 0
+    assert r["inference"]["decode"]["fits"] and r["inference"]["prefill"]["fits"]
+
+
 def test_a_config_too_large_for_the_slice_is_refused_with_what_would_fit(tmp_path):
     out, r = plan(tmp_path, "--config=configs/hwh_tiny.py", "--topology=v5e-4",
                   "--config.train.mesh=1,4,1", "--config.seq_len=1048576",

@@ -107,13 +107,14 @@ def plan_inference(config, slice_: Slice, *, batch: int, context: int) -> dict:
     return {"batch": batch, "context": context, **out}
 
 
-def plan_train(config, slice_: Slice, *, keep_hlo: bool = False) -> dict:
-    """The plan of ``config``'s training step on ``slice_`` (module docstring); with
-    ``keep_hlo`` the compiled program's HLO text under ``"hlo"``."""
+def plan_step(config, devices, *, platform: str, limit: int | None):
+    """The training step of ``config`` planned over ``devices`` against ``limit`` bytes a device
+    exactly as ``launch.train`` plans it there (``train_step_compiler`` and ``memory.plan``):
+    (plan, compiled step, mesh, model config). ``devices``: a slice's compile-only devices
+    (``plan_train``) or this host's (tests compare the trainer's plan with this one)."""
     c = config.train
-    devices = compile_only_devices(slice_)
     specs = run_specs(config, data_files=False)
-    cfg = run_model_config(config, "tpu")
+    cfg = run_model_config(config, platform)
     tx, schedule = make_optimizer(specs.optimizer)
     mesh = shd.make_mesh(tuple(c.mesh), devices)
     preflight.check_run(config, dict(mesh.shape))
@@ -127,19 +128,29 @@ def plan_train(config, slice_: Slice, *, keep_hlo: bool = False) -> dict:
     compile_at = train_step_compiler(graphdef, tx, schedule, mesh, state_sh, state, batch,
                                      batch_size=c.batch_size, z_loss=c.z_loss,
                                      document_mask=c.document_mask, loss_impl=c.loss_impl)
-    hbm = slice_.chip.hbm_bytes
+    chips = len(devices)
 
     def advice() -> str:
         params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract_state))
         return (f"The parameters and optimizer state alone are {memory.size(params)} before "
-                f"sharding (mesh {dict(mesh.shape)} on {slice_.chips} chips of "
-                f"{memory.size(hbm)}). To fit: a larger slice; more of the mesh on fsdp "
-                f"(train.mesh=1,{slice_.chips},1 shards parameters, optimizer state and "
+                f"sharding (mesh {dict(mesh.shape)} on {chips} chips of "
+                f"{memory.size(limit or 0)}). To fit: a larger slice; more of the mesh on fsdp "
+                f"(train.mesh=1,{chips},1 shards parameters, optimizer state and "
                 f"gradients over every chip); recomputing activations (model.remat=block); a "
                 f"shorter context (seq_len={config.seq_len}); or a smaller model")
 
     plan, compiled = memory.plan(compile_at, batch=c.batch_size, dp=shd.data_parallel_size(mesh),
-                                 limit=hbm, grad_accum=c.grad_accum, advice=advice)
+                                 limit=limit, grad_accum=c.grad_accum, advice=advice)
+    return plan, compiled, mesh, cfg
+
+
+def plan_train(config, slice_: Slice, *, keep_hlo: bool = False) -> dict:
+    """The plan of ``config``'s training step on ``slice_`` (module docstring); with
+    ``keep_hlo`` the compiled program's HLO text under ``"hlo"``."""
+    c = config.train
+    hbm = slice_.chip.hbm_bytes
+    plan, compiled, mesh, cfg = plan_step(config, compile_only_devices(slice_), platform="tpu",
+                                          limit=hbm)
     program = program_summary(compiled)
     cost = _cost(compiled)
     tokens = c.batch_size * config.seq_len
