@@ -29,6 +29,8 @@ flags.DEFINE_string("out", "", "folder for plan.json")
 flags.DEFINE_bool("inference", False, "also the prefill and one decode step, on one chip")
 flags.DEFINE_integer("batch", 1, "inference batch")
 flags.DEFINE_integer("context", 8192, "inference cache length (the prompt: half of it)")
+flags.DEFINE_list("serve_mesh", [], "inference over the slice: data,fsdp,tensor (requests over "
+                  "data x fsdp, weights over fsdp and tensor); default one chip")
 flags.DEFINE_bool("hlo", False, "also write the compiled train step's HLO text to "
                   "OUT/train_step.hlo.txt.gz (collectives, fusions, layouts)")
 flags.mark_flags_as_required(["config", "topology"])
@@ -65,8 +67,9 @@ def plan():
         _write({"topology": slice_.name, "fits": False, "error": str(e)})
         sys.exit(EXIT_DOES_NOT_FIT)
     if FLAGS.inference:
-        result["inference"] = pod_plan.plan_inference(FLAGS.config, slice_, batch=FLAGS.batch,
-                                                      context=FLAGS.context)
+        result["inference"] = pod_plan.plan_inference(
+            FLAGS.config, slice_, batch=FLAGS.batch, context=FLAGS.context,
+            serve_mesh=tuple(int(d) for d in FLAGS.serve_mesh) or None)
     hlo_text = result.pop("hlo", None)
     _write(result)
     if hlo_text is not None and FLAGS.out:
@@ -107,13 +110,17 @@ def format_plan(r: dict) -> str:
         f"{e['tokens_per_s_serial'] / 1e3:,.0f}k-{e['tokens_per_s_overlapped'] / 1e3:,.0f}k "
         f"tokens/s, MFU {100 * e['mfu_serial']:.0f}-{100 * e['mfu_overlapped']:.0f}%",
     ]
+    inf = r.get("inference", {})
+    where = f"mesh {inf['mesh']}" if inf.get("mesh") else "one chip"
     for name in ("prefill", "decode"):
-        if name in r.get("inference", {}):
-            s = r["inference"][name]
-            lines.append(f"{name} (batch {r['inference']['batch']}, cache "
-                         f"{r['inference']['context']}): {s['memory']['step_bytes'] / gib:.2f} GiB "
-                         f"of one chip's {s['memory']['hbm'] / gib:.0f}, Mosaic kernels "
-                         f"{sum(s['kernels'].values())}")
+        if name in inf:
+            s = inf[name]
+            sent = sum(v["wire_bytes"] for v in s["collectives"].values())
+            lines.append(f"{name} (batch {inf['batch']}, cache {inf['context']}, {where}): "
+                         f"{s['memory']['step_bytes'] / gib:.2f} GiB of a chip's "
+                         f"{s['memory']['hbm'] / gib:.0f}, Mosaic kernels "
+                         f"{sum(s['kernels'].values())}, collectives {sent / 2 ** 20:.1f} MiB "
+                         f"sent a chip")
     return "\n".join(lines)
 
 

@@ -48,7 +48,7 @@ def test_the_tiny_hwh_steps_compile_for_v5e_2x2_and_fit(tmp_path):
     assert inf["context"] == 512 and inf["prefill"]["fits"] and inf["decode"]["fits"]
     assert inf["prefill"]["kernels"].get("gdn_scan_fwd", 0) >= 1    # the chunked forward
     assert inf["decode"]["memory"]["arguments"] > 0
-    assert "decode (batch 1, cache 512)" in out.stdout
+    assert "decode (batch 1, cache 512, one chip)" in out.stdout
 
 
 def test_the_tiny_hwh_steps_compile_for_v5p_2x2x1(tmp_path):
@@ -56,7 +56,7 @@ def test_the_tiny_hwh_steps_compile_for_v5p_2x2x1(tmp_path):
     prefill and decode; the GDN kernels through Mosaic, the collectives over 4 chips."""
     out, r = plan(tmp_path, "--config=configs/hwh_tiny.py", "--topology=v5p:2x2x1",
                   "--config.train.mesh=2,2,1", "--config.train.grad_accum=2", "--inference",
-                  "--context=256")
+                  "--context=256", "--batch=4", "--serve_mesh=2,2,1")
     assert out.returncode == 0, out.stderr[-3000:]
     assert r["chips"] == 4 and r["chip"]["generation"] == "v5p" and r["fits"]
     assert 0 < r["memory"]["step_bytes"] <= r["memory"]["hbm"] == int(95 * 2 ** 30)
@@ -64,7 +64,12 @@ def test_the_tiny_hwh_steps_compile_for_v5p_2x2x1(tmp_path):
     assert r["kernels"].get("gdn_scan_fwd", 0) >= 1 and r["kernels"].get("gdn_wy_bwd", 0) >= 1
     # inside the accumulation loop: the weights' gathers run once a micro-batch
     assert r["collectives"]["all-gather"]["count"] % 2 == 0
-    assert r["inference"]["decode"]["fits"] and r["inference"]["prefill"]["fits"]
+    inf = r["inference"]
+    assert inf["decode"]["fits"] and inf["prefill"]["fits"]
+    # served over the slice: 4 requests, one a chip; the weights over fsdp 2, gathered
+    assert inf["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
+    assert inf["decode"]["collectives"]["all-gather"]["count"] > 0
+    assert inf["prefill"]["kernels"].get("gdn_scan_fwd", 0) >= 1
 
 
 def test_a_config_too_large_for_the_slice_is_refused_with_what_would_fit(tmp_path):
@@ -106,3 +111,38 @@ def test_a_mesh_the_batch_or_the_heads_do_not_fit_is_refused_before_compiling(tm
     last = out.stderr.strip().splitlines()[-1]
     assert "train.mesh=1,4,1" in last and "allow_unsplit_heads" in last
     assert "compiled the train step" not in out.stderr
+
+
+def test_the_state_figures_in_docs_tpu_are_those_of_the_shardings():
+    """docs/tpu.md's parameter count, AdamW state and state a chip for HwH-1.4B on mesh 4,4,1
+    (16 chips of v5p-32), recomputed from the trainer's own shardings (the state's whole size,
+    and the shard each chip holds)."""
+    import math
+    import re
+
+    import jax
+
+    from configs import base
+    from hwh_jax.training import sharding as shd
+    from hwh_jax.training.optimizer import make_optimizer
+    from hwh_jax.training.specs import model_config, run_specs
+    from hwh_jax.training.state import train_state_shardings
+
+    config = base.get_config("hwh_1b4")
+    cfg = model_config(config, 50257)
+    tx, _ = make_optimizer(run_specs(config, data_files=False).optimizer)
+    mesh = shd.make_mesh((4, 4, 1), tpu_slices.compile_only_devices(tpu_slices.parse("v5p-32")))
+    _, state, sh = train_state_shardings(cfg, tx, mesh)
+    leaves, shards = jax.tree.leaves(state), jax.tree.leaves(sh)
+    whole = sum(x.size * x.dtype.itemsize for x in leaves)
+    per_chip = sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize
+                   for x, s in zip(leaves, shards))
+    params = sum(x.size for x in jax.tree.leaves(state["params"]))
+    text = (ROOT / "docs" / "tpu.md").read_text()
+    said = re.search(r"HwH-1.4B's\s+([\d,]+) parameters is ([\d.]+) GiB.*?a chip holds "
+                     r"([\d.]+) GiB", text, re.S)
+    assert said, "docs/tpu.md no longer states the 1.4B state figures"
+    assert int(said.group(1).replace(",", "")) == params
+    assert float(said.group(2)) == round(whole / 2 ** 30, 1)
+    assert float(said.group(3)) == round(per_chip / 2 ** 30, 2)
+

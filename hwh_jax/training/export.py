@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import export as jax_export
 
+import kernels_pallas
 from hwh_jax.models.lm import HybridLM
 from hwh_jax.models.variants import SIZES
 from hwh_jax.training import sharding as shd
@@ -76,12 +77,15 @@ def export_train_step(config, *, platform: str, mesh: tuple[int, int, int],
 
 
 def inference_programs(cfg, *, batch: int, context: int, prompt: int | None = None,
-                       sharding=None) -> dict[str, tuple]:
+                       sharding=None, mesh=None) -> dict[str, tuple]:
     """{"prefill": (fn, args), "decode": (fn, args)}: a prompt of ``prompt`` tokens (default
     ``context // 2``) into an empty cache of ``context`` slots, and one token over it, with
-    abstract arguments (parameters in the compute dtype as ``Generator`` holds them; placed
-    by ``sharding`` if given)."""
+    abstract arguments (parameters in the compute dtype as ``Generator`` holds them). Placed
+    on one device by ``sharding``, or served over a (data, fsdp, tensor) ``mesh``: the
+    requests (rows of tokens and cache) over data x fsdp, the weights by their logical names
+    as in training (fsdp, tensor), the functions tracing their kernels per shard."""
     graphdef, state = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))
+    weight_sh = shd.state_shardings(state, mesh) if mesh is not None else None
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, cfg.compute_dtype if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating)
         else x.dtype), state)
@@ -103,6 +107,19 @@ def inference_programs(cfg, *, batch: int, context: int, prompt: int | None = No
     if sharding is not None:
         place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)  # noqa: E731
         args = {k: jax.tree.map(place, v) for k, v in args.items()}
+    if mesh is not None:
+        rows = shd.batch_sharding(mesh) if batch % shd.data_parallel_size(mesh) == 0 else \
+            jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+        def by_rows(x):              # a request's arrays: rows over the batch axes
+            row_sh = rows if x.ndim and x.shape[0] == batch else \
+                jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=row_sh)
+
+        weights = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                               state, weight_sh)
+        args = {k: (weights, *jax.tree.map(by_rows, v[1:])) for k, v in args.items()}
+        prefill, decode = (kernels_pallas.kernel_mesh(mesh)(f) for f in (prefill, decode))
     return {"prefill": (prefill, args["prefill"]), "decode": (decode, args["decode"])}
 
 

@@ -90,21 +90,34 @@ def estimate(slice_: Slice, *, model_flops_step: float, bytes_step: float,
     return out
 
 
-def plan_inference(config, slice_: Slice, *, batch: int, context: int) -> dict:
+def plan_inference(config, slice_: Slice, *, batch: int, context: int,
+                   serve_mesh: tuple | None = None) -> dict:
     """The prefill of a ``context // 2``-token prompt and one decode step at a ``context``
-    cache, compiled for one chip of ``slice_``: memory against its HBM, kernels, collectives
-    (none on one chip)."""
-    device = compile_only_devices(slice_)[0]
+    cache for ``batch`` requests, compiled on one chip of ``slice_``, or over the slice served
+    by a (data, fsdp, tensor) ``serve_mesh`` (requests over data x fsdp, weights over fsdp and
+    tensor as in training): memory per chip against its HBM, kernels, collectives."""
     cfg = run_model_config(config, "tpu")
+    devices = compile_only_devices(slice_)
+    if serve_mesh:
+        mesh = shd.make_mesh(tuple(serve_mesh), devices)
+        if batch % shd.data_parallel_size(mesh):
+            raise ValueError(f"--batch={batch} requests do not split over the serving mesh's "
+                             f"data x fsdp = {shd.data_parallel_size(mesh)} chips "
+                             f"(--serve_mesh={','.join(map(str, serve_mesh))})")
+        preflight.check_heads(cfg, dict(mesh.shape),
+                              allow_unsplit=config.train.get("allow_unsplit_heads", False))
+        programs = inference_programs(cfg, batch=batch, context=context, mesh=mesh)
+    else:
+        programs = inference_programs(cfg, batch=batch, context=context,
+                                      sharding=jax.sharding.SingleDeviceSharding(devices[0]))
     out = {}
-    for name, (fn, args) in inference_programs(
-            cfg, batch=batch, context=context,
-            sharding=jax.sharding.SingleDeviceSharding(device)).items():
+    for name, (fn, args) in programs.items():
         compiled = jax.jit(fn).lower(*args).compile()
         out[name] = {"memory": {**_memory(compiled), "hbm": slice_.chip.hbm_bytes},
                      "cost": _cost(compiled), **program_summary(compiled)}
         out[name]["fits"] = out[name]["memory"]["step_bytes"] <= slice_.chip.hbm_bytes
-    return {"batch": batch, "context": context, **out}
+    return {"batch": batch, "context": context,
+            "mesh": dict(mesh.shape) if serve_mesh else None, **out}
 
 
 def plan_step(config, devices, *, platform: str, limit: int | None):
