@@ -120,6 +120,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     t.checkpoint_minutes = 0.0             # also save when this much wall time passed since
     #                                        the last save (0 = by steps only)
     t.keep_checkpoints = 3
+    t.lease_seconds = 120.0                # the workdir's lease goes stale this long after its
+    #                                        holder's last heartbeat (0: no lease; lease.py)
     t.async_checkpoints = True             # write checkpoints while training goes on
     t.stop_exit_status = 0                 # exit status after a SIGTERM/SIGINT stop with its
     #                                        checkpoint saved; 75 lets a supervisor relaunch

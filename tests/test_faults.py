@@ -425,3 +425,47 @@ def test_a_config_error_in_the_flags_is_one_line_status_2_and_writes_nothing(tmp
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert lines == [lines[0]] and lines[0].startswith(said), lines
     assert not workdir.exists()
+
+
+def test_a_second_trainer_on_a_busy_workdir_refuses_and_the_first_is_untouched(corpus,
+                                                                                tmp_path):
+    """The same command twice on one workdir: the second refuses within seconds (one line
+    naming the holder, status 2); the first trains on, stops on SIGTERM with its checkpoint
+    and leaves every step once in metrics.jsonl and no lease behind."""
+    from conftest import XLA_TEST_FLAGS
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": XLA_TEST_FLAGS}
+    args = [sys.executable, "-m", "launch.train", "--config=configs/transformer_tiny.py",
+            f"--workdir={tmp_path}", "--config.seq_len=32", "--config.model.dtype=float32",
+            f"--config.data.paths=('{corpus}',)", "--config.data.sp_vocab_size=512",
+            "--config.data.heldout_fraction=0.05", "--config.train.batch_size=8",
+            "--config.train.steps=100000", "--config.train.log_every=1",
+            "--config.train.eval_every=0", "--config.train.checkpoint_every=0",
+            "--config.train.mesh=1,1,1", "--config.eval.at_end=False",
+            "--config.train.final_eval=False"]
+    first = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        import time
+        deadline = time.time() + 300
+        metrics = tmp_path / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert first.poll() is None and time.time() < deadline, first.communicate()[1][-2000:]
+            time.sleep(0.5)
+        t = time.time()
+        second = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True,
+                                timeout=300)
+        assert time.time() - t < 60
+        assert second.returncode == 2, second.stderr[-2000:]
+        lines = [line for line in second.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "is in use by another run" in lines[0], lines
+        assert f"pid {first.pid}" in lines[0]
+        assert first.poll() is None                  # the first one trains on
+    finally:
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-2000:]
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()
+             if json.loads(line)["split"] == "train"]
+    assert steps == sorted(set(steps)) and steps[0] == 1
+    assert saved_steps(tmp_path) == [steps[-1]]
+    assert not (tmp_path / "lease.json").exists()

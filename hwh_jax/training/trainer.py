@@ -26,7 +26,7 @@ from hwh_jax.eval import stats
 from hwh_jax.eval.suite import EvalModel, run_suite
 from hwh_jax.models.params import param_table
 from hwh_jax.profiling import host_gc, profile
-from hwh_jax.training import memory, preflight
+from hwh_jax.training import lease, memory, preflight
 from hwh_jax.training import sharding as shd
 from hwh_jax.training import workdir as workdir_lib
 from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
@@ -97,12 +97,42 @@ class Run:
         preflight.check_run(config, dict(zip(shd.MESH_AXES, shd.mesh_shape(
             config.train.mesh, jax.device_count()))), processes=jax.process_count())
         self.workdir.mkdir(parents=True, exist_ok=True)
-        workdir_lib.bind(self.workdir, config, write=jax.process_index() == 0)
+        self.lease = self._take_lease()
+        try:
+            workdir_lib.bind(self.workdir, config, write=jax.process_index() == 0)
+        except BaseException:
+            self.release_lease()
+            raise
         self.t0, self.wall_before = time.time(), 0.0
         self.losses, self.batch_ids, self.heldout = {}, {}, {}
         self.stopped_early = self.halted = self.signalled = False
         self.final = None
         self.evaluation = None
+
+    # ------------------------------------------------------------ the workdir's lease
+    def _take_lease(self):
+        """Process 0 takes the workdir's lease (``lease``) for the job; every process learns
+        whether it did, so that a refused job ends in all its processes."""
+        seconds = self.c.get("lease_seconds", 120.0)
+        held, error = None, None
+        if jax.process_index() == 0 and seconds > 0:
+            try:
+                held = lease.acquire(self.workdir, stale_after=seconds)
+            except lease.WorkdirBusy as e:
+                error = e
+        if jax.process_count() > 1 and seconds > 0:
+            ok = int(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
+            if not ok and error is None:
+                error = lease.WorkdirBusy(f"workdir {self.workdir} is in use by another run "
+                                          f"(process 0 found its lease; see its log)")
+        if error is not None:
+            raise error
+        return held
+
+    def release_lease(self):
+        if getattr(self, "lease", None) is not None:
+            self.lease.release()
+            self.lease = None
 
     # ------------------------------------------------------------ mesh
     def make_mesh(self):
@@ -425,6 +455,7 @@ class Run:
                     getattr(self, what).close()
                 except Exception:  # noqa: BLE001 - the original failure matters more
                     log.warning("closing the %s after a failure failed", what, exc_info=True)
+        self.release_lease()
         storage.sync_all()
 
     def finish(self) -> RunResult:
@@ -446,6 +477,7 @@ class Run:
                       flush=True)
         self.writer.close()
         self.ckpt.close()              # waits for an asynchronous save to be committed
+        self.release_lease()
         storage.sync_all()
         return RunResult(self.step, self.losses, self.batch_ids, self.heldout,
                          self.stopped_early, summary, signalled=self.signalled or bool(self.stop.signal))
