@@ -219,6 +219,28 @@ def test_a_signal_during_the_closing_evaluation_ends_cleanly(corpus, tmp_path, m
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 3
 
 
+def test_a_signal_during_the_closing_evaluation_keeps_what_was_measured(corpus, tmp_path,
+                                                                       monkeypatch):
+    """SIGTERM in the second suite of the closing evaluation: results.json keeps the first
+    suite's results, marked unfinished with what stopped it."""
+    from hwh_jax.eval import suite
+
+    def measure_then_signal(scorer, *, log, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)
+        log("mqar: 1/3 settings")                    # the trainer stops at the next line
+        raise AssertionError("the evaluation went on after the signal")
+
+    monkeypatch.setattr(suite.mqar, "evaluate_mqar", measure_then_signal)
+    config = tiny(corpus, steps=2)
+    config.eval.at_end = True
+    config.eval.suites, config.eval.ppl_factor, config.eval.ppl_windows = ("ppl", "mqar"), 2, 2
+    res = train_and_evaluate(config, tmp_path)
+    assert res.final_step == 2
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert results["finished"] is False and "SIGTERM" in results["stopped"]
+    assert results["ppl"] and "mqar" not in results
+
+
 def test_fingerprint_sees_one_changed_bit_on_any_mesh():
     import jax.numpy as jnp
     state = {"w": jnp.arange(1000, dtype=jnp.float32).reshape(10, 100), "s": jnp.int32(3),

@@ -151,56 +151,65 @@ def run_suite(subject: EvalModel, spec: EvalSpec, out_dir: storage.PathLike, log
         results["niah_intervals"] = niah_intervals(rows)
         save(False)
 
-    if {"ppl", "longppl", "retrieval"} & set(spec.suites):
-        stream = _heldout_stream(subject, spec)
-    if "retrieval" in spec.suites:   # first: one forward pass per batch, in the log at once
-        results["retrieval"] = retrieval_probe(scorer, tok, stream, L,
-                                               num=spec.retrieval_documents, log=log)
+    try:
+        if {"ppl", "longppl", "retrieval"} & set(spec.suites):
+            stream = _heldout_stream(subject, spec)
+        if "retrieval" in spec.suites:   # first: one forward pass per batch, in the log at once
+            results["retrieval"] = retrieval_probe(scorer, tok, stream, L,
+                                                   num=spec.retrieval_documents, log=log)
+            save(False)
+        if "niah" in spec.suites:
+            lengths = [int(f * L) for f in spec.niah_factors]
+            # prompts padded to multiples of L, prefilled in chunks of L, one cache size for all
+            # lengths: one compiled init, prefill and decode for the whole sweep
+            gen = Generator(subject.model, eos_id=tok.eos_id, vocab=tok.vocab_size,
+                            pad_id=tok.pad_id, prefill_chunk=L, length_multiple=L,
+                            cache_len=-(-max(lengths) // L) * L
+                            + niah.answer_budget(spec.niah_tasks))
+            rows = niah.run_niah(gen, tok, tasks=spec.niah_tasks, lengths=lengths,
+                                 depths=depth_grid(spec.niah_depths), samples=spec.niah_samples,
+                                 batch_size=spec.batch_size, log=log, on_length=niah_partial)
+            for t in spec.niah_tasks:
+                plots.niah_heatmap(rows, t, f"{subject.name}: {t}", out_dir / f"niah_{t}.png", L)
+        if "ppl" in spec.suites:
+            bucket = max(L // spec.ppl_buckets_per_train_len, 1)
+            results["ppl"] = perplexity.ppl_by_position(
+                scorer, stream, max_len=spec.ppl_factor * L, bucket=bucket,
+                max_windows=spec.ppl_windows, log=log)
+            plots.ppl_chart({subject.name: results["ppl"]}, out_dir / "ppl_by_position.png", L)
+            save(False)
+        if "longppl" in spec.suites:
+            judge = scorer
+            if evaluator is not None:
+                if evaluator.tokenizer.name != tok.name:
+                    raise ValueError(f"LongPPL evaluator {evaluator.name} has tokenizer "
+                                     f"{evaluator.tokenizer.name}, {subject.name} {tok.name}")
+                judge = Scorer(evaluator.model, batch_size=spec.batch_size, max_len=max_len)
+            short = spec.longppl_short or L
+            results["longppl"] = longppl.evaluate_longppl(
+                scorer, judge, stream, length=spec.longppl_factor * L, short=short,
+                stride=max(short // 2, 1), alpha=spec.longppl_alpha, beta=spec.longppl_beta,
+                max_windows=spec.longppl_windows, log=log)
+            results["longppl"]["evaluator"] = subject.name if evaluator is None else evaluator.name
+            plots.longppl_chart(results["longppl"], out_dir / "longppl.png", subject.name, L)
+            save(False)
+        if "mqar" in spec.suites:
+            vocab = spec.mqar_vocab or min(tok.vocab_size, 8192)
+            results["mqar"] = mqar.evaluate_mqar(scorer, vocab_size=vocab,
+                                                 settings=spec.mqar_settings,
+                                                 num_examples=spec.mqar_examples, log=log)
+            save(False)
+        if "commonsense" in spec.suites:
+            results["commonsense"] = {}
+            for t in spec.commonsense_tasks:
+                results["commonsense"][t] = commonsense.evaluate_task(
+                    scorer, tok, t, limit=spec.commonsense_limit or None, log=log)
+                save(False)
+    except BaseException as e:
+        # a signal, a time limit, an error: what was measured stays, marked unfinished
+        results["stopped"] = f"{type(e).__name__}: {e}"[:300]
         save(False)
-    if "niah" in spec.suites:
-        lengths = [int(f * L) for f in spec.niah_factors]
-        # prompts padded to multiples of L, prefilled in chunks of L, one cache size for all
-        # lengths: one compiled init, prefill and decode for the whole sweep
-        gen = Generator(subject.model, eos_id=tok.eos_id, vocab=tok.vocab_size, pad_id=tok.pad_id,
-                        prefill_chunk=L, length_multiple=L,
-                        cache_len=-(-max(lengths) // L) * L + niah.answer_budget(spec.niah_tasks))
-        rows = niah.run_niah(gen, tok, tasks=spec.niah_tasks, lengths=lengths,
-                             depths=depth_grid(spec.niah_depths), samples=spec.niah_samples,
-                             batch_size=spec.batch_size, log=log, on_length=niah_partial)
-        for t in spec.niah_tasks:
-            plots.niah_heatmap(rows, t, f"{subject.name}: {t}", out_dir / f"niah_{t}.png", L)
-    if "ppl" in spec.suites:
-        bucket = max(L // spec.ppl_buckets_per_train_len, 1)
-        results["ppl"] = perplexity.ppl_by_position(
-            scorer, stream, max_len=spec.ppl_factor * L, bucket=bucket,
-            max_windows=spec.ppl_windows, log=log)
-        plots.ppl_chart({subject.name: results["ppl"]}, out_dir / "ppl_by_position.png", L)
-        save(False)
-    if "longppl" in spec.suites:
-        judge = scorer
-        if evaluator is not None:
-            if evaluator.tokenizer.name != tok.name:
-                raise ValueError(f"LongPPL evaluator {evaluator.name} has tokenizer "
-                                 f"{evaluator.tokenizer.name}, {subject.name} {tok.name}")
-            judge = Scorer(evaluator.model, batch_size=spec.batch_size, max_len=max_len)
-        short = spec.longppl_short or L
-        results["longppl"] = longppl.evaluate_longppl(
-            scorer, judge, stream, length=spec.longppl_factor * L, short=short,
-            stride=max(short // 2, 1), alpha=spec.longppl_alpha, beta=spec.longppl_beta,
-            max_windows=spec.longppl_windows, log=log)
-        results["longppl"]["evaluator"] = subject.name if evaluator is None else evaluator.name
-        plots.longppl_chart(results["longppl"], out_dir / "longppl.png", subject.name, L)
-        save(False)
-    if "mqar" in spec.suites:
-        vocab = spec.mqar_vocab or min(tok.vocab_size, 8192)
-        results["mqar"] = mqar.evaluate_mqar(scorer, vocab_size=vocab,
-                                             settings=spec.mqar_settings,
-                                             num_examples=spec.mqar_examples, log=log)
-        save(False)
-    if "commonsense" in spec.suites:
-        results["commonsense"] = {
-            t: commonsense.evaluate_task(scorer, tok, t, limit=spec.commonsense_limit or None,
-                                         log=log) for t in spec.commonsense_tasks}
+        raise
     save(True)
     return results
 
