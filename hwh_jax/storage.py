@@ -27,6 +27,7 @@ client, the one named in the error, is simpler to configure: ``STORAGE_EMULATOR_
 from __future__ import annotations
 
 import atexit
+import errno
 import hashlib
 import importlib.util
 import logging
@@ -99,6 +100,22 @@ def size(p) -> int:
     """A file's length in bytes, local or remote."""
     p = path(p)
     return p.stat().length if is_remote(p) else p.stat().st_size
+
+
+class NotWritable(ValueError):
+    """A folder that cannot be made or written (read-only, no permission)."""
+
+
+def make_folder(p, what: str = "--workdir") -> None:
+    """Make folder ``p`` (and its parents), refusing with one line (``NotWritable``, named by
+    ``what``) where the file system or store says no: read-only, no permission."""
+    try:
+        path(p).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise NotWritable(f"{what}={p} cannot be written ({e.strerror}): choose a folder you "
+                          f"can write") from None
 
 
 def write_text(p, text: str) -> None:

@@ -23,8 +23,9 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    with one_line_errors():          # a bucket URL without its package: one line, nothing written
-        storage.check_backend(FLAGS.workdir)
+    with one_line_errors():          # a bucket URL without its package, a folder that cannot
+        storage.check_backend(FLAGS.workdir)      # be written: one line, nothing written
+        storage.make_folder(FLAGS.workdir)
     # the first process logs to train.log, process i to train.i.log
     begin(lambda i: os.path.join(FLAGS.workdir, f"train.{i}.log" if i else "train.log"))
     with one_line_errors():

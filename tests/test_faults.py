@@ -491,3 +491,24 @@ def test_a_second_trainer_on_a_busy_workdir_refuses_and_the_first_is_untouched(c
     assert steps == sorted(set(steps)) and steps[0] == 1
     assert saved_steps(tmp_path) == [steps[-1]]
     assert not (tmp_path / "lease.json").exists()
+
+
+def test_an_unwritable_workdir_is_one_line_and_status_2(tmp_path):
+    """A workdir where nothing can be created (sysfs: EPERM for root, EACCES for others)."""
+    out = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/hwh_tiny.py",
+                          "--workdir=/sys/hwh_jax_test_workdir"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot be written" in lines[0], lines
+
+
+def test_an_evaluation_the_run_cannot_hold_is_refused_before_training(corpus, tmp_path):
+    """eval.at_end with NIAH at a length too short for its template: refused after the data is
+    read (the tokenizer decides), before the first step, naming the keys; nothing bound."""
+    config = tiny(corpus, steps=2)
+    config.eval.at_end, config.eval.suites, config.eval.niah_factors = True, ("niah",), (1,)
+    with pytest.raises(ValueError, match=r"eval: niah_single_1: length 32 leaves no room.*"
+                                         r"raise seq_len or eval.niah_factors \(\[1\] x 32\)"):
+        train_and_evaluate(config, tmp_path / "w")
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == []

@@ -116,13 +116,29 @@ def render(task: str, context: str, key: str) -> str:
                                      query=key)
 
 
+class TooShort(ValueError):
+    """A NIAH length too short for a task's template and its answer."""
+
+
+def check_lengths(tasks, lengths, tokenizer, *, max_new_tokens: int | None = None,
+                  essay_folder: str | None = None) -> None:
+    """Raises ``TooShort`` for the first (task, length) whose template and answer do not fit
+    (what ``make_sample`` would raise mid-evaluation), cheaply: one empty haystack each."""
+    new = max_new_tokens or answer_budget(tasks)
+    for task in tasks:
+        for length in sorted(set(lengths)):
+            make_sample(task, length, 0, tokenizer, max_new_tokens=new,
+                        essay_folder=essay_folder, fits_only=True)
+
+
 def make_sample(task: str, length: int, depth: int, tokenizer, *, max_new_tokens: int,
                 seed: int = 0, essay_folder: str | None = None,
-                reserve: int = TOKENS_TO_GENERATE) -> NiahSample:
+                reserve: int = TOKENS_TO_GENERATE, fits_only: bool = False) -> NiahSample | None:
     """One prompt of at most ``length - max(kept, max_new_tokens)`` tokens with its expected
     answer, ``kept`` = ``reserve`` (RULER's generation budget) but at most a quarter of
     ``length`` (the tiny models' contexts of a few hundred tokens); ``reserve=0`` fills
-    ``length`` but for ``max_new_tokens``."""
+    ``length`` but for ``max_new_tokens``. ``fits_only``: only check that the template and
+    answer fit (``TooShort`` if not), return None."""
     if task not in TASKS:
         raise ValueError(f"unknown NIAH task {task!r}; known: {list(TASKS)}")
     if not 0 <= depth <= 100:
@@ -140,8 +156,10 @@ def make_sample(task: str, length: int, depth: int, tokenizer, *, max_new_tokens
                                                               essay), key)))
 
     if n_tokens(0) > budget:
-        raise ValueError(f"{task}: length {length} leaves no room for a haystack (the template "
-                         f"alone is {n_tokens(0)} tokens + {kept} kept for the answer)")
+        raise TooShort(f"{task}: length {length} leaves no room for a haystack (the template "
+                       f"alone is {n_tokens(0)} tokens + {kept} kept for the answer)")
+    if fits_only:
+        return None
     # every word / sentence costs at least one token: ``budget`` units is an upper bound
     lo, hi = 0, budget
     while lo < hi:

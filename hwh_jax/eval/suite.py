@@ -92,6 +92,20 @@ class EvalSpec:
                              f"{self.niah_factors} must be positive")
 
 
+def check_for_run(spec: EvalSpec, tokenizer, train_len: int) -> None:
+    """What a spec needs of a run known before it trains: every NIAH length holds its
+    template and answer with this tokenizer (else one line naming the keys to change)."""
+    if "niah" not in spec.suites:
+        return
+    lengths = [int(f * train_len) for f in spec.niah_factors]
+    try:
+        niah.check_lengths(spec.niah_tasks, lengths, tokenizer)
+    except niah.TooShort as e:
+        raise ValueError(f"eval: {e}; raise seq_len or eval.niah_factors "
+                         f"({list(spec.niah_factors)} x {train_len}), or drop the task from "
+                         f"eval.niah_tasks") from None
+
+
 def depth_grid(n: int) -> list[int]:
     return [0] if n == 1 else [round(i * 100 / (n - 1)) for i in range(n)]
 

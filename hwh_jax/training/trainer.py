@@ -9,6 +9,7 @@ loss and evaluation suite -> loss plot and summary.json.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import math
@@ -23,7 +24,7 @@ from jax.experimental import multihost_utils
 from hwh_jax import storage
 from hwh_jax.data.pipeline import build_splits, eval_batches, train_dataset
 from hwh_jax.eval import stats
-from hwh_jax.eval.suite import EvalModel, run_suite
+from hwh_jax.eval.suite import EvalModel, check_for_run, run_suite
 from hwh_jax.models.params import param_table
 from hwh_jax.profiling import host_gc, profile
 from hwh_jax.training import lease, memory, preflight
@@ -96,10 +97,16 @@ class Run:
         self.specs = run_specs(config)
         preflight.check_run(config, dict(zip(shd.MESH_AXES, shd.mesh_shape(
             config.train.mesh, jax.device_count()))), processes=jax.process_count())
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.lease = self._take_lease()
-        try:
-            workdir_lib.bind(self.workdir, config, write=jax.process_index() == 0)
+        storage.make_folder(self.workdir)         # refused in one line where it cannot be
+        try:                                      # the lease: the first file written
+            self.lease = self._take_lease()
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            raise storage.NotWritable(f"--workdir={self.workdir} cannot be written "
+                                      f"({e.strerror}): choose a folder you can write") from None
+        try:                         # checked now, written once the data's checks pass
+            workdir_lib.bind(self.workdir, config, write=False)
         except BaseException:
             self.release_lease()
             raise
@@ -144,6 +151,11 @@ class Run:
         t = time.time()
         self.splits = splits = build_splits(self.specs.data, self.config.seq_len)
         self.cfg = model_config(self.config, splits.tokenizer.vocab_size)
+        if self.specs.eval is not None:          # before training, not after it
+            check_for_run(self.specs.eval, splits.tokenizer, self.config.seq_len)
+        # bound once every check that needs the data passed: a refused start leaves no
+        # config.json behind (its check against an existing one ran in __init__)
+        workdir_lib.bind(self.workdir, self.config, write=jax.process_index() == 0)
         self.entropy = unigram_entropy(splits.train.stream)
         log.info("data: train %r, held-out %r, tokenizer %s (%d), unigram entropy %.3f nats "
                  "(%.1fs)", splits.train, splits.heldout, splits.tokenizer.name,
