@@ -210,7 +210,7 @@ def test_a_signal_during_the_closing_evaluation_ends_cleanly(corpus, tmp_path, m
 
     monkeypatch.setattr(trainer, "run_suite", evaluate)
     config = tiny(corpus, steps=3)
-    config.eval.at_end = True
+    config.eval.at_end, config.eval.suites = True, ("ppl",)
     res = train_and_evaluate(config, tmp_path)
     assert res.final_step == 3 and saved_steps(tmp_path) == [2, 3]
     cut = " (cut off: RuntimeError)" if how == "compiler_killed" else ""
@@ -323,6 +323,40 @@ def test_a_workdir_refuses_another_model_or_data_config(corpus, four_steps, tmp_
     assert saved_steps(tmp_path) == [2, 4]
     more = tiny(corpus, steps=5, lr=1e-3)                  # steps and lr may change
     assert sorted(train_and_evaluate(more, tmp_path).losses) == [5]
+
+
+def test_a_workdir_without_config_json_is_bound_by_its_checkpoints(corpus, four_steps,
+                                                                    tmp_path):
+    """A workdir made before config.json existed, reused by another architecture: refused by
+    the newest checkpoint's own config, before anything is renamed or rewritten."""
+    from hwh_jax.training.workdir import WorkdirMismatch
+    _copy(four_steps, tmp_path)
+    (tmp_path / "config.json").unlink()
+    metrics = (tmp_path / "metrics.jsonl").read_text()
+    with pytest.raises(WorkdirMismatch, match=r"\(the checkpoint of step 4's metadata\): "
+                                              r"model.arch: 'transformer' -> 'hwh'"):
+        train_and_evaluate(tiny(corpus, arch="hwh", steps=5), tmp_path)
+    assert saved_steps(tmp_path) == [2, 4] and (tmp_path / "metrics.jsonl").read_text() == metrics
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if "." in p.name]
+    assert sorted(train_and_evaluate(tiny(corpus, steps=5), tmp_path).losses) == [5]
+
+
+def test_checkpoints_none_of_which_restores_refuse_a_fresh_start(corpus, four_steps, tmp_path):
+    """Every checkpoint damaged: each is set aside with its line, then the start refuses (one
+    line, the ways on) instead of training from step 0 over the run's metrics; so does the
+    next start."""
+    _copy(four_steps, tmp_path)
+    metrics = (tmp_path / "metrics.jsonl").read_text()
+    for step in (2, 4):
+        for f in (tmp_path / "checkpoints" / str(step) / "state").rglob("*"):
+            if f.is_file() and f.stat().st_size > 100:
+                f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"no checkpoint of .* can be restored \(set aside: "
+                                             r"2\.unreadable\.\d+, 4\.unreadable\.\d+\): "
+                                             r"starting over would replace"):
+            train_and_evaluate(tiny(corpus, steps=5), tmp_path)
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics
 
 
 @pytest.mark.parametrize("key,value,match", [

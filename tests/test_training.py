@@ -126,7 +126,7 @@ def test_summary_is_written_before_the_closing_evaluation(corpus, tmp_path, monk
 
     monkeypatch.setattr(trainer, "run_suite", killed)
     config = small_config(corpus, steps=2)
-    config.eval.at_end = True
+    config.eval.at_end, config.eval.suites = True, ("ppl",)
     with pytest.raises(TimeoutError):
         train_and_evaluate(config, tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -218,7 +218,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes(corpus, tmp_path):
             f"--config.data.paths=('{corpus}',)", "--config.data.sp_vocab_size=512",
             "--config.train.steps=100000", "--config.train.batch_size=4",
             "--config.train.log_every=1", "--config.train.eval_every=0",
-            "--config.train.checkpoint_every=0",
+            "--config.train.checkpoint_every=0", "--config.eval.at_end=False",
             "--config.train.stop_exit_status=75"]     # what a supervisor loop relaunches on
     from conftest import XLA_TEST_FLAGS
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": XLA_TEST_FLAGS}

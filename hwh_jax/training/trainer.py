@@ -13,6 +13,7 @@ import errno
 import json
 import logging
 import math
+import re
 import time
 
 import jax
@@ -192,6 +193,7 @@ class Run:
             project=self.c.wandb_project) if first else []
         self.writer = MetricsWriter(self.workdir, enabled=first, loggers=loggers)
         if restored is None:
+            self._refuse_over_lost_checkpoints()
             cfg, tx = self.cfg, self.tx
             with threefry_kernel():
                 t = time.time()
@@ -209,6 +211,24 @@ class Run:
                      f" ({dropped} metrics rows past it dropped)" if dropped else "")
         if self.start == 0:
             self.writer.truncate(0)                  # a fresh start keeps no older rows
+
+    def _refuse_over_lost_checkpoints(self):
+        """No checkpoint restored although some were written and every one was set aside as
+        unreadable or corrupt (this start or an earlier one): starting over would replace the
+        run's metrics and bury its checkpoints, so the start is refused with what was found
+        and the way on. (Checkpoints the run itself marked suspect after a non-finite loss
+        are skipped, and a start with none left begins again: that is their purpose.)"""
+        folder = self.ckpt.directory
+        aside = sorted(p.name for p in folder.iterdir()
+                       if re.fullmatch(r"\d+\.(unreadable|corrupt)\.\d+", p.name)) \
+            if folder.exists() else []
+        if not aside or self.ckpt.steps():
+            return
+        raise ValueError(
+            f"no checkpoint of {self.workdir} can be restored (set aside: "
+            f"{', '.join(aside[:4])}{' ...' if len(aside) > 4 else ''}): starting over would "
+            f"replace this run's metrics. Move {folder} away to start over here, or use a new "
+            f"--workdir")
 
     # ------------------------------------------------------------ steps
     def compile_steps(self):

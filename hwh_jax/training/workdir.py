@@ -41,17 +41,47 @@ def differences(saved: dict, current: dict) -> list[tuple[str, object, object]]:
     return [(k, a.get(k, "(absent)"), b.get(k, "(absent)")) for k in keys if a.get(k) != b.get(k)]
 
 
+def checkpoint_config(workdir) -> tuple[dict, str] | tuple[None, list[int]]:
+    """(config, where) from the newest checkpoint whose metadata reads (each checkpoint's
+    ``meta`` holds its run's config), or (None, the checkpoint steps found: none readable)."""
+    folder = storage.path(workdir) / "checkpoints"
+    steps = sorted((int(p.name) for p in folder.iterdir() if p.name.isdigit()), reverse=True) \
+        if folder.exists() else []
+    for step in steps:
+        meta = folder / str(step) / "meta" / "metadata"
+        try:
+            saved = json.loads(meta.read_text())["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(saved, dict):
+            return saved, f"the checkpoint of step {step}'s metadata"
+    return None, steps
+
+
 def bind(workdir, config, *, write: bool = True) -> None:
     """Check ``config`` against the workdir's ``config.json`` and record it (first start, or
-    accepted changes). Raises WorkdirMismatch listing the differing keys and the two ways on."""
+    accepted changes). Raises WorkdirMismatch listing the differing keys and the two ways on.
+    A workdir with checkpoints but no ``config.json`` (made before it was written) is checked
+    against the newest readable checkpoint's config; checkpoints none of which can be read
+    refuse (a new run would set them aside and replace the run's metrics)."""
     path = storage.path(workdir) / "config.json"
     current = json.loads(config.to_json_best_effort())
+    saved, where = None, str(path)
     if path.exists():
         try:
             saved = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise WorkdirMismatch(f"{path} is not valid JSON ({e}); move it away to bind the "
                                   f"workdir to this run's config") from None
+    else:
+        saved, where = checkpoint_config(workdir)
+        if saved is None and where:
+            raise WorkdirMismatch(
+                f"workdir {workdir} holds checkpoints (steps {where[:5]}) but no config.json and "
+                f"no checkpoint whose metadata reads, so this run cannot tell whether they are "
+                f"its own; move {storage.path(workdir) / 'checkpoints'} away to start over here, "
+                f"or use a new --workdir")
+    if saved is not None:
         accept = [k.strip() for k in str(config.train.get("accept_changes", "")).split(",")
                   if k.strip()]
         diffs = [d for d in differences(saved, current)
@@ -62,7 +92,8 @@ def bind(workdir, config, *, write: bool = True) -> None:
             more = f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""
             keys = ",".join(k for k, _, _ in diffs)
             raise WorkdirMismatch(
-                f"workdir {workdir} belongs to a run with another config: {shown}{more}. "
+                f"workdir {workdir} belongs to a run with another config ({where}): "
+                f"{shown}{more}. "
                 f"Use a new --workdir, or keep this one and accept the change with "
                 f"--config.train.accept_changes={keys}")
     if write:
