@@ -159,6 +159,34 @@ def test_a_prepared_stream_is_the_in_memory_stream(gpt2, tmp_path):
         stream[::2]
 
 
+def test_a_damaged_shard_is_named_before_its_bytes_are_read(gpt2, tmp_path):
+    """A shard truncated (refused when the folder is opened) or with flipped bytes (refused
+    when a process first reads it): one line naming the shard and the remedy, never a crash
+    of the native reader."""
+    out = shards.prepare(_documents(), gpt2, tmp_path / "p", source={"test": 1},
+                         echo=lambda s: None, **SMALL)
+    manifest = shards.read_manifest(out)
+    assert all(len(s["sha256"]) == 64 and s["bytes"] > 0 for s in manifest["shards"])
+    shard = out / manifest["shards"][1]["file"]
+    good = shard.read_bytes()
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 0xFF
+    shard.write_bytes(bytes(flipped))
+    stream = shards.TokenStream(out)                     # sizes agree: opens
+    stream[0:10]                                         # shard 0: fine
+    with pytest.raises(shards.ShardDamaged) as e:
+        np.asarray(stream)
+    message = str(e.value)
+    assert "\n" not in message and str(shard) in message and "SHA-256" in message
+    assert "launch.prepare_data" in message
+    shard.write_bytes(good[:len(good) // 2])
+    with pytest.raises(shards.ShardDamaged, match=r"truncated or replaced"):
+        shards.TokenStream(out)
+    shard.write_bytes(good)
+    np.testing.assert_array_equal(np.asarray(shards.TokenStream(out)),
+                                  _expected(gpt2, _documents()))
+
+
 def test_worker_processes_prepare_the_same_stream(gpt2, tmp_path):
     docs = _documents(seed=2)
     one = shards.prepare(docs, gpt2, tmp_path / "one", source={}, echo=lambda s: None, **SMALL)

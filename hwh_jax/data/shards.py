@@ -4,7 +4,8 @@ lazily as one token stream.
 A prepared folder holds
 
   manifest.json            the tokenizer (name, vocabulary, EOS, SHA-256 of its files), the
-                           source, the date, the documents and tokens, the shards, ``complete``
+                           source, the date, the documents and tokens, the shards (each with
+                           its blocks, bytes and SHA-256), ``complete``
   tokens-NNNNN.array_record  consecutive blocks of ``block`` uint32 (little-endian) tokens of the
                            stream, one block a record; a file is closed after the chunk of
                            documents that brings it to ``shard_blocks`` blocks
@@ -26,6 +27,12 @@ files (shards first, ``manifest.json`` last, so a reader never sees a manifest w
 shards), and ``TokenStream`` copies a shard to the local cache the first time it reads from it
 (checked against the size the manifest records). Or mount the bucket (gcsfuse) and give the
 mounted path.
+
+A shard is checked before its bytes reach ArrayRecord's native reader (which a damaged record
+can crash): every shard's size when a run opens a local folder, its SHA-256 the first time a
+process reads it (``verified_shard``: a few seconds a GB); a mismatch ends with one line
+naming the shard and how to rebuild it. Folders prepared before the hashes were recorded are
+checked by size only.
 """
 from __future__ import annotations
 
@@ -73,6 +80,10 @@ class TokenStream:
         self.dtype = np.dtype(np.uint32)
         self._first_block = np.cumsum([0] + [s["blocks"] for s in self.manifest["shards"]])
         self._sources = {}
+        if not storage.is_remote(self.folder):      # sizes: cheap, at once (a bucket's: on copy)
+            for shard in self.manifest["shards"]:
+                _check_size(self.folder, shard, (self.folder / shard["file"]).stat().st_size
+                            if (self.folder / shard["file"]).exists() else -1)
 
     def __getstate__(self):                     # readers are reopened in each process
         return {k: v for k, v in self.__dict__.items() if k != "_sources"}
@@ -81,15 +92,14 @@ class TokenStream:
         self.__dict__.update(state, _sources={})
 
     def _record(self, r: int) -> bytes:
-        """Block ``r`` of the stream, from the shard that holds it (opened on first use; a
-        bucket's shard copied to the local cache first)."""
+        """Block ``r`` of the stream, from the shard that holds it (opened on first use, after
+        its bytes are checked against the manifest: ``verified_shard``; a bucket's shard
+        copied to the local cache first)."""
         i = int(np.searchsorted(self._first_block, r, side="right")) - 1
         source = self._sources.get(i)
         if source is None:
             from array_record.python.array_record_data_source import ArrayRecordDataSource
-            shard = self.manifest["shards"][i]
-            local = storage.local_copy(self.folder / shard["file"],
-                                       expected_size=shard.get("bytes"))
+            local = verified_shard(self.folder, self.manifest["shards"][i])
             source = self._sources[i] = ArrayRecordDataSource([str(local)])
         return source[r - int(self._first_block[i])]
 
@@ -142,6 +152,57 @@ class TokenStream:
 
     def __repr__(self):
         return f"TokenStream({self.folder}, tokens {self.start}..{self.stop})"
+
+
+class ShardDamaged(ValueError):
+    """A token shard whose bytes are not those its manifest records."""
+
+
+_VERIFIED: set = set()          # (path, size, mtime) of shards hashed in this process
+
+
+def _damaged(folder, shard: dict, what: str) -> ShardDamaged:
+    return ShardDamaged(f"token shard {storage.path(folder) / shard['file']} is damaged ({what}); "
+                        f"its records cannot be trusted. Delete {folder} and prepare it again "
+                        f"with python -m launch.prepare_data (or restore the shard from a copy)")
+
+
+def _check_size(folder, shard: dict, got: int) -> None:
+    want = shard.get("bytes")
+    if got < 0:
+        raise _damaged(folder, shard, "missing")
+    if want is not None and got != want:
+        raise _damaged(folder, shard, f"{got:,} bytes where its manifest records {want:,}: "
+                                      f"truncated or replaced")
+
+
+def file_sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verified_shard(folder, shard: dict) -> Path:
+    """The local file of ``shard`` once its size and (where the manifest records it, once a
+    process) SHA-256 match the manifest; ``ShardDamaged`` naming the shard and the remedy
+    otherwise. The check comes before ArrayRecord's native reader sees the bytes: a damaged
+    record can crash that reader (a segfault), not raise."""
+    try:
+        local = storage.local_copy(storage.path(folder) / shard["file"],
+                                   expected_size=shard.get("bytes"))
+    except OSError as e:
+        raise _damaged(folder, shard, str(e)) from None
+    stat = local.stat() if local.exists() else None
+    _check_size(folder, shard, stat.st_size if stat else -1)
+    key = (str(local), stat.st_size, stat.st_mtime_ns)
+    if shard.get("sha256") and key not in _VERIFIED:
+        if file_sha256(local) != shard["sha256"]:
+            raise _damaged(folder, shard, "its SHA-256 differs from the manifest's: bytes "
+                                          "changed")
+        _VERIFIED.add(key)
+    return local
 
 
 def read_manifest(folder: storage.PathLike) -> dict:
@@ -264,7 +325,8 @@ class _Writer:
             return
         self.writer.close()
         self.shards.append({"file": self.current, "blocks": self.blocks_in_shard,
-                            "bytes": (self.folder / self.current).stat().st_size})
+                            "bytes": (self.folder / self.current).stat().st_size,
+                            "sha256": file_sha256(self.folder / self.current)})
         self.writer, self.blocks_in_shard = None, 0
 
     def save_progress(self):
