@@ -46,11 +46,41 @@ def setup_logging(log_file: storage.PathLike | None = None) -> None:
         root.addHandler(handler)
 
 
+def _closed_loop(kind, value) -> bool:
+    return kind is RuntimeError and str(value) == "Event loop is closed"
+
+
+def _quiet_closed_loops():
+    """``sys.excepthook`` and ``sys.unraisablehook`` less one message: after a failed
+    asynchronous checkpoint write, TensorStore's pending callbacks meet Orbax's closed event
+    loop and each reports ``RuntimeError: Event loop is closed`` as an unraisable error
+    (hundreds, around the one line that matters). Those go to the log file at DEBUG; every
+    other error is reported as before."""
+    excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+
+    def on_exception(kind, value, tb):
+        if _closed_loop(kind, value):
+            _log.debug("a late asynchronous callback met a closed event loop",
+                       exc_info=(kind, value, tb))
+            return
+        excepthook(kind, value, tb)
+
+    def on_unraisable(u):
+        if _closed_loop(u.exc_type, u.exc_value):
+            _log.debug("a late asynchronous callback met a closed event loop",
+                       exc_info=(u.exc_type, u.exc_value, u.exc_traceback))
+            return
+        unraisablehook(u)
+
+    sys.excepthook, sys.unraisablehook = on_exception, on_unraisable
+
+
 def begin(log_file=None) -> None:
     """A launcher's first call: the device defaults and several processes (``devices.start``,
     before any device use), then ``setup_logging`` (``log_file``: a path, or a function of the
     process index that gives one), then the log's first lines: what the defaults set."""
     from launch import devices
+    _quiet_closed_loops()
     started = devices.start()
     if callable(log_file):
         import jax

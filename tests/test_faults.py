@@ -546,3 +546,29 @@ def test_an_evaluation_the_run_cannot_hold_is_refused_before_training(corpus, tm
                                          r"raise seq_len or eval.niah_factors \(\[1\] x 32\)"):
         train_and_evaluate(config, tmp_path / "w")
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == []
+
+
+def test_a_file_size_limit_is_one_line_status_1_without_library_noise(corpus, tmp_path):
+    """A checkpoint write refused by the OS (``ulimit -f``: EFBIG; a full disk, ENOSPC, takes
+    the same path, TensorStore naming the OS error only in its message): one line saying what
+    failed and what stays, status 1, none of the hundreds of 'Event loop is closed'
+    tracebacks TensorStore's late callbacks print."""
+    from conftest import XLA_TEST_FLAGS
+    limited = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, "
+               "(1 << 20, 1 << 20)); os.execv(sys.executable, [sys.executable] + sys.argv[1:])")
+    args = [sys.executable, "-c", limited, "-m", "launch.train", "--config=configs/transformer_tiny.py",
+            f"--workdir={tmp_path / 'w'}", "--config.seq_len=32", "--config.model.dtype=float32",
+            f"--config.data.paths=('{corpus}',)", "--config.data.sp_vocab_size=512",
+            "--config.data.heldout_fraction=0.05", "--config.train.batch_size=8",
+            "--config.train.steps=4", "--config.train.checkpoint_every=2",
+            "--config.train.eval_every=0", "--config.train.mesh=1,1,1",
+            "--config.eval.at_end=False", "--config.train.final_eval=False"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": XLA_TEST_FLAGS}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)           # its files may exceed the limit
+    out = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: cannot write the checkpoint of step 2 to "
+                      f"{tmp_path / 'w' / 'checkpoints'}: File too large; no earlier checkpoint "
+                      "exists"], out.stderr[-3000:]
+    assert "Event loop is closed" not in out.stderr and "Traceback" not in out.stderr

@@ -36,6 +36,8 @@ import errno
 import hashlib
 import json
 import logging
+import os
+import re
 import time
 
 import jax
@@ -232,14 +234,23 @@ def digest(value) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EIO,
+                   errno.EPERM, errno.EFBIG)
+_TS_OS_ERROR = re.compile(r"os_error_code='?(\d+)")
+
+
 def _os_error(e: BaseException) -> OSError | None:
-    """The OSError in ``e``'s chain of causes, if any (disk full, read-only, permissions)."""
+    """The storage OSError in ``e``'s chain of causes, if any (disk full, file too large,
+    read-only, permissions, I/O), or the one TensorStore names in its message (its errors are
+    ValueErrors carrying ``[os_error_code='28']`` and no OSError)."""
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES,
-                                                   errno.EDQUOT, errno.EIO, errno.EPERM):
+        if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:
             return e
+        code = _TS_OS_ERROR.search(str(e))
+        if code and int(code.group(1)) in _STORAGE_ERRNOS:
+            return OSError(int(code.group(1)), os.strerror(int(code.group(1))))
         e = e.__cause__ or e.__context__
     return None
 
