@@ -307,6 +307,34 @@ def test_non_finite_marks_the_newest_checkpoint_suspect_and_the_next_start_skips
     with pytest.raises(FloatingPointError):
         train_and_evaluate(config, tmp_path)
     assert f"skipping the checkpoint of step {bad - 1}: marked suspect" in caplog.text
+    # a later run with a sane learning rate reaches the suspect step again and writes over it
+    sane = tiny(corpus, steps=bad + 1, lr=1e-3, checkpoint_every=1)
+    assert max(train_and_evaluate(sane, tmp_path).losses) == bad + 1
+    assert bad - 1 in saved_steps(tmp_path)
+    assert not (tmp_path / "checkpoints" / f"{bad - 1}.suspect").exists()
+    assert f"the checkpoint of step {bad - 1} is replaced" in caplog.text
+
+
+def test_a_dead_network_stops_before_it_is_saved_and_resumes_from_the_last_sane_step(
+        corpus, tmp_path):
+    """A learning rate that kills the network after some sane steps (1e-3 for three steps,
+    then 1e6): at the first step whose gradient vanished the run stops with one line; the
+    checkpoint holding those weights (the step before) is marked suspect, so the next start,
+    with a sane learning rate, resumes from the newest checkpoint before it and overwrites
+    the suspect one."""
+    from hwh_jax.training.trainer import Diverged
+    sane = tiny(corpus, steps=3, lr=1e-3, checkpoint_every=1)
+    train_and_evaluate(sane, tmp_path)
+    dead = tiny(corpus, steps=8, lr=1e6, warmup_steps=0, checkpoint_every=1)
+    with pytest.raises(Diverged, match=r"the gradient vanished at step 5 \(norm .*\): the "
+                                       r"network is dead.*the checkpoint of step 4 holds those "
+                                       r"weights and is marked suspect; the next start resumes "
+                                       r"from step 3.*Lower train.lr \(now 1e\+06\)"):
+        train_and_evaluate(dead, tmp_path)
+    assert (tmp_path / "checkpoints" / "4.suspect").exists()
+    res = train_and_evaluate(tiny(corpus, steps=5, lr=1e-3, checkpoint_every=1), tmp_path)
+    assert sorted(res.losses) == [4, 5] and all(np.isfinite(v) for v in res.losses.values())
+    assert 4 in saved_steps(tmp_path) and not (tmp_path / "checkpoints" / "4.suspect").exists()
 
 
 def test_a_workdir_refuses_another_model_or_data_config(corpus, four_steps, tmp_path):

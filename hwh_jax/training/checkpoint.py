@@ -110,7 +110,12 @@ class Checkpointer:
         reason when a write fails (this one's, or the previous asynchronous one's)."""
         self.wait()
         if step in self.steps():
-            return False
+            if not self.suspect(step).exists():
+                return False
+            self._set_aside(step, "replaced", "marked suspect by an earlier run; this run "
+                            "reached the step again", level=logging.WARNING,
+                            then="writing this run's")
+            self.suspect(step).unlink()
         meta = {**meta, "fingerprint": fingerprint(state), "data_digest": digest(data_state)}
         meta["meta_digest"] = digest(meta)
         with self._write_errors(step):
@@ -213,12 +218,13 @@ class Checkpointer:
             return "its data position differs from what was saved"
         return None
 
-    def _set_aside(self, step: int, why: str, detail: str):
+    def _set_aside(self, step: int, why: str, detail: str, *, level: int = logging.ERROR,
+                   then: str = "trying the previous one"):
         aside = self.directory / f"{step}.{why}.{int(time.time())}"
         (self.directory / str(step)).rename(aside)
         self.manager.reload()
-        log.error("the checkpoint of step %d is %s (%s): moved to %s; trying the previous one",
-                  step, why, detail, aside)
+        log.log(level, "the checkpoint of step %d is %s (%s): moved to %s; %s", step, why,
+                detail, aside, then)
 
     def close(self):
         """Wait for an asynchronous save (its errors raised), then release the manager."""

@@ -88,6 +88,10 @@ def unigram_entropy(stream) -> float:
     return float(-(p * np.log(p)).sum())
 
 
+class Diverged(FloatingPointError):
+    """The loss exploded or the gradient vanished (``Run.check_sane``)."""
+
+
 class Run:
     """The state of one pretraining run between the steps of ``train_and_evaluate``."""
 
@@ -395,6 +399,47 @@ class Run:
         raise FloatingPointError(f"non-finite loss or gradient at step {bad + 1} (its update "
                                  f"was skipped); {where}")
 
+    def check_sane(self, step: int, loss: float, grad_norm: float):
+        """Stop (``Diverged``, one line) at a step whose loss exploded or whose gradient
+        vanished. A step's loss and gradient are those of the weights before its update, so
+        the culprit is the checkpoint of the step before (if one was saved there): it is
+        marked suspect, and the next start resumes from the newest checkpoint before it (the
+        loop checks every step's metrics at its log points and before every save, so every
+        earlier checkpoint held weights whose next step was sane; with
+        ``train.keep_checkpoints`` >= 2 one of them is kept).
+
+        Exploded: a loss more than 1 nat above ln V, the loss of a uniform guess over the
+        vocabulary. A model starts near ln V (small initial logits) and only goes down; 1 nat
+        above it means the right token gets e times less than uniform mass, which only logits
+        blown up by a too-large step produce. Vanished: a gradient norm below 1e-6 (a dead
+        network: every unit saturated; the optimizer cannot move it again, as after
+        ``train.lr=1e6``). Non-finite values are ``check_finite``'s."""
+        ceiling = math.log(self.cfg.vocab_size) + 1.0
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            return
+        if loss > ceiling:
+            what = (f"the loss exploded at step {step}: {loss:.3f}, more than ln V + 1 = "
+                    f"{ceiling:.3f} (worse than a uniform guess over the {self.cfg.vocab_size} "
+                    f"tokens)")
+        elif grad_norm < 1e-6:
+            what = (f"the gradient vanished at step {step} (norm {grad_norm:.1e}, loss "
+                    f"{loss:.3f}): the network is dead and cannot learn again")
+        else:
+            return
+        self.ckpt.wait()
+        culprit = [s for s in self.ckpt.steps() if s >= step - 1]
+        if culprit and jax.process_index() == 0:
+            for s in culprit:
+                self.ckpt.mark_suspect(s, what)
+        steps = [s for s in self.ckpt.steps() if not self.ckpt.suspect(s).exists()
+                 and s not in culprit]
+        where = (f"the next start resumes from step {steps[-1]}, the newest checkpoint whose "
+                 f"next step was sane" if steps else "the next start begins again")
+        marked = (f"the checkpoint of step {culprit[0]} holds those weights and is marked "
+                  f"suspect; " if culprit else "")
+        raise Diverged(f"{what}; {marked}{where}. Lower train.lr (now {self.c.lr:g}), raise "
+                       f"train.warmup_steps or set train.clip_norm, then start again")
+
     def save(self, step: int):
         self.check_finite()
         meta = {"config": json.loads(self.config.to_json_best_effort()), "arch": self.cfg.arch,
@@ -535,8 +580,9 @@ class _Loop:
         done = [p for p in self.pending if p[0] <= step]
         self.pending = [p for p in self.pending if p[0] > step]
         self.due = None
+        done = [(s, jax.device_get(m), ids, w) for s, m, ids, w in done]
         for s, m, ids, _ in done:
-            m = last = jax.device_get(m)
+            last = m
             run.losses[s] = float(m["loss"])
             run.batch_ids[s] = ids
             run.writer.write(s, "train", {k: m[k] for k in ("loss", "grad_norm", "lr")})
@@ -547,6 +593,8 @@ class _Loop:
             if self.pending and self.pending[0][0] == step + 1 and _ready(self.pending[0][1]):
                 ended = step + 1
             run.check_finite(int(last["bad_step"]))
+            for s, m, _, _ in done:
+                run.check_sane(s, float(m["loss"]), float(m["grad_norm"]))
             dt, steps = now - self.t_last, ended - self.step_last
             if steps < 1:          # this step was counted in the last window: its rate stands
                 tps, dt, steps = self.tps, self.dt, self.steps
