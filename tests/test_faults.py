@@ -2,6 +2,7 @@
 status (docs/training.md, "Faults"): a signal inside the save window, flipped bytes in a
 checkpoint, a truncated one, a full disk, a non-finite loss, a workdir reused by another config,
 bad config values, bad data, a broken Hugging Face config."""
+import dataclasses
 import errno
 import json
 import os
@@ -431,6 +432,11 @@ def test_invalid_utf8_in_jsonl_stops_or_is_replaced_with_a_warning(tmp_path, cap
     assert list(sources.text_documents(bad))[1] == "caf\ufffd"        # the default: replace
     assert re.search(r"bad.jsonl: 1 invalid UTF-8 byte sequence\(s\) read as U\+FFFD, the "
                      r"first at line 2, column \d+ \(data.decode_errors='strict'", caplog.text)
+    # a lenient run's cache does not stand in for a strict run's reading
+    from hwh_jax.data.pipeline import DataSpec, _fingerprint
+    lenient = DataSpec(paths=(str(bad),))
+    strict = dataclasses.replace(lenient, decode_errors="strict")
+    assert _fingerprint(lenient, lenient.paths) != _fingerprint(strict, strict.paths)
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"text": "a"}\n{"text": \n')
     with pytest.raises(ValueError, match=r"broken.jsonl:2: not a JSON object"):
@@ -600,3 +606,17 @@ def test_a_file_size_limit_is_one_line_status_1_without_library_noise(corpus, tm
                       f"{tmp_path / 'w' / 'checkpoints'}: File too large; no earlier checkpoint "
                       "exists"], out.stderr[-3000:]
     assert "Event loop is closed" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_warmup_longer_than_the_run_is_named(caplog):
+    import logging
+
+    from hwh_jax.training.optimizer import OptimizerSpec
+    with caplog.at_level(logging.WARNING):
+        OptimizerSpec(lr=1e-3, warmup_steps=100, total_steps=6).validate()
+    assert "train.warmup_steps=100 is not below train.steps=6" in caplog.text
+    assert "never reaches train.lr=0.001 (the last step's is 5e-05)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        OptimizerSpec(lr=1e-3, warmup_steps=2, total_steps=6).validate()
+    assert "warmup" not in caplog.text

@@ -103,9 +103,10 @@ def _documents(spec: DataSpec, heldout: bool):
 
 def _fingerprint(spec: DataSpec, paths) -> str:
     fields = dataclasses.asdict(spec)
-    for name in ("retrieval_share", "retrieval_answer_weight", "retrieval_max_needles", "workers",
-                 "decode_errors"):
+    for name in ("retrieval_share", "retrieval_answer_weight", "retrieval_max_needles", "workers"):
         fields.pop(name)  # mixed in / batched after tokenisation: same tokenizer, same tokens
+    # (decode_errors stays: a strict run must read the text itself, not a cache a lenient run
+    # made of it with U+FFFD in place of the invalid bytes)
     h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     if spec.source != "tfds":
         for f in _files(spec, paths):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import jax
 import optax
@@ -10,6 +11,8 @@ from hwh_jax import checks
 
 NO_DECAY_NAMES = ("A_log", "dt_bias", "bias", "weight")  # norms' scale is called "weight"
 SCHEDULES = ("cosine", "wsd", "constant")
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +45,12 @@ class OptimizerSpec:
         checks.number("train.b2", self.b2, lo=0, hi=1, hi_open=True)
         checks.number("train.eps", self.eps, lo=0, lo_open=True)
         checks.number("train.clip_norm", self.clip_norm, lo=0)
+        if self.warmup_steps >= self.total_steps:
+            peak = float(learning_rate_schedule(self)(self.total_steps - 1))
+            log.warning("train.warmup_steps=%d is not below train.steps=%d: the learning rate "
+                        "never reaches train.lr=%g (the last step's is %.3g); lower "
+                        "train.warmup_steps to warm up and then train", self.warmup_steps,
+                        self.total_steps, self.lr, peak)
 
 
 def learning_rate_schedule(spec: OptimizerSpec) -> optax.Schedule:
