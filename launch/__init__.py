@@ -136,6 +136,10 @@ def one_line_errors():
     except OSError as e:
         storage.sync_all()
         _fail(e, EXIT_FAILED, verbose)
+    except RuntimeError as e:       # a collective with a process that is gone: one line
+        if not (_several_processes() and any(s in str(e) for s in _PEER_GONE)):
+            raise
+        _fail(e, EXIT_FAILED, verbose)
     else:
         storage.sync_all()
 
@@ -173,10 +177,31 @@ def _parse_flags(argv):
     sys.exit(EXIT_REFUSED)
 
 
+_PEER_GONE = ("Connection reset by peer", "Connection refused", "Gloo", "Broken pipe",
+              "failed to connect to all addresses", "Socket closed")
+
+
+def _several_processes() -> bool:
+    try:
+        import jax
+        return jax.process_count() > 1
+    except Exception:  # noqa: BLE001 - before or without a backend: one process
+        return False
+
+
 def _fail(e: BaseException, status: int, verbose: bool):
     _log.debug("failed", exc_info=True)
     if verbose:
         raise e
     message = str(e) if not isinstance(e, KeyError) else str(e.args[0]) if e.args else repr(e)
+    several = _several_processes()
+    if several and any(s in message for s in _PEER_GONE):
+        message += (" (another process of the job is gone or unreachable: the checkpoints in "
+                    "the workdir stay; relaunch every process to resume from the newest)")
     print(f"error: {message}", file=sys.stderr, flush=True)
+    if several:
+        # jax.distributed's shutdown at exit waits for every process at a barrier (minutes,
+        # for a peer that is gone): the log is flushed and the process ends here instead
+        logging.shutdown()
+        os._exit(status)
     sys.exit(status)

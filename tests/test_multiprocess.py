@@ -187,6 +187,34 @@ def test_sigterm_to_one_process_stops_every_process_with_a_checkpoint(corpus, ca
     assert f"stopped by a signal to another process at step {steps[0]}" in outs[0]
 
 
+def test_a_killed_process_is_reported_by_the_other_in_bounded_time(corpus, cache, tmp_path):
+    """SIGKILL to process 1 of a 2-process job after its first checkpoint: process 0 says so
+    in one line within the watch's bound (here 10 s + 5 s, ``HWH_PEER_TIMEOUT_S``; 60 + 5 by
+    default; ``launch.peers``) and exits 1 without a native stack; the checkpoint stays."""
+    w = tmp_path / "w"
+    procs = _spawn(_args(corpus, w, steps=10_000, checkpoint_every=2), cache, 2,
+                   HWH_PEER_TIMEOUT_S="10")
+    deadline = time.time() + 300
+    while time.time() < deadline and not ((w / "checkpoints").exists() and any(
+            p.name.isdigit() for p in (w / "checkpoints").iterdir())):
+        assert all(p.poll() is None for p in procs), _errors(procs[0].communicate()[0])
+        time.sleep(0.5)
+    procs[1].kill()
+    t = time.time()
+    out = procs[0].communicate(timeout=120)[0]
+    took = time.time() - t
+    procs[1].wait()
+    assert procs[0].returncode == 1, _errors(out)
+    assert took < 10 + 5 + 15, took                     # the bound, and the exit itself
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    # the watch's line, or, where a collective with the dead process failed first (gloo
+    # notices a closed socket at once), that failure's line saying so
+    assert len(errors) == 1 and ("process 1 of the job stopped answering" in errors[0] or
+                                 "another process of the job is gone" in errors[0]), _errors(out)
+    assert "Fatal Python error" not in out and "*** Check failure" not in out
+    assert [p.name for p in (w / "checkpoints").iterdir() if p.name.isdigit()]
+
+
 def test_the_evaluation_launchers_run_under_several_processes(four, cache, tmp_path):
     """launch.eval, launch.generate and launch.analyze as 2 processes of one job (the
     checkpoint written on 4 devices): every process exits 0, the first alone prints and writes,
