@@ -158,7 +158,13 @@ def run_main(main) -> None:
 def _parse_flags(argv):
     from absl import flags
     try:
-        rest = flags.FLAGS(argv)
+        try:
+            rest = flags.FLAGS(argv)
+        except SystemExit as e:      # absl ends --help (and --helpfull, ...) with status 1
+            if any(a.lstrip("-").split("=")[0] in ("help", "helpfull", "helpshort", "helpxml",
+                                                   "h", "?") for a in argv[1:]):
+                sys.exit(0)
+            raise
         if "config" in flags.FLAGS:
             config = flags.FLAGS.config
             if type(config).__name__ == "_ErrorConfig":   # ml_collections' failed load

@@ -430,6 +430,8 @@ def test_invalid_utf8_in_jsonl_stops_or_is_replaced_with_a_warning(tmp_path, cap
     with pytest.raises(ValueError, match=r"bad.jsonl:2:\d+: invalid UTF-8"):
         list(sources.text_documents(bad, errors="strict"))
     assert list(sources.text_documents(bad))[1] == "caf\ufffd"        # the default: replace
+    list(sources.text_documents(bad))                     # read again (tokenizer, then shards)
+    assert caplog.text.count("read as U+FFFD") == 1       # said once
     assert re.search(r"bad.jsonl: 1 invalid UTF-8 byte sequence\(s\) read as U\+FFFD, the "
                      r"first at line 2, column \d+ \(data.decode_errors='strict'", caplog.text)
     # a lenient run's cache does not stand in for a strict run's reading
@@ -606,6 +608,14 @@ def test_a_file_size_limit_is_one_line_status_1_without_library_noise(corpus, tm
                       f"{tmp_path / 'w' / 'checkpoints'}: File too large; no earlier checkpoint "
                       "exists"], out.stderr[-3000:]
     assert "Event loop is closed" not in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("flag", ["--help", "--helpfull"])
+def test_help_exits_0(flag):
+    out = subprocess.run([sys.executable, "-m", "launch.train", flag], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0 and "--workdir" in out.stdout + out.stderr
 
 
 def test_a_warmup_longer_than_the_run_is_named(caplog):

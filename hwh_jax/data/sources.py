@@ -27,6 +27,19 @@ TEXT_SUFFIXES = (".txt", ".txt.gz", ".zip", ".jsonl", ".jsonl.gz", ".parquet")
 DECODE_ERRORS = ("strict", "replace")
 
 
+_SAID: set = set()
+
+
+def _replaced(where: str, count: int, line: int, col: int) -> None:
+    """The warning that invalid bytes were read as U+FFFD: once a file and process (a run reads
+    a corpus twice: for its tokenizer and for its shards)."""
+    if where in _SAID:
+        return
+    _SAID.add(where)
+    log.warning("%s: %d invalid UTF-8 byte sequence(s) read as U+FFFD, the first at line %d, "
+                "column %d (data.decode_errors='strict' stops instead)", where, count, line, col)
+
+
 def decode(data: bytes, where: str, errors: str = "replace") -> str:
     """``data`` as UTF-8 text. A NUL byte (binary data, never text) raises ValueError naming
     ``where`` and the line. Invalid UTF-8 raises naming the line and column
@@ -47,10 +60,8 @@ def decode(data: bytes, where: str, errors: str = "replace") -> str:
                              f"fix the file, or set data.decode_errors='replace' to read such "
                              f"bytes as U+FFFD") from None
         text = data.decode("utf-8", errors="replace")
-        log.warning("%s: %d invalid UTF-8 byte sequence(s) read as U+FFFD, the first at line %d, "
-                    "column %d (data.decode_errors='strict' stops instead)", where,
-                    text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd"),
-                    line, col)
+        _replaced(where, text.count("\ufffd") - data.decode("utf-8", errors="ignore")
+                  .count("\ufffd"), line, col)
         return text
 
 
@@ -80,9 +91,7 @@ def _decoded_lines(f, where: str, errors: str) -> Iterator[str]:
             first = first or (n, e.start + 1)
         yield line[:-2] + "\n" if line.endswith("\r\n") else line
     if replaced:
-        log.warning("%s: %d invalid UTF-8 byte sequence(s) read as U+FFFD, the first at line %d, "
-                    "column %d (data.decode_errors='strict' stops instead)", where, replaced,
-                    *first)
+        _replaced(where, replaced, *first)
 
 
 def _split_lines(lines) -> Iterator[str]:
