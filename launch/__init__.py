@@ -2,9 +2,10 @@
 
 Exit statuses of every launcher (docs/training.md, "Faults"): 0 done, or stopped by SIGTERM /
 SIGINT with a complete checkpoint (``train.stop_exit_status`` sets another status for that
-stop, e.g. 75 for a supervisor that relaunches); 1 the run failed and says what is kept (a non-finite loss,
-a diverged run, a checkpoint that could not be written, a process of the job that is gone); 2 the run was refused before it started (a bad config
-value, data that cannot be read, a workdir made by another config). A failure prints one line;
+stop, e.g. 75 for a supervisor that relaunches); 1 the run failed and says what is kept (a
+non-finite loss, a diverged run, a checkpoint that could not be written, a process of the job
+that is gone); 2 the run was refused before it started (a bad config value, data that cannot be
+read, a workdir made by another config or in use by another run). A failure prints one line;
 the traceback goes to the log file (a launcher's workdir's ``<name>.log``) and, with
 ``--verbosity=1``, to the console.
 """

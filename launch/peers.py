@@ -13,6 +13,7 @@ process busy compiling, whose thread still runs, is never taken for dead).
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -36,6 +37,17 @@ def watch(client, index: int, count: int, *, interval: float = 5.0,
     ``client``: ``jax.distributed``'s coordination client."""
     timeout = float(os.environ.get("HWH_PEER_TIMEOUT_S", 60)) if timeout is None else timeout
     key = "hwh_jax/alive/{}".format
+    # At exit the processes leave at different moments and the coordinator takes the store
+    # down: from then on (atexit runs this before jax.distributed's own shutdown, registered
+    # earlier) the watch judges no one and only keeps beating, so that a process still
+    # finishing its run is not taken for dead by one waiting at the shutdown barrier; a store
+    # gone then ends the thread quietly.
+    stopped = threading.Event()
+    atexit.register(stopped.set)
+
+    def end_unless_stopped(line):
+        if not stopped.is_set():
+            end(line)
 
     def run():
         seen = {j: (None, time.monotonic()) for j in range(count) if j != index}
@@ -46,17 +58,19 @@ def watch(client, index: int, count: int, *, interval: float = 5.0,
                 client.key_value_set(key(index), str(beat), allow_overwrite=True)
                 values = {j: _get(client, key(j)) for j in seen}
             except Exception as e:  # noqa: BLE001 - any failure of the store: the coordinator
-                end(f"the job's coordinator (process 0) cannot be reached ({type(e).__name__}"
-                    f": {str(e).splitlines()[0][:120] if str(e) else ''}); ending process "
-                    f"{index}: the job cannot go on without it. The checkpoints in the workdir "
-                    f"stay; relaunch every process to resume from the newest")
+                first = str(e).splitlines()[0][:120] if str(e) else ""
+                end_unless_stopped(
+                    f"the job's coordinator (process 0) cannot be reached ({type(e).__name__}: "
+                    f"{first}); ending process {index}: the job cannot go on without it. The "
+                    f"checkpoints in the workdir stay; relaunch every process to resume from "
+                    f"the newest")
                 return
             now = time.monotonic()
             for j, value in values.items():
                 last, since = seen[j]
                 if value != last:
                     seen[j] = (value, now)
-                elif value is not None and now - since > timeout:
+                elif value is not None and now - since > timeout and not stopped.is_set():
                     end(f"process {j} of the job stopped answering (no heartbeat for "
                         f"{now - since:.0f} s); ending process {index}: the job cannot go on "
                         f"without it. The checkpoints in the workdir stay; relaunch every "
