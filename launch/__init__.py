@@ -27,8 +27,9 @@ NOISY = ("asyncio", "orbax", "etils", "absl")   # library detail: the log file, 
 
 def setup_logging(log_file: storage.PathLike | None = None) -> None:
     """INFO from the project's loggers on the console (libraries' records only with
-    ``--verbosity=1``); with ``log_file``, every record from DEBUG on into that file (a bucket
-    URL: written locally and copied up at checkpoints and at exit, ``storage.Staged``)."""
+    ``--verbosity=1``); with ``log_file``, the project's records from DEBUG on and the
+    libraries' from INFO on into that file (every library's DEBUG too with ``--verbosity=1``; a
+    bucket URL: written locally and copied up at checkpoints and at exit, ``storage.Staged``)."""
     from absl import flags
     from absl import logging as absl_logging
     verbose = flags.FLAGS.is_parsed() and flags.FLAGS.verbosity >= 1
@@ -43,6 +44,8 @@ def setup_logging(log_file: storage.PathLike | None = None) -> None:
         log_file = storage.Staged(target.parent).local / target.name
         handler = logging.FileHandler(log_file)
         handler.setLevel(logging.DEBUG)
+        if not verbose:                   # --verbosity=1: every library's DEBUG records too
+            handler.addFilter(_OursInDetail())
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
 
@@ -116,6 +119,18 @@ class _Quiet(logging.Filter):
 
     def filter(self, record):
         return not record.name.startswith(NOISY)
+
+
+OURS = ("hwh_jax", "launch", "kernels_pallas", "root")
+
+
+class _OursInDetail(logging.Filter):
+    """The log file's records: the project's from DEBUG on (its tracebacks of handled
+    failures are DEBUG records), the libraries' from INFO on (their DEBUG records were most of
+    a run's log: Orbax's and asyncio's, thousands of lines for a tiny run)."""
+
+    def filter(self, record):
+        return record.levelno >= logging.INFO or record.name.startswith(OURS)
 
 
 @contextlib.contextmanager

@@ -624,9 +624,50 @@ def test_a_warmup_longer_than_the_run_is_named(caplog):
     from hwh_jax.training.optimizer import OptimizerSpec
     with caplog.at_level(logging.WARNING):
         OptimizerSpec(lr=1e-3, warmup_steps=100, total_steps=6).validate()
-    assert "train.warmup_steps=100 is not below train.steps=6" in caplog.text
+        OptimizerSpec(lr=1e-3, warmup_steps=100, total_steps=6).validate()   # said once
+    assert caplog.text.count("train.warmup_steps=100 is not below train.steps=6") == 1
     assert "never reaches train.lr=0.001 (the last step's is 5e-05)" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         OptimizerSpec(lr=1e-3, warmup_steps=2, total_steps=6).validate()
     assert "warmup" not in caplog.text
+
+
+def test_a_refused_start_does_not_bind_its_workdir(corpus, tmp_path):
+    """A start refused while its data is read (token shards without data.tokenizer) leaves no
+    config.json, so the corrected command is not taken for another run."""
+    from hwh_jax.data import shards
+    from hwh_jax.data.tokenizers import GPT2BPE
+    from hwh_jax.data.paths import resolve
+    prepared = shards.prepare([read_text(corpus)[:20_000]], GPT2BPE(resolve("gpt2_bpe")),
+                              tmp_path / "shards", source={"test": 1}, echo=lambda s: None)
+    config = tiny(corpus, steps=1)
+    config.data.source, config.data.paths = "shards", (str(prepared),)
+    with pytest.raises(ValueError, match="needs data.tokenizer 'gpt2' or 'sentencepiece'"):
+        train_and_evaluate(config, tmp_path / "w")
+    assert not (tmp_path / "w" / "config.json").exists()
+    config.data.tokenizer = "gpt2"
+    assert sorted(train_and_evaluate(config, tmp_path / "w").losses) == [1]
+
+
+def test_the_log_file_keeps_the_projects_detail_not_the_libraries(tmp_path):
+    """train.log: the project's DEBUG records (the tracebacks of handled failures) but no
+    library's DEBUG chatter (Orbax's and asyncio's were most of a tiny run's 3 MB)."""
+    import logging
+
+    from launch import setup_logging
+    root = logging.getLogger()
+    before = list(root.handlers)
+    try:
+        setup_logging(tmp_path / "train.log")
+        logging.getLogger("hwh_jax.training.trainer").debug("ours in detail")
+        logging.getLogger("orbax.checkpoint").debug("library chatter")
+        logging.getLogger("orbax.checkpoint").warning("library warning")
+        for h in root.handlers:
+            h.flush()
+    finally:
+        for h in root.handlers[len(before):]:
+            root.removeHandler(h)
+    text = (tmp_path / "train.log").read_text()
+    assert "ours in detail" in text and "library warning" in text
+    assert "library chatter" not in text

@@ -13,6 +13,7 @@ NO_DECAY_NAMES = ("A_log", "dt_bias", "bias", "weight")  # norms' scale is calle
 SCHEDULES = ("cosine", "wsd", "constant")
 
 log = logging.getLogger(__name__)
+_WARNED: set = set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +46,9 @@ class OptimizerSpec:
         checks.number("train.b2", self.b2, lo=0, hi=1, hi_open=True)
         checks.number("train.eps", self.eps, lo=0, lo_open=True)
         checks.number("train.clip_norm", self.clip_norm, lo=0)
-        if self.warmup_steps >= self.total_steps:
+        if self.warmup_steps >= self.total_steps and (self.warmup_steps, self.total_steps,
+                                                      self.lr) not in _WARNED:
+            _WARNED.add((self.warmup_steps, self.total_steps, self.lr))   # once a process
             peak = float(learning_rate_schedule(self)(self.total_steps - 1))
             log.warning("train.warmup_steps=%d is not below train.steps=%d: the learning rate "
                         "never reaches train.lr=%g (the last step's is %.3g); lower "
