@@ -1,7 +1,8 @@
 r"""Evaluate trained runs: ``python -m launch.eval --checkpoint=runs/a,runs/b --suite=niah,ppl``.
 
 In a job of several processes each computes the whole evaluation on its own devices and the
-first writes it. Writes, under ``--out`` (default ``<first checkpoint>/eval``): one folder per run with its
+first writes it. Writes, under ``--out`` (default ``<first checkpoint>/evals/<suites>_step<N>``,
+never the training run's own closing evaluation in ``<workdir>/eval``): one folder per run with its
 ``results.json``, NIAH heatmaps (depth x length per task) and perplexity by position, plus the
 cross-model extrapolation chart and perplexity chart. The logic is ``hwh_jax.eval.suite``.
 """
@@ -13,7 +14,8 @@ from launch import begin, first_process_writes, one_line_errors, run_main
 from hwh_jax import storage
 
 flags.DEFINE_list("checkpoint", None, "launch.train workdir(s), comma-separated")
-flags.DEFINE_string("out", "", "output folder (default <first checkpoint>/eval)")
+flags.DEFINE_string("out", "", "output folder (default <first checkpoint>/evals/"
+                    "<suites>_step<N>)")
 flags.DEFINE_integer("step", None, "checkpoint step (default: the newest)")
 # Evaluation settings: unset flags keep hwh_jax.eval.EvalSpec's defaults (its docstring).
 flags.DEFINE_list("suite", None, "any of niah, mqar, ppl, longppl, retrieval, commonsense")
@@ -57,8 +59,19 @@ def evaluate():
              if FLAGS[name].value is not None}
     spec = suite.EvalSpec(**given)
     spec.validate()  # before loading anything
-    with first_process_writes(FLAGS.out or storage.path(FLAGS.checkpoint[0]) / "eval") as out:
+    with first_process_writes(FLAGS.out or default_out(spec.suites)) as out:
         _evaluate(spec, out)
+
+
+def default_out(suites) -> storage.PathLike:
+    """``<first checkpoint>/evals/<suites>_step<N>``: a folder of its own for each evaluation
+    (N: ``--step`` or the newest checkpoint's), apart from the training's ``eval/``."""
+    run = storage.path(FLAGS.checkpoint[0])
+    folder = run / "checkpoints"
+    steps = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) \
+        if folder.exists() else []
+    step = FLAGS.step if FLAGS.step is not None else (steps[-1] if steps else "latest")
+    return run / "evals" / f"{'+'.join(suites)}_step{step}"
 
 
 def _evaluate(spec, out: storage.PathLike):

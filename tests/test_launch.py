@@ -79,6 +79,11 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     # scoring: tests/test_eval.py
     assert all(0 <= v["acc"] <= 1 and v["examples"] == 3 for v in res["commonsense"].values())
     assert (ev / "niah_extrapolation.png").exists() and (ev / "ppl_by_position.png").exists()
+    # without --out: a folder of its own, the closing evaluation's eval/ untouched
+    closing = {p.name: p.read_bytes() for p in (work / "eval").iterdir() if p.is_file()}
+    run("launch.eval", f"--checkpoint={work}", "--suite=ppl", "--ppl_factor=2")
+    assert (work / "evals" / "ppl_step4" / "0_transformer_run" / "results.json").exists()
+    assert {p.name: p.read_bytes() for p in (work / "eval").iterdir() if p.is_file()} == closing
 
     seeds = tmp_path / "seeds"
     for s in (0, 1):
