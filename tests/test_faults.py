@@ -576,12 +576,17 @@ def test_an_unwritable_workdir_is_one_line_and_status_2(tmp_path):
 def test_an_evaluation_the_run_cannot_hold_is_refused_before_training(corpus, tmp_path):
     """eval.at_end with NIAH at a length too short for its template: refused after the data is
     read (the tokenizer decides), before the first step, naming the keys; nothing bound."""
-    config = tiny(corpus, steps=2)
+    fresh = tmp_path / "fresh.txt"                  # a corpus no other test has tokenised
+    fresh.write_text(corpus.read_text()[:60_000])
+    config = tiny(fresh, steps=2)
     config.eval.at_end, config.eval.suites, config.eval.niah_factors = True, ("niah",), (1,)
+    shards = Path(os.environ["HWH_CACHE_DIR"]) / "shards"
+    before = sorted(shards.iterdir()) if shards.exists() else []
     with pytest.raises(ValueError, match=r"eval: niah_single_1: length 32 leaves no room.*"
                                          r"raise seq_len or eval.niah_factors \(\[1\] x 32\)"):
         train_and_evaluate(config, tmp_path / "w")
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == []
+    assert (sorted(shards.iterdir()) if shards.exists() else []) == before  # not tokenised
 
 
 def test_a_file_size_limit_is_one_line_status_1_without_library_noise(corpus, tmp_path):

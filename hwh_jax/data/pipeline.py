@@ -194,10 +194,14 @@ class Splits:
     tokenizer: object
 
 
-def build_splits(spec: DataSpec, seq_len: int) -> Splits:
-    """Tokenise (or load from cache) and pack the train and held-out splits."""
+def build_splits(spec: DataSpec, seq_len: int, check_tokenizer=None) -> Splits:
+    """Tokenise (or load from cache) and pack the train and held-out splits;
+    ``check_tokenizer(tokenizer)``, if given, runs before the corpus is tokenised (what a run
+    can refuse by its tokenizer, it refuses before that work)."""
     spec.validate()
     tok = load_tokenizer(spec)
+    if check_tokenizer is not None:
+        check_tokenizer(tok)
     kw = dict(eos_id=tok.eos_id, pad_id=tok.pad_id)
     stream = token_stream(spec, tok)
     has_heldout = bool(spec.heldout_paths) or (spec.source == "tfds" and spec.tfds_heldout_split)

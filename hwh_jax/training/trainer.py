@@ -154,10 +154,11 @@ class Run:
     # ------------------------------------------------------------ data
     def load_data(self):
         t = time.time()
-        self.splits = splits = build_splits(self.specs.data, self.config.seq_len)
+        spec = self.specs.eval                   # checked before training, not after it,
+        self.splits = splits = build_splits(    # and before the corpus is tokenised
+            self.specs.data, self.config.seq_len, check_tokenizer=None if spec is None else
+            lambda tok: check_for_run(spec, tok, self.config.seq_len))
         self.cfg = model_config(self.config, splits.tokenizer.vocab_size)
-        if self.specs.eval is not None:          # before training, not after it
-            check_for_run(self.specs.eval, splits.tokenizer, self.config.seq_len)
         # bound once every check that needs the data passed: a refused start leaves no
         # config.json behind (its check against an existing one ran in __init__)
         workdir_lib.bind(self.workdir, self.config, write=jax.process_index() == 0)
