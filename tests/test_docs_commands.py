@@ -141,3 +141,25 @@ def test_shell_commands_name_scripts_that_exist():
                 parts = set(re.findall(r"^ {4}(\w+)\)$", (ROOT / target).read_text(), re.M))
                 assert {"gdn", "decode", "hgrn"} <= parts, parts
                 assert set(args[1:]) <= parts, f"{doc}: {line}"
+
+
+def test_the_documented_niah_counts_are_the_configs():
+    """docs/evaluation.md's prompts a cell (the default, the experiment's, the main job's
+    closing evaluation) and the main job's '0 of 9' a length, from the configs themselves."""
+    from configs import base
+    from configs import experiment
+    from hwh_jax.eval import niah
+    from hwh_jax.eval.suite import EvalSpec
+    text = (ROOT / "docs" / "evaluation.md").read_text()
+    d = EvalSpec()
+    assert f"(default {d.niah_depths} x {d.niah_samples} = {d.niah_depths * d.niah_samples};" \
+        in text
+    e = experiment.get_config().eval
+    assert f"`configs/experiment.py` {e.niah_depths} x {e.niah_samples} = " \
+           f"{e.niah_depths * e.niah_samples} a seed" in text
+    t = base.get_config("hwh_tiny").eval
+    cell = t.niah_depths * t.niah_samples
+    per_length = cell * len(tuple(t.niah_tasks) or niah.TASKS)
+    assert f"evaluation {t.niah_depths} x {t.niah_samples} = {cell} a cell, {per_length} a " \
+           f"length over its three tasks" in text
+    assert f"**0 of {per_length}** NIAH prompts" in text and f"cell 0 of {cell}" in text
