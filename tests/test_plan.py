@@ -139,8 +139,8 @@ def test_the_state_figures_in_docs_tpu_are_those_of_the_shardings():
                    for x, s in zip(leaves, shards))
     params = sum(x.size for x in jax.tree.leaves(state["params"]))
     text = (ROOT / "docs" / "tpu.md").read_text()
-    said = re.search(r"HwH-1.4B's\s+([\d,]+) parameters is ([\d.]+) GiB.*?a chip holds "
-                     r"([\d.]+) GiB", text, re.S)
+    said = re.search(r"HwH-1.4B's\s+([\d,]+)\s+parameters\s+is\s+([\d.]+)\s+GiB.*?a\s+chip"
+                     r"\s+holds\s+([\d.]+)\s+GiB", text, re.S)
     assert said, "docs/tpu.md no longer states the 1.4B state figures"
     assert int(said.group(1).replace(",", "")) == params
     assert float(said.group(2)) == round(whole / 2 ** 30, 1)
