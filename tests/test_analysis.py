@@ -232,3 +232,19 @@ def test_trace_table_finds_each_heads_first_step_at_the_threshold():
     assert trace_table([100, 200], scores[:2], 0.9)[0]["first_step"] is None
     with pytest.raises(ValueError, match="increasing"):
         trace_table([200, 100], scores[:2], 0.1)
+
+
+def test_nope_heads_are_analysed_without_rotation():
+    """The tiny HwH's FA heads are NoPE: their RPD is 0 (removing a rotation they never had
+    changes nothing) and their RFIS is not (their channels matter); the taxonomy still runs."""
+    from hwh_jax.analysis.run import analyze_model
+    cfg = model_config("hwh", "tiny", dtype="float32")
+    assert not any(s.fa_rope for s in cfg.layers if s.num_fa)
+    model = HybridLM(cfg, rngs=nnx.Rngs(0))
+    samples = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 48))
+    out = analyze_model(model, samples, num_queries=4, train_len=48, log=lambda s: None)
+    analysed = [l for l in out["layers"] if l["heads"]]
+    assert analysed and all(l["rope"] is False for l in analysed)
+    for layer in analysed:
+        assert np.abs(np.asarray(layer["rpd"])).max() < 1e-7     # float32 rounding only
+        assert np.asarray(layer["rfis"]).max() > 1e-5       # untrained: small, not 0

@@ -21,8 +21,8 @@ class LayerQK:
     layer: int = dataclasses.field(metadata=dict(static=True))
     q: jnp.ndarray            # [B, T, H, D] after q-norm, before rotation
     k: jnp.ndarray            # [B, T, G, D]
-    frequencies: jnp.ndarray  # [D/2] RoPE angular frequencies (used for the analysis even
-    #                           when the heads are NoPE: the decomposition is then hypothetical)
+    frequencies: jnp.ndarray  # [D/2] RoPE angular frequencies (NoPE heads: what RoPE would
+    #                           use; ``analysis.run`` analyses those heads with angle 0)
     rope: bool = dataclasses.field(metadata=dict(static=True))
     q_per_kv: int = dataclasses.field(metadata=dict(static=True))
     scale: float = dataclasses.field(metadata=dict(static=True))

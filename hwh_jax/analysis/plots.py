@@ -32,7 +32,9 @@ def layer_heatmaps(result: dict, path_prefix: storage.PathLike, title: str):
             im = ax.imshow(np.asarray(layer[key]), aspect="auto", cmap="magma", vmin=0)
             ax.set_ylabel("head", fontsize=8)
             kinds = "".join("R" if h["kind"] == "retrieval" else "P" for h in layer["taxonomy"])
-            ax.set_title(f"{key.upper()} layer {layer['layer']} ({kinds})", fontsize=8)
+            scheme = "RoPE" if layer.get("rope", True) else "NoPE"
+            ax.set_title(f"{key.upper()} layer {layer['layer']}, {scheme} heads: {kinds} "
+                         f"(R retrieval, P positional)", fontsize=8)
             _period_ticks(ax, periods, L)
             ax.axvspan(band["lo"] - 0.5, band["hi"] + 0.5, color="cyan", alpha=0.15)
             fig.colorbar(im, ax=ax)

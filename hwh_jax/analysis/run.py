@@ -31,7 +31,10 @@ def analyze_model(model, samples: np.ndarray, *, num_queries: int, train_len: in
     for n in range(N):
         for lq in capture(state, jnp.asarray(samples[n:n + 1])):
             idx = jnp.asarray(qidx[n:n + 1])
-            a, b = rfis_rpd(lq.q, lq.k, idx, lq.frequencies, scale=lq.scale,
+            # NoPE heads rotate nothing: their decomposition uses angle 0, so z is their own
+            # logits, RFIS scores their channel pairs and RPD is 0 (docs/analysis.md)
+            turn = lq.frequencies if lq.rope else jnp.zeros_like(lq.frequencies)
+            a, b = rfis_rpd(lq.q, lq.k, idx, turn, scale=lq.scale,
                             q_per_kv=lq.q_per_kv, pairing=lq.pairing, chunk=chunk)
             rows = probes.attention_rows(lq.q[0], lq.k[0], idx[0], lq.frequencies, rope=lq.rope,
                                          scale=lq.scale, q_per_kv=lq.q_per_kv,
@@ -43,7 +46,8 @@ def analyze_model(model, samples: np.ndarray, *, num_queries: int, train_len: in
     if not acc:
         raise ValueError("the model has no FA heads to analyse")
     freqs = np.asarray(next(iter(acc.values()))["meta"].frequencies)
-    band = taxonomy.gpband([np.asarray(s["rpd"]) for s in acc.values()], freqs,
+    rotated = [s for s in acc.values() if s["meta"].rope]     # the band: RoPE heads' RPD
+    band = taxonomy.gpband([np.asarray(s["rpd"]) for s in (rotated or acc.values())], freqs,
                            train_len=train_len)
     layers = []
     for l in range(len(model.blocks)):
