@@ -36,6 +36,14 @@ flags.mark_flags_as_required(["out"])
 FLAGS = flags.FLAGS
 
 
+def _tokens(n: int) -> str:
+    """4,096 / 1.2M / 10.5B: a token count at a readable scale (never "0.0M")."""
+    for unit, size in (("B", 1e9), ("M", 1e6)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n:,}"
+
+
 def main(argv):
     del argv
     if FLAGS.seeds and FLAGS.config is not None and not FLAGS.report:
@@ -67,7 +75,7 @@ def experiment():
     with open(exp_path, "w") as f:
         json.dump({k: v for k, v in exp.items() if k != "results"}, f, indent=2)
     print(f"experiment {exp['name']} ({exp['arch']}, {exp['params'] / 1e6:.1f}M params, "
-          f"{exp['tokens'] / 1e6:.1f}M tokens): NIAH "
+          f"{_tokens(exp['tokens'])} tokens): NIAH "
           + ", ".join(f"{k} {v:.0f}" for k, v in exp["niah"].items()) + f" -> {exp_path}")
 
 

@@ -289,6 +289,16 @@ def test_wilson_interval_is_the_score_tests_acceptance_region(right, n):
     assert abs(cell["lo"] - 100 * lo) < 1e-9 and abs(cell["mean"] - 100 * right / n) < 1e-9
 
 
+def test_none_or_all_right_has_exact_bounds():
+    """0 of n: the lower bound is 0 exactly (the closed form gave 5.6e-15 in summary.json);
+    n of n: the upper 1; the other bound z^2 / (n + z^2)."""
+    from hwh_jax.eval import stats
+    z2 = stats.Z95 ** 2
+    assert stats.wilson(0, 3) == (0.0, z2 / (3 + z2))
+    assert stats.wilson(9, 9) == (1.0 - z2 / (9 + z2), 1.0)
+    assert stats.share([0.0] * 3)["lo"] == 0.0
+
+
 def test_bootstrap_interval_of_a_mean():
     from hwh_jax.eval import stats
     assert stats.bootstrap_mean([3.0, 3.0, 3.0]) == (3.0, 3.0, 3.0)

@@ -14,10 +14,19 @@ def wilson(correct: float, n: int, z: float = Z95) -> tuple[float, float]:
     """95% (default ``z``) Wilson score interval of the share ``correct / n``, as fractions."""
     if n <= 0:
         return (float("nan"), float("nan"))
+    if correct <= 0:                  # the bounds the formula reaches up to rounding (5.6e-15)
+        return (0.0, wilson_upper_at_zero(n, z))
+    if correct >= n:
+        return (1.0 - wilson_upper_at_zero(n, z), 1.0)
     p = correct / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def wilson_upper_at_zero(n: int, z: float = Z95) -> float:
+    """The Wilson interval's upper bound for 0 right of ``n``: z^2 / (n + z^2)."""
+    return z * z / (n + z * z)
 
 
 def share(scores: list[float]) -> dict:
