@@ -24,9 +24,25 @@ def finish_line_chart(fig, ax, path, *, xlabel: str, ylabel: str, legend_size: i
 
 def save_figure(fig, path, *, dpi: int = 120) -> None:
     """Save ``fig`` to ``path`` (a local file or a bucket URL; the format from its suffix) and
-    close it."""
+    close it. The canvas is cropped or grown to every artist's extent (``bbox_inches="tight"``)
+    so that no label or title is cut off, whatever the layout left."""
     path = storage.path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as f:
-        fig.savefig(f, dpi=dpi, format=path.suffix.lstrip(".") or "png")
+        fig.savefig(f, dpi=dpi, format=path.suffix.lstrip(".") or "png", bbox_inches="tight",
+                    pad_inches=0.05)
     pyplot().close(fig)
+
+
+def integer_ticks(axis) -> None:
+    """Ticks at whole numbers only (an axis that counts layers, heads or items)."""
+    from matplotlib.ticker import MaxNLocator
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def plain_log_ticks(axis) -> None:
+    """A log axis labelled in plain numbers (150, 200), not 1.5x10^2."""
+    from matplotlib.ticker import FuncFormatter
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    axis.set_major_formatter(plain)
+    axis.set_minor_formatter(plain)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hwh_jax.plotting import finish_line_chart, pyplot, save_figure
+from hwh_jax.plotting import finish_line_chart, integer_ticks, pyplot, save_figure
 from hwh_jax import storage
 
 
@@ -31,6 +31,7 @@ def layer_heatmaps(result: dict, path_prefix: storage.PathLike, title: str):
         for ax, key in zip(axes, ("rfis", "rpd")):
             im = ax.imshow(np.asarray(layer[key]), aspect="auto", cmap="magma", vmin=0)
             ax.set_ylabel("head", fontsize=8)
+            integer_ticks(ax.yaxis)
             kinds = "".join("R" if h["kind"] == "retrieval" else "P" for h in layer["taxonomy"])
             scheme = "RoPE" if layer.get("rope", True) else "NoPE"
             ax.set_title(f"{key.upper()} layer {layer['layer']}, {scheme} heads: {kinds} "
@@ -70,6 +71,8 @@ def retrieval_by_depth(result: dict, path: storage.PathLike, title: str):
     ax.bar(range(len(counts)), counts, color="tab:red", label="retrieval heads")
     ax.set_xlabel("layer")
     ax.set_ylabel("heads")
+    integer_ticks(ax.xaxis)
+    integer_ticks(ax.yaxis)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()

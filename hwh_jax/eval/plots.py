@@ -6,7 +6,7 @@ import re
 import numpy as np
 
 from hwh_jax.eval.stats import share
-from hwh_jax.plotting import finish_line_chart, pyplot, save_figure
+from hwh_jax.plotting import finish_line_chart, plain_log_ticks, pyplot, save_figure
 from hwh_jax import storage
 
 
@@ -109,6 +109,7 @@ def ppl_chart(per_model: dict, path: storage.PathLike, train_len: int | None = N
     if train_len:
         ax.axvline(train_len, color="grey", ls="--", lw=1, label="training length")
     ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
     finish_line_chart(fig, ax, path, xlabel="position (tokens)", ylabel="perplexity")
 
 

@@ -322,6 +322,10 @@ def figure(cells: list[dict], path: storage.PathLike):
                     [a for c in cs for a in c["accuracies"]], ls="none", marker=".", ms=4,
                     alpha=0.5, color=line.get_color())
         ax.set_xscale("log", base=2)
+        widths = sorted({c["width"] for c in cells})
+        ax.set_xticks(widths, [str(w) for w in widths])     # the widths trained, at their ticks
+        ax.minorticks_off()
+        ax.set_xlim(widths[0] / 1.6, widths[-1] * 1.6)      # points off the axis edges
         ax.set_title(f"T={length}, {pairs} pairs", fontsize=9)
         ax.set_xlabel("model width")
         ax.set_ylim(-0.02, 1.02)
