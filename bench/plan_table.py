@@ -19,7 +19,9 @@ GIB = 2 ** 30
 
 def row(r: dict) -> str:
     if not r.get("fits", False) and "error" in r:
-        return f"| {r['topology']} | - | does not fit: {r['error'][:90]} | | | | | |"
+        mesh = ",".join(str(v) for v in r.get("mesh", []))
+        return (f"| {r.get('arch', '?')} {r.get('seq_len', 0) // 1024}K | {r['topology']}, "
+                f"{mesh} | no: {r['error'][:110]} | | | | | |")
     m, p, e, c = r["memory"], r["plan"], r["estimate"], r["cost"]
     sent = sum(v["wire_bytes"] for v in r["collectives"].values())
     mesh = ",".join(str(v) for v in r["mesh"].values())

@@ -64,7 +64,20 @@ def plan():
         result = pod_plan.plan_train(FLAGS.config, slice_, keep_hlo=FLAGS.hlo)
     except memory.MemoryPlanError as e:
         print(f"does not fit: {e}", file=sys.stderr, flush=True)
-        _write({"topology": slice_.name, "fits": False, "error": str(e)})
+        _write({"topology": slice_.name, "fits": False, "arch": FLAGS.config.model.arch,
+                "seq_len": FLAGS.config.seq_len, "mesh": list(FLAGS.config.train.mesh),
+                "error": str(e)})
+        sys.exit(EXIT_DOES_NOT_FIT)
+    except Exception as e:  # noqa: BLE001 - the TPU compiler's refusals have no type of their own
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "XLA:TPU compile" not in text and "RESOURCE_EXHAUSTED" not in text:
+            raise
+        logging.debug("the TPU compiler refused the step", exc_info=True)
+        print(f"does not compile: the TPU compiler refused the step for {slice_.name}: {text}",
+              file=sys.stderr, flush=True)
+        _write({"topology": slice_.name, "fits": False, "arch": FLAGS.config.model.arch,
+                "seq_len": FLAGS.config.seq_len, "mesh": list(FLAGS.config.train.mesh),
+                "error": f"the TPU compiler refused the step: {text}"})
         sys.exit(EXIT_DOES_NOT_FIT)
     if FLAGS.inference:
         result["inference"] = pod_plan.plan_inference(

@@ -77,7 +77,8 @@ def test_a_config_too_large_for_the_slice_is_refused_with_what_would_fit(tmp_pat
                   "--config.train.mesh=1,4,1", "--config.seq_len=1048576",
                   "--config.train.batch_size=4")
     assert out.returncode == 3, out.stderr[-3000:]
-    assert r == {"topology": "v5e-4", "fits": False, "error": r["error"]}
+    assert r == {"topology": "v5e-4", "fits": False, "arch": "hwh", "seq_len": 1048576,
+                 "mesh": [1, 4, 1], "error": r["error"]}
     message = out.stderr
     assert "does not fit" in message and "per device" in message
     assert "16.00 GiB" in message                                # the chip's HBM
