@@ -4,7 +4,7 @@ r"""docs/tpu.md's sizing table from ``launch.plan``'s JSON files (``--out`` fold
 
 One row a plan: model, context, slice and mesh, whether it fits, memory per chip, the
 micro-batch and accumulation, the compiler's FLOPs and bytes per chip a step (a loop body
-scaled by its trip count), the bytes a chip sends a step (ring algorithm), the estimated step
+scaled by its trip count; the Mosaic kernels' own work is not in XLA's cost analysis), the bytes a chip sends a step (ring algorithm), the estimated step
 (everything overlapped - nothing overlapped) and tokens/s. A plan that did not fit shows its
 error's first clause.
 """
@@ -20,8 +20,9 @@ GIB = 2 ** 30
 def row(r: dict) -> str:
     if not r.get("fits", False) and "error" in r:
         mesh = ",".join(str(v) for v in r.get("mesh", []))
+        why = r["error"].replace("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. ", "")
         return (f"| {r.get('arch', '?')} {r.get('seq_len', 0) // 1024}K | {r['topology']}, "
-                f"{mesh} | no: {r['error'][:110]} | | | | | |")
+                f"{mesh} | no: {why[:140]} | | | | | |")
     m, p, e, c = r["memory"], r["plan"], r["estimate"], r["cost"]
     sent = sum(v["wire_bytes"] for v in r["collectives"].values())
     mesh = ",".join(str(v) for v in r["mesh"].values())

@@ -147,3 +147,17 @@ def test_the_state_figures_in_docs_tpu_are_those_of_the_shardings():
     assert float(said.group(2)) == round(whole / 2 ** 30, 1)
     assert float(said.group(3)) == round(per_chip / 2 ** 30, 2)
 
+
+
+def test_the_sizing_table_in_docs_is_the_committed_plans():
+    """Each row bench/plan_table.py renders from the plans in docs/benchmark_rows is in
+    docs/tpu.md as rendered: the table's figures are the plans'."""
+    files = sorted(str(p) for p in (ROOT / "docs" / "benchmark_rows").glob("*/plan_*_1b4_*.json")
+                   if not p.name.endswith("_before.json"))       # the code before a change
+    assert files
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "plan_table.py"), *files],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    docs = (ROOT / "docs" / "tpu.md").read_text()
+    missing = [row for row in rows if row not in docs]
+    assert not missing, missing
