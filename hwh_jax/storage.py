@@ -27,6 +27,7 @@ client, the one named in the error, is simpler to configure: ``STORAGE_EMULATOR_
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import hashlib
 import importlib.util
@@ -106,16 +107,23 @@ class NotWritable(ValueError):
     """A folder that cannot be made or written (read-only, no permission)."""
 
 
-def make_folder(p, what: str = "--workdir") -> None:
-    """Make folder ``p`` (and its parents), refusing with one line (``NotWritable``, named by
-    ``what``) where the file system or store says no: read-only, no permission."""
+@contextlib.contextmanager
+def writable(p, what: str = "--workdir"):
+    """Writes to folder ``p`` inside: where the file system or store says no (read-only, no
+    permission), one line (``NotWritable``, named by ``what``) instead of the OSError."""
     try:
-        path(p).mkdir(parents=True, exist_ok=True)
+        yield
     except OSError as e:
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
         raise NotWritable(f"{what}={p} cannot be written ({e.strerror}): choose a folder you "
                           f"can write") from None
+
+
+def make_folder(p, what: str = "--workdir") -> None:
+    """Make folder ``p`` (and its parents), refusing as ``writable`` does."""
+    with writable(p, what):
+        path(p).mkdir(parents=True, exist_ok=True)
 
 
 def write_text(p, text: str) -> None:

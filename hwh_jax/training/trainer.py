@@ -9,7 +9,6 @@ loss and evaluation suite -> loss plot and summary.json.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import logging
 import math
@@ -103,13 +102,8 @@ class Run:
         preflight.check_run(config, dict(zip(shd.MESH_AXES, shd.mesh_shape(
             config.train.mesh, jax.device_count()))), processes=jax.process_count())
         storage.make_folder(self.workdir)         # refused in one line where it cannot be
-        try:                                      # the lease: the first file written
+        with storage.writable(self.workdir):      # the lease: the first file written
             self.lease = self._take_lease()
-        except OSError as e:
-            if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-                raise
-            raise storage.NotWritable(f"--workdir={self.workdir} cannot be written "
-                                      f"({e.strerror}): choose a folder you can write") from None
         try:                         # checked now, written once the data's checks pass
             workdir_lib.bind(self.workdir, config, write=False)
         except BaseException:
