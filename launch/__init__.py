@@ -218,6 +218,7 @@ def _fail(e: BaseException, status: int, verbose: bool):
     message = str(e) if not isinstance(e, KeyError) else str(e.args[0]) if e.args else repr(e)
     several = _several_processes()
     if several and any(s in message for s in _PEER_GONE):
+        status = EXIT_FAILED        # however the failure surfaced (a ValueError included)
         message += (" (another process of the job is gone or unreachable: the checkpoints in "
                     "the workdir stay; relaunch every process to resume from the newest)")
     print(f"error: {message}", file=sys.stderr, flush=True)
