@@ -27,9 +27,9 @@ NOISY = ("asyncio", "orbax", "etils", "absl")   # library detail: the log file, 
 
 def setup_logging(log_file: storage.PathLike | None = None) -> None:
     """INFO from the project's loggers on the console (libraries' records only with
-    ``--verbosity=1``); with ``log_file``, the project's records from DEBUG on and the
-    libraries' from INFO on into that file (every library's DEBUG too with ``--verbosity=1``; a
-    bucket URL: written locally and copied up at checkpoints and at exit, ``storage.Staged``)."""
+    ``--verbosity=1``); with ``log_file``, every INFO record and the project's tracebacks of
+    handled failures into that file (every DEBUG record too with ``--verbosity=1``; a bucket
+    URL: written locally and copied up at checkpoints and at exit, ``storage.Staged``)."""
     from absl import flags
     from absl import logging as absl_logging
     verbose = flags.FLAGS.is_parsed() and flags.FLAGS.verbosity >= 1
@@ -45,7 +45,7 @@ def setup_logging(log_file: storage.PathLike | None = None) -> None:
         handler = logging.FileHandler(log_file)
         handler.setLevel(logging.DEBUG)
         if not verbose:                   # --verbosity=1: every library's DEBUG records too
-            handler.addFilter(_OursInDetail())
+            handler.addFilter(_InfoAndTracebacks())
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
 
@@ -124,13 +124,15 @@ class _Quiet(logging.Filter):
 OURS = ("hwh_jax", "launch", "kernels_pallas", "root")
 
 
-class _OursInDetail(logging.Filter):
-    """The log file's records: the project's from DEBUG on (its tracebacks of handled
-    failures are DEBUG records), the libraries' from INFO on (their DEBUG records were most of
-    a run's log: Orbax's and asyncio's, thousands of lines for a tiny run)."""
+class _InfoAndTracebacks(logging.Filter):
+    """The log file's records without ``--verbosity=1``: INFO and above from everyone, and the
+    project's DEBUG records that carry a traceback (how handled failures are kept); the other
+    DEBUG records (Orbax's and asyncio's were thousands of lines for a tiny run) only with the
+    flag."""
 
     def filter(self, record):
-        return record.levelno >= logging.INFO or record.name.startswith(OURS)
+        return record.levelno >= logging.INFO or (record.exc_info is not None
+                                                  and record.name.startswith(OURS))
 
 
 @contextlib.contextmanager

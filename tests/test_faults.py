@@ -423,6 +423,21 @@ def test_bad_text_is_named_with_file_line_and_the_key_to_change(tmp_path, conten
         build_splits(spec, 256)
 
 
+def test_the_shipped_corpus_repair_is_debug_not_a_warning(caplog, monkeypatch):
+    """The shipped Dickens corpus' 8 CP437 bytes are known (its PROVENANCE.txt): read as
+    U+FFFD without a console warning on every first run."""
+    import logging
+
+    from hwh_jax.data import sources
+    from hwh_jax.data.paths import ASSETS
+    monkeypatch.setattr(sources, "_SAID", set())          # said once a process: not yet here
+    with caplog.at_level(logging.DEBUG, logger=sources.__name__):
+        text = "".join(sources.text_documents(ASSETS / "dickens" / "dickens.zip"))
+    assert text.count("\ufffd") == 8
+    said = [r for r in caplog.records if "read as U+FFFD" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.DEBUG]
+
+
 def test_invalid_utf8_in_jsonl_stops_or_is_replaced_with_a_warning(tmp_path, caplog):
     from hwh_jax.data import sources
     bad = tmp_path / "bad.jsonl"
@@ -655,9 +670,10 @@ def test_a_refused_start_does_not_bind_its_workdir(corpus, tmp_path):
     assert sorted(train_and_evaluate(config, tmp_path / "w").losses) == [1]
 
 
-def test_the_log_file_keeps_the_projects_detail_not_the_libraries(tmp_path):
-    """train.log: the project's DEBUG records (the tracebacks of handled failures) but no
-    library's DEBUG chatter (Orbax's and asyncio's were most of a tiny run's 3 MB)."""
+def test_the_log_file_keeps_info_and_tracebacks_not_debug_chatter(tmp_path):
+    """train.log: INFO and above, and the project's tracebacks of handled failures (DEBUG
+    records with exc_info), but no DEBUG chatter (Orbax's and asyncio's were most of a tiny
+    run's 3 MB) unless --verbosity=1."""
     import logging
 
     from launch import setup_logging
@@ -666,6 +682,11 @@ def test_the_log_file_keeps_the_projects_detail_not_the_libraries(tmp_path):
     try:
         setup_logging(tmp_path / "train.log")
         logging.getLogger("hwh_jax.training.trainer").debug("ours in detail")
+        try:
+            raise OSError("disk full")
+        except OSError:
+            logging.getLogger("hwh_jax.training.checkpoint").debug("writing failed",
+                                                                   exc_info=True)
         logging.getLogger("orbax.checkpoint").debug("library chatter")
         logging.getLogger("orbax.checkpoint").warning("library warning")
         for h in root.handlers:
@@ -674,5 +695,5 @@ def test_the_log_file_keeps_the_projects_detail_not_the_libraries(tmp_path):
         for h in root.handlers[len(before):]:
             root.removeHandler(h)
     text = (tmp_path / "train.log").read_text()
-    assert "ours in detail" in text and "library warning" in text
-    assert "library chatter" not in text
+    assert "library warning" in text and "writing failed" in text and "disk full" in text
+    assert "library chatter" not in text and "ours in detail" not in text

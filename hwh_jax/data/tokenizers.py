@@ -15,8 +15,10 @@ import hashlib
 import itertools
 import importlib.util
 import json
+import logging
 import re
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,7 @@ import regex
 from hwh_jax import storage
 from hwh_jax.data import bpe_pieces
 
+log = logging.getLogger(__name__)
 
 @functools.lru_cache()
 def _bytes_to_unicode() -> dict[int, str]:
@@ -259,7 +262,11 @@ def train_sentencepiece(documents, vocab_size: int, out_dir: Path, *, key: str,
     with open(prefix.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not model.exists():
+            log.info("training a SentencePiece vocabulary of %d pieces on %s (once: cached "
+                     "as %s)", vocab_size, where, model)
+            t = time.time()
             _train_sentencepiece(documents, vocab_size, prefix, max_sentences, where)
+            log.info("trained the SentencePiece vocabulary in %.1fs", time.time() - t)
     return model
 
 

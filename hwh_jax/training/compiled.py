@@ -31,6 +31,7 @@ def train_step_compiler(graphdef, tx, schedule, mesh, state_sh, state, batch, *,
         step_fn = make_train_step(graphdef, tx, schedule, grad_accum=n, micro_batch=micro,
                                   shards=dp, z_loss=z_loss, document_mask=document_mask,
                                   loss_impl=loss_impl)
+        log.info("compiling the train step at micro-batch %d ...", micro)
         t = time.time()
         out = jit_step(step_fn, mesh, state_sh, out_shardings=(state_sh, None),
                        donate_argnums=(0,)).lower(state, batch).compile()

@@ -272,8 +272,7 @@ class Run:
                                                 step_bytes=memory.step_bytes(compiled))
         if jax.process_index() == 0:
             memory.remember(self.workdir, key, self.plan)
-        log.info("memory plan: %s", self.plan.describe())
-        if jax.process_index() == 0:
+        if jax.process_index() == 0:       # the console and stdout, like the progress lines
             print(f"memory plan: {self.plan.describe()}", flush=True)
         self.train_step = compiled
         self.eval_step = jit_step(make_eval_step(self.graphdef, document_mask=c.document_mask),
