@@ -7,8 +7,6 @@ equally) of means over that sample's sampled queries.
 """
 from __future__ import annotations
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +15,7 @@ from flax import nnx
 from hwh_jax.analysis import probes, taxonomy
 from hwh_jax.analysis.capture import capture_qk
 from hwh_jax.analysis.frequency import rfis_rpd, sample_queries
+from hwh_jax.progress import Progress
 
 
 def analyze_model(model, samples: np.ndarray, *, num_queries: int, train_len: int | None,
@@ -27,7 +26,7 @@ def analyze_model(model, samples: np.ndarray, *, num_queries: int, train_len: in
     graphdef, state = nnx.split(model)
     capture = jax.jit(lambda st, x: capture_qk(nnx.merge(graphdef, st), x)[0])
     qidx = sample_queries(np.random.default_rng(seed), N, T, num_queries, min(min_pos, T - 1))
-    acc, t0 = {}, time.time()
+    acc, progress = {}, Progress(N, "analysis", unit="sample")
     for n in range(N):
         for lq in capture(state, jnp.asarray(samples[n:n + 1])):
             idx = jnp.asarray(qidx[n:n + 1])
@@ -42,7 +41,8 @@ def analyze_model(model, samples: np.ndarray, *, num_queries: int, train_len: in
             ld = probes.ld_score(rows, idx[0], window=ld_window)
             s = acc.setdefault(lq.layer, {"rfis": 0.0, "rpd": 0.0, "ld": 0.0, "meta": lq})
             s["rfis"], s["rpd"], s["ld"] = s["rfis"] + a / N, s["rpd"] + b / N, s["ld"] + ld / N
-        log(f"analysis: sample {n + 1}/{N} ({time.time() - t0:.0f}s)")
+        progress.update()
+    progress.close()
     if not acc:
         raise ValueError("the model has no FA heads to analyse")
     freqs = np.asarray(next(iter(acc.values()))["meta"].frequencies)

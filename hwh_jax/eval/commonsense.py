@@ -29,6 +29,7 @@ import numpy as np
 
 from hwh_jax.data.paths import resolve
 from hwh_jax import storage
+from hwh_jax.progress import Progress
 
 TASKS = ("arc_easy", "arc_challenge", "piqa", "openbook_qa", "hellaswag", "winogrande",
          "lambada_openai")
@@ -118,7 +119,8 @@ def evaluate_task(scorer, tokenizer, task: str, *, limit: int | None = None, log
                 requests.append(split_encode(tokenizer, ex["context"], c))
                 owners.append(i)
     requests = [(ctx or [tokenizer.eos_id], cont) for ctx, cont in requests]
-    scores = scorer.loglikelihood(requests)
+    with Progress(len(requests), task, unit="request") as p:
+        scores = scorer.loglikelihood(requests, progress=lambda done, _: p.to(done))
     if task == "lambada_openai":
         lp = np.array([s for s, _ in scores])
         n_tok = np.array([len(c) for _, c in requests])

@@ -12,6 +12,8 @@ import dataclasses
 
 import numpy as np
 
+from hwh_jax.progress import Progress
+
 IGNORE = -100
 
 
@@ -74,6 +76,7 @@ def evaluate_mqar(scorer, *, vocab_size: int, settings, num_examples: int = 64, 
                   log=print):
     """Accuracy per (input_seq_len, num_kv_pairs) in ``settings`` with a Scorer's model."""
     rows = []
+    progress = Progress(len(settings) * num_examples, "mqar", unit="example")
     for seq_len, pairs in settings:
         b = multiquery_ar(vocab_size, num_examples, seq_len, pairs, seed=seed)
         hits = total = 0
@@ -82,7 +85,9 @@ def evaluate_mqar(scorer, *, vocab_size: int, settings, num_examples: int = 64, 
             y = b.labels[i:i + scorer.batch_size]
             mask = y != IGNORE
             hits, total = hits + int((pred == y)[mask].sum()), total + int(mask.sum())
+            progress.update(len(y))
         rows.append({"seq_len": seq_len, "num_kv_pairs": pairs, "accuracy": hits / total,
                      "examples": num_examples})
         log(f"mqar seq {seq_len} pairs {pairs}: accuracy {hits / total:.3f}")
+    progress.close()
     return rows

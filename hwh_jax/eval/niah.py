@@ -45,6 +45,7 @@ from hwh_jax.eval.stats import share
 from hwh_jax.data.ruler import (NEEDLE, NOISE, TOKENS_TO_GENERATE, WORDS, prompt_template,
                                 value_type)
 from hwh_jax import storage
+from hwh_jax.progress import Progress
 
 TASKS = {  # name -> (haystack, value type)
     "niah_single_1": ("noise", "numbers"),
@@ -212,6 +213,8 @@ def run_niah(generator, tokenizer, *, tasks, lengths, depths, samples: int = 1,
     prompt_tokens}."""
     new = max_new_tokens or answer_budget(tasks)
     rows = []
+    progress = Progress(len(lengths) * len(tasks) * len(depths) * samples, "niah",
+                        unit="prompt")
     for length in lengths:
         batch = [make_sample(t, length, d, tokenizer, max_new_tokens=new, seed=s)
                  for t in tasks for d in depths for s in range(samples)]
@@ -227,10 +230,12 @@ def run_niah(generator, tokenizer, *, tasks, lengths, depths, samples: int = 1,
                              "sample": sample_ids[i + j],
                              "score": string_match_all(pred, b.expected), "prediction": pred,
                              "expected": b.expected, "prompt_tokens": b.prompt_tokens})
+            progress.update(len(part))
         for t in tasks:
             cell = share([r["score"] for r in rows if r["task"] == t and r["length"] == length])
             log(f"niah {t} @ {length}: {cell['mean']:.1f} over {cell['n']} prompts ({cell['right']} "
                 f"right, 95% interval {cell['lo']:.0f}-{cell['hi']:.0f}%)")
         if on_length is not None:
             on_length(list(rows))
+    progress.close()
     return rows

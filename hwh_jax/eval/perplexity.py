@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from hwh_jax.progress import Progress
+
 
 def ppl_by_position(scorer, stream: np.ndarray, *, max_len: int, bucket: int,
                     max_windows: int = 64, log=print) -> list[dict]:
@@ -24,12 +26,14 @@ def ppl_by_position(scorer, stream: np.ndarray, *, max_len: int, bucket: int,
                          f"{max_len + 1}")
     windows = np.stack([stream[i * max_len:(i + 1) * max_len + 1] for i in range(n)])
     losses = []
-    for i in range(0, n, scorer.batch_size):
-        part = windows[i:i + scorer.batch_size]
-        tokens = np.zeros((scorer.batch_size, max_len + 1), np.int32)
-        tokens[:len(part)] = part
-        lp, _ = scorer.token_logprobs(tokens)
-        losses.append(-lp[:len(part)])
+    with Progress(n, f"perplexity by position ({max_len:,} tokens)", unit="window") as p:
+        for i in range(0, n, scorer.batch_size):
+            part = windows[i:i + scorer.batch_size]
+            tokens = np.zeros((scorer.batch_size, max_len + 1), np.int32)
+            tokens[:len(part)] = part
+            lp, _ = scorer.token_logprobs(tokens)
+            losses.append(-lp[:len(part)])
+            p.update(len(part))
     nll = np.concatenate(losses).mean(0)                      # [max_len]: predicting token t+1
     rows = []
     for s in range(0, max_len, bucket):
