@@ -155,6 +155,26 @@ def test_generate_rejects_bad_input():
         gen.generate([[1, 2]], 0)
 
 
+@pytest.mark.parametrize("arch,kind", [("hwh", "gdn"), ("swa", "gdn"), ("layerwise", "mamba2"),
+                                       ("gdn", "hgrn")])
+def test_cache_bytes_are_the_whole_models_cache(arch, kind):
+    """cache_bytes (one traced mixer a head split, shared by its layers) against the whole
+    model's init_cache traced at once, at batch 3 and two contexts."""
+    import jax
+    from flax import nnx
+
+    from hwh_jax.models import HybridLM
+    cfg = model_config(arch, "small", la_kind=kind)
+    model = nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0)))
+    for ctx in (1000, 4096):
+        whole = jax.eval_shape(lambda: model.init_cache(3, ctx))["layers"]
+        want = {k: sum(x.size * x.dtype.itemsize for l in whole for x in jax.tree.leaves(l[k]))
+                for k in ("fa", "la")}
+        got = cache_bytes(cfg, 3, ctx)
+        assert (got["fa"], got["la"], got["total"]) == (want["fa"], want["la"],
+                                                         want["fa"] + want["la"])
+
+
 def test_cache_memory_by_architecture():
     """Exact for the Transformer (2 x layers x heads x D x context x 2 bytes); HwH holds only
     its FA heads' KV plus a context-independent GDN state; SWA caps at the window."""

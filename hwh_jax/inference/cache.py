@@ -15,22 +15,36 @@ from flax import nnx
 
 from hwh_jax.layers.config import LA_KINDS, ModelConfig
 from hwh_jax.layers.mixer import HeadwiseMixer
-from hwh_jax.models.lm import HybridLM
 from hwh_jax.models.params import param_table
 from hwh_jax.models.variants import model_config
 
 
 def cache_bytes(cfg: ModelConfig, batch: int, context: int, dtype=None) -> dict:
-    """{"fa": bytes, "la": bytes, "total": bytes} of the decode cache."""
-    model = nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0)))
-    shapes = jax.eval_shape(lambda: model.init_cache(batch, context, dtype=dtype))
+    """{"fa": bytes, "la": bytes, "total": bytes} of the decode cache: the layers' caches
+    (``HybridLM.init_cache``'s; its two [batch] int32 counters are left out), each layer's read
+    off one traced mixer, shared by the layers of the same head split (a table of every
+    architecture at four contexts in seconds, not the minute that tracing whole models took)."""
+    dtype = jnp.dtype(cfg.compute_dtype if dtype is None else dtype).name
     out = {"fa": 0, "la": 0}
-    for layer in shapes["layers"]:
-        for kind in ("fa", "la"):
-            for leaf in jax.tree.leaves(layer[kind]):
-                out[kind] += int(np.prod(leaf.shape)) * leaf.dtype.itemsize
+    for spec in cfg.layers:
+        fa, la = _layer_cache(cfg, spec, batch, context, dtype)
+        out["fa"], out["la"] = out["fa"] + fa, out["la"] + la
     out["total"] = out["fa"] + out["la"]
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_cache(cfg: ModelConfig, spec, batch: int, context: int, dtype: str):
+    """(FA bytes, linear-head bytes) of one layer's decode cache (its mixer's ``init_cache``)."""
+    mixer = _abstract_mixer(cfg, spec)
+    shapes = jax.eval_shape(lambda: mixer.init_cache(batch, context, jnp.dtype(dtype)))
+    return tuple(sum(int(np.prod(x.shape)) * x.dtype.itemsize
+                     for x in jax.tree.leaves(shapes[kind])) for kind in ("fa", "la"))
+
+
+@functools.lru_cache(maxsize=256)
+def _abstract_mixer(cfg: ModelConfig, spec):
+    return nnx.eval_shape(lambda: HeadwiseMixer(cfg, spec, rngs=nnx.Rngs(0)))
 
 
 def cache_table(configs: dict[str, ModelConfig], contexts, batch: int = 1, dtype="bfloat16"):
@@ -41,14 +55,6 @@ def cache_table(configs: dict[str, ModelConfig], contexts, batch: int = 1, dtype
         cells = [f"{cache_bytes(cfg, batch, c, dtype)['total'] / 2**20:,.1f}" for c in contexts]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-@functools.lru_cache(maxsize=1024)
-def _layer_cache_bytes(cfg: ModelConfig, spec, context: int) -> int:
-    """One layer's decode cache at batch 1 in bf16 (its mixer's ``init_cache`` shapes)."""
-    mixer = nnx.eval_shape(lambda: HeadwiseMixer(cfg, spec, rngs=nnx.Rngs(0)))
-    shapes = jax.eval_shape(lambda: mixer.init_cache(1, context, jnp.bfloat16))
-    return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(shapes))
 
 
 ZOO_ARCHS = ("gdn", "layerwise", "hwh")   # every head linear; 1 FA layer in 4; head-wise
@@ -67,8 +73,7 @@ def zoo_table(sizes=("small", "380m", "1b4"), context: int = 32768) -> str:
             for arch in ZOO_ARCHS:
                 cfg = model_config(arch, size, la_kind=kind)
                 total = param_table(cfg)["total"]
-                mib = sum(_layer_cache_bytes(cfg, spec, context)
-                          for spec in cfg.layers) / 2 ** 20
+                mib = cache_bytes(cfg, 1, context, "bfloat16")["total"] / 2 ** 20
                 lines.append(f"| {size} | {arch} | {kind} | {total / 1e6:.2f}M | "
                              f"{100 * (total / base - 1):+.2f}% | {cfg.mlp_hidden} | {mib:,.1f} |")
     return "\n".join(lines)
