@@ -15,6 +15,12 @@ retrieval does not emerge from 20M tokens of books, nor with unweighted syntheti
 with the retrieval probe (teacher-forced, on synthetic documents from held-out books), NIAH
 single 1/2/3 at L, 2L and 4L (essay and noise haystacks, never trained on), MQAR and
 perplexity by position up to 4L. Override any field on the command line.
+
+``ARCH,L,cpu`` (e.g. ``hwh,256,cpu``) is the same experiment sized for a CPU, to try the
+pipeline before renting an accelerator: the `tiny` size, 300 steps of 16 sequences of L
+tokens, NIAH at L and 2L over 3 depths x 2 samples, MQAR on 64 examples, perplexity up to 2L;
+about 8 minutes on two CPU cores at L = 256 (docs/results.md). Its numbers say the pipeline
+runs, not how the architectures compare.
 """
 from configs import base, zoo
 
@@ -22,14 +28,19 @@ ARCHS = ("transformer", "gdn", "layerwise", "hwh", "hwh_rope", "hwh_uniform")
 
 
 def get_config(arg: str = "hwh"):
-    arch, _, length = arg.partition(",")
+    arch, _, rest = arg.partition(",")
+    length, _, preset = rest.partition(",")
+    if preset not in ("", "cpu"):
+        raise ValueError(f"configs/experiment.py:{arg}: the third value is {preset!r}; the one "
+                         f"preset is 'cpu' (ARCH,L,cpu)")
+    size = "tiny" if preset == "cpu" else "small"
     if "/" in arch:                            # a zoo form: FORM/KIND[/R]
         try:
-            config = zoo.get_config(",".join(arch.split("/")) + ",small")
+            config = zoo.get_config(",".join(arch.split("/")) + f",{size}")
         except ValueError as e:
             raise ValueError(f"configs/experiment.py:{arg}: {e}") from None
     elif arch in ARCHS:
-        config = base.get_config(f"{arch}_small")
+        config = base.get_config(f"{arch}_{size}")
     else:
         raise ValueError(f"experiment arch {arch!r} is not one of {ARCHS} nor a zoo form "
                          f"FORM/KIND[/R] (configs/zoo.py)")
@@ -59,5 +70,11 @@ def get_config(arg: str = "hwh"):
     e.niah_samples = 7         # 35 prompts a (task, length) cell, 105 over the 3 seeds of
     #                            --seeds=0,1,2: intervals of about +-10 points
     e.batch_size = 16
+    if preset == "cpu":
+        d.workers = 0
+        t.steps, t.batch_size, t.warmup_steps, t.lr = 300, 16, 30, 3e-3
+        t.log_every, t.checkpoint_every = 25, 300
+        e.niah_factors, e.niah_depths, e.niah_samples, e.ppl_factor = (1, 2), 3, 2, 2
+        e.mqar_examples, e.retrieval_documents, e.ppl_windows = 64, 32, 16
     config.lock()
     return config

@@ -4,6 +4,7 @@ parse, as `--only_check_args` checks: nothing runs), each `python bench/X.py` / 
 options its parser knows, and each script it names exists."""
 import concurrent.futures
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -163,3 +164,15 @@ def test_the_documented_niah_counts_are_the_configs():
     assert f"evaluation {t.niah_depths} x {t.niah_samples} = {cell} a cell, {per_length} a " \
            f"length over its three tasks" in text
     assert f"**0 of {per_length}** NIAH prompts" in text and f"cell 0 of {cell}" in text
+
+
+def test_the_readmes_python_block_runs_as_written():
+    """README.md's Python block, run as a newcomer would paste it (its own process)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert len(blocks) == 1
+    done = subprocess.run([sys.executable, "-c", blocks[0]], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from hwh_jax.models import model_config
+    assert done.stdout.strip() == f"(2, 64, {model_config('hwh', 'tiny').vocab_size})"

@@ -364,3 +364,30 @@ def test_extrapolation_chart_pools_the_seeds_of_an_architecture(tmp_path):
     plots.extrapolation_chart({"a@seed0": rows(1.0), "a@seed1": rows(0.0), "b": rows(0.5)},
                               tmp_path / "x.png", train_len=64)
     assert (tmp_path / "x.png").stat().st_size > 10_000
+
+
+def test_perplexity_by_position_has_an_interval_over_windows():
+    """ppl_by_position against a brute-force count: a scorer whose loss is known per window
+    and position; the interval is the windows' mean loss +- 1.96 standard errors."""
+    import math
+
+    import numpy as np
+
+    from hwh_jax.eval.perplexity import ppl_by_position
+
+    class Known:
+        batch_size = 2
+
+        def token_logprobs(self, tokens):       # loss = the window's first token / 10
+            lp = -np.repeat(tokens[:, :1] / 10.0, tokens.shape[1] - 1, axis=1)
+            return lp, None
+
+    stream = np.repeat(np.array([10, 20, 30, 40, 50]), 8)       # 5 windows of 8 (+1)
+    rows = ppl_by_position(Known(), stream, max_len=8, bucket=4, max_windows=4, log=lambda _: 0)
+    losses = np.array([1.0, 2.0, 3.0, 4.0])      # windows start at 0, 8, 16, 24
+    half = 1.96 * losses.std(ddof=1) / 2
+    assert len(rows) == 2 and all(r["windows"] == 4 for r in rows)
+    for r in rows:
+        assert math.isclose(r["loss"], 2.5) and math.isclose(r["ppl"], math.exp(2.5))
+        assert math.isclose(r["ppl_lo"], math.exp(2.5 - half))
+        assert math.isclose(r["ppl_hi"], math.exp(2.5 + half))

@@ -38,8 +38,8 @@ def test_each_figure_keeps_its_labels_and_counts_in_whole_numbers(figures, tmp_p
     rows = [{"task": "niah_single_1", "length": n, "depth": d, "score": s}
             for n in (256, 512) for d, s in ((0, 100.0), (100, 0.0))]
     eplots.niah_heatmap(rows, "niah_single_1", "tiny: niah_single_1", tmp_path / "niah.png", 256)
-    ppl = [{"start": a, "end": a + 64, "ppl": p} for a, p in ((0, 175.0), (64, 168.0),
-                                                               (128, 160.0), (192, 181.0))]
+    ppl = [{"start": a, "end": a + 64, "ppl": p, "ppl_lo": p - 9, "ppl_hi": p + 10}
+           for a, p in ((0, 175.0), (64, 168.0), (128, 160.0), (192, 181.0))]
     eplots.ppl_chart({"hwh": ppl}, tmp_path / "ppl.png", 128)
     result = {"counts": [0, 1, 0], "layers": [{"heads": 3}, {"heads": 3}, {"heads": 0}]}
     aplots.retrieval_by_depth(result, tmp_path / "depth.png", "tiny")
@@ -52,6 +52,7 @@ def test_each_figure_keeps_its_labels_and_counts_in_whole_numbers(figures, tmp_p
     ppl_labels = [t.get_text() for t in figures["ppl.png"].axes[0].get_yticklabels(which="both")
                   if t.get_text()]
     assert ppl_labels and not any("times" in t or "^" in t for t in ppl_labels), ppl_labels
+    assert len(figures["ppl.png"].axes[0].collections) == 1          # the interval's band
     mqar = figures["mqar.png"].axes[0]
     lo, hi = mqar.get_xlim()
     assert lo < 64 < hi and 64 / lo > 1.2 and hi / 64 > 1.2       # off the edges

@@ -45,3 +45,4 @@ def test_on_a_terminal_a_bar(monkeypatch):
     with Progress(3, "niah", unit="prompt", bar=True) as p:
         p.update(3)
     assert "niah:" in err.getvalue() and "/3 [" in err.getvalue()      # drawn, then cleared
+

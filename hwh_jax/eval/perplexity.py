@@ -34,12 +34,18 @@ def ppl_by_position(scorer, stream: np.ndarray, *, max_len: int, bucket: int,
             lp, _ = scorer.token_logprobs(tokens)
             losses.append(-lp[:len(part)])
             p.update(len(part))
-    nll = np.concatenate(losses).mean(0)                      # [max_len]: predicting token t+1
+    per_window = np.concatenate(losses)                       # [n, max_len]: token t+1
     rows = []
     for s in range(0, max_len, bucket):
-        loss = float(nll[s:s + bucket].mean())
+        # the unit is the window (a stretch of held-out text): the bucket's mean loss in each,
+        # and a normal 95% interval of their mean (none from one window)
+        means = per_window[:, s:s + bucket].mean(1)
+        loss = float(means.mean())
+        half = 1.96 * float(means.std(ddof=1)) / math.sqrt(n) if n > 1 else float("nan")
         rows.append({"start": s, "end": s + bucket, "loss": loss,
-                     "ppl": math.exp(min(loss, 50)), "tokens": int(n * bucket)})
+                     "ppl": math.exp(min(loss, 50)), "tokens": int(n * bucket), "windows": n,
+                     "ppl_lo": math.exp(min(loss - half, 50)) if n > 1 else None,
+                     "ppl_hi": math.exp(min(loss + half, 50)) if n > 1 else None})
     log("ppl by position: " + ", ".join(f"[{r['start']},{r['end']}) {r['ppl']:.1f}"
                                         for r in rows))
     return rows

@@ -100,12 +100,16 @@ def extrapolation_chart(per_model: dict, path: storage.PathLike, train_len: int 
 
 
 def ppl_chart(per_model: dict, path: storage.PathLike, train_len: int | None = None):
-    """Perplexity per position bucket, one line per model."""
+    """Perplexity per position bucket, one line per model, with its 95% interval over the
+    evaluation windows as a band (rows with ``ppl_lo``/``ppl_hi``)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, rows in per_model.items():
         mids = [(r["start"] + r["end"]) / 2 for r in rows]
-        ax.plot(mids, [r["ppl"] for r in rows], marker=".", label=name)
+        line, = ax.plot(mids, [r["ppl"] for r in rows], marker=".", label=name)
+        if all(r.get("ppl_lo") is not None for r in rows):
+            ax.fill_between(mids, [r["ppl_lo"] for r in rows], [r["ppl_hi"] for r in rows],
+                            color=line.get_color(), alpha=0.2, lw=0)
     if train_len:
         ax.axvline(train_len, color="grey", ls="--", lw=1, label="training length")
     ax.set_yscale("log")
