@@ -43,6 +43,7 @@ def main():
                                    f" --xla_force_host_platform_device_count={args.devices}")
     import jax
     import jax.numpy as jnp
+    from _bench import parse_overrides
 
     from hwh_jax.models import model_config
     from hwh_jax.profiling import hlo
@@ -50,8 +51,6 @@ def main():
     from hwh_jax.training import state as train_state
     from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
     from hwh_jax.training.steps import make_train_step
-
-    from _bench import parse_overrides
     over = {**parse_overrides(args.override),
             **({"vocab_size": args.vocab_size} if args.vocab_size else {})}
     cfg = model_config(args.arch, args.size, dtype="bfloat16", **over)

@@ -13,6 +13,7 @@ import argparse
 import json
 
 from _bench import emit, print_device
+
 from hwh_jax.eval.copy_task import train_copy
 
 

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import argparse
 
+import _bench
 import jax
 import jax.numpy as jnp
 
-import _bench
 from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
 
 
@@ -37,7 +37,7 @@ def inputs(B, T, H, K, V, dtype, seed=0, per_key=False, gate_bias=3.0):
     g = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, H, K) if per_key else (B, T, H))
                            + gate_bias)
     do = jax.random.normal(ks[4], (B, T, H, V))
-    cast = lambda x: x.astype(dtype)  # noqa: E731
+    cast = lambda x: x.astype(dtype)
     return cast(q), cast(k), cast(v), g.astype(jnp.float32), cast(do)
 
 

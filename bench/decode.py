@@ -55,9 +55,9 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _bench import emit, is_oom, parse_impl, print_device, write_jsonl
 from flax import nnx
 
-from _bench import emit, is_oom, parse_impl, print_device, write_jsonl
 import kernels_pallas
 from hwh_jax.inference import Generator
 from hwh_jax.inference.cache import cache_bytes
@@ -132,7 +132,7 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
         previous run's cache), per step."""
         loop = gen.decode.lower(state, logits_shape, cache_shape, jax.random.key(0),
                                 steps=steps, temperature=0.0, top_p=1.0).compile()
-        run = lambda logits, cache: loop(state, logits, cache, jax.random.key(0))  # noqa: E731
+        run = lambda logits, cache: loop(state, logits, cache, jax.random.key(0))
         first = (jnp.zeros((batch, cfg.vocab_size), jnp.float32),  # costs as any cache would
                  jax.block_until_ready({**init(state), "t": jnp.int32(prompt_len)}))
         t = time.perf_counter()
@@ -163,7 +163,7 @@ def measure(model, cfg, context, batch, prefill_chunk, decode_steps, profile_dir
         *_, short, short_reused = timed_loop(short_steps)
         token = ((row["decode_ms"] * decode_steps - statistics.median(short) * short_steps)
                  / (decode_steps - short_steps))
-        fixed = lambda runs: (statistics.median(runs) - token) * short_steps  # noqa: E731
+        fixed = lambda runs: (statistics.median(runs) - token) * short_steps
         row.update(decode_short_ms=statistics.median(short), decode_short_ms_runs=short,
                    decode_short_reused_ms_runs=short_reused, token_ms=token,
                    loop_fixed_ms=fixed(short), loop_fixed_reused_ms=fixed(short_reused))
@@ -244,7 +244,7 @@ def main():
                     row.update(measure(model, cfg, T, B, args.prefill_chunk,
                                        args.decode_steps, prof, args.prefill == "full",
                                        args.decode_reps, bandwidth, args.short_steps))
-                except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
+                except Exception as e:  # XLA reports OOM as several types
                     if not is_oom(e):
                         raise
                     row["oom"] = True

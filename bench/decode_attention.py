@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 
+import _bench
 import jax
 import jax.numpy as jnp
-
-import _bench
 from _bench import device_ms, median_ms, parse_impl, rel_err
+
 from hwh_jax.inference.roofline import peak_memory_bandwidth
 from kernels_pallas import DecodeAttentionSettings, cached_attention, decode_attention
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 
+import _bench
 import jax
 import jax.numpy as jnp
 
-import _bench
 from kernels_pallas.gated_recurrence import GatedRecurrenceSettings, gated_recurrence
 
 

@@ -32,16 +32,15 @@ import argparse
 import functools
 import json
 
+import _bench
 import jax
 import jax.numpy as jnp
-
-import _bench
 from _bench import median_ms, rel_err
-from kernels_pallas.gdn import GDNSettings, gated_delta_rule, gated_delta_rule_pallas
-from kernels_pallas.gdn import wy_kernels
+
+from kernels_pallas.gdn import GDNSettings, gated_delta_rule, gated_delta_rule_pallas, wy_kernels
+from kernels_pallas.gdn.chunk_reference import chunk_local_cumsum
 from kernels_pallas.linear_scan import scan as scan_kernels
 from kernels_pallas.linear_scan.common import KernelConfig, default_block_v
-from kernels_pallas.gdn.chunk_reference import chunk_local_cumsum
 
 
 def inputs(B, T, H, K, V, dtype, seed=0, decay=True):
@@ -56,7 +55,7 @@ def inputs(B, T, H, K, V, dtype, seed=0, decay=True):
         g = jnp.zeros_like(g)
     beta = jax.nn.sigmoid(jax.random.normal(ks[4], (B, T, H)))
     do = jax.random.normal(ks[5], (B, T, H, V))
-    cast = lambda x: x.astype(dtype)  # noqa: E731
+    cast = lambda x: x.astype(dtype)
     return cast(q), cast(k), cast(v), g.astype(jnp.float32), cast(beta), cast(do)
 
 

@@ -12,14 +12,13 @@ import time
 import jax
 import jax.numpy as jnp
 import optax
+from _bench import rel_err
 from flax import nnx
 
-from _bench import rel_err
 import kernels_pallas
 from hwh_jax.models import HybridLM, model_config
 from kernels_pallas.attention import AttentionSettings, attention, attention_reference
 from kernels_pallas.attention.op import choose
-
 
 
 def attention_checks():
@@ -33,7 +32,7 @@ def attention_checks():
         do = jax.random.normal(ks[3], (B, T, H, D), jnp.bfloat16)
 
         def grads(impl):
-            f = lambda q, k, v: attention(q, k, v, window=w,  # noqa: E731
+            f = lambda q, k, v: attention(q, k, v, window=w,
                                           settings=AttentionSettings(impl=impl))
             o, vjp = jax.vjp(f, q, k, v)
             return (o, *vjp(do))

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 
+import _bench
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-import _bench
 from _bench import device_ms, median_ms, parse_impl, rel_err
+
 from hwh_jax.layers.loss import cross_entropy, head_loss
 from kernels_pallas import SoftmaxXentSettings
 
@@ -75,7 +75,7 @@ def main():
                 "temp_gib": None if ma is None else ma.temp_size_in_bytes / 2 ** 30,
                 "rel_err": {k: rel_err(a, b) for k, a, b in zip(("loss", "dh", "dw"), flat, exact)},
                 "kernels": kernels})
-    ms = lambda v: f"{v:8.3f}" if v is not None else f"{'n/a':>8}"  # noqa: E731
+    ms = lambda v: f"{v:8.3f}" if v is not None else f"{'n/a':>8}"
     print(f"\n{'shape':>20} {'impl':>28} {'ms':>8} {'dev ms':>8} {'GEMMs':>8} {'temp GiB':>8}")
     for r in rows:
         print(f"{str(r['shape']):>20} {r['impl']:>28} {ms(r['ms'])} {ms(r['device_ms'])} "

@@ -19,15 +19,13 @@ from __future__ import annotations
 import argparse
 import functools
 
+import _bench
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-import _bench
 from _bench import device_ms, median_ms, parse_impl, rel_err
-from kernels_pallas.short_conv import (ShortConvSettings, short_conv_pallas,
-                                      short_conv_reference)
 
+from kernels_pallas.short_conv import ShortConvSettings, short_conv_pallas, short_conv_reference
 
 
 def op(impl, heads, normalize, **kw):
@@ -89,7 +87,7 @@ def main():
                     "fwd_bwd_tbs": 5 * pass_bytes / (d_fb or t_fb) / 1e9, "copy_tbs": copy_tbs,
                     "rel_err": {k: rel_err(a, b) for k, a, b in zip(("y", "dx", "dw"), out, exact)},
                     "kernels": kernels})
-    ms = lambda v: f"{v:8.3f}" if v is not None else f"{'n/a':>8}"  # noqa: E731
+    ms = lambda v: f"{v:8.3f}" if v is not None else f"{'n/a':>8}"
     print(f"\n{'shape':>22} {'norm':>5} {'impl':>24} {'fwd ms':>8} {'f+b ms':>8} "
           f"{'fwd dev':>8} {'f+b dev':>8} {'f+b TB/s':>9} {'copy TB/s':>9}")
     for r in rows:

@@ -29,9 +29,9 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _bench import emit, median_ms, parse_impl, print_device, write_jsonl
 from flax import nnx
 
-from _bench import emit, median_ms, parse_impl, print_device, write_jsonl
 from hwh_jax.layers.linear import matmul
 from hwh_jax.models import HybridLM, model_config
 from hwh_jax.profiling import profile

@@ -20,15 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 
+import _bench
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _bench import device_ms, median_ms
 from flax import nnx
 
-import _bench
-from _bench import device_ms, median_ms
-from hwh_jax.layers.mlp import SwiGLU
 from hwh_jax.layers import loss as lm_loss
+from hwh_jax.layers.mlp import SwiGLU
 
 bf16, f32 = jnp.bfloat16, jnp.float32
 

@@ -40,6 +40,7 @@ def main():
     p.add_argument("--out", default="", help="also write the rows as JSON lines here")
     args = p.parse_args()
     import tiktoken
+
     from hwh_jax.data import shards, sources
     from hwh_jax.data.paths import resolve
     from hwh_jax.data.tokenizers import GPT2BPE, GPT2BPEReference

@@ -43,15 +43,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _bench import emit, is_oom, parse_overrides, print_device, write_jsonl
 from flax import nnx
 
-from _bench import emit, is_oom, parse_overrides, print_device, write_jsonl
 import kernels_pallas
 from hwh_jax.models import HybridLM, model_config
 from hwh_jax.models.params import count_params
+from hwh_jax.profiling import host_gc, profile
 from hwh_jax.training.flops import flops_per_token, peak_flops
 from hwh_jax.training.memory import accumulation
-from hwh_jax.profiling import host_gc, profile
 from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
 from hwh_jax.training.steps import make_train_step
 
@@ -206,7 +206,7 @@ def main():
                                         args.hlo, args.profile_steps, args.gc, args.tokens,
                                         args.loss_impl, args.micro_batch)
                         break
-                    except Exception as e:  # noqa: BLE001  (XLA reports OOM as several types)
+                    except Exception as e:  # XLA reports OOM as several types
                         if not is_oom(e):
                             raise
                         print(json.dumps({"arch": arch, "size": size, "T": T, "B": B,

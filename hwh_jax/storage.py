@@ -38,7 +38,7 @@ import shutil
 import threading
 
 os.environ.setdefault("EPATH_USE_TF", "false")      # before epath decides on a backend
-from etils import epath  # noqa: E402  (the setting above must come first)
+from etils import epath  # the setting above must come first
 
 log = logging.getLogger(__name__)
 PathLike = epath.PathLike       # a str, pathlib.Path or epath.Path
@@ -235,7 +235,7 @@ def sync_all(level: int = logging.WARNING) -> None:
     for staged in list(_STAGED):
         try:
             staged.sync()
-        except Exception:  # noqa: BLE001 - any storage error: say it, keep the run going
+        except Exception:  # any storage error: say it, keep the run going
             log.log(level, "could not upload %s to %s", staged.local, staged.remote,
                     exc_info=True)
 

@@ -2,9 +2,15 @@
 kernel file(s), ``settings.py`` (a frozen ``KernelSettings`` value: implementation, platform and
 launch settings) and ``op.py`` (the public entry: shapes checked, implementation dispatched).
 ``chosen()`` tells which implementation each op ran."""
-from kernels_pallas.attention import (AttentionSettings, DecodeAttentionSettings, attention,
-                                      attention_reference, cached_attention,
-                                      cached_attention_blockwise, decode_attention)
+from kernels_pallas.attention import (
+                                      AttentionSettings,
+                                      DecodeAttentionSettings,
+                                      attention,
+                                      attention_reference,
+                                      cached_attention,
+                                      cached_attention_blockwise,
+                                      decode_attention,
+)
 from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
 from kernels_pallas.dispatch import KernelSettings, chosen
 from kernels_pallas.gated_recurrence import GatedRecurrenceSettings, gated_recurrence

@@ -23,7 +23,8 @@ import dataclasses
 import math
 
 import jax
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 
 @dataclasses.dataclass(frozen=True)

@@ -178,7 +178,7 @@ def _parse_flags(argv):
     try:
         try:
             rest = flags.FLAGS(argv)
-        except SystemExit as e:      # absl ends --help (and --helpfull, ...) with status 1
+        except SystemExit:      # absl ends --help (and --helpfull, ...) with status 1
             if any(a.lstrip("-").split("=")[0] in ("help", "helpfull", "helpshort", "helpxml",
                                                    "h", "?") for a in argv[1:]):
                 sys.exit(0)

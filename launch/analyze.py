@@ -12,8 +12,8 @@ import json
 
 from absl import app, flags
 
-from launch import begin, first_process_writes, one_line_errors, run_main
 from hwh_jax import storage
+from launch import begin, first_process_writes, one_line_errors, run_main
 
 flags.DEFINE_list("checkpoint", [], "launch.train workdir(s)")
 flags.DEFINE_list("hf_checkpoint", [], "Hugging Face folder(s) (config.json + safetensors)")
@@ -92,6 +92,7 @@ def analyze():
 
 def _analyze(models, out: storage.PathLike):
     import numpy as np
+
     from hwh_jax.analysis import plots
     from hwh_jax.analysis.run import analyze_model, qr_scores
     results = {}

@@ -9,12 +9,11 @@ r"""Print a config's parameter count and per-layer FA/LA allocation, without all
   python -m launch.describe --plot=alloc.png --archs=transformer,layerwise,hwh --size=380m
 """
 from absl import flags
-
-from launch import run_main
 from ml_collections import config_flags
 
 from hwh_jax.models.describe import describe, markdown_table
 from hwh_jax.models.variants import model_config_from_dict
+from launch import run_main
 
 config_flags.DEFINE_config_file("config", "configs/hwh_tiny.py", "run config file")
 flags.DEFINE_bool("table", False, "print the markdown tables of every architecture x size and "

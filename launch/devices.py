@@ -111,7 +111,8 @@ def init_distributed(environ=os.environ) -> str | None:
         # loaded machine. One collective now builds the context while they are together.
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("hwh_jax: CPU collectives")
-    from jax._src import distributed    # the coordination client (no public accessor)
+    from jax._src import distributed  # the coordination client (no public accessor)
+
     from launch import peers
     peers.watch(distributed.global_state.client, jax.process_index(), jax.process_count())
     return (f"process {jax.process_index()} of {jax.process_count()}: "

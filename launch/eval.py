@@ -10,8 +10,8 @@ import json
 
 from absl import flags
 
-from launch import begin, first_process_writes, one_line_errors, run_main
 from hwh_jax import storage
+from launch import begin, first_process_writes, one_line_errors, run_main
 
 flags.DEFINE_list("checkpoint", None, "launch.train workdir(s), comma-separated")
 flags.DEFINE_string("out", "", "output folder (default <first checkpoint>/evals/"

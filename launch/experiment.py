@@ -23,9 +23,9 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from hwh_jax import storage
 from launch import EXIT_FAILED, devices, one_line_errors, run_main, setup_logging
 from launch.processes import argv_without, run_side_by_side
-from hwh_jax import storage
 
 config_flags.DEFINE_config_file("config", None, "run config file (e.g. configs/experiment.py:hwh)")
 flags.DEFINE_string("out", None, "the run's workdir (--config) or the report's folder (--report)")

@@ -17,8 +17,8 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
-from launch import one_line_errors, run_main, setup_logging
 from hwh_jax import storage
+from launch import one_line_errors, run_main, setup_logging
 
 config_flags.DEFINE_config_file("config", None, "run config file", lock_config=True)
 flags.DEFINE_enum("platform", "tpu", ["tpu", "gpu", "cpu"], "platform to lower for")

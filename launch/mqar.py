@@ -23,9 +23,9 @@ import sys
 
 from absl import flags
 
+from hwh_jax import storage
 from launch import EXIT_FAILED, begin, one_line_errors, run_main
 from launch.processes import argv_without, run_side_by_side
-from hwh_jax import storage
 
 flags.DEFINE_string("out", None, "output folder")
 flags.DEFINE_list("report", None, "sweep folders (each a --out of its own) to tabulate and plot "

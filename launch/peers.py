@@ -88,7 +88,7 @@ def _get(client, key: str) -> str | None:
     NOT_FOUND error then)."""
     try:
         return client.key_value_try_get(key)
-    except Exception as e:  # noqa: BLE001 - jaxlib's error type is not exported
+    except Exception as e:  # jaxlib's error type is not exported
         if "NOT_FOUND" in str(e) or "not found" in str(e).lower():
             return None
         raise

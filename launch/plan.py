@@ -68,7 +68,7 @@ def plan():
                 "seq_len": FLAGS.config.seq_len, "mesh": list(FLAGS.config.train.mesh),
                 "error": str(e)})
         sys.exit(EXIT_DOES_NOT_FIT)
-    except Exception as e:  # noqa: BLE001 - the TPU compiler's refusals have no type of their own
+    except Exception as e:  # the TPU compiler's refusals have no type of their own
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "XLA:TPU compile" not in text and "RESOURCE_EXHAUSTED" not in text:
             raise

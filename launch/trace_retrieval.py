@@ -14,8 +14,8 @@ import json
 
 from absl import flags
 
-from launch import begin, first_process_writes, one_line_errors, run_main
 from hwh_jax import storage
+from launch import begin, first_process_writes, one_line_errors, run_main
 
 flags.DEFINE_string("checkpoint", None, "a launch.train workdir")
 flags.DEFINE_list("steps", None, "checkpoint steps (default: every one kept)")

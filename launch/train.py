@@ -10,10 +10,10 @@ import os
 import sys
 
 from absl import flags
+from ml_collections import config_flags
 
 from hwh_jax import storage
 from launch import begin, one_line_errors, run_main
-from ml_collections import config_flags
 
 config_flags.DEFINE_config_file("config", None, "run config file", lock_config=True)
 flags.DEFINE_string("workdir", None, "checkpoints, metrics and plots go here")

@@ -34,7 +34,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="hwh_jax_xla_cache_")
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
-from absl import flags  # noqa: E402
+from absl import flags  # noqa: E402 - after the environment above
 
 flags.FLAGS.mark_as_parsed()
 

@@ -30,7 +30,7 @@ def _brute(q, k, qidx, w, scale, q_per_kv, pairing):
 
     def js(a, b):
         m = (a + b) / 2
-        kl = lambda x: sum(xi * np.log(xi / mi) for xi, mi in zip(x, m) if xi > 0)  # noqa: E731
+        kl = lambda x: sum(xi * np.log(xi / mi) for xi, mi in zip(x, m) if xi > 0)
         return (kl(a) + kl(b)) / 2 / np.log(2)
 
     for n in range(N):

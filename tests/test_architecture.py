@@ -23,6 +23,7 @@ def test_imports_point_down_the_layers():
     Its CLI configures logging with ``dictConfig``, which disables every logger that exists
     already: they are enabled again after, or later tests in this process see no records."""
     import logging
+
     from importlinter.cli import lint_imports
     loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)]
     was = [logger.disabled for logger in loggers]
@@ -67,20 +68,41 @@ def test_every_public_class_has_a_docstring():
     assert not missing, missing
 
 
-TIMING = re.compile(r"\b\d[\d,.]*\s?(ms|TB/s|TFLOP/s|tokens/s)\b", re.IGNORECASE)
+TIMING = re.compile(
+    r"\b\d[\d,.]*\s?(ms|us|µs|TB/s|GB/s|TFLOP/s|tokens/s|tok/s)\b"       # a time or a rate
+    r"|\b\d+(\.\d+)?(-\d+(\.\d+)?)?x\b(?=[^.;:]{0,40}\b(faster|slower|time|speed|throughput))"
+    r"|\b\d+(\.\d+)?(-\d+(\.\d+)?)?\s?%\s(faster|slower|of the time)",       # a ratio of times
+    re.IGNORECASE)
 
 
-def test_no_docstring_quotes_a_timing():
-    """Timings live in docs/benchmarks.md with their date, device and command."""
+def _quoted_timings(paths) -> list[str]:
     found = []
-    for path in _sources():
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
                                  ast.AsyncFunctionDef)):
-                text = ast.get_docstring(node) or ""
-                if TIMING.search(text):
-                    found.append(f"{path.relative_to(ROOT)}: {TIMING.search(text).group(0)!r}")
-    assert not found, found
+                hit = TIMING.search(ast.get_docstring(node) or "")
+                if hit:
+                    found.append(f"{path.name}: {hit.group(0)!r}")
+    return found
+
+
+def test_no_docstring_quotes_a_timing():
+    """Timings and ratios of timings live in docs/benchmarks.md with their date, device and
+    command (they go stale in a docstring)."""
+    assert not _quoted_timings(_sources())
+
+
+@pytest.mark.parametrize("planted,caught", [
+    ("the kernel takes 0.71-0.75x the Triton kernel's time", True),
+    ("2-3x faster than the scan", True), ("12% faster than XLA", True),
+    ("at 4.8 TB/s", True), ("3.2 ms a step", True),
+    ("windows of 4x the training length", False), ("a 2x2x4 slice", False),
+    ("100 x share of strings found", False), ("the 2 x G x D bytes of a slot", False)])
+def test_the_timing_guard_catches_a_planted_ratio(tmp_path, planted, caught):
+    module = tmp_path / "planted.py"
+    module.write_text(f'"""A module."""\n\n\ndef f():\n    """{planted}."""\n')
+    assert bool(_quoted_timings([module])) == caught
 
 
 @pytest.mark.parametrize("module", ["hwh_jax", "hwh_jax.models", "hwh_jax.training.trainer",

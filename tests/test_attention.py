@@ -16,7 +16,7 @@ IDS = [f"B{b}-T{t}-H{h}-G{g}-D{d}-W{w}" for b, t, h, g, d, w in SHAPES]
 
 def qkv(B, T, H, G, D, seed=0, dtype=jnp.float32):
     rng = np.random.default_rng(seed)
-    n = lambda *s: jnp.asarray(rng.standard_normal(s, dtype=np.float32), dtype)  # noqa: E731
+    n = lambda *s: jnp.asarray(rng.standard_normal(s, dtype=np.float32), dtype)
     return n(B, T, H, D), n(B, T, G, D), n(B, T, G, D)
 
 
@@ -93,7 +93,8 @@ def test_kernel_per_shard_under_a_mesh():
     """Under ``kernel_mesh`` a kernel impl runs in a shard_map over batch rows and heads (q and
     kv heads alike): same values and gradients as on one device. Splash in interpret mode
     stands in for cuDNN, whose own partitioner rejected an FSDP mesh's q/k/v shardings."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from hwh_jax.training.sharding import make_mesh
     from kernels_pallas import kernel_mesh
@@ -177,7 +178,7 @@ def test_blockwise_cached_attention_bf16_within_bf16_noise():
     q, k, v, q_time, k_time, k_start = _cache_case(1, 32, 96, 4, 4, 32, seed=3, ring=False)
     kw = dict(q_time=q_time, k_time=k_time, k_start=k_start)
     exact = cached_attention(q, k, v, **kw)
-    bf = lambda x: x.astype(jnp.bfloat16)  # noqa: E731
+    bf = lambda x: x.astype(jnp.bfloat16)
     out = cached_attention_blockwise(bf(q), bf(k), bf(v), block=32, **kw)
     assert out.dtype == jnp.bfloat16
     err = float(jnp.linalg.norm(out.astype(jnp.float32) - exact) / jnp.linalg.norm(exact))
@@ -219,7 +220,7 @@ def test_decode_attention_bf16_within_bf16_noise_and_its_fallbacks():
     q, k, v, q_time, k_time, k_start = _cache_case(2, 1, 96, 4, 2, 32, seed=7, ring=False)
     kw = dict(q_time=q_time, k_time=k_time, k_start=k_start)
     exact = cached_attention(q, k, v, **kw)
-    bf = lambda x: x.astype(jnp.bfloat16)  # noqa: E731
+    bf = lambda x: x.astype(jnp.bfloat16)
     out = decode_attention(bf(q), bf(k), bf(v), settings=settings, **kw)
     assert out.dtype == jnp.bfloat16 and kernels_pallas.chosen()["decode_attention@cpu"] == "pallas"
     err = float(jnp.linalg.norm(out.astype(jnp.float32) - exact) / jnp.linalg.norm(exact))

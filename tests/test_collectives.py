@@ -12,13 +12,13 @@ pytest.importorskip("libtpu")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
-import jax  # noqa: E402  (after the libtpu environment above)
-import jax.numpy as jnp  # noqa: E402
-from jax.sharding import Mesh, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax  # after the libtpu environment above
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from hwh_jax.profiling import hlo  # noqa: E402
-from hwh_jax.training import tpu_slices  # noqa: E402
+from hwh_jax.profiling import hlo
+from hwh_jax.training import tpu_slices
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,6 @@ def test_a_compiled_fsdp_step_counts_each_async_collective_once(mesh):
     micro-batch."""
     layers, d, rows, micro = 4, 512, 512, 3
     fsdp = NamedSharding(mesh, P(None, ("a", "b")))
-    batch_sh = NamedSharding(mesh, P(("a", "b")))
 
     def loss(ws, x):
         for w in ws:

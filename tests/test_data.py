@@ -100,7 +100,7 @@ def test_text_sources(tmp_path):
         z.writestr("y.jsonl", json.dumps({"text": "zip json doc"}) + "\n")
     (tmp_path / "d.jsonl").write_text(json.dumps({"body": "j1"}) + "\n\n" +
                                       json.dumps({"body": "j2"}) + "\n")
-    docs = lambda name, **kw: list(sources.text_documents(tmp_path / name, **kw))  # noqa: E731
+    docs = lambda name, **kw: list(sources.text_documents(tmp_path / name, **kw))
     assert docs("a.txt") == ["doc one\n", "doc two\n"]
     assert docs("b.txt.gz") == ["gz doc"]
     assert docs("c.zip") == ["zip doc", "zip json doc"]

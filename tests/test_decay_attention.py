@@ -7,9 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels_pallas.decay_attention import (gated_linear_attention_chunked,
-                                            gated_linear_attention_recurrent,
-                                            gated_linear_attention_step)
+from kernels_pallas.decay_attention import (
+    gated_linear_attention_chunked,
+    gated_linear_attention_recurrent,
+    gated_linear_attention_step,
+)
 
 B, T, H, K, V = 2, 37, 3, 8, 5
 
@@ -199,13 +201,17 @@ def test_per_key_intra_chunk_scores_kernels_against_brute_force(layout, decay, f
     from jax.experimental.pallas import tpu as pltpu
 
     from kernels_pallas.decay_attention import DecaySettings, intra_key
-    from kernels_pallas.linear_scan.common import (chunk_local_cumsum, chunked, kernel_config,
-                                                   reverse_chunk_cumsum)
+    from kernels_pallas.linear_scan.common import (
+        chunk_local_cumsum,
+        chunked,
+        kernel_config,
+        reverse_chunk_cumsum,
+    )
     if factor_range is not None:
         monkeypatch.setattr(intra_key, "FACTOR_RANGE", factor_range)
     r = np.random.default_rng(11)
     b, t, h, kd, C = 2, 64, 2, 32, 32                   # keys in two blocks of 16
-    normal = lambda *shape: jnp.asarray(r.normal(size=shape), jnp.float32)  # noqa: E731
+    normal = lambda *shape: jnp.asarray(r.normal(size=shape), jnp.float32)
     q, k = normal(b, t, h, kd), normal(b, t, h, kd)
     low, top = {"strong": (0.0, 12.0), "mild": (0.0, 1.0), "steep": (4.0, 4.9),
                 "mixed": (0.0, np.where((np.arange(t) // C) % 2, 12.0, 1.0)[None, :, None, None])
@@ -266,9 +272,12 @@ def test_per_key_bf16_gradients_under_mild_and_steep_decays(decay):
 
 def test_pallas_path_bf16_error_and_its_refusals():
     from kernels_pallas import chosen
-    from kernels_pallas.decay_attention import (DecaySettings, gated_linear_attention,
-                                                gated_linear_attention_pallas,
-                                                gated_linear_attention_per_key_pallas)
+    from kernels_pallas.decay_attention import (
+        DecaySettings,
+        gated_linear_attention,
+        gated_linear_attention_pallas,
+        gated_linear_attention_per_key_pallas,
+    )
     (q, k, v, g, _), _, _ = _kernel_inputs(6)
     settings = DecaySettings(impl="pallas", interpret=True, chunk_size=16)
     want, _ = gated_linear_attention_chunked(q, k, v, g, chunk_size=16)
@@ -308,7 +317,8 @@ def test_pallas_per_shard_under_a_mesh():
     """Under ``kernel_mesh`` (what the trainer traces its steps in) both decays' kernels run in a
     shard_map on each device's rows and heads, a per-key g sharded as q: the values and
     gradients of one device."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from hwh_jax.training.sharding import make_mesh
     from kernels_pallas import kernel_mesh
@@ -325,7 +335,7 @@ def test_pallas_per_shard_under_a_mesh():
 
         grad = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3)))
         want = grad(q, k, v, g)
-        rows = lambda x: jax.device_put(x, NamedSharding(  # noqa: E731
+        rows = lambda x: jax.device_put(x, NamedSharding(
             mesh, P(("data", "fsdp"), *[None] * (x.ndim - 1))))
         with kernel_mesh(mesh):
             assert "shard_map" in str(jax.make_jaxpr(f)(q, k, v, g))

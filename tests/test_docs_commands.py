@@ -147,8 +147,7 @@ def test_shell_commands_name_scripts_that_exist():
 def test_the_documented_niah_counts_are_the_configs():
     """docs/evaluation.md's prompts a cell (the default, the experiment's, the main job's
     closing evaluation) and the main job's '0 of 9' a length, from the configs themselves."""
-    from configs import base
-    from configs import experiment
+    from configs import base, experiment
     from hwh_jax.eval import niah
     from hwh_jax.eval.suite import EvalSpec
     text = (ROOT / "docs" / "evaluation.md").read_text()

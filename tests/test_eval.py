@@ -358,7 +358,7 @@ def test_extrapolation_chart_pools_the_seeds_of_an_architecture(tmp_path):
     assert plots.seed_groups(["hwh@seed0", "gdn", "hwh@seed1", "swa/seed2", "hwh_seed"]) == {
         "hwh": ["hwh@seed0", "hwh@seed1"], "gdn": ["gdn"], "swa": ["swa/seed2"],
         "hwh_seed": ["hwh_seed"]}
-    rows = lambda score: [{"task": t, "length": L, "depth": d, "score": score}    # noqa: E731
+    rows = lambda score: [{"task": t, "length": L, "depth": d, "score": score}
                           for t in ("niah_single_1", "niah_single_2") for L in (64, 128)
                           for d in (0, 50)]
     plots.extrapolation_chart({"a@seed0": rows(1.0), "a@seed1": rows(0.0), "b": rows(0.5)},

@@ -71,6 +71,7 @@ def test_a_kernel_taken_off_the_tpu_path_or_a_bad_block_fails_the_export(monkeyp
     assert not GDN_TRAIN & set(summary["kernels"])
     monkeypatch.undo()
     import jax.numpy as jnp
+
     from kernels_pallas import gated_delta_rule
     x = jax.ShapeDtypeStruct((1, 128, 2, 128), jnp.bfloat16)
     gate = jax.ShapeDtypeStruct((1, 128, 2), jnp.float32)

@@ -657,8 +657,8 @@ def test_a_refused_start_does_not_bind_its_workdir(corpus, tmp_path):
     """A start refused while its data is read (token shards without data.tokenizer) leaves no
     config.json, so the corrected command is not taken for another run."""
     from hwh_jax.data import shards
-    from hwh_jax.data.tokenizers import GPT2BPE
     from hwh_jax.data.paths import resolve
+    from hwh_jax.data.tokenizers import GPT2BPE
     prepared = shards.prepare([read_text(corpus)[:20_000]], GPT2BPE(resolve("gpt2_bpe")),
                               tmp_path / "shards", source={"test": 1}, echo=lambda s: None)
     config = tiny(corpus, steps=1)

@@ -1,7 +1,6 @@
 """Figures rendered on tiny data: whole numbers where an axis counts layers or heads, plain
 numbers on log axes, points off the axis edges with a single width. (Labels are never cut off:
 ``plotting.save_figure`` saves every figure at its tight extent, ``bbox_inches="tight"``.)"""
-import numpy as np
 import pytest
 
 from hwh_jax import plotting

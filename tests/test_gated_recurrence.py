@@ -6,8 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels_pallas.gated_recurrence import (gated_recurrence_recurrent, gated_recurrence_scan,
-                                             gated_recurrence_step)
+from kernels_pallas.gated_recurrence import (
+    gated_recurrence_recurrent,
+    gated_recurrence_scan,
+    gated_recurrence_step,
+)
 
 
 def _inputs(B=2, T=37, C=6, seed=0):
@@ -119,7 +122,8 @@ def test_pallas_per_shard_under_a_mesh_and_in_hgrn_heads():
     (values and gradients of one device); HGRN heads with ``impl="pallas"`` give the outputs of
     the default associative scan."""
     from flax import nnx
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from hwh_jax.layers.hgrn_heads import HGRNHeads
     from hwh_jax.training.sharding import make_mesh
@@ -136,7 +140,7 @@ def test_pallas_per_shard_under_a_mesh_and_in_hgrn_heads():
     grad = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))
     want = grad(a, b, h0)
     mesh = make_mesh((2, 2, 2))
-    rows = lambda x: jax.device_put(x, NamedSharding(  # noqa: E731
+    rows = lambda x: jax.device_put(x, NamedSharding(
         mesh, P(("data", "fsdp"), *[None] * (x.ndim - 1))))
     with kernel_mesh(mesh):
         assert "shard_map" in str(jax.make_jaxpr(f)(a, b, h0))

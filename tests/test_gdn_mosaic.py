@@ -39,7 +39,7 @@ def inputs(B, T, H, K, V, decay=True, seed=0):
 def formulas(q, k, v, beta, G, X, q_scale):
     """w, u, QK of every chunk in fp32 (the module docstring of ``wy_kernels``)."""
     B, T, H, K = k.shape
-    chunks = lambda a: a.astype(jnp.float32).reshape(B, T // C, C, H, -1)  # noqa: E731
+    chunks = lambda a: a.astype(jnp.float32).reshape(B, T // C, C, H, -1)
     qc, kc, vc, Xc, bc = chunks(q), chunks(k), chunks(v), chunks(X), chunks(beta[..., None])
     gc = jnp.zeros_like(bc) if G is None else chunks(G[..., None])
     w = jnp.einsum("bnihj,bnjhk->bnihk", Xc, bc * jnp.exp(gc) * kc)
@@ -49,7 +49,7 @@ def formulas(q, k, v, beta, G, X, q_scale):
     diff = gi[..., None] - jnp.moveaxis(gi, 2, 3)[:, :, None]        # [B, N, C(i), H, C(j)]
     causal = jnp.tril(jnp.ones((C, C), bool))[None, None, :, None, :]
     qk = s * jnp.where(causal, jnp.exp(diff), 0.0) * q_scale
-    flat = lambda a: a.reshape(B, T, H, -1)                         # noqa: E731
+    flat = lambda a: a.reshape(B, T, H, -1)
     return flat(w), flat(u), flat(qk)
 
 

@@ -148,7 +148,7 @@ def test_bf16_inputs_close_to_fp32_spec():
     """bf16 q, k, v, beta (matmul operands bf16, state fp32) vs the fp32 recurrent form."""
     B, T, H, K, V, C = 1, 64, 2, 32, 32, 16
     q, k, v, g, beta, h0, do = make_inputs(B, T, H, K, V, seed=5)
-    bf = lambda x: x.astype(jnp.bfloat16)  # noqa: E731
+    bf = lambda x: x.astype(jnp.bfloat16)
     out = run("pallas", "generic", bf(q), bf(k), bf(v), g, bf(beta), h0, do, C)
     ref = run("recurrent", "generic", q, k, v, g, beta, h0, do, C)
     for name in TOL:
@@ -161,7 +161,7 @@ def test_backward_stores_follow_the_inputs_dtype_except_triton_wide_keys():
     from kernels_pallas.linear_scan import scan as scan_kernels
     from kernels_pallas.linear_scan.common import KernelConfig
     bf16, f32 = jnp.bfloat16, jnp.float32
-    cfg = lambda layout: KernelConfig(chunk=64, layout=layout, block_v=64)  # noqa: E731
+    cfg = lambda layout: KernelConfig(chunk=64, layout=layout, block_v=64)
     assert scan_kernels.store_dtype(cfg("triton"), bf16, 128) == bf16
     assert scan_kernels.store_dtype(cfg("triton"), bf16, 256) == f32
     assert scan_kernels.store_dtype(cfg("tpu"), bf16, 256) == bf16
@@ -185,7 +185,7 @@ def test_fp32_dots_option_is_checked_and_both_settings_agree():
     grads = []
     for mode in ("tf32", "ieee"):
         settings = GDNSettings(chunk_size=16, interpret=True, fp32_dots=mode)
-        f = lambda *a: jnp.sum(gated_delta_rule_pallas(  # noqa: E731
+        f = lambda *a: jnp.sum(gated_delta_rule_pallas(
             *a, settings=settings)[0] * do)
         grads.append(jax.grad(f, argnums=(0, 1, 2, 3, 4))(q, k, v, g, beta))
     for a, b in zip(*grads):
@@ -255,7 +255,8 @@ def test_pallas_per_shard_under_a_mesh(heads):
     """Under ``kernel_mesh`` (what the trainer traces its steps in) the kernels run in a
     shard_map on each device's rows and heads: same values and gradients as on one device. With
     3 heads the tensor axis (2) does not divide them and the heads stay whole per device."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from hwh_jax.training.sharding import make_mesh
     from kernels_pallas import kernel_mesh
@@ -263,7 +264,7 @@ def test_pallas_per_shard_under_a_mesh(heads):
     B, T, H, K, V, C = 4, 40, heads, 16, 16, 16
     q, k, v, g, beta, h0, do = make_inputs(B, T, H, K, V, seed=7)
     ref = run("pallas", "generic", q, k, v, g, beta, h0, do, C)
-    spec = lambda x: NamedSharding(mesh, P(("data", "fsdp"), *[None] * (x.ndim - 1)))  # noqa
+    spec = lambda x: NamedSharding(mesh, P(("data", "fsdp"), *[None] * (x.ndim - 1)))
     args = [jax.device_put(x, spec(x)) for x in (q, k, v, g, beta, h0, do)]
     with kernel_mesh(mesh):
         jaxpr = str(jax.make_jaxpr(run.__wrapped__, static_argnums=(0, 1, 9))(
@@ -325,8 +326,7 @@ def test_decode_step_kernel_matches_the_jnp_step(dtype):
     four steps chained through the aliased state; K or V not a power of two runs the jnp
     step, as do fewer rows x heads than ``step_min_programs``; ``chosen()`` says which ran."""
     import kernels_pallas
-    from kernels_pallas.gdn import reference
-    from kernels_pallas.gdn import gated_delta_rule_step
+    from kernels_pallas.gdn import gated_delta_rule_step, reference
     B, T, H, K, V = 3, 4, 2, 16, 32
     q, k, v, g, beta, h0, _ = make_inputs(B, T, H, K, V, seed=7)
     q, k, v = (x.astype(dtype) for x in (q, k, v))

@@ -21,7 +21,7 @@ TOL = {"o": 1e-5, "state": 1e-5, "dq": 1e-5, "dk": 1e-5, "dv": 1e-5, "dg": 1e-5,
 def make_inputs(B, T, H, K, V, seed=0):
     """fp32 inputs in the ranges the GDN layer produces (numpy RNG: no per-shape compiles)."""
     rng = np.random.default_rng(seed)
-    n = lambda *shape: rng.standard_normal(shape, dtype=np.float32)  # noqa: E731
+    n = lambda *shape: rng.standard_normal(shape, dtype=np.float32)
     k = n(B, T, H, K)
     k /= np.linalg.norm(k, axis=-1, keepdims=True)
     g = -np.log1p(np.exp(-(n(B, T, H) + 2.0)))          # log_sigmoid

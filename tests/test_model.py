@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hwh_jax.models import ARCHS, HybridLM, count_params, count_params_whole, model_config
-from hwh_jax.layers.mixer import HeadwiseMixer  # noqa: I001  (after models: import cycle)
-from hwh_jax.layers.linear import dense, dot_last, matmul, project
 from hwh_jax.layers.config import LayerSpec
+from hwh_jax.layers.linear import dense, dot_last, matmul, project
+from hwh_jax.layers.mixer import HeadwiseMixer
+from hwh_jax.models import ARCHS, HybridLM, count_params, count_params_whole, model_config
 from hwh_jax.models.variants import model_config_from_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -288,7 +288,7 @@ def test_block_remat_gives_the_same_loss_and_gradients_with_less_memory():
     for remat in ("none", "block"):
         model = HybridLM(dataclasses.replace(cfg, remat=remat), rngs=nnx.Rngs(0))
         graphdef, params = nnx.split(model)
-        loss = lambda p: jnp.mean(nnx.merge(graphdef, p)(x) ** 2)  # noqa: E731
+        loss = lambda p: jnp.mean(nnx.merge(graphdef, p)(x) ** 2)
         grad = jax.jit(jax.value_and_grad(loss)).lower(params).compile()
         got[remat] = (*grad(params), grad.memory_analysis().temp_size_in_bytes)
     (l0, g0, t0), (l1, g1, t1) = got["none"], got["block"]

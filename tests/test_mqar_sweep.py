@@ -62,7 +62,7 @@ def test_a_sweep_stopped_by_sigterm_continues_as_if_uninterrupted(tmp_path):
     assert mqar_sweep.sweep(spec, cut, log=log) == straight
     assert any("continuing from step 3" in s for s in lines)
     assert not (cut / "partial_transformer_32.npz").exists()
-    rows = lambda d: json.loads((d / "results.json").read_text())["rows"]  # noqa: E731
+    rows = lambda d: json.loads((d / "results.json").read_text())["rows"]
     assert rows(cut) == rows(tmp_path / "straight")          # final losses included
     lines = []
     assert mqar_sweep.sweep(spec, cut, log=lines.append) == straight
@@ -179,7 +179,7 @@ def test_cells_side_by_side_equal_the_sweep_and_continue(tmp_path):
     assert console.count("MQAR sweep:") == 2 and "results.json already" in console
     merged = json.loads((tmp_path / "sbs" / "results.json").read_text())
     want = mqar_sweep.sweep(spec, tmp_path / "one", log=lambda s: None)
-    key = lambda c: (c["arch"], c["width"], c["seq_len"])  # noqa: E731
+    key = lambda c: (c["arch"], c["width"], c["seq_len"])
     for a, b in zip(sorted(merged["cells"], key=key), sorted(want, key=key)):
         assert key(a) == key(b) and a["accuracies"] == b["accuracies"]
     one = json.loads((tmp_path / "one" / "results.json").read_text())["rows"]

@@ -19,7 +19,7 @@ def _write_trace(root, events):
 
 
 def test_summarize_sums_device_kernels_by_name_and_category(tmp_path):
-    ev = lambda pid, name, ts, dur: {"ph": "X", "pid": pid, "tid": 7, "name": name,  # noqa
+    ev = lambda pid, name, ts, dur: {"ph": "X", "pid": pid, "tid": 7, "name": name,
                                      "ts": ts, "dur": dur}
     _write_trace(tmp_path, [
         ev(1, "gdn_wy_bwd", 0, 400), ev(1, "gdn_wy_bwd", 1000, 400),          # 2 steps
@@ -85,7 +85,7 @@ ENTRY %main (x: f32[8,8]) -> f32[8,8] {
   ROOT %mlp.3 = f32[8,8]{1,0} custom-call(%mlp.2, %x), custom_call_target="__cublas$gemm", metadata={op_name="jit(f)/transpose" source_file="/m/mlp.py" source_line=20}
 }
 """
-    ev = lambda ts, dur, op: {"ph": "X", "pid": 1, "tid": 7, "name": "nvjet_176x128_TNN",  # noqa
+    ev = lambda ts, dur, op: {"ph": "X", "pid": 1, "tid": 7, "name": "nvjet_176x128_TNN",
                               "ts": ts, "dur": dur, "args": {"hlo_op": op}}
     _write_trace(tmp_path, [ev(0, 300, "head.1"), ev(300, 100, "mlp.2"), ev(400, 100, "mlp.3")])
     s = profile.summarize(tmp_path, steps=1, hlo_text=text)

@@ -121,7 +121,8 @@ def test_auto_takes_the_kernels_on_gpu_where_they_run():
 def test_pallas_per_shard_under_a_mesh():
     """Under ``kernel_mesh``: a shard_map over batch rows, the same values and gradients (dw
     summed over the shards) as on one device."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from hwh_jax.training.sharding import make_mesh
     from kernels_pallas import kernel_mesh
@@ -159,7 +160,7 @@ def test_gated_rms_norm_backward_matches_autodiff_of_the_formula(dtype):
     x, _, _, _, dy = make((2, 5, 3, 16), dtype, seed=1)
     gate = jnp.asarray(2 * rng.standard_normal((2, 5, 3, 16)), dtype)
     w = jnp.asarray(1 + 0.3 * rng.standard_normal(16), jnp.float32)
-    ours = lambda x, g, w: gated_rms_norm(x, g, w, 1e-6, jnp.dtype(dtype))  # noqa: E731
+    ours = lambda x, g, w: gated_rms_norm(x, g, w, 1e-6, jnp.dtype(dtype))
     np.testing.assert_array_equal(np.asarray(ours(x, gate, w), np.float32),
                                   np.asarray(plain(x, gate, w), np.float32))
     got = jax.vjp(ours, x, gate, w)[1](dy)
@@ -187,7 +188,7 @@ def test_model_chains_residual_adds_like_the_unfused_blocks(arch):
             x = x + b.mlp(b.mlp_norm(x))
         return m.final_norm(x)
 
-    loss = lambda f: lambda m: jnp.sum(jnp.sin(f(m)))  # noqa: E731
+    loss = lambda f: lambda m: jnp.sum(jnp.sin(f(m)))
     a, ga = nnx.jit(nnx.value_and_grad(loss(lambda m: m.hidden(tokens))))(model)
     b, gb = nnx.jit(nnx.value_and_grad(loss(unfused)))(model)
     np.testing.assert_allclose(float(a), float(b), rtol=1e-5)

@@ -3,8 +3,7 @@ import json
 
 import pytest
 
-from hwh_jax.models import SIZES, model_config
-from hwh_jax.models import schedules
+from hwh_jax.models import SIZES, model_config, schedules
 
 
 @pytest.mark.parametrize("size", list(SIZES))

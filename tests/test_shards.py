@@ -351,6 +351,7 @@ def test_the_1b4_config_reads_fineweb_edu_prepared_from_its_parquet_files(tmp_pa
     files with a "text" column, in the folder its docstring downloads to)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from configs import hwh_1b4
     from hwh_jax.training.specs import run_specs
     monkeypatch.setenv("HWH_DATA_DIR", str(tmp_path))

@@ -173,7 +173,8 @@ def test_auto_takes_the_kernels_on_gpu_where_they_run():
 def test_pallas_per_shard_under_a_mesh():
     """Under ``kernel_mesh`` the kernel runs in a shard_map over batch rows and heads: same
     values and gradients as on one device."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from hwh_jax.training.sharding import make_mesh
     from kernels_pallas import kernel_mesh

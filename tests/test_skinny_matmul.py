@@ -9,8 +9,12 @@ import pytest
 from flax import nnx
 
 from kernels_pallas import chosen
-from kernels_pallas.skinny_matmul import (SkinnyMatmulSettings, plan, skinny_matmul,
-                                          skinny_matmul_reference)
+from kernels_pallas.skinny_matmul import (
+    SkinnyMatmulSettings,
+    plan,
+    skinny_matmul,
+    skinny_matmul_reference,
+)
 
 MODES = ["interpret"] + (["compiled"] if jax.default_backend() == "gpu" else [])
 

@@ -101,13 +101,14 @@ def test_errors_and_dispatch():
 def test_pallas_per_shard_under_a_mesh():
     """Under ``kernel_mesh``: a shard_map over rows, the same values as on one device; with the
     vocabulary split over a tensor axis, ``auto`` takes the reference."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from hwh_jax.training.sharding import make_mesh
     from kernels_pallas import kernel_mesh
     logits, targets, a, b = make(16, 64, "float32", seed=3)
     kernel = SoftmaxXentSettings(impl="pallas", interpret=True, block_v=32)
-    f = lambda *x: softmax_xent(*x, settings=kernel)  # noqa: E731
+    f = lambda *x: softmax_xent(*x, settings=kernel)
     want = jax.jit(f)(logits, targets, a, b)
     mesh = make_mesh((4, 1, 2))
     rows = NamedSharding(mesh, P("data"))

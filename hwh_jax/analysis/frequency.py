@@ -54,7 +54,7 @@ def contributions(q, k, frequencies, *, q_per_kv: int = 1, pairing: str = "half"
 def _js_bits(p, q, mask):
     """JS(p, q) / ln 2 over the last axis (masked entries are 0 in both)."""
     m = 0.5 * (p + q)
-    kl = lambda a: jnp.sum(jnp.where(mask, jax.scipy.special.xlogy(a, a) -  # noqa: E731
+    kl = lambda a: jnp.sum(jnp.where(mask, jax.scipy.special.xlogy(a, a) -
                                      jax.scipy.special.xlogy(a, m), 0.0), -1)
     return jnp.clip(0.5 * (kl(p) + kl(q)) / jnp.log(jnp.asarray(2.0, p.dtype)), 0.0, 1.0)
 

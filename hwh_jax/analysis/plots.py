@@ -2,11 +2,10 @@
 retrieval heads over depth."""
 from __future__ import annotations
 
-
 import numpy as np
 
-from hwh_jax.plotting import finish_line_chart, integer_ticks, pyplot, save_figure
 from hwh_jax import storage
+from hwh_jax.plotting import finish_line_chart, integer_ticks, pyplot, save_figure
 
 
 def _period_ticks(ax, periods, train_len):

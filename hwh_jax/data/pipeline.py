@@ -18,10 +18,10 @@ import numpy as np
 
 from hwh_jax import checks, storage
 from hwh_jax.data import shards, sources
-from hwh_jax.data.sources import DECODE_ERRORS
 from hwh_jax.data.packing import PackedSequences, concat_documents
 from hwh_jax.data.paths import cache_dir, resolve
 from hwh_jax.data.retrieval import RetrievalMix
+from hwh_jax.data.sources import DECODE_ERRORS
 from hwh_jax.data.tokenizers import GPT2BPE, SentencePieceTokenizer, train_sentencepiece
 
 log = logging.getLogger(__name__)

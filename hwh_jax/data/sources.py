@@ -17,7 +17,6 @@ import json
 import logging
 import zipfile
 from pathlib import Path
-
 from typing import Iterator
 
 from hwh_jax import storage

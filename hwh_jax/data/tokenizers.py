@@ -12,8 +12,8 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
-import itertools
 import importlib.util
+import itertools
 import json
 import logging
 import re

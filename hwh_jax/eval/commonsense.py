@@ -27,8 +27,8 @@ import re
 
 import numpy as np
 
-from hwh_jax.data.paths import resolve
 from hwh_jax import storage
+from hwh_jax.data.paths import resolve
 from hwh_jax.progress import Progress
 
 TASKS = ("arc_easy", "arc_challenge", "piqa", "openbook_qa", "hellaswag", "winogrande",

@@ -40,11 +40,10 @@ import random
 import re
 import uuid
 
-from hwh_jax.data.paths import resolve
-from hwh_jax.eval.stats import share
-from hwh_jax.data.ruler import (NEEDLE, NOISE, TOKENS_TO_GENERATE, WORDS, prompt_template,
-                                value_type)
 from hwh_jax import storage
+from hwh_jax.data.paths import resolve
+from hwh_jax.data.ruler import NEEDLE, NOISE, TOKENS_TO_GENERATE, WORDS, prompt_template, value_type
+from hwh_jax.eval.stats import share
 from hwh_jax.progress import Progress
 
 TASKS = {  # name -> (haystack, value type)

@@ -5,9 +5,9 @@ import re
 
 import numpy as np
 
+from hwh_jax import storage
 from hwh_jax.eval.stats import share
 from hwh_jax.plotting import finish_line_chart, plain_log_ticks, pyplot, save_figure
-from hwh_jax import storage
 
 
 def niah_heatmap(rows, task: str, title: str, path: storage.PathLike, train_len: int | None = None):

@@ -12,11 +12,11 @@ import json
 import math
 import statistics
 
+from hwh_jax import storage
 from hwh_jax.eval import stats
 from hwh_jax.eval.suite import compare
 from hwh_jax.metrics import read_metrics
 from hwh_jax.plotting import finish_line_chart, pyplot
-from hwh_jax import storage
 
 
 def summarize(workdir: storage.PathLike) -> dict:

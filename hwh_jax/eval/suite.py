@@ -17,12 +17,12 @@ from typing import Callable
 
 import numpy as np
 
+from hwh_jax import storage
+from hwh_jax.data.sources import read_text
 from hwh_jax.eval import commonsense, longppl, mqar, niah, perplexity, plots, stats
 from hwh_jax.eval.retrieval_probe import retrieval_probe
 from hwh_jax.eval.scoring import Scorer
-from hwh_jax.data.sources import read_text
 from hwh_jax.inference.generate import Generator
-from hwh_jax import storage
 
 SUITES = ("niah", "mqar", "ppl", "longppl", "retrieval", "commonsense")
 

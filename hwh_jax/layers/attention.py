@@ -19,11 +19,11 @@ from flax import nnx
 
 import kernels_pallas
 from hwh_jax.layers.linear import dense
+from hwh_jax.layers.norms import RMSNorm
+from hwh_jax.layers.rope import apply_rope, scaled_frequencies
 from hwh_jax.layers.variables import data
 from kernels_pallas.attention import AttentionSettings, DecodeAttentionSettings
 from kernels_pallas.rms_norm import RMSNormSettings
-from hwh_jax.layers.norms import RMSNorm
-from hwh_jax.layers.rope import apply_rope, scaled_frequencies
 
 
 class FullAttentionHeads(nnx.Module):
@@ -157,7 +157,7 @@ class FullAttentionHeads(nnx.Module):
         the cache (they see no key)."""
         B, Tn = q.shape[:2]
         t = jnp.arange(Tn, dtype=jnp.int32)[None]
-        roll = lambda x, i: jnp.take_along_axis(x, i[:, :, None, None], axis=1)  # noqa: E731
+        roll = lambda x, i: jnp.take_along_axis(x, i[:, :, None, None], axis=1)
         front = jnp.minimum(t + start[:, None], Tn - 1)
         o = kernels_pallas.attention(roll(q.astype(k.dtype), front), roll(k, front),
                                      roll(v, front), causal=True, window=self.window,

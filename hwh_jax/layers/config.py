@@ -13,9 +13,16 @@ import dataclasses
 import jax.numpy as jnp
 
 from hwh_jax.layers.rope import PAIRINGS
-from kernels_pallas import (AttentionSettings, DecaySettings, DecodeAttentionSettings,
-                            GatedRecurrenceSettings, GDNSettings, RMSNormSettings,
-                            ShortConvSettings, SkinnyMatmulSettings)
+from kernels_pallas import (
+    AttentionSettings,
+    DecaySettings,
+    DecodeAttentionSettings,
+    GatedRecurrenceSettings,
+    GDNSettings,
+    RMSNormSettings,
+    ShortConvSettings,
+    SkinnyMatmulSettings,
+)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 LA_KINDS = ("gdn", "deltanet", "lightning", "retnet", "mamba2", "gla", "hgrn", "hgrn2")

@@ -43,8 +43,11 @@ from hwh_jax.layers.linear import dense
 from hwh_jax.layers.norms import GatedRMSNorm, RMSNorm
 from hwh_jax.layers.rope import apply_rope
 from hwh_jax.layers.variables import data, partitioned
-from kernels_pallas.decay_attention import (DecaySettings, gated_linear_attention,
-                                            gated_linear_attention_step)
+from kernels_pallas.decay_attention import (
+    DecaySettings,
+    gated_linear_attention,
+    gated_linear_attention_step,
+)
 from kernels_pallas.short_conv import ShortConvSettings, causal_conv1d, silu_norm
 
 KINDS = ("lightning", "retnet", "mamba2", "gla", "hgrn2")

@@ -21,8 +21,11 @@ from flax import nnx
 
 from hwh_jax.layers.linear import dense
 from hwh_jax.layers.norms import GatedRMSNorm
-from kernels_pallas.gated_recurrence import (GatedRecurrenceSettings, gated_recurrence,
-                                             gated_recurrence_step)
+from kernels_pallas.gated_recurrence import (
+    GatedRecurrenceSettings,
+    gated_recurrence,
+    gated_recurrence_step,
+)
 
 
 class HGRNHeads(nnx.Module):

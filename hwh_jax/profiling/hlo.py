@@ -136,7 +136,7 @@ def collectives(hlo_text: str) -> list[Collective]:
     shard. ``-start``/``-done`` pairs count once, with the done's result. Collectives inside a
     while loop count its known trip count (``times``); those in computations nothing calls
     are left out."""
-    comps, order, entry, current = collections.defaultdict(list), [], None, "<top>"
+    comps, entry, current = collections.defaultdict(list), None, "<top>"
     for line in hlo_text.splitlines():
         if h := _HEADER.match(line):
             current = h.group(2)

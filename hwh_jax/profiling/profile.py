@@ -260,8 +260,8 @@ def format_summary(s: dict, step_ms: float | None = None) -> str:
              f"  {s['kernels_per_step']:.0f} kernels per step; idle between them "
              f"{s['idle_between_kernels_ms']:.2f} ms; first kernel to last "
              f"{s['span_ms']:.2f} ms per step"]
-    src = lambda k: f"  <- {k['source'][:120]}" if "source" in k else ""  # noqa: E731
-    rate = lambda k: f"{k['tb_per_s']:5.2f} TB/s" if "tb_per_s" in k else " " * 10  # noqa: E731
+    src = lambda k: f"  <- {k['source'][:120]}" if "source" in k else ""
+    rate = lambda k: f"{k['tb_per_s']:5.2f} TB/s" if "tb_per_s" in k else " " * 10
     lines += [f"  {k['ms']:8.3f} ms {k['launches']:4.0f}x {rate(k)} {k['category']:12s} "
               f"{k['name'][:60]}{src(k)}" for k in s["top_kernels_ms"]]
     if s.get("by_source_ms"):

@@ -138,7 +138,7 @@ class Checkpointer:
     def _write_errors(self, step: int):
         try:
             yield
-        except Exception as e:  # noqa: BLE001 - Orbax wraps the OS error in its own types
+        except Exception as e:  # Orbax wraps the OS error in its own types
             os_error = _os_error(e)
             if os_error is None:
                 raise
@@ -183,7 +183,7 @@ class Checkpointer:
                 items["data"] = ocp.args.JsonRestore()
             try:
                 out = self.manager.restore(s, args=ocp.args.Composite(**items))
-            except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: fall back
+            except Exception as e:  # any unreadable checkpoint: fall back
                 log.debug("restoring checkpoint %d failed", s, exc_info=True)
                 self._set_aside(s, "unreadable", f"{type(e).__name__}: {_first_line(e)}")
                 continue

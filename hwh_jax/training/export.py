@@ -105,7 +105,7 @@ def inference_programs(cfg, *, batch: int, context: int, prompt: int | None = No
     token = jax.ShapeDtypeStruct((batch,), jnp.int32)
     args = {"prefill": (state, tokens, cache), "decode": (state, token, cache)}
     if sharding is not None:
-        place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)  # noqa: E731
+        place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
         args = {k: jax.tree.map(place, v) for k, v in args.items()}
     if mesh is not None:
         rows = shd.batch_sharding(mesh) if batch % shd.data_parallel_size(mesh) == 0 else \

@@ -162,7 +162,7 @@ def plan(compile_at: Callable[[int], object], *, batch: int, dp: int, limit: int
             try:
                 compiled[m] = compile_at(m)
                 probes[m] = step_bytes(compiled[m])
-            except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory is ours
+            except Exception as e:  # only the compiler's out-of-memory is ours
                 need = compile_oom_bytes(e)
                 if need is None:
                     raise

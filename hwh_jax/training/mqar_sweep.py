@@ -30,6 +30,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from hwh_jax import storage
 from hwh_jax.eval import stats
 from hwh_jax.eval.mqar import IGNORE, multiquery_ar
 from hwh_jax.layers.config import LayerSpec, ModelConfig
@@ -41,7 +42,6 @@ from hwh_jax.plotting import pyplot, save_figure
 from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
 from hwh_jax.training.signals import StopOnSignal
 from hwh_jax.training.state import init_train_state
-from hwh_jax import storage
 
 ARCHS = ("transformer", "gdn", "layerwise", "hwh", "hwh_rope")
 

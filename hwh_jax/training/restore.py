@@ -17,7 +17,6 @@ import numpy as np
 from flax import nnx
 
 from hwh_jax import storage
-
 from hwh_jax.data.pipeline import build_splits, load_tokenizer
 from hwh_jax.eval.suite import EvalModel
 from hwh_jax.layers.config import ModelConfig

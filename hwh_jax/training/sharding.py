@@ -12,7 +12,8 @@ import math
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def make_mesh(dims, devices=None) -> Mesh:
     try:
         from jax.experimental import mesh_utils
         grid = mesh_utils.create_device_mesh(shape, devices=devices)
-    except Exception:  # e.g. an unusual topology: plain order is still correct, maybe slower
+    except Exception:  # noqa: BLE001 - an unusual topology: plain order is correct, maybe slower
         grid = np.asarray(devices).reshape(shape)
     return Mesh(grid, MESH_AXES)
 

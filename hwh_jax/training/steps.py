@@ -124,7 +124,7 @@ def make_train_step(graphdef, tx, schedule, *, grad_accum=1, micro_batch=None, s
         new_params = optax.apply_updates(params, updates)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         # A non-finite step changes nothing and is remembered; the host stops at its next check.
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
         step = state["step"]
         new_state = {
             "params": keep(new_params, params),

@@ -25,6 +25,8 @@ from hwh_jax import storage
 from hwh_jax.data.pipeline import build_splits, eval_batches, train_dataset
 from hwh_jax.eval import stats
 from hwh_jax.eval.suite import EvalModel, check_for_run, run_suite
+from hwh_jax.loggers import make_loggers
+from hwh_jax.metrics import MetricsWriter, format_duration, plot_loss, progress_line
 from hwh_jax.models.params import param_table
 from hwh_jax.profiling import host_gc, profile
 from hwh_jax.training import lease, memory, preflight
@@ -33,13 +35,15 @@ from hwh_jax.training import workdir as workdir_lib
 from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
 from hwh_jax.training.compiled import train_step_compiler
 from hwh_jax.training.flops import flops_per_token, peak_flops
-from hwh_jax.loggers import make_loggers
-from hwh_jax.metrics import MetricsWriter, format_duration, plot_loss, progress_line
 from hwh_jax.training.optimizer import make_optimizer
 from hwh_jax.training.signals import StopOnSignal
 from hwh_jax.training.specs import model_config, run_specs
-from hwh_jax.training.state import (init_train_state, jit_step, threefry_kernel,
-                                    train_state_shardings)
+from hwh_jax.training.state import (
+    init_train_state,
+    jit_step,
+    threefry_kernel,
+    train_state_shardings,
+)
 from hwh_jax.training.steps import make_eval_step
 
 log = logging.getLogger(__name__)
@@ -524,7 +528,7 @@ class Run:
             if hasattr(self, what):
                 try:
                     getattr(self, what).close()
-                except Exception:  # noqa: BLE001 - the original failure matters more
+                except Exception:  # the original failure matters more
                     log.warning("closing the %s after a failure failed", what, exc_info=True)
         self.release_lease()
         storage.sync_all()

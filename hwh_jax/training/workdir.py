@@ -10,6 +10,7 @@ dotted keys, or ``all``); the file then records the new config.
 from __future__ import annotations
 
 import json
+
 from hwh_jax import storage
 
 BOUND = ("seed", "seq_len", "model.", "data.", "train.batch_size")

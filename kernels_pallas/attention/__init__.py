@@ -10,8 +10,7 @@
 from kernels_pallas.attention.cached import cached_attention_blockwise
 from kernels_pallas.attention.decode import decode_attention
 from kernels_pallas.attention.op import attention
-from kernels_pallas.attention.reference import (attention_mask, attention_reference,
-                                                cached_attention)
+from kernels_pallas.attention.reference import attention_mask, attention_reference, cached_attention
 from kernels_pallas.attention.settings import AttentionSettings, DecodeAttentionSettings
 
 __all__ = ["AttentionSettings", "DecodeAttentionSettings", "attention", "attention_mask",

@@ -114,7 +114,7 @@ def _partials(qp, k, v, vis, p: DecodePlan, scale):
         params = {"compiler_params": plgpu.CompilerParams(num_warps=p.num_warps,
                                                           num_stages=p.num_stages)}
     cache = pl.BlockSpec((sq, span, sq, D), lambda b, g, n: (b, n, g, 0))
-    part = lambda *x: pl.BlockSpec((sq, sq, sq) + x,  # noqa: E731
+    part = lambda *x: pl.BlockSpec((sq, sq, sq) + x,
                                    lambda b, g, n: (b, g, n) + (0,) * len(x))
     return pl.pallas_call(
         kernel, grid=(B, G, N),

@@ -17,8 +17,10 @@ from kernels_pallas.decay_attention.chunk_reference import gated_linear_attentio
 from kernels_pallas.decay_attention.op import gated_linear_attention
 from kernels_pallas.decay_attention.pallas import gated_linear_attention_pallas
 from kernels_pallas.decay_attention.pallas_per_key import gated_linear_attention_per_key_pallas
-from kernels_pallas.decay_attention.reference import (gated_linear_attention_recurrent,
-                                                      gated_linear_attention_step)
+from kernels_pallas.decay_attention.reference import (
+                                                      gated_linear_attention_recurrent,
+                                                      gated_linear_attention_step,
+)
 from kernels_pallas.decay_attention.settings import DecaySettings
 
 __all__ = ["DecaySettings", "gated_linear_attention", "gated_linear_attention_chunked",

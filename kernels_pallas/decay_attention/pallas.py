@@ -37,16 +37,29 @@ import jax.numpy as jnp
 
 from kernels_pallas.decay_attention.settings import DecaySettings
 from kernels_pallas.linear_scan import scan as scan_kernels
-from kernels_pallas.linear_scan.chunk_math import (causal_decay, chunk_output, chunk_rows,
-                                                   decayed_scores, k_decayed, last_row)
-from kernels_pallas.linear_scan.common import (chunk_call, chunk_local_cumsum, col_blocks, dot,
-                                               dot_nt, kernel_config, pad_time,
-                                               reverse_chunk_cumsum)
+from kernels_pallas.linear_scan.chunk_math import (
+    causal_decay,
+    chunk_output,
+    chunk_rows,
+    decayed_scores,
+    k_decayed,
+    last_row,
+)
+from kernels_pallas.linear_scan.common import (
+    chunk_call,
+    chunk_local_cumsum,
+    col_blocks,
+    dot,
+    dot_nt,
+    kernel_config,
+    pad_time,
+    reverse_chunk_cumsum,
+)
 
 f32 = jnp.float32
 
 # nested jits (config static): one lowering, hence one Triton compilation, per shape and config
-_jit = lambda fn, *names: jax.jit(fn, static_argnums=0, static_argnames=names)  # noqa: E731
+_jit = lambda fn, *names: jax.jit(fn, static_argnums=0, static_argnames=names)
 scan_forward = _jit(scan_kernels.scan_forward, "store")
 scan_backward = _jit(scan_kernels.scan_backward)
 

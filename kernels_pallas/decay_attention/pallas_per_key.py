@@ -40,11 +40,21 @@ from jax.experimental import pallas as pl
 from kernels_pallas.decay_attention.intra_key import intra_grads, intra_scores
 from kernels_pallas.decay_attention.pallas import cast_inputs
 from kernels_pallas.decay_attention.settings import DecaySettings
-from kernels_pallas.linear_scan.common import (chunk_call, chunk_local_cumsum_pallas, col_blocks,
-                                               compiler_params, dot, dot_nt, f32,
-                                               kernel_config, pad_time, ref_all, ref_rows,
-                                               scan_specs, with_absent)
-
+from kernels_pallas.linear_scan.common import (
+    chunk_call,
+    chunk_local_cumsum_pallas,
+    col_blocks,
+    compiler_params,
+    dot,
+    dot_nt,
+    f32,
+    kernel_config,
+    pad_time,
+    ref_all,
+    ref_rows,
+    scan_specs,
+    with_absent,
+)
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
 

@@ -8,9 +8,11 @@ state, no outer product).
 """
 from kernels_pallas.gated_recurrence.op import gated_recurrence
 from kernels_pallas.gated_recurrence.pallas import gated_recurrence_pallas
-from kernels_pallas.gated_recurrence.reference import (gated_recurrence_recurrent,
+from kernels_pallas.gated_recurrence.reference import (
+                                                       gated_recurrence_recurrent,
                                                        gated_recurrence_scan,
-                                                       gated_recurrence_step)
+                                                       gated_recurrence_step,
+)
 from kernels_pallas.gated_recurrence.settings import GatedRecurrenceSettings
 
 __all__ = ["GatedRecurrenceSettings", "gated_recurrence", "gated_recurrence_pallas",

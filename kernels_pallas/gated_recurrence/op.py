@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from kernels_pallas import dispatch, sharding
 from kernels_pallas.gated_recurrence.pallas import gated_recurrence_pallas
-from kernels_pallas.gated_recurrence.reference import (gated_recurrence_recurrent,
-                                                       gated_recurrence_scan)
+from kernels_pallas.gated_recurrence.reference import (
+    gated_recurrence_recurrent,
+    gated_recurrence_scan,
+)
 from kernels_pallas.gated_recurrence.settings import GatedRecurrenceSettings
 
 

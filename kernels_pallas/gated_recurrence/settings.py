@@ -12,8 +12,8 @@ class GatedRecurrenceSettings(KernelSettings):
 
     impl: "auto" | "recurrent" (``lax.scan`` over tokens, the specification) | "scan" (XLA's
     associative scan over tokens) | "pallas" (``pallas.py``: per-chunk row loops in Pallas, the
-    chunks joined by a scan over chunk summaries). "auto" is "pallas" on GPU (2-3x faster than
-    the scan there, timed in docs/benchmarks.md), "scan" elsewhere (the TPU kernels are tested
+    chunks joined by a scan over chunk summaries). "auto" is "pallas" on GPU (faster than the
+    scan there, docs/benchmarks.md, "The other kernels"), "scan" elsewhere (the TPU kernels are tested
     in interpret mode, not timed). chunk_size: tokens a program walks;
     block_d: channels a program takes (a power of two for Triton; a multiple of 128, or all
     channels, for Mosaic TPU); num_warps: the kernels' launch on GPU.

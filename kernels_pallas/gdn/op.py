@@ -7,9 +7,9 @@ import jax.numpy as jnp
 
 from kernels_pallas import dispatch, sharding
 from kernels_pallas.dispatch import pow2
+from kernels_pallas.gdn import reference
 from kernels_pallas.gdn.chunk_reference import gated_delta_rule_chunk_reference
 from kernels_pallas.gdn.pallas import gated_delta_rule_pallas
-from kernels_pallas.gdn import reference
 from kernels_pallas.gdn.reference import gated_delta_rule_recurrent
 from kernels_pallas.gdn.settings import GDNSettings
 from kernels_pallas.gdn.step import step_pallas

@@ -28,15 +28,19 @@ from kernels_pallas import dispatch
 from kernels_pallas.gdn import wy_apply_mosaic, wy_kernels
 from kernels_pallas.gdn.settings import GDNSettings
 from kernels_pallas.linear_scan import scan as scan_kernels
-from kernels_pallas.linear_scan.common import (chunk_local_cumsum, kernel_config, pad_time,
-                                               reverse_chunk_cumsum)
+from kernels_pallas.linear_scan.common import (
+    chunk_local_cumsum,
+    kernel_config,
+    pad_time,
+    reverse_chunk_cumsum,
+)
 
 f32 = jnp.float32
 
 # Each kernel function as a nested jit (config static): JAX lowers a jitted callee once per
 # distinct (config, shapes) within a program, and lowering a pallas_call is where Triton compiles
 # it, so the GDN layers of a model that share a shape share one compilation of each kernel.
-_jit = lambda fn, *names: jax.jit(fn, static_argnums=0, static_argnames=names)  # noqa: E731
+_jit = lambda fn, *names: jax.jit(fn, static_argnums=0, static_argnames=names)
 wy_forward = _jit(wy_kernels.wy_forward, "sub", "q_scale")
 wy_backward = _jit(wy_kernels.wy_backward, "out_dtypes")
 scan_forward = _jit(scan_kernels.scan_forward, "store", "q_scale")

@@ -29,8 +29,8 @@ class GDNSettings(KernelSettings):
     wy_apply: the kernel that forms w, u and QK from X on GPU: "triton" (``wy_kernels``),
     "mosaic" (``wy_apply_mosaic``: Mosaic GPU, TMA and wgmma; chunks of 64, K and V multiples
     of 64, 16-bit inputs; with interpret=True the Mosaic GPU interpreter) or "auto": "mosaic"
-    where it runs compiled (a Hopper GPU, shapes it takes), where it was 0.71-0.75x the Triton
-    kernel's time (docs/benchmarks.md), else "triton".
+    where it runs compiled (a Hopper GPU, shapes it takes), where it took less time than the
+    Triton kernel (docs/benchmarks.md, "The WY apply on Mosaic GPU"), else "triton".
     step_min_programs: ``gated_delta_rule_step`` runs its kernel (one program per row and
     head) from this many rows x heads, the jnp step below: at 13 programs (380m, batch 1) the
     kernel was slower than XLA's fusions, at 416 (batch 32) faster (docs/benchmarks.md,

@@ -38,7 +38,7 @@ def step_pallas(q, k, v, g, beta, state, *, scale, interpret=False, num_warps=4)
     B, H, K = q.shape
     V = v.shape[-1]
     sq = pl.squeezed
-    vec = lambda n: pl.BlockSpec((sq, sq, n), lambda b, h: (b, h, 0))  # noqa: E731
+    vec = lambda n: pl.BlockSpec((sq, sq, n), lambda b, h: (b, h, 0))
     one = pl.BlockSpec((sq, sq, 1), lambda b, h: (b, h, 0))
     mat = pl.BlockSpec((sq, sq, K, V), lambda b, h: (b, h, 0, 0))
     kw = {}

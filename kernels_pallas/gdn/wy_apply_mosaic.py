@@ -140,7 +140,7 @@ def wy_apply_mosaic(q, k, v, beta, G, X, *, q_scale=1.0, interpret=False):
             raise ValueError("gated_delta_rule(wy_apply='mosaic', interpret=True) needs the "
                              f"Mosaic GPU interpreter, which JAX {jax.__version__} lacks; use "
                              "wy_apply='triton' there")
-    by_head = lambda x: jnp.transpose(x.astype(f32), (0, 2, 1))       # noqa: E731 [B, H, T]
+    by_head = lambda x: jnp.transpose(x.astype(f32), (0, 2, 1))  # [B, H, T]
     bt = by_head(beta)
     gt = jnp.zeros_like(bt) if G is None else by_head(G)
     # the interpreter keeps SMEM unswizzled: tiling and swizzle are the hardware's layout only
@@ -152,8 +152,8 @@ def wy_apply_mosaic(q, k, v, beta, G, X, *, q_scale=1.0, interpret=False):
     def gdn_wy_apply_mosaic(q_r, k_r, v_r, x_r, b_r, g_r, w_r, u_r, qk_r, ins, outs, scaled,
                             bars):
         b, h, grp = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("g")
-        rows = lambda i: pl.ds((grp * per + i) * C, C)                # noqa: E731
-        tok = lambda r, i: r.at[b, rows(i), h, :]                     # noqa: E731
+        rows = lambda i: pl.ds((grp * per + i) * C, C)
+        tok = lambda r, i: r.at[b, rows(i), h, :]
 
         def issue(i, slot):
             for r, buf, bar in zip((q_r, k_r, v_r, x_r, b_r, g_r), ins, bars):
@@ -185,7 +185,7 @@ def wy_apply_mosaic(q, k, v, beta, G, X, *, q_scale=1.0, interpret=False):
 
         plgpu.wait_smem_to_gmem(0)
 
-    out = lambda cols: jax.ShapeDtypeStruct((B, T, H, cols), cd)      # noqa: E731
+    out = lambda cols: jax.ShapeDtypeStruct((B, T, H, cols), cd)
     vec = plgpu.SMEM((stages, C), f32)
     return tuple(plgpu.kernel(      # the body's name names the kernel in profiles
         gdn_wy_apply_mosaic, out_type=[out(K), out(V), out(C)],

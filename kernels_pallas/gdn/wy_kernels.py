@@ -42,8 +42,16 @@ from jax.experimental import pallas as pl
 
 from kernels_pallas.gdn.wy_apply_mosaic import wy_apply_mosaic
 from kernels_pallas.linear_scan.chunk_math import colsum, times
-from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, column, dot, dot_nt, f32,
-                                               ref_all)
+from kernels_pallas.linear_scan.common import (
+    chunk_call,
+    col_blocks,
+    column,
+    dot,
+    dot_nt,
+    f32,
+    ref_all,
+)
+
 _NEG = -1e30
 
 
@@ -86,7 +94,7 @@ def _inverse_kernel(k_ref, b_ref, g_ref, x_ref, *, sub):
     m = C // sub
     rs = [pl.ds(i * sub, sub) for i in range(m)]
     A = {}
-    g = (lambda r: None) if g_ref is None else (lambda r: g_ref[r, :])  # noqa: E731
+    g = (lambda r: None) if g_ref is None else (lambda r: g_ref[r, :])
     for i in range(m):
         Gi, bi, ki = g(rs[i]), b_ref[rs[i], :].astype(f32), k_ref[rs[i], :]
         for j in range(i + 1):

@@ -121,19 +121,19 @@ def chunk_call(cfg, kernel, ins, outs, btH, *, name, num_warps=None, aliases=Non
     if tpu:
         from jax.experimental.pallas import tpu as pltpu
         grid = (B, H, N)
-        tok = lambda X: pl.BlockSpec((sq, sq, C, X), lambda b, h, n: (b, h, n, 0))  # noqa: E731
-        chk = lambda a: pl.BlockSpec((sq, sq, sq) + a.shape[3:],  # noqa: E731
+        tok = lambda X: pl.BlockSpec((sq, sq, C, X), lambda b, h, n: (b, h, n, 0))
+        chk = lambda a: pl.BlockSpec((sq, sq, sq) + a.shape[3:],
                                      lambda b, h, n: (b, h, n, 0, 0))
         params = {"compiler_params": pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"))}
     else:
         grid = (B, N, H)
-        tok = lambda X: pl.BlockSpec((sq, C, sq, X), lambda b, n, h: (b, n, h, 0))  # noqa: E731
-        chk = lambda a: pl.BlockSpec((sq, sq, sq) + a.shape[3:],  # noqa: E731
+        tok = lambda X: pl.BlockSpec((sq, C, sq, X), lambda b, n, h: (b, n, h, 0))
+        chk = lambda a: pl.BlockSpec((sq, sq, sq) + a.shape[3:],
                                      lambda b, n, h: (b, n, h, 0, 0))
         params = compiler_params(cfg, num_warps=num_warps or cfg.chunk_warps)
-    swap = (lambda a: jnp.swapaxes(a, 1, 2)) if tpu else (lambda a: a)  # noqa: E731
-    shape = (lambda X: (B, H, T, X)) if tpu else (lambda X: (B, T, H, X))  # noqa: E731
+    swap = (lambda a: jnp.swapaxes(a, 1, 2)) if tpu else (lambda a: a)
+    shape = (lambda X: (B, H, T, X)) if tpu else (lambda X: (B, T, H, X))
     res = pl.pallas_call(
         kernel, grid=grid,
         in_specs=[chk(a) if X is None else tok(X) for a, X in ins],
@@ -154,7 +154,7 @@ def scan_specs(cfg, B, H, T, K, V, *, reverse=False, transposed=False):
     C, BV, sq = cfg.chunk, cfg.block_v, pl.squeezed
     N = T // C
     st = (BV, K) if transposed else (K, BV)
-    at_v = (lambda j: (j, 0)) if transposed else (lambda j: (0, j))  # noqa: E731
+    at_v = (lambda j: (j, 0)) if transposed else (lambda j: (0, j))
     if cfg.layout == "triton":
         return dict(
             grid=(B, H, V // BV),
@@ -162,7 +162,7 @@ def scan_specs(cfg, B, H, T, K, V, *, reverse=False, transposed=False):
             seq_v=pl.BlockSpec((sq, T, sq, BV), lambda b, h, j: (b, 0, h, j)),
             state=pl.BlockSpec((sq, sq) + st, lambda b, h, j: (b, h) + at_v(j)),
             chunks=pl.BlockSpec((sq, N, sq) + st, lambda b, h, j: (b, 0, h) + at_v(j)))
-    at = (lambda i: N - 1 - i) if reverse else (lambda i: i)  # noqa: E731
+    at = (lambda i: N - 1 - i) if reverse else (lambda i: i)
     return dict(
         grid=(B, H, V // BV, N),
         seq=lambda X: pl.BlockSpec((sq, sq, C, X), lambda b, h, j, n: (b, h, at(n), 0)),

@@ -48,12 +48,26 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels_pallas.linear_scan.chunk_math import (chunk_output, k_decayed, last_row, q_decayed,
-                                                   times)
-from kernels_pallas.linear_scan.common import (chunk_call, col_blocks, column, compiler_params,
-                                               dot, dot_nt, f32, ref_all, ref_rows, scan_specs,
-                                               with_absent)
-
+from kernels_pallas.linear_scan.chunk_math import (
+    chunk_output,
+    k_decayed,
+    last_row,
+    q_decayed,
+    times,
+)
+from kernels_pallas.linear_scan.common import (
+    chunk_call,
+    col_blocks,
+    column,
+    compiler_params,
+    dot,
+    dot_nt,
+    f32,
+    ref_all,
+    ref_rows,
+    scan_specs,
+    with_absent,
+)
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
 

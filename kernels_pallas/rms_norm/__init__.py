@@ -10,8 +10,12 @@
 """
 from kernels_pallas.rms_norm.op import rms_norm
 from kernels_pallas.rms_norm.pallas import rms_norm_pallas
-from kernels_pallas.rms_norm.reference import (add_rms_norm_reference, norm_grads,
-                                               rms_norm_reference, rms_stats)
+from kernels_pallas.rms_norm.reference import (
+                                               add_rms_norm_reference,
+                                               norm_grads,
+                                               rms_norm_reference,
+                                               rms_stats,
+)
 from kernels_pallas.rms_norm.settings import RMSNormSettings
 
 __all__ = ["RMSNormSettings", "add_rms_norm_reference", "norm_grads", "rms_norm",

@@ -7,8 +7,13 @@
 """
 from kernels_pallas.short_conv.op import short_conv
 from kernels_pallas.short_conv.pallas import short_conv_pallas
-from kernels_pallas.short_conv.reference import (causal_conv1d, doc_offsets, l2_normalize,
-                                                 short_conv_reference, silu_norm)
+from kernels_pallas.short_conv.reference import (
+                                                 causal_conv1d,
+                                                 doc_offsets,
+                                                 l2_normalize,
+                                                 short_conv_reference,
+                                                 silu_norm,
+)
 from kernels_pallas.short_conv.settings import ShortConvSettings
 
 __all__ = ["ShortConvSettings", "causal_conv1d", "doc_offsets", "l2_normalize", "short_conv",

@@ -112,7 +112,7 @@ def _call(p: MatmulPlan, x, w):
     if p.interpret is False:
         params = {"compiler_params": plgpu.CompilerParams(num_warps=p.num_warps,
                                                           num_stages=p.num_stages)}
-    whole = lambda a: pl.BlockSpec(a, lambda j, s: (0,) * len(a))  # noqa: E731  (indexed inside)
+    whole = lambda a: pl.BlockSpec(a, lambda j, s: (0,) * len(a))  # indexed inside
     y = pl.pallas_call(
         functools.partial(_kernel, p=p, N=N, blocks=K // p.block_k),
         grid=(-(-N // p.block_n), p.splits),

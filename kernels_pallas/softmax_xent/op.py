@@ -34,7 +34,7 @@ def softmax_xent(logits, targets, a, b, *, settings: SoftmaxXentSettings | None 
     impl = dispatch.record(settings, choose(settings, logits.shape[1]))
     if impl == "reference":
         return softmax_xent_reference(logits, targets, a, b)
-    fn = lambda l, t, a, b: softmax_xent_pallas(l, t, a, b, settings=settings)  # noqa: E731
+    fn = lambda l, t, a, b: softmax_xent_pallas(l, t, a, b, settings=settings)
     km = sharding.current()
     if km is None:
         return fn(logits, targets, a, b)
