@@ -1,4 +1,5 @@
 """Small helpers shared by the bench scripts (run as ``python bench/<script>.py``)."""
+
 from __future__ import annotations
 
 import ast
@@ -17,8 +18,16 @@ from hwh_jax.profiling import profile
 
 def print_device() -> None:
     """The JSON line every bench output starts with: device kind, JAX version, XLA_FLAGS."""
-    print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__,
-                      "xla_flags": os.environ.get("XLA_FLAGS", "")}), flush=True)
+    print(
+        json.dumps(
+            {
+                "device": jax.devices()[0].device_kind,
+                "jax": jax.__version__,
+                "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            }
+        ),
+        flush=True,
+    )
 
 
 def is_oom(e: Exception) -> bool:
@@ -92,23 +101,32 @@ def forward_backward(fwd):
     """fwd's forward+backward as one function of (*inputs, cotangent) returning (output,
     *gradients): the output is returned, not dropped, since an unused output would let XLA drop
     the kernels that form it, which training runs (and fla's timings include)."""
+
     def fwd_bwd(*args):
         *inputs, cotangent = args
         out, vjp = jax.vjp(fwd, *inputs)
         return (out, *vjp(cotangent.astype(out.dtype)))
+
     return fwd_bwd
 
 
-def fwd_bwd_row(fwd, fwd_bwd, inputs, cotangent, want_out, want_grads, names, out="o",
-                reps=20) -> dict:
+def fwd_bwd_row(
+    fwd, fwd_bwd, inputs, cotangent, want_out, want_grads, names, out="o", reps=20
+) -> dict:
     """Timing and accuracy of an op: fwd(*inputs) and fwd_bwd(*inputs, cotangent) medians (ms),
     and the relative error of the output and of each input's gradient (``names``) against a
     reference's (``want_out``, ``want_grads``); ``fwd_bwd`` as ``forward_backward`` makes it."""
-    return {"fwd_ms": median_ms(fwd, *inputs, reps=reps),
-            "fwd_bwd_ms": median_ms(fwd_bwd, *inputs, cotangent, reps=reps),
-            "err": {out: rel_err(fwd(*inputs), want_out),
-                    **{f"d{n}": rel_err(a, b)
-                       for n, a, b in zip(names, fwd_bwd(*inputs, cotangent)[1:], want_grads)}}}
+    return {
+        "fwd_ms": median_ms(fwd, *inputs, reps=reps),
+        "fwd_bwd_ms": median_ms(fwd_bwd, *inputs, cotangent, reps=reps),
+        "err": {
+            out: rel_err(fwd(*inputs), want_out),
+            **{
+                f"d{n}": rel_err(a, b)
+                for n, a, b in zip(names, fwd_bwd(*inputs, cotangent)[1:], want_grads)
+            },
+        },
+    }
 
 
 def _traced(fn, args, reps, **summarize_kw) -> dict:
@@ -152,8 +170,10 @@ def device_times(fwd, fwd_bwd, fwd_args, fwd_bwd_args) -> dict:
     forward+backward) and ``fwd_device_ms`` / ``fwd_bwd_device_ms``, first kernel start to last
     kernel end per call of calls queued back to back (launch gaps in, as fla's CUDA-event
     timings, the host's dispatch out); only "profile", empty, without device events (CPU)."""
-    prof = {"fwd": device_profile(fwd, *fwd_args),
-            "fwd_bwd": device_profile(fwd_bwd, *fwd_bwd_args)}
+    prof = {
+        "fwd": device_profile(fwd, *fwd_args),
+        "fwd_bwd": device_profile(fwd_bwd, *fwd_bwd_args),
+    }
     row = {"profile": prof}
     for part, p in prof.items():
         if p:
@@ -177,4 +197,4 @@ def ceilings() -> dict:
     x = jax.random.normal(jax.random.key(1), (1 << 30,), jnp.bfloat16)  # 2 GiB
     cp = jax.jit(lambda x: x * 1)
     tc = median_ms(cp, x, reps=10)
-    return {"matmul_tflops": 2 * 8192 ** 3 / t / 1e9, "copy_tbps": 2 * x.nbytes / tc / 1e9}
+    return {"matmul_tflops": 2 * 8192**3 / t / 1e9, "copy_tbps": 2 * x.nbytes / tc / 1e9}

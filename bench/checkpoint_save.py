@@ -11,6 +11,7 @@ committed) and the time each ``save`` held the loop; the cost of a save is the l
 over the run without saves, divided by the saves (it includes, for asynchronous saves, what
 the background writing takes from the steps it overlaps). Rows: one JSON line per mode.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,7 +50,7 @@ def measure(args, mode: str) -> dict:
     def timed_save(self, *a, **kw):
         t = time.perf_counter()
         out = real_save(self, *a, **kw)
-        if out:                              # False: that step's checkpoint existed already
+        if out:  # False: that step's checkpoint existed already
             held.append(time.perf_counter() - t)
         return out
 
@@ -58,27 +59,34 @@ def measure(args, mode: str) -> dict:
     def timed_train(self):
         t = time.perf_counter()
         real_train(self)
-        self.ckpt.wait()                     # the last save committed: part of the loop's cost
+        self.ckpt.wait()  # the last save committed: part of the loop's cost
         loop["s"] = time.perf_counter() - t
 
     ckpt_lib.Checkpointer.save, trainer.Run.train = timed_save, timed_train
     real_run_save = trainer.Run.save
-    if mode == "none":                       # the steps alone: not even the final save
+    if mode == "none":  # the steps alone: not even the final save
         trainer.Run.save = lambda self, step: None
     try:
         with tempfile.TemporaryDirectory() as workdir:
-            result = trainer.train_and_evaluate(config_for(args, every, mode == "async"),
-                                                workdir)
-            size = sum(f.stat().st_size for f in Path(workdir, "checkpoints").rglob("*")
-                       if f.is_file())
+            result = trainer.train_and_evaluate(config_for(args, every, mode == "async"), workdir)
+            size = sum(
+                f.stat().st_size for f in Path(workdir, "checkpoints").rglob("*") if f.is_file()
+            )
     finally:
         ckpt_lib.Checkpointer.save, trainer.Run.train = real_save, real_train
         trainer.Run.save = real_run_save
-    return {"size": args.size, "mode": mode, "steps": args.steps, "every": every,
-            "saves": len(held), "loop_s": round(loop["s"], 3),
-            "save_held_s": [round(h, 3) for h in held],
-            "checkpoint_bytes_on_disk": size, "params": result.summary["params"],
-            "final_loss": result.losses[max(result.losses)]}
+    return {
+        "size": args.size,
+        "mode": mode,
+        "steps": args.steps,
+        "every": every,
+        "saves": len(held),
+        "loop_s": round(loop["s"], 3),
+        "save_held_s": [round(h, 3) for h in held],
+        "checkpoint_bytes_on_disk": size,
+        "params": result.summary["params"],
+        "final_loss": result.losses[max(result.losses)],
+    }
 
 
 def main():
@@ -98,8 +106,15 @@ def main():
     base_s = rows[0]["loop_s"]
     for row in rows[1:]:
         cost = (row["loop_s"] - base_s) / max(row["saves"], 1)
-        emit(rows, {"size": args.size, "mode": row["mode"], "cost_per_save_s": round(cost, 3),
-                    "mean_save_held_s": round(sum(row["save_held_s"]) / row["saves"], 3)})
+        emit(
+            rows,
+            {
+                "size": args.size,
+                "mode": row["mode"],
+                "cost_per_save_s": round(cost, 3),
+                "mean_save_held_s": round(sum(row["save_held_s"]) / row["saves"], 3),
+            },
+        )
     write_jsonl(args.out, rows)
     print(json.dumps({"summary": {r["mode"]: r.get("cost_per_save_s") for r in rows[3:]}}))
 

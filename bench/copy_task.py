@@ -7,6 +7,7 @@ Adam at --lr, --batch sequences of a --length-token string and its copy per step
 default device; prints the copy loss every 100 steps (chance: ln 62 = 4.13 nats) as JSON lines,
 also appended to --out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,12 +31,12 @@ def main():
     print_device()
     rows = []
     for arch in args.archs:
-        for step, loss, sec in train_copy(arch, args.size, steps=args.steps, length=args.length,
-                                          batch=args.batch, lr=args.lr):
-            row = {"arch": arch, "size": args.size, "step": step, "copy_loss": loss,
-                   "seconds": sec}
+        for step, loss, sec in train_copy(
+            arch, args.size, steps=args.steps, length=args.length, batch=args.batch, lr=args.lr
+        ):
+            row = {"arch": arch, "size": args.size, "step": step, "copy_loss": loss, "seconds": sec}
             emit(rows, row)
-            if args.out:    # appended: runs of several archs in parallel share one file
+            if args.out:  # appended: runs of several archs in parallel share one file
                 with open(args.out, "a") as f:
                     f.write(json.dumps(row) + "\n")
 

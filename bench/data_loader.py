@@ -9,6 +9,7 @@ Builds what ``launch.train`` builds from a ``data.source=shards`` folder (packed
 tokens/s this process delivers, against a step's need printed beside it. Reports the process'
 peak resident memory (``ru_maxrss``) too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,24 +23,38 @@ def main():
     p.add_argument("--shards", required=True, help="a folder launch.prepare_data wrote")
     p.add_argument("--seq_len", type=int, default=2048)
     p.add_argument("--global_batch", type=int, default=256)
-    p.add_argument("--process_count", type=int, default=1,
-                   help="hosts sharing the global batch (this process reads 1/process_count)")
+    p.add_argument(
+        "--process_count",
+        type=int,
+        default=1,
+        help="hosts sharing the global batch (this process reads 1/process_count)",
+    )
     p.add_argument("--workers", type=int, nargs="*", default=[0, 2])
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--out", default="")
     args = p.parse_args()
     from absl import flags
-    flags.FLAGS.mark_as_parsed()                 # Grain's worker processes read absl flags
+
+    flags.FLAGS.mark_as_parsed()  # Grain's worker processes read absl flags
     from hwh_jax.data import shards
     from hwh_jax.data.packing import PackedSequences
     from hwh_jax.data.pipeline import train_dataset
+
     stream = shards.TokenStream(args.shards)
     eos = stream.manifest["tokenizer"]["eos_id"]
     seqs = PackedSequences(stream, args.seq_len, eos_id=eos, pad_id=eos)
     rows = []
     for w in args.workers:
-        it = iter(train_dataset(seqs, global_batch=args.global_batch, seed=0,
-                                process_index=0, process_count=args.process_count, workers=w))
+        it = iter(
+            train_dataset(
+                seqs,
+                global_batch=args.global_batch,
+                seed=0,
+                process_index=0,
+                process_count=args.process_count,
+                workers=w,
+            )
+        )
         first = next(it)
         per_batch = first["inputs"].size
         t0, n = time.perf_counter(), 0
@@ -47,10 +62,16 @@ def main():
             next(it)
             n += 1
         dt = time.perf_counter() - t0
-        row = {"shards": args.shards, "stream_tokens": len(stream), "seq_len": args.seq_len,
-               "batch_this_process": first["inputs"].shape[0], "workers": w, "batches": n,
-               "tokens_per_s": round(n * per_batch / dt),
-               "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+        row = {
+            "shards": args.shards,
+            "stream_tokens": len(stream),
+            "seq_len": args.seq_len,
+            "batch_this_process": first["inputs"].shape[0],
+            "workers": w,
+            "batches": n,
+            "tokens_per_s": round(n * per_batch / dt),
+            "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
         del it

@@ -14,6 +14,7 @@ bandwidth (``hwh_jax.inference.roofline``, the decode tables' floor).
 "pallas:KEY=VALUE,..." sets ``DecodeAttentionSettings`` fields (block, min_programs, num_warps,
 num_stages).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,15 +33,22 @@ def case(B, S, G, D, q_per_kv):
     q = jax.random.normal(keys[0], (B, 1, G * q_per_kv, D), jnp.float32)
     k = jax.random.normal(keys[1], (B, S, G, D), jnp.float32)
     v = jax.random.normal(keys[2], (B, S, G, D), jnp.float32)
-    times = dict(q_time=jnp.array([S - 1], jnp.int32), k_time=jnp.arange(S, dtype=jnp.int32),
-                 k_start=jnp.zeros((B,), jnp.int32))
+    times = dict(
+        q_time=jnp.array([S - 1], jnp.int32),
+        k_time=jnp.arange(S, dtype=jnp.int32),
+        k_start=jnp.zeros((B,), jnp.int32),
+    )
     return q, k, v, times
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", nargs="+", default=["32,32768,5,64", "1,32768,5,64"],
-                    help="B,S,G,D: rows, cache slots, kv heads, head dim")
+    ap.add_argument(
+        "--shapes",
+        nargs="+",
+        default=["32,32768,5,64", "1,32768,5,64"],
+        help="B,S,G,D: rows, cache slots, kv heads, head dim",
+    )
     ap.add_argument("--q_per_kv", type=int, default=1)
     ap.add_argument("--impls", nargs="+", default=["reference", "pallas"])
     ap.add_argument("--reps", type=int, default=20)
@@ -58,12 +66,16 @@ def main():
         for spec in args.impls:
             impl, opts = parse_impl(spec)
             settings = DecodeAttentionSettings(impl=impl, **opts)
-            fn = jax.jit(lambda q, k, v, s=settings: decode_attention(q, k, v, settings=s,
-                                                                      **times))
-            row = {"op": "decode_attention", "impl": spec, "shape": [B, S, G, D],
-                   "q_per_kv": args.q_per_kv, "bytes": nbytes,
-                   "ms": median_ms(fn, *bf, reps=args.reps),
-                   "rel_err": rel_err(fn(*bf).astype(jnp.float32), want)}
+            fn = jax.jit(lambda q, k, v, s=settings: decode_attention(q, k, v, settings=s, **times))
+            row = {
+                "op": "decode_attention",
+                "impl": spec,
+                "shape": [B, S, G, D],
+                "q_per_kv": args.q_per_kv,
+                "bytes": nbytes,
+                "ms": median_ms(fn, *bf, reps=args.reps),
+                "rel_err": rel_err(fn(*bf).astype(jnp.float32), want),
+            }
             dev, kernels = device_ms(fn, *bf, reps=args.reps)
             if dev is not None:
                 row.update(device_ms=dev, kernels=kernels, tb_per_s=nbytes / dev / 1e9)

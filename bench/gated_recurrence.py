@@ -14,6 +14,7 @@ command. ``--profile`` adds each row's device time by kernel and ``fwd_device_ms
 ``fwd_bwd_device_ms`` (as ``bench/decay_attention.py``), the measure to set beside fla's
 CUDA-event timings. Results go to stdout and to --out as JSON lines.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ from kernels_pallas.gated_recurrence import GatedRecurrenceSettings, gated_recur
 
 def inputs(B, T, D, dtype, seed=0):
     ks = jax.random.split(jax.random.key(seed), 3)
-    a = jax.nn.sigmoid(jax.random.normal(ks[0], (B, T, D)) + 3.0)   # forget gates near 0.95
+    a = jax.nn.sigmoid(jax.random.normal(ks[0], (B, T, D)) + 3.0)  # forget gates near 0.95
     b = (1 - a) * jax.random.normal(ks[1], (B, T, D))
     do = jax.random.normal(ks[2], (B, T, D))
     return a.astype(dtype), b.astype(dtype), do.astype(dtype)
@@ -49,8 +50,11 @@ def main():
     ap.add_argument("--impls", nargs="+", default=["scan", "pallas"])
     ap.add_argument("--recurrent", action="store_true", help="also time the lax.scan form")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--profile", action="store_true",
-                    help="also the device time by kernel of each row (a profiler trace)")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also the device time by kernel of each row (a profiler trace)",
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     _bench.print_device()
@@ -63,9 +67,14 @@ def main():
         h32, g32 = ref_fwd(*x32[:2]), ref_fb(*x32)[1:]
         for impl in args.impls + (["recurrent"] if args.recurrent else []):
             fwd, fwd_bwd = fns(impl)
-            row = {"op": "gated_recurrence", "impl": impl, "shape": list(shape),
-                   **_bench.fwd_bwd_row(fwd, fwd_bwd, x16[:2], x16[2], h32, g32, "ab", out="h",
-                                        reps=args.reps)}
+            row = {
+                "op": "gated_recurrence",
+                "impl": impl,
+                "shape": list(shape),
+                **_bench.fwd_bwd_row(
+                    fwd, fwd_bwd, x16[:2], x16[2], h32, g32, "ab", out="h", reps=args.reps
+                ),
+            }
             if args.profile:
                 row.update(_bench.device_times(fwd, fwd_bwd, x16[:2], x16))
             _bench.emit(rows, row)

@@ -26,6 +26,7 @@ in one run.
 fla is timed by bench/fla_gdn_anchor.py in the same command (see
 docs/benchmarks.md). Results go to stdout as a table and to --out as JSON lines.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,7 +52,7 @@ def inputs(B, T, H, K, V, dtype, seed=0, decay=True):
     k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
     v = jax.random.normal(ks[2], (B, T, H, V))
     g = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, H)) + 3.0)
-    if not decay:                                           # DeltaNet: GDN with g = 0
+    if not decay:  # DeltaNet: GDN with g = 0
         g = jnp.zeros_like(g)
     beta = jax.nn.sigmoid(jax.random.normal(ks[4], (B, T, H)))
     do = jax.random.normal(ks[5], (B, T, H, V))
@@ -81,7 +82,6 @@ def fns(impl, decay=True, **opts):
     return jax.jit(fwd), jax.jit(_bench.forward_backward(fwd))
 
 
-
 def check(impl, shape, opts=None, decay=True):
     B, T, H, K, V = shape
     x16 = inputs(B, T, H, K, V, jnp.bfloat16, seed=1, decay=decay)
@@ -91,8 +91,13 @@ def check(impl, shape, opts=None, decay=True):
     o16, o32 = f16(*x16[:5]), r32(*x32[:5])
     g16, g32 = fb16(*x16)[1:], rb32(*x32)[1:]
     out = {"o": rel_err(o16, o32)}
-    out.update({f"d{n}": rel_err(a, b) for n, a, b in zip(("q", "k", "v", "g", "beta"), g16, g32)
-                if decay or n != "g"})
+    out.update(
+        {
+            f"d{n}": rel_err(a, b)
+            for n, a, b in zip(("q", "k", "v", "g", "beta"), g16, g32)
+            if decay or n != "g"
+        }
+    )
     return out
 
 
@@ -126,14 +131,22 @@ def breakdown(shape, x, cfg=None, parts=("chunk", "scan"), reps=20, decay=True):
     t = functools.partial(median_ms, reps=reps)
     out = {}
     if "chunk" in parts:
-        out.update({"wy_fwd_ms": t(wy_f, q, k, v, b, G),
-                    "wy_fwd_given_inverse_ms": t(wy_f, q, k, v, b, G, X),
-                    "state_grads_ms": t(sg, q, k, G, h, dh, v_new, dv_new, do),
-                    "wy_bwd_ms": t(wy_b, k, v, b, G, X, dw, u, dk, dG)})
+        out.update(
+            {
+                "wy_fwd_ms": t(wy_f, q, k, v, b, G),
+                "wy_fwd_given_inverse_ms": t(wy_f, q, k, v, b, G, X),
+                "state_grads_ms": t(sg, q, k, G, h, dh, v_new, dv_new, do),
+                "wy_bwd_ms": t(wy_b, k, v, b, G, X, dw, u, dk, dG),
+            }
+        )
     if "scan" in parts:
-        out.update({"scan_fwd_ms": t(fwd, q, k, w, u, qk, G, S0),
-                    "scan_fwd_store_ms": t(fwd_store, q, k, w, u, qk, G, S0),
-                    "scan_bwd_ms": t(bwd, q, k, w, qk, G, do, S0)})
+        out.update(
+            {
+                "scan_fwd_ms": t(fwd, q, k, w, u, qk, G, S0),
+                "scan_fwd_store_ms": t(fwd_store, q, k, w, u, qk, G, S0),
+                "scan_bwd_ms": t(bwd, q, k, w, qk, G, do, S0),
+            }
+        )
     return out
 
 
@@ -148,16 +161,24 @@ def tune(shape, x):
         tot = r["wy_fwd_ms"] + r["wy_fwd_given_inverse_ms"] + r["state_grads_ms"] + r["wy_bwd_ms"]
         if tot < best.get("chunk", (1e9,))[0]:
             best["chunk"] = (tot, {"chunk_warps": cw})
-    for iw in (1, 2, 4):            # the WY inverse alone: wy_fwd minus wy_fwd given the inverse
-        r = breakdown(shape, x, default_cfg(shape, inverse_warps=iw, **best["chunk"][1]),
-                      ("chunk",), reps=10)
+    for iw in (1, 2, 4):  # the WY inverse alone: wy_fwd minus wy_fwd given the inverse
+        r = breakdown(
+            shape, x, default_cfg(shape, inverse_warps=iw, **best["chunk"][1]), ("chunk",), reps=10
+        )
         inv = r["wy_fwd_ms"] - r["wy_fwd_given_inverse_ms"]
         rows.append({"shape": list(shape), "inverse_warps": iw, "inverse_ms": inv})
         print(json.dumps(rows[-1]), flush=True)
         if inv < best.get("inverse", (1e9,))[0]:
             best["inverse"] = (inv, {"inverse_warps": iw})
-    for bv, nw, ns in ((32, 4, 2), (32, 8, 2), (64, 4, 2), (64, 8, 2), (64, 4, 1), (64, 4, 3),
-                       (128, 8, 2)):
+    for bv, nw, ns in (
+        (32, 4, 2),
+        (32, 8, 2),
+        (64, 4, 2),
+        (64, 8, 2),
+        (64, 4, 1),
+        (64, 4, 3),
+        (128, 8, 2),
+    ):
         if bv > V or V % bv:
             continue
         if True:
@@ -181,19 +202,30 @@ def main():
     ap.add_argument("--impls", nargs="+", default=["chunk_reference"])
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--breakdown", action="store_true")
-    ap.add_argument("--tune", action="store_true",
-                    help="time launch settings per kernel and use the best for the pallas rows")
-    ap.add_argument("--no_decay", action="store_true",
-                    help="DeltaNet: the GDN op with g None, its kernels without the decay "
-                         "(fla: chunk_delta_rule)")
-    ap.add_argument("--profile", action="store_true",
-                    help="also the device time by kernel of each row (a profiler trace) and "
-                         "fwd_device_ms / fwd_bwd_device_ms, as bench/decay_attention.py")
+    ap.add_argument(
+        "--tune",
+        action="store_true",
+        help="time launch settings per kernel and use the best for the pallas rows",
+    )
+    ap.add_argument(
+        "--no_decay",
+        action="store_true",
+        help="DeltaNet: the GDN op with g None, its kernels without the decay "
+        "(fla: chunk_delta_rule)",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also the device time by kernel of each row (a profiler trace) and "
+        "fwd_device_ms / fwd_bwd_device_ms, as bench/decay_attention.py",
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     ceil = _bench.ceilings()
-    print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__, **ceil}),
-          flush=True)
+    print(
+        json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__, **ceil}),
+        flush=True,
+    )
     out = open(args.out, "w") if args.out else None  # rows written as they come: kept if cut
 
     def emit(row):
@@ -203,7 +235,7 @@ def main():
             out.flush()
 
     rows = []
-    decay = not args.no_decay                       # --no_decay: DeltaNet
+    decay = not args.no_decay  # --no_decay: DeltaNet
     if out:
         out.write(json.dumps({"ceilings": ceil}) + "\n")
     for spec in args.shapes:
@@ -213,8 +245,10 @@ def main():
         flops_fwd = B * T * H * (4 * 64 * (K + V) + 6 * K * V)
         bytes_fwd = 2 * B * T * H * (2 * K + 2 * V) + 4 * B * T * H * 2
         bytes_fwd_bwd = 2 * B * T * H * (2 * (2 * K + V) + V) + 4 * B * T * H * 4
-        limits = {"fwd_limit_ms": _bench.limit_ms(flops_fwd, bytes_fwd, ceil),
-                  "fwd_bwd_limit_ms": _bench.limit_ms(3 * flops_fwd, bytes_fwd_bwd, ceil)}
+        limits = {
+            "fwd_limit_ms": _bench.limit_ms(flops_fwd, bytes_fwd, ceil),
+            "fwd_bwd_limit_ms": _bench.limit_ms(3 * flops_fwd, bytes_fwd_bwd, ceil),
+        }
         opts = {}
         if args.tune and any(parse_impl(i)[0] == "pallas" for i in args.impls):
             tuned, opts = tune(shape, x)
@@ -235,27 +269,35 @@ def main():
                 if args.profile:
                     row.update(_bench.device_times(f, fb, x[:5], x))
                 if args.breakdown and impl == "pallas":
-                    row["breakdown"] = breakdown(shape, x, default_cfg(shape, **po),
-                                                 decay=decay)
+                    row["breakdown"] = breakdown(shape, x, default_cfg(shape, **po), decay=decay)
             except Exception as e:  # noqa: BLE001  (one variant failing to compile: record it)
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             emit(row)
     if out:
         out.close()
-    print(f"\nceilings: bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s, copy "
-          f"{ceil['copy_tbps']:.2f} TB/s")
-    print(f"{'impl':32s} {'shape':22s} {'fwd ms':>8s} {'f+b ms':>8s} {'fwd TF/s':>9s} {'TB/s':>6s}"
-          f" {'limit fwd / f+b ms':>19s} {'device fwd / f+b ms':>20s}")
+    print(
+        f"\nceilings: bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s, copy "
+        f"{ceil['copy_tbps']:.2f} TB/s"
+    )
+    print(
+        f"{'impl':32s} {'shape':22s} {'fwd ms':>8s} {'f+b ms':>8s} {'fwd TF/s':>9s} {'TB/s':>6s}"
+        f" {'limit fwd / f+b ms':>19s} {'device fwd / f+b ms':>20s}"
+    )
     for r in rows:
         if "error" in r:
             print(f"{r['impl']:32s} {str(tuple(r['shape'])):22s} failed: {r['error'][:120]}")
         if "fwd_tflops" not in r:
             continue
-        print(f"{r['impl']:32s} {str(tuple(r['shape'])):22s} {r['fwd_ms']:8.2f} "
-              f"{r['fwd_bwd_ms']:8.2f} {r['fwd_tflops']:9.1f} {r['fwd_tbps']:6.2f}"
-              f" {r['fwd_limit_ms']:9.3f} / {r['fwd_bwd_limit_ms']:.3f}"
-              + (f" {r['fwd_device_ms']:9.2f} / {r['fwd_bwd_device_ms']:.2f}"
-                 if "fwd_bwd_device_ms" in r else ""))
+        print(
+            f"{r['impl']:32s} {str(tuple(r['shape'])):22s} {r['fwd_ms']:8.2f} "
+            f"{r['fwd_bwd_ms']:8.2f} {r['fwd_tflops']:9.1f} {r['fwd_tbps']:6.2f}"
+            f" {r['fwd_limit_ms']:9.3f} / {r['fwd_bwd_limit_ms']:.3f}"
+            + (
+                f" {r['fwd_device_ms']:9.2f} / {r['fwd_bwd_device_ms']:.2f}"
+                if "fwd_bwd_device_ms" in r
+                else ""
+            )
+        )
 
 
 if __name__ == "__main__":

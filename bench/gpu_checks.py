@@ -3,6 +3,7 @@ jitted training step of the model, with the kernel choices the dispatchers made.
 
   python bench/gpu_checks.py            # prints JSON lines, ends with a summary table
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,11 @@ from kernels_pallas.attention.op import choose
 
 def attention_checks():
     out = []
-    for B, T, H, G, D, w in [(2, 1024, 16, 16, 128, None), (2, 1000, 8, 2, 64, None),
-                             (1, 2048, 8, 4, 128, 256)]:
+    for B, T, H, G, D, w in [
+        (2, 1024, 16, 16, 128, None),
+        (2, 1000, 8, 2, 64, None),
+        (1, 2048, 8, 4, 128, 256),
+    ]:
         ks = jax.random.split(jax.random.key(T), 4)
         q = jax.random.normal(ks[0], (B, T, H, D), jnp.bfloat16)
         k = jax.random.normal(ks[1], (B, T, G, D), jnp.bfloat16)
@@ -32,20 +36,23 @@ def attention_checks():
         do = jax.random.normal(ks[3], (B, T, H, D), jnp.bfloat16)
 
         def grads(impl):
-            f = lambda q, k, v: attention(q, k, v, window=w,
-                                          settings=AttentionSettings(impl=impl))
+            f = lambda q, k, v: attention(q, k, v, window=w, settings=AttentionSettings(impl=impl))
             o, vjp = jax.vjp(f, q, k, v)
             return (o, *vjp(do))
+
         fast = jax.jit(lambda: grads("auto"))()
         ref = jax.jit(lambda: grads("reference"))()
         q32 = [x.astype(jnp.float32) for x in (q, k, v)]
         exact = attention_reference(*q32, window=w)
-        row = {"check": "attention", "shape": [B, T, H, G, D], "window": w,
-               "impl": choose(AttentionSettings(), q, window=w),
-               "rel_o_fast_vs_fp32": rel_err(fast[0], exact),
-               "rel_o_ref_bf16_vs_fp32": rel_err(ref[0], exact),
-               **{f"rel_d{n}_fast_vs_ref": rel_err(a, b)
-                  for n, a, b in zip("qkv", fast[1:], ref[1:])}}
+        row = {
+            "check": "attention",
+            "shape": [B, T, H, G, D],
+            "window": w,
+            "impl": choose(AttentionSettings(), q, window=w),
+            "rel_o_fast_vs_fp32": rel_err(fast[0], exact),
+            "rel_o_ref_bf16_vs_fp32": rel_err(ref[0], exact),
+            **{f"rel_d{n}_fast_vs_ref": rel_err(a, b) for n, a, b in zip("qkv", fast[1:], ref[1:])},
+        }
         out.append(row)
         print(json.dumps(row), flush=True)
     return out
@@ -64,6 +71,7 @@ def train_step_timing(arch, size, B, T):
         def loss(p):
             logits = nnx.merge(graphdef, p)(tok[:, :-1])
             return optax.softmax_cross_entropy_with_integer_labels(logits, tok[:, 1:]).mean()
+
         l, g = jax.value_and_grad(loss)(params)
         u, opt = tx.update(g, opt, params)
         return optax.apply_updates(params, u), opt, l
@@ -79,9 +87,18 @@ def train_step_timing(arch, size, B, T):
         jax.block_until_ready(l)
         times.append(time.perf_counter() - t)
     ms = 1e3 * statistics.median(times)
-    row = {"check": "train_step", "arch": arch, "size": size, "B": B, "T": T,
-           "loss": float(l), "compile_s": compile_s, "step_ms": ms,
-           "tokens_per_s": B * T / ms * 1e3, "kernels": kernels_pallas.chosen()}
+    row = {
+        "check": "train_step",
+        "arch": arch,
+        "size": size,
+        "B": B,
+        "T": T,
+        "loss": float(l),
+        "compile_s": compile_s,
+        "step_ms": ms,
+        "tokens_per_s": B * T / ms * 1e3,
+        "kernels": kernels_pallas.chosen(),
+    }
     print(json.dumps(row), flush=True)
     return row
 
@@ -92,13 +109,17 @@ def main():
     steps = [train_step_timing(a, "small", 8, 2048) for a in ("transformer", "hwh")]
     print("\nattention fast path vs fp32 reference (bf16 inputs):")
     for r in att:
-        print(f"  {r['shape']} w={r['window']} impl={r['impl']}: o {r['rel_o_fast_vs_fp32']:.2e}"
-              f" (bf16 reference {r['rel_o_ref_bf16_vs_fp32']:.2e}); dq/dk/dv vs reference "
-              f"{r['rel_dq_fast_vs_ref']:.1e}/{r['rel_dk_fast_vs_ref']:.1e}/"
-              f"{r['rel_dv_fast_vs_ref']:.1e}")
+        print(
+            f"  {r['shape']} w={r['window']} impl={r['impl']}: o {r['rel_o_fast_vs_fp32']:.2e}"
+            f" (bf16 reference {r['rel_o_ref_bf16_vs_fp32']:.2e}); dq/dk/dv vs reference "
+            f"{r['rel_dq_fast_vs_ref']:.1e}/{r['rel_dk_fast_vs_ref']:.1e}/"
+            f"{r['rel_dv_fast_vs_ref']:.1e}"
+        )
     for r in steps:
-        print(f"  train step {r['arch']}-{r['size']} B{r['B']} T{r['T']}: {r['step_ms']:.1f} ms, "
-              f"{r['tokens_per_s'] / 1e3:.1f}k tok/s, loss {r['loss']:.3f}")
+        print(
+            f"  train step {r['arch']}-{r['size']} B{r['B']} T{r['T']}: {r['step_ms']:.1f} ms, "
+            f"{r['tokens_per_s'] / 1e3:.1f}k tok/s, loss {r['loss']:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ profiler trace and its kernels (on a GPU), the three GEMMs' share at the 8192^3 
 measured beside them, the peak memory of the compiled program, and the largest relative
 error of the loss and gradients against the first impl listed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,11 @@ from kernels_pallas import SoftmaxXentSettings
 
 def loss_fn(impl, z_loss, **kw):
     if impl == "unfused":
+
         def f(h, w, t, m):
             loss, zl, _ = cross_entropy(jnp.einsum("nd,dv->nv", h, w), t, m, z_loss)
             return loss + zl
+
         return f
     if impl in ("reference", "pallas"):
         settings = SoftmaxXentSettings(impl=impl, **kw)
@@ -47,14 +50,14 @@ def main():
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     _bench.print_device()
-    ceil = _bench.ceilings() if jax.default_backend() == "gpu" else None   # minutes on a CPU
+    ceil = _bench.ceilings() if jax.default_backend() == "gpu" else None  # minutes on a CPU
     print(ceil, flush=True)
     rows = []
     for shape in args.shapes:
         N, D, V = map(int, shape.split(","))
         rng = np.random.default_rng(0)
         h = jnp.asarray(rng.normal(size=(N, D)), jnp.bfloat16)
-        w = jnp.asarray(rng.normal(size=(D, V)) * D ** -0.5, jnp.bfloat16)
+        w = jnp.asarray(rng.normal(size=(D, V)) * D**-0.5, jnp.bfloat16)
         t = jnp.asarray(rng.zipf(1.2, N) % V, jnp.int32)
         m = jnp.ones((N,), jnp.float32)
         gemm_ms = 3 * 2 * N * D * V / ceil["matmul_tflops"] / 1e9 if ceil else None
@@ -68,18 +71,29 @@ def main():
                 exact = flat
             ma = step.lower(h, w, t, m).compile().memory_analysis()
             dev, kernels = device_ms(step, h, w, t, m, reps=args.reps)
-            _bench.emit(rows, {
-                "shape": [N, D, V], "impl": spec, "z_loss": args.z_loss,
-                "ms": median_ms(step, h, w, t, m, reps=args.reps), "device_ms": dev,
-                "gemm_ms_at_ceiling": gemm_ms,
-                "temp_gib": None if ma is None else ma.temp_size_in_bytes / 2 ** 30,
-                "rel_err": {k: rel_err(a, b) for k, a, b in zip(("loss", "dh", "dw"), flat, exact)},
-                "kernels": kernels})
+            _bench.emit(
+                rows,
+                {
+                    "shape": [N, D, V],
+                    "impl": spec,
+                    "z_loss": args.z_loss,
+                    "ms": median_ms(step, h, w, t, m, reps=args.reps),
+                    "device_ms": dev,
+                    "gemm_ms_at_ceiling": gemm_ms,
+                    "temp_gib": None if ma is None else ma.temp_size_in_bytes / 2**30,
+                    "rel_err": {
+                        k: rel_err(a, b) for k, a, b in zip(("loss", "dh", "dw"), flat, exact)
+                    },
+                    "kernels": kernels,
+                },
+            )
     ms = lambda v: f"{v:8.3f}" if v is not None else f"{'n/a':>8}"
     print(f"\n{'shape':>20} {'impl':>28} {'ms':>8} {'dev ms':>8} {'GEMMs':>8} {'temp GiB':>8}")
     for r in rows:
-        print(f"{str(r['shape']):>20} {r['impl']:>28} {ms(r['ms'])} {ms(r['device_ms'])} "
-              f"{ms(r['gemm_ms_at_ceiling'])} {ms(r['temp_gib'])}")
+        print(
+            f"{str(r['shape']):>20} {r['impl']:>28} {ms(r['ms'])} {ms(r['device_ms'])} "
+            f"{ms(r['gemm_ms_at_ceiling'])} {ms(r['temp_gib'])}"
+        )
     _bench.write_jsonl(args.out, rows)
 
 

@@ -28,6 +28,7 @@ the compile; the trainer queues steps within a window), MFU, scaling efficiency 
 (N x the one-device run's)), and the largest relative difference of its train losses from the
 reference's at the same steps. Rows go to stdout as JSON lines and a table, and to --out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("one", "fsdp", "resumed", "data", "fsdp_tensor", "cpu")
-LOG_EVERY = 5   # a progress window (tokens/s, MFU) every 5 steps; every step's loss is kept
+LOG_EVERY = 5  # a progress window (tokens/s, MFU) every 5 steps; every step's loss is kept
 
 PROBE = r"""
 import json, sys
@@ -59,7 +60,7 @@ print(json.dumps({"step": run.step, "backend": jax.default_backend(), "probe_los
 
 def env_for(devices: int, platform: str, cache: Path | None = None) -> dict:
     env = dict(os.environ)
-    if cache is not None:     # one persistent compile cache: "resumed" reuses "one"'s executable
+    if cache is not None:  # one persistent compile cache: "resumed" reuses "one"'s executable
         env.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache))
     if platform == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
@@ -69,37 +70,68 @@ def env_for(devices: int, platform: str, cache: Path | None = None) -> dict:
     return env
 
 
-def train(name, workdir, config, mesh, steps, devices, platform, sets, log, stop_at=0,
-          cache=None):
-    args = [sys.executable, "-m", "launch.train", f"--config={config}", f"--workdir={workdir}",
-            f"--config.train.mesh={mesh}", f"--config.train.steps={steps}",
-            f"--config.train.stop_at_step={stop_at}",
-            f"--config.train.log_every={LOG_EVERY}", "--config.train.eval_every=0",
-            "--config.train.checkpoint_every=0", "--config.eval.at_end=False",
-            "--config.train.final_eval=False", *(f"--config.{s}" for s in sets)]
+def train(name, workdir, config, mesh, steps, devices, platform, sets, log, stop_at=0, cache=None):
+    args = [
+        sys.executable,
+        "-m",
+        "launch.train",
+        f"--config={config}",
+        f"--workdir={workdir}",
+        f"--config.train.mesh={mesh}",
+        f"--config.train.steps={steps}",
+        f"--config.train.stop_at_step={stop_at}",
+        f"--config.train.log_every={LOG_EVERY}",
+        "--config.train.eval_every=0",
+        "--config.train.checkpoint_every=0",
+        "--config.eval.at_end=False",
+        "--config.train.final_eval=False",
+        *(f"--config.{s}" for s in sets),
+    ]
     print(f"[{name}] {' '.join(args[1:])}", flush=True)
     with open(log, "a") as f:
-        out = subprocess.run(args, cwd=ROOT, env=env_for(devices, platform, cache), stdout=f,
-                             stderr=subprocess.STDOUT)
+        out = subprocess.run(
+            args,
+            cwd=ROOT,
+            env=env_for(devices, platform, cache),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
     if out.returncode:
         raise SystemExit(f"[{name}] launch.train failed (rc {out.returncode}); see {log}")
     rows = [json.loads(l) for l in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
     losses = {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
-    later = [r for r in rows if r["split"] == "perf"][1:]      # the first holds the compile
+    later = [r for r in rows if r["split"] == "perf"][1:]  # the first holds the compile
 
     def med(key):
         return statistics.median(r[key] for r in later) if later and key in later[0] else None
-    return {"run": name, "mesh": mesh, "devices": devices, "losses": losses,
-            "tokens_per_s": med("tokens_per_s"), "mfu": med("mfu")}
+
+    return {
+        "run": name,
+        "mesh": mesh,
+        "devices": devices,
+        "losses": losses,
+        "tokens_per_s": med("tokens_per_s"),
+        "mfu": med("mfu"),
+    }
 
 
 def start_probe(workdir, n, devices, platform, log, cores=None):
     """The probe in its own process, started now (``cores``: the CPUs it may use, so that a CPU
     probe beside a GPU run leaves that run's host threads their cores)."""
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
-    return subprocess.Popen([sys.executable, "-c", PROBE, str(workdir), str(n)], cwd=ROOT,
-                            env=env_for(devices, platform), stdout=subprocess.PIPE,
-                            stderr=open(log, "a"), text=True, preexec_fn=pin), platform, log
+    return (
+        subprocess.Popen(
+            [sys.executable, "-c", PROBE, str(workdir), str(n)],
+            cwd=ROOT,
+            env=env_for(devices, platform),
+            stdout=subprocess.PIPE,
+            stderr=open(log, "a"),
+            text=True,
+            preexec_fn=pin,
+        ),
+        platform,
+        log,
+    )
 
 
 def probe_result(started):
@@ -121,13 +153,21 @@ def main():
     ap.add_argument("--config", default="configs/hwh_380m.py")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--resume_steps", type=int, default=5)
-    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
-                    help="config overrides for every run, e.g. train.batch_size=16")
+    ap.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="config overrides for every run, e.g. train.batch_size=16",
+    )
     ap.add_argument("--platform", choices=("gpu", "cpu"), default="gpu")
     ap.add_argument("--probe_len", type=int, default=256)
     ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
-    ap.add_argument("--reference", default="",
-                    help="an earlier --out file whose 'one' row stands in for the run 'one'")
+    ap.add_argument(
+        "--reference",
+        default="",
+        help="an earlier --out file whose 'one' row stands in for the run 'one'",
+    )
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -136,8 +176,10 @@ def main():
         ap.error(f"--devices must be an even number >= 2, got {N}")
     runs = set(args.runs)
     if ("one" in runs) == bool(args.reference):
-        ap.error("give either the run 'one' or --reference (a file with a 'one' row), not both "
-                 f"or neither; runs {sorted(runs)}, --reference {args.reference!r}")
+        ap.error(
+            "give either the run 'one' or --reference (a file with a 'one' row), not both "
+            f"or neither; runs {sorted(runs)}, --reference {args.reference!r}"
+        )
     if runs & {"resumed", "cpu"} and "fsdp" not in runs:
         ap.error(f"runs {sorted(runs & {'resumed', 'cpu'})} need the fsdp run's checkpoint")
     base = Path(args.workdir)
@@ -145,15 +187,19 @@ def main():
         shutil.rmtree(base)
     base.mkdir(parents=True)
     log = base / "runs.log"
-    common = dict(config=args.config, platform=args.platform, sets=args.set, log=log,
-                  cache=base / "jax_cache")
+    common = dict(
+        config=args.config, platform=args.platform, sets=args.set, log=log, cache=base / "jax_cache"
+    )
     total = args.steps + args.resume_steps
-    common.update(steps=total)      # one learning-rate schedule for all; the meshes stop early
+    common.update(steps=total)  # one learning-rate schedule for all; the meshes stop early
     out = open(args.out or os.devnull, "w")
 
-    def finish(row, ref):           # scaling and loss agreement; written at once (time limits)
-        row["scaling_efficiency"] = (row["tokens_per_s"] / (row["devices"] * ref["tokens_per_s"])
-                                     if row["tokens_per_s"] and ref["tokens_per_s"] else None)
+    def finish(row, ref):  # scaling and loss agreement; written at once (time limits)
+        row["scaling_efficiency"] = (
+            row["tokens_per_s"] / (row["devices"] * ref["tokens_per_s"])
+            if row["tokens_per_s"] and ref["tokens_per_s"]
+            else None
+        )
         row["max_rel_loss_diff"] = max_rel_diff(row["losses"], ref["losses"])
         row["loss_steps"] = [min(row["losses"]), max(row["losses"])]
         out.write(json.dumps(row) + "\n")
@@ -167,42 +213,71 @@ def main():
         ref = train("one", base / "one", mesh="1,1,1", devices=1, **common)
         rows = [finish(ref, ref)]
     else:
-        ref = reference_row(args.reference, total)     # written to --out too, marked as read
+        ref = reference_row(args.reference, total)  # written to --out too, marked as read
         rows = [finish({**ref, "reference_file": args.reference}, ref)]
     if "fsdp" in runs:
-        rows.append(finish(train("fsdp", base / "fsdp", mesh=f"1,{N},1", devices=N,
-                                 stop_at=args.steps, **common), ref))
+        rows.append(
+            finish(
+                train(
+                    "fsdp", base / "fsdp", mesh=f"1,{N},1", devices=N, stop_at=args.steps, **common
+                ),
+                ref,
+            )
+        )
     if "resumed" in runs:
         shutil.copytree(base / "fsdp", base / "resumed")
         (base / "resumed" / "metrics.jsonl").unlink()
-        rows.append(finish(train("resumed", base / "resumed", mesh="1,1,1", devices=1,
-                                 **common), ref))
+        rows.append(
+            finish(train("resumed", base / "resumed", mesh="1,1,1", devices=1, **common), ref)
+        )
     # The CPU probe runs beside the remaining meshes, on the last quarter of the host's cores.
     ncpu = os.cpu_count() or 1
-    cpu_job = start_probe(base / "fsdp", args.probe_len, 1, "cpu", base / "probe_cpu.log",
-                          cores=set(range(ncpu - max(ncpu // 4, 1), ncpu))
-                          if args.platform == "gpu" and ncpu >= 8 else None
-                          ) if "cpu" in runs else None
+    cpu_job = (
+        start_probe(
+            base / "fsdp",
+            args.probe_len,
+            1,
+            "cpu",
+            base / "probe_cpu.log",
+            cores=set(range(ncpu - max(ncpu // 4, 1), ncpu))
+            if args.platform == "gpu" and ncpu >= 8
+            else None,
+        )
+        if "cpu" in runs
+        else None
+    )
     for name, mesh in (("data", f"{N},1,1"), ("fsdp_tensor", f"1,{N // 2},2")):
         if name in runs:
-            rows.append(finish(train(name, base / name, mesh=mesh, devices=N,
-                                     stop_at=args.steps, **common), ref))
+            rows.append(
+                finish(
+                    train(name, base / name, mesh=mesh, devices=N, stop_at=args.steps, **common),
+                    ref,
+                )
+            )
     print_table(rows)
     if cpu_job is None:
         return
     cpu = probe_result(cpu_job)
     print(json.dumps({"probe_cpu": cpu}), flush=True)
     accel = probe_result(start_probe(base / "fsdp", args.probe_len, 1, args.platform, log))
-    rows.append({"run": "cpu", "checkpoint_step": cpu["step"], "probe_loss_cpu":
-                 cpu["probe_loss"], f"probe_loss_{accel['backend']}": accel["probe_loss"],
-                 "rel_diff": abs(cpu["probe_loss"] - accel["probe_loss"]) / accel["probe_loss"]})
+    rows.append(
+        {
+            "run": "cpu",
+            "checkpoint_step": cpu["step"],
+            "probe_loss_cpu": cpu["probe_loss"],
+            f"probe_loss_{accel['backend']}": accel["probe_loss"],
+            "rel_diff": abs(cpu["probe_loss"] - accel["probe_loss"]) / accel["probe_loss"],
+        }
+    )
     out.write(json.dumps(rows[-1]) + "\n")
     out.close()
     print(json.dumps(rows[-1]), flush=True)
     c = rows[-1]
-    print(f"checkpoint of step {c['checkpoint_step']} on the CPU: probe loss "
-          f"{c['probe_loss_cpu']:.5f} vs {accel['backend']} {accel['probe_loss']:.5f} "
-          f"(rel diff {c['rel_diff']:.1e})")
+    print(
+        f"checkpoint of step {c['checkpoint_step']} on the CPU: probe loss "
+        f"{c['probe_loss_cpu']:.5f} vs {accel['backend']} {accel['probe_loss']:.5f} "
+        f"(rel diff {c['rel_diff']:.1e})"
+    )
 
 
 def reference_row(path, total_steps):
@@ -213,21 +288,27 @@ def reference_row(path, total_steps):
         raise SystemExit(f"--reference {path}: no row with run 'one'")
     steps = sorted(int(s) for s in one[0]["losses"])
     if steps[-1] != total_steps:
-        raise SystemExit(f"--reference {path}: its 'one' run has steps {steps[0]}-{steps[-1]}, "
-                         f"this schedule {total_steps} (--steps + --resume_steps)")
+        raise SystemExit(
+            f"--reference {path}: its 'one' run has steps {steps[0]}-{steps[-1]}, "
+            f"this schedule {total_steps} (--steps + --resume_steps)"
+        )
     return {**one[0], "losses": {int(s): v for s, v in one[0]["losses"].items()}}
 
 
 def print_table(rows):
-    print(f"\n{'run':12s} {'mesh':>8s} {'dev':>4s} {'tokens/s':>12s} {'MFU':>6s} "
-          f"{'scaling':>8s} {'max rel loss diff':>18s} {'steps':>8s}")
+    print(
+        f"\n{'run':12s} {'mesh':>8s} {'dev':>4s} {'tokens/s':>12s} {'MFU':>6s} "
+        f"{'scaling':>8s} {'max rel loss diff':>18s} {'steps':>8s}"
+    )
     for r in rows:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] else "n/a"
         diff = f"{r['max_rel_loss_diff']:.2e}" if r["max_rel_loss_diff"] is not None else "n/a"
         tps = f"{r['tokens_per_s']:12,.0f}" if r["tokens_per_s"] else f"{'n/a':>12s}"
         eff = f"{r['scaling_efficiency']:8.2f}" if r["scaling_efficiency"] else f"{'n/a':>8s}"
-        print(f"{r['run']:12s} {r['mesh']:>8s} {r['devices']:4d} {tps} {mfu:>6s} {eff} "
-              f"{diff:>18s} {r['loss_steps'][0]:>3d}-{r['loss_steps'][1]:<4d}")
+        print(
+            f"{r['run']:12s} {r['mesh']:>8s} {r['devices']:4d} {tps} {mfu:>6s} {eff} "
+            f"{diff:>18s} {r['loss_steps'][0]:>3d}-{r['loss_steps'][1]:<4d}"
+        )
 
 
 if __name__ == "__main__":

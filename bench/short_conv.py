@@ -14,6 +14,7 @@ row's ``rel_err`` is the relative error of its y, dx, dw against the reference i
 --impls entry "pallas:KEY=VALUE,..." sets fields of ``ShortConvSettings`` (block_t, num_warps;
 interpret=True runs the kernels interpreted, on any device).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,12 @@ def op(impl, heads, normalize, **kw):
     if impl == "reference":
         return functools.partial(short_conv_reference, heads=heads, normalize=normalize)
     if impl == "pallas":
-        return functools.partial(short_conv_pallas, heads=heads, normalize=normalize,
-                                 settings=ShortConvSettings(impl="pallas", **kw))
+        return functools.partial(
+            short_conv_pallas,
+            heads=heads,
+            normalize=normalize,
+            settings=ShortConvSettings(impl="pallas", **kw),
+        )
     raise ValueError(f"unknown impl {impl!r}; known: reference, pallas[:KEY=VALUE,...]")
 
 
@@ -44,8 +49,8 @@ def fns(f):
     def fwd_bwd(x, w, seg, dy):
         y, vjp = jax.vjp(lambda x, w: f(x, w, seg), x, w)
         return y, *vjp(dy)
-    return fwd, fwd_bwd
 
+    return fwd, fwd_bwd
 
 
 def main():
@@ -70,7 +75,8 @@ def main():
         copy_tbs = 2 * pass_bytes / copy_ms / 1e9
         for normalize in (True, False):
             exact = fns(op("reference", heads, normalize))[1](
-                x.astype(jnp.float32), w, seg, dy.astype(jnp.float32))
+                x.astype(jnp.float32), w, seg, dy.astype(jnp.float32)
+            )
             for spec in args.impls:
                 name, kw = parse_impl(spec)
                 fwd, fwd_bwd = fns(op(name, heads, normalize, **kw))
@@ -79,21 +85,36 @@ def main():
                 t_fb = median_ms(fwd_bwd, x, w, seg, dy, reps=args.reps)
                 d_f = device_ms(fwd, x, w, seg, reps=args.reps)[0]
                 d_fb, kernels = device_ms(fwd_bwd, x, w, seg, dy, reps=args.reps)
-                _bench.emit(rows, {
-                    "shape": [B, T, C, heads], "normalize": normalize, "impl": spec,
-                    "fwd_ms": t_f, "fwd_bwd_ms": t_fb, "fwd_device_ms": d_f,
-                    "fwd_bwd_device_ms": d_fb,
-                    "fwd_tbs": 2 * pass_bytes / (d_f or t_f) / 1e9,
-                    "fwd_bwd_tbs": 5 * pass_bytes / (d_fb or t_fb) / 1e9, "copy_tbs": copy_tbs,
-                    "rel_err": {k: rel_err(a, b) for k, a, b in zip(("y", "dx", "dw"), out, exact)},
-                    "kernels": kernels})
+                _bench.emit(
+                    rows,
+                    {
+                        "shape": [B, T, C, heads],
+                        "normalize": normalize,
+                        "impl": spec,
+                        "fwd_ms": t_f,
+                        "fwd_bwd_ms": t_fb,
+                        "fwd_device_ms": d_f,
+                        "fwd_bwd_device_ms": d_fb,
+                        "fwd_tbs": 2 * pass_bytes / (d_f or t_f) / 1e9,
+                        "fwd_bwd_tbs": 5 * pass_bytes / (d_fb or t_fb) / 1e9,
+                        "copy_tbs": copy_tbs,
+                        "rel_err": {
+                            k: rel_err(a, b) for k, a, b in zip(("y", "dx", "dw"), out, exact)
+                        },
+                        "kernels": kernels,
+                    },
+                )
     ms = lambda v: f"{v:8.3f}" if v is not None else f"{'n/a':>8}"
-    print(f"\n{'shape':>22} {'norm':>5} {'impl':>24} {'fwd ms':>8} {'f+b ms':>8} "
-          f"{'fwd dev':>8} {'f+b dev':>8} {'f+b TB/s':>9} {'copy TB/s':>9}")
+    print(
+        f"\n{'shape':>22} {'norm':>5} {'impl':>24} {'fwd ms':>8} {'f+b ms':>8} "
+        f"{'fwd dev':>8} {'f+b dev':>8} {'f+b TB/s':>9} {'copy TB/s':>9}"
+    )
     for r in rows:
-        print(f"{str(r['shape']):>22} {str(r['normalize']):>5} {r['impl']:>24} "
-              f"{ms(r['fwd_ms'])} {ms(r['fwd_bwd_ms'])} {ms(r['fwd_device_ms'])} "
-              f"{ms(r['fwd_bwd_device_ms'])} {r['fwd_bwd_tbs']:9.2f} {r['copy_tbs']:9.2f}")
+        print(
+            f"{str(r['shape']):>22} {str(r['normalize']):>5} {r['impl']:>24} "
+            f"{ms(r['fwd_ms'])} {ms(r['fwd_bwd_ms'])} {ms(r['fwd_device_ms'])} "
+            f"{ms(r['fwd_bwd_device_ms'])} {r['fwd_bwd_tbs']:9.2f} {r['copy_tbs']:9.2f}"
+        )
     _bench.write_jsonl(args.out, rows)
 
 

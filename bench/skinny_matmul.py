@@ -20,6 +20,7 @@ the kernel);
 (``max_rows`` at least the rows). --interpret runs the kernel in the generic interpreter (a CPU
 check of the script; its times mean nothing).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,9 @@ def product_shapes(arch: str, size: str) -> dict[str, list[tuple[int, int]]]:
     shapes = {k: [] for k in KINDS}
     for block in model.blocks:
         fa, la = block.mixer.input_projections()
-        shapes["in"].append((block.mixer.o_proj.kernel.shape[1],
-                             sum(p.kernel.shape[1] for p in fa + la)))
+        shapes["in"].append(
+            (block.mixer.o_proj.kernel.shape[1], sum(p.kernel.shape[1] for p in fa + la))
+        )
         shapes["o"].append(tuple(block.mixer.o_proj.kernel.shape))
         gate = block.mlp.gate.kernel.shape
         shapes["gate_up"].append((gate[0], 2 * gate[1]))
@@ -62,8 +64,9 @@ def product_fn(impl: str, rows: int, interpret: bool):
         return matmul
     if name != "pallas":
         raise ValueError(f"--impls: xla or pallas[:KEY=VALUE,...], got {impl!r}")
-    settings = SkinnyMatmulSettings(impl="pallas", interpret=interpret,
-                                    **{"max_rows": max(rows, 1), **opts})
+    settings = SkinnyMatmulSettings(
+        impl="pallas", interpret=interpret, **{"max_rows": max(rows, 1), **opts}
+    )
     return lambda x, w: skinny_matmul(x, w, settings=settings)
 
 
@@ -87,24 +90,29 @@ def main():
     ap.add_argument("--size", default="380m")
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 32])
     ap.add_argument("--impls", nargs="+", default=["xla", "pallas"])
-    ap.add_argument("--kinds", nargs="+", default=[*KINDS, "step"],
-                    choices=[*KINDS, "step"])
+    ap.add_argument("--kinds", nargs="+", default=[*KINDS, "step"], choices=[*KINDS, "step"])
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--profile", default="",
-                    help="directory: also the kernels' device time per call from a profiler "
-                         "trace kept there")
-    ap.add_argument("--interpret", action="store_true",
-                    help="run the kernel in the generic interpreter (a CPU check)")
+    ap.add_argument(
+        "--profile",
+        default="",
+        help="directory: also the kernels' device time per call from a profiler trace kept there",
+    )
+    ap.add_argument(
+        "--interpret",
+        action="store_true",
+        help="run the kernel in the generic interpreter (a CPU check)",
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     print_device()
     shapes = product_shapes(args.arch, args.size)
     key = jax.random.key(0)
-    weights = {}                             # (d_in, d_out) -> one bf16 weight per layer
+    weights = {}  # (d_in, d_out) -> one bf16 weight per layer
     for kind in KINDS:
         for i, shape in enumerate(shapes[kind]):
-            weights[kind, i] = jax.random.normal(jax.random.fold_in(key, len(weights)), shape,
-                                                 jnp.bfloat16) / math.sqrt(shape[0])
+            weights[kind, i] = jax.random.normal(
+                jax.random.fold_in(key, len(weights)), shape, jnp.bfloat16
+            ) / math.sqrt(shape[0])
     layers = len(shapes["in"])
     rows_out = []
     for impl in args.impls:
@@ -113,20 +121,32 @@ def main():
             for kind in args.kinds:
                 kinds = KINDS if kind == "step" else (kind,)
                 ws = [weights[k, i] for i in range(layers) for k in kinds]
-                xs = {d: jax.random.normal(jax.random.fold_in(key, d), (rows, d), jnp.bfloat16)
-                      for d in {w.shape[0] for w in ws}}
+                xs = {
+                    d: jax.random.normal(jax.random.fold_in(key, d), (rows, d), jnp.bfloat16)
+                    for d in {w.shape[0] for w in ws}
+                }
                 call = jax.jit(functools.partial(chain, f))
                 nbytes = sum(w.size * w.dtype.itemsize for w in ws)
-                row = {"arch": args.arch, "size": args.size, "impl": impl, "rows": rows,
-                       "kind": kind, "products": len(ws), "weight_bytes": nbytes}
+                row = {
+                    "arch": args.arch,
+                    "size": args.size,
+                    "impl": impl,
+                    "rows": rows,
+                    "kind": kind,
+                    "products": len(ws),
+                    "weight_bytes": nbytes,
+                }
                 row["ms"] = median_ms(call, xs, ws, reps=args.reps)
                 row["us_per_product"] = 1e3 * row["ms"] / len(ws)
                 row["tb_per_s"] = nbytes / row["ms"] / 1e9
                 want = jax.jit(functools.partial(chain, matmul))(xs, ws)
                 row["rel_err"] = max(
-                    float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)))
-                          / np.max(np.abs(np.asarray(b, np.float32))))
-                    for a, b in zip(call(xs, ws), want))
+                    float(
+                        np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)))
+                        / np.max(np.abs(np.asarray(b, np.float32)))
+                    )
+                    for a, b in zip(call(xs, ws), want)
+                )
                 if args.profile:
                     trace = f"{args.profile}/{impl}_{rows}_{kind}".replace(":", "_")
                     with profile.capture(trace):
@@ -134,19 +154,28 @@ def main():
                             out = call(xs, ws)
                         jax.block_until_ready(out)
                     s = profile.summarize(trace, steps=5)
-                    if s["top_kernels_ms"]:                    # none on the CPU backend
-                        row.update(device_ms=s["kernel_ms"],
-                                   device_tb_per_s=nbytes / s["kernel_ms"] / 1e9,
-                                   kernels=s["top_kernels_ms"])
+                    if s["top_kernels_ms"]:  # none on the CPU backend
+                        row.update(
+                            device_ms=s["kernel_ms"],
+                            device_tb_per_s=nbytes / s["kernel_ms"] / 1e9,
+                            kernels=s["top_kernels_ms"],
+                        )
                 emit(rows_out, row)
                 write_jsonl(args.out, rows_out)
-    print(f"\n{'impl':36s} {'rows':>4s} {'kind':>8s} {'products':>8s} {'ms':>8s} "
-          f"{'us each':>8s} {'TB/s':>6s} {'device ms':>9s} {'TB/s':>6s}")
+    print(
+        f"\n{'impl':36s} {'rows':>4s} {'kind':>8s} {'products':>8s} {'ms':>8s} "
+        f"{'us each':>8s} {'TB/s':>6s} {'device ms':>9s} {'TB/s':>6s}"
+    )
     for r in rows_out:
-        dev = (f"{r['device_ms']:9.3f} {r['device_tb_per_s']:6.2f}" if "device_ms" in r
-               else f"{'-':>9s} {'-':>6s}")
-        print(f"{r['impl']:36s} {r['rows']:4d} {r['kind']:>8s} {r['products']:8d} "
-              f"{r['ms']:8.3f} {r['us_per_product']:8.2f} {r['tb_per_s']:6.2f} {dev}")
+        dev = (
+            f"{r['device_ms']:9.3f} {r['device_tb_per_s']:6.2f}"
+            if "device_ms" in r
+            else f"{'-':>9s} {'-':>6s}"
+        )
+        print(
+            f"{r['impl']:36s} {r['rows']:4d} {r['kind']:>8s} {r['products']:8d} "
+            f"{r['ms']:8.3f} {r['us_per_product']:8.2f} {r['tb_per_s']:6.2f} {dev}"
+        )
 
 
 if __name__ == "__main__":

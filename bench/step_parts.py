@@ -15,6 +15,7 @@ its kernels, beside this device's matmul and copy rates measured in the same run
   ``one_pass``: log Z as one reduction of (max, sum of exp) pairs merged as online softmax does.
 The alternatives live here, not in the model: none was faster (docs/benchmarks.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,6 +64,7 @@ def mlp_fn(variant, module):
         if variant == "separate":
             return m.down(swiglu(jnp.stack([m.gate(x), m.up(x)], axis=-2)))
         raise ValueError(f"unknown mlp variant {variant!r}; known: shipped, stacked, separate")
+
     return f, params
 
 
@@ -71,11 +73,10 @@ def logsumexp_one_pass(x):
 
     def merge(a, b):
         (m1, s1), (m2, s2) = a, b
-        e = jnp.exp(jnp.where(m1 == m2, 0.0, -jnp.abs(m1 - m2)))   # exp(smaller - larger)
+        e = jnp.exp(jnp.where(m1 == m2, 0.0, -jnp.abs(m1 - m2)))  # exp(smaller - larger)
         return jnp.maximum(m1, m2), jnp.where(m1 >= m2, s1 + s2 * e, s1 * e + s2)
 
-    m, s = jax.lax.reduce((x, jnp.ones_like(x)), (f32(-jnp.inf), f32(0.0)), merge,
-                          (x.ndim - 1,))
+    m, s = jax.lax.reduce((x, jnp.ones_like(x)), (f32(-jnp.inf), f32(0.0)), merge, (x.ndim - 1,))
     return m + jnp.log(s)
 
 
@@ -87,13 +88,14 @@ def loss_fn(variant):
         logits = jnp.einsum("nd,vd->nv", h, emb.astype(bf16))
         return lm_loss.cross_entropy(logits, targets, jnp.ones(targets.shape, f32))[0]
 
-    def g(*args):    # token_nll's forward reads jax.nn.logsumexp at trace time
+    def g(*args):  # token_nll's forward reads jax.nn.logsumexp at trace time
         keep = jax.nn.logsumexp
         jax.nn.logsumexp = lambda x, axis: logsumexp_one_pass(x)
         try:
             return f(*args)
         finally:
             jax.nn.logsumexp = keep
+
     return f if variant == "shipped" else g
 
 
@@ -102,6 +104,7 @@ def fwd_bwd(f):
     def run(a, b, *rest):
         y, vjp = jax.vjp(lambda a, b: f(a, b, *rest), a, b)
         return y, vjp(jnp.ones_like(y))
+
     return run
 
 
@@ -133,12 +136,22 @@ def main():
             f, params = mlp_fn(v, module)
             run = fwd_bwd(f)
             dev, ks = device_ms(run, params, x)
-            row = {"part": "mlp", "variant": v, **ceil, "tokens": N, "d": d, "hidden": H,
-                   "fwd_bwd_ms": median_ms(run, params, x), "fwd_bwd_device_ms": dev,
-                   "matmul_tflop": 6 * 3 * N * d * H / 1e12, "kernels": ks}
+            row = {
+                "part": "mlp",
+                "variant": v,
+                **ceil,
+                "tokens": N,
+                "d": d,
+                "hidden": H,
+                "fwd_bwd_ms": median_ms(run, params, x),
+                "fwd_bwd_device_ms": dev,
+                "matmul_tflop": 6 * 3 * N * d * H / 1e12,
+                "kernels": ks,
+            }
             _bench.emit(rows, row)
-            print(f"mlp  {v:9s} device {dev or float('nan'):.3f} ms :: {kernels_line(ks)}",
-                  flush=True)
+            print(
+                f"mlp  {v:9s} device {dev or float('nan'):.3f} ms :: {kernels_line(ks)}", flush=True
+            )
     if "loss" in args.parts:
         emb = jnp.asarray(0.02 * rng.standard_normal((V, d)), f32)
         targets = jnp.asarray(rng.integers(0, V, (N,)), jnp.int32)
@@ -146,13 +159,25 @@ def main():
             run = fwd_bwd(loss_fn(v))
             y, _ = run(emb, x, targets)
             dev, ks = device_ms(run, emb, x, targets)
-            row = {"part": "loss", "variant": v, **ceil, "tokens": N, "d": d, "vocab": V,
-                   "loss": float(y), "fwd_bwd_ms": median_ms(run, emb, x, targets),
-                   "fwd_bwd_device_ms": dev, "matmul_tflop": 6 * N * d * V / 1e12,
-                   "kernels": ks}
+            row = {
+                "part": "loss",
+                "variant": v,
+                **ceil,
+                "tokens": N,
+                "d": d,
+                "vocab": V,
+                "loss": float(y),
+                "fwd_bwd_ms": median_ms(run, emb, x, targets),
+                "fwd_bwd_device_ms": dev,
+                "matmul_tflop": 6 * N * d * V / 1e12,
+                "kernels": ks,
+            }
             _bench.emit(rows, row)
-            print(f"loss {v:9s} {float(y):.5f} device {dev or float('nan'):.3f} ms :: "
-                  f"{kernels_line(ks)}", flush=True)
+            print(
+                f"loss {v:9s} {float(y):.5f} device {dev or float('nan'):.3f} ms :: "
+                f"{kernels_line(ks)}",
+                flush=True,
+            )
     _bench.write_jsonl(args.out, rows)
 
 

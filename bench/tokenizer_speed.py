@@ -15,6 +15,7 @@ and ``shards.prepare`` of the corpus end to end (read, decode, tokenise in ``wor
 processes, write shards) for each --workers count. The character classes' build (once a
 process) is a row of its own. Every tokenizer's ids are checked equal to the reference's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,14 +30,30 @@ import time
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--corpus", default="gutenberg/gutenberg_train.txt.gz",
-                   help="a shipped corpus or any text file/folder")
-    p.add_argument("--reference_chars", type=float, default=20e6,
-                   help="characters the slow reference tokenises (the fast one: all)")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="interleaved timings of the reference and the fast paths on the text")
-    p.add_argument("--workers", type=int, nargs="*", default=[1, 2],
-                   help="process counts to time shards.prepare with")
+    p.add_argument(
+        "--corpus",
+        default="gutenberg/gutenberg_train.txt.gz",
+        help="a shipped corpus or any text file/folder",
+    )
+    p.add_argument(
+        "--reference_chars",
+        type=float,
+        default=20e6,
+        help="characters the slow reference tokenises (the fast one: all)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="interleaved timings of the reference and the fast paths on the text",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        nargs="*",
+        default=[1, 2],
+        help="process counts to time shards.prepare with",
+    )
     p.add_argument("--out", default="", help="also write the rows as JSON lines here")
     args = p.parse_args()
     import tiktoken
@@ -44,23 +61,30 @@ def main():
     from hwh_jax.data import shards, sources
     from hwh_jax.data.paths import resolve
     from hwh_jax.data.tokenizers import GPT2BPE, GPT2BPEReference
+
     rows = []
 
     def emit(row):
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    emit({"host": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-          "python": sys.version.split()[0], "tiktoken": tiktoken.__version__})
+    emit(
+        {
+            "host": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "tiktoken": tiktoken.__version__,
+        }
+    )
     files = sources.expand([resolve(args.corpus)])
     docs = [d for f in files for d in sources.text_documents(f)]
     sample, chars = [], 0
-    for d in docs:                                  # the reference's share: whole documents
-        sample.append(d[:int(args.reference_chars) - chars])
+    for d in docs:  # the reference's share: whole documents
+        sample.append(d[: int(args.reference_chars) - chars])
         chars += len(sample[-1])
         if chars >= args.reference_chars:
             break
-    rest = [docs[len(sample) - 1][len(sample[-1]):], *docs[len(sample):]]
+    rest = [docs[len(sample) - 1][len(sample[-1]) :], *docs[len(sample) :]]
     rest = [d for d in rest if d]
     bpe_dir = resolve("gpt2_bpe")
     fresh = GPT2BPE(bpe_dir)
@@ -79,46 +103,76 @@ def main():
             ref_ids = [list(map(int, x)) for x in ids]
         elif texts is sample and [list(map(int, x)) for x in ids] != ref_ids:
             raise SystemExit(f"{name}'s ids differ from the reference's")
-        emit({"part": "encode_one_core", "tokenizer": name, "repeat": repeat,
-              "chars": sum(map(len, texts)), "tokens": n, "seconds": round(dt, 2),
-              "tokens_per_s": round(n / dt)})
+        emit(
+            {
+                "part": "encode_one_core",
+                "tokenizer": name,
+                "repeat": repeat,
+                "chars": sum(map(len, texts)),
+                "tokens": n,
+                "seconds": round(dt, 2),
+                "tokens_per_s": round(n / dt),
+            }
+        )
         return n / dt
 
     ratios = {}
-    for r in range(args.repeats):           # interleaved: each ratio from neighbouring runs
+    for r in range(args.repeats):  # interleaved: each ratio from neighbouring runs
         fast = GPT2BPE(bpe_dir)
         speed = {
             "reference": timed("reference", GPT2BPEReference(bpe_dir).encode_batch, sample, r),
-            "tiktoken_gpt2_regex": timed("tiktoken_gpt2_regex",
-                                         lambda ts: [fast.encode_exact(t) for t in ts], sample, r),
-            "gpt2bpe": timed("gpt2bpe", fast.encode_arrays, sample, r)}
-        if rest:                            # both caches first filled by the rest of the corpus
+            "tiktoken_gpt2_regex": timed(
+                "tiktoken_gpt2_regex", lambda ts: [fast.encode_exact(t) for t in ts], sample, r
+            ),
+            "gpt2bpe": timed("gpt2bpe", fast.encode_arrays, sample, r),
+        }
+        if rest:  # both caches first filled by the rest of the corpus
             ref = GPT2BPEReference(bpe_dir)
             ref.encode_batch(rest)
-            speed["reference_after_rest"] = timed("reference_after_rest", ref.encode_batch,
-                                                  sample, r)
+            speed["reference_after_rest"] = timed(
+                "reference_after_rest", ref.encode_batch, sample, r
+            )
             fast = GPT2BPE(bpe_dir)
             fast.encode_arrays(rest)
-            speed["gpt2bpe_after_rest"] = timed("gpt2bpe_after_rest", fast.encode_arrays,
-                                                sample, r)
+            speed["gpt2bpe_after_rest"] = timed("gpt2bpe_after_rest", fast.encode_arrays, sample, r)
         for name, v in speed.items():
             base = speed["reference_after_rest" if name.endswith("after_rest") else "reference"]
             ratios.setdefault(name, []).append(v / base)
-    emit({"part": "ratio_to_reference", "repeats": args.repeats,
-          **{name: {"median": round(statistics.median(v), 1), "min": round(min(v), 1),
-                    "max": round(max(v), 1)} for name, v in ratios.items()
-             if not name.startswith("reference")}})
+    emit(
+        {
+            "part": "ratio_to_reference",
+            "repeats": args.repeats,
+            **{
+                name: {
+                    "median": round(statistics.median(v), 1),
+                    "min": round(min(v), 1),
+                    "max": round(max(v), 1),
+                }
+                for name, v in ratios.items()
+                if not name.startswith("reference")
+            },
+        }
+    )
     timed("gpt2bpe_whole_corpus_one_pass", GPT2BPE(bpe_dir).encode_arrays, docs, 0)
     size = sum(f.stat().st_size for f in files)
     for w in args.workers:
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
-            out = shards.prepare(docs, fast, f"{tmp}/p", source={}, workers=w if w > 1 else 0,
-                                 echo=lambda s: None)
+            out = shards.prepare(
+                docs, fast, f"{tmp}/p", source={}, workers=w if w > 1 else 0, echo=lambda s: None
+            )
             dt = time.perf_counter() - t0
             n = shards.read_manifest(out)["tokens"]
-        emit({"part": "prepare", "workers": w, "bytes": size, "tokens": n,
-              "seconds": round(dt, 2), "tokens_per_s": round(n / dt)})
+        emit(
+            {
+                "part": "prepare",
+                "workers": w,
+                "bytes": size,
+                "tokens": n,
+                "seconds": round(dt, 2),
+                "tokens_per_s": round(n / dt),
+            }
+        )
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)

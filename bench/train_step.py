@@ -31,6 +31,7 @@ accumulated (the last holding the rows left), the step ``launch.train`` runs whe
 plan splits the batch. ``--hlo DIR`` writes each row's compiled program (XLA's fusions and the
 kernels' operands, to read what a fusion in the profile does).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,30 +70,66 @@ def sample_tokens(rng, vocab: int, shape, dist: str) -> np.ndarray:
     return rng.choice(vocab, size=shape, p=p / p.sum()).astype(np.int32)
 
 
-def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", overrides=None,
-              profile_top=20, hlo_dir="", profile_steps=3, gc_mode="freeze", tokens="zipf",
-              loss_impl="auto", micro_batch=0):
+def time_step(
+    arch,
+    size,
+    T,
+    B,
+    steps,
+    dtype,
+    vocab_size=0,
+    profile_dir="",
+    overrides=None,
+    profile_top=20,
+    hlo_dir="",
+    profile_steps=3,
+    gc_mode="freeze",
+    tokens="zipf",
+    loss_impl="auto",
+    micro_batch=0,
+):
     overrides = {**(overrides or {}), **({"vocab_size": vocab_size} if vocab_size else {})}
     cfg = model_config(arch, size, dtype=dtype, **overrides)
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     tx, schedule = make_optimizer(OptimizerSpec(lr=1e-4, warmup_steps=1, total_steps=100))
-    state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
-             "rng": jnp.zeros((2,), jnp.uint32), "bad_step": jnp.int32(-1)}
+    state = {
+        "params": params,
+        "opt_state": tx.init(params),
+        "step": jnp.int32(0),
+        "rng": jnp.zeros((2,), jnp.uint32),
+        "bad_step": jnp.int32(-1),
+    }
     tok = sample_tokens(np.random.default_rng(0), cfg.vocab_size, (B, T + 1), tokens)
-    batch = jax.device_put({
-        "inputs": tok[:, :-1], "targets": tok[:, 1:],
-        "segment_ids": np.ones((B, T), np.int32), "positions": np.tile(np.arange(T), (B, 1)),
-        "loss_mask": np.ones((B, T), np.float32)})
+    batch = jax.device_put(
+        {
+            "inputs": tok[:, :-1],
+            "targets": tok[:, 1:],
+            "segment_ids": np.ones((B, T), np.int32),
+            "positions": np.tile(np.arange(T), (B, 1)),
+            "loss_mask": np.ones((B, T), np.float32),
+        }
+    )
     t0 = time.time()
     grad_accum, _ = accumulation(B, micro_batch or B)
-    step = jax.jit(make_train_step(graphdef, tx, schedule, loss_impl=loss_impl,
-                                   grad_accum=grad_accum, micro_batch=micro_batch or B),
-                   donate_argnums=0).lower(
-        state, batch).compile()
+    step = (
+        jax.jit(
+            make_train_step(
+                graphdef,
+                tx,
+                schedule,
+                loss_impl=loss_impl,
+                grad_accum=grad_accum,
+                micro_batch=micro_batch or B,
+            ),
+            donate_argnums=0,
+        )
+        .lower(state, batch)
+        .compile()
+    )
     state, m = step(state, batch)
     jax.block_until_ready(m["loss"])
     compile_s = time.time() - t0
-    hlo = step.as_text() if hlo_dir or profile_dir else None     # MBs of text: printed once
+    hlo = step.as_text() if hlo_dir or profile_dir else None  # MBs of text: printed once
     if hlo_dir:
         Path(hlo_dir).mkdir(parents=True, exist_ok=True)
         with gzip.open(Path(hlo_dir) / f"{arch}_{size}_{T}.hlo.txt.gz", "wt") as f:
@@ -100,15 +137,15 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
     state, m = step(state, batch)
     jax.block_until_ready(m["loss"])
     frozen = host_gc.freeze() if gc_mode == "freeze" else 0
-    with host_gc.GcPauses() as pauses:   # every collection while steps run, to the row
+    with host_gc.GcPauses() as pauses:  # every collection while steps run, to the row
         times = []
-        for _ in range(steps):           # one at a time: the latency of a step, host included
+        for _ in range(steps):  # one at a time: the latency of a step, host included
             t = time.perf_counter()
             state, m = step(state, batch)
             jax.block_until_ready(m["loss"])
             times.append(time.perf_counter() - t)
         runs, calls = [], []
-        for _ in range(3):               # back to back, as launch.train dispatches them
+        for _ in range(3):  # back to back, as launch.train dispatches them
             t = time.perf_counter()
             marks = [t]
             for _ in range(steps):
@@ -127,8 +164,7 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
     ms = 1e3 * statistics.median(runs)
     prof = None
     if profile_dir:
-        prof = profile.summarize(profile_dir, steps=profile_steps, top=profile_top,
-                                 hlo_text=hlo)
+        prof = profile.summarize(profile_dir, steps=profile_steps, top=profile_top, hlo_text=hlo)
         print(profile.format_summary(prof, ms), flush=True)
     tps = B * T / ms * 1e3
     kind = jax.devices()[0].device_kind
@@ -136,24 +172,48 @@ def time_step(arch, size, T, B, steps, dtype, vocab_size=0, profile_dir="", over
     fpt = flops_per_token(cfg, T)
     mem = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")  # process-wide
     ma = step.memory_analysis()  # this step's own buffers, from the compiled program
-    step_bytes = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
-                  - ma.alias_size_in_bytes) if ma is not None else None
-    return {"arch": arch, "size": size, "T": T, "B": B,
-            **({"micro_batch": micro_batch, "grad_accum": grad_accum} if grad_accum > 1 else {}),
-            "vocab_size": cfg.vocab_size,
-            **({"overrides": overrides} if overrides else {}), "loss_impl": loss_impl,
-            "params": count_params(cfg),
-            "tokens": tokens, "step_ms": ms, "step_latency_ms": latency_ms, "tokens_per_s": tps,
-            "step_ms_runs": [round(1e3 * r, 2) for r in runs],
-            "waited_ms": [round(1e3 * t, 2) for t in times], "call_ms": calls,
-            "gc": {"mode": gc_mode, "frozen": frozen, "collections": pauses.summary(),
-                   "pauses_over_5ms": [[g, round(ms, 1)] for g, ms in pauses.events if ms > 5]},
-            "flops_per_token": fpt,
-            "mfu": fpt * tps / peak if peak else None, "compile_s": compile_s,
-            "loss": float(m["loss"]),
-            "step_mem_gib": step_bytes / 2 ** 30 if step_bytes else None,
-            "process_peak_mem_gib": mem / 2 ** 30 if mem else None,
-            "kernels": kernels_pallas.chosen(), **({"profile": prof} if prof else {})}
+    step_bytes = (
+        (
+            ma.argument_size_in_bytes
+            + ma.output_size_in_bytes
+            + ma.temp_size_in_bytes
+            - ma.alias_size_in_bytes
+        )
+        if ma is not None
+        else None
+    )
+    return {
+        "arch": arch,
+        "size": size,
+        "T": T,
+        "B": B,
+        **({"micro_batch": micro_batch, "grad_accum": grad_accum} if grad_accum > 1 else {}),
+        "vocab_size": cfg.vocab_size,
+        **({"overrides": overrides} if overrides else {}),
+        "loss_impl": loss_impl,
+        "params": count_params(cfg),
+        "tokens": tokens,
+        "step_ms": ms,
+        "step_latency_ms": latency_ms,
+        "tokens_per_s": tps,
+        "step_ms_runs": [round(1e3 * r, 2) for r in runs],
+        "waited_ms": [round(1e3 * t, 2) for t in times],
+        "call_ms": calls,
+        "gc": {
+            "mode": gc_mode,
+            "frozen": frozen,
+            "collections": pauses.summary(),
+            "pauses_over_5ms": [[g, round(ms, 1)] for g, ms in pauses.events if ms > 5],
+        },
+        "flops_per_token": fpt,
+        "mfu": fpt * tps / peak if peak else None,
+        "compile_s": compile_s,
+        "loss": float(m["loss"]),
+        "step_mem_gib": step_bytes / 2**30 if step_bytes else None,
+        "process_peak_mem_gib": mem / 2**30 if mem else None,
+        "kernels": kernels_pallas.chosen(),
+        **({"profile": prof} if prof else {}),
+    }
 
 
 def main():
@@ -164,28 +224,62 @@ def main():
     ap.add_argument("--tokens_per_step", type=int, default=131072)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--vocab_size", type=int, default=0,
-                    help="0: the size's default (GPT-2's 50,257); configs/experiment.py: 4096")
-    ap.add_argument("--profile", default="",
-                    help="directory: trace --profile_steps steps per row (dispatched back to "
-                         "back) and print their device time by kernel")
+    ap.add_argument(
+        "--vocab_size",
+        type=int,
+        default=0,
+        help="0: the size's default (GPT-2's 50,257); configs/experiment.py: 4096",
+    )
+    ap.add_argument(
+        "--profile",
+        default="",
+        help="directory: trace --profile_steps steps per row (dispatched back to "
+        "back) and print their device time by kernel",
+    )
     ap.add_argument("--profile_steps", type=int, default=3)
-    ap.add_argument("--tokens", choices=("zipf", "uniform"), default="zipf",
-                    help="token ids of the random batch (sample_tokens)")
-    ap.add_argument("--gc", choices=("auto", "freeze"), default="freeze",
-                    help="freeze: hwh_jax.profiling.host_gc.freeze() after the warm-up steps, as "
-                         "launch.train does (auto: Python's collector as it comes)")
-    ap.add_argument("--loss_impl", default="auto",
-                    help="train.loss_impl: unfused, or the LM head + loss op's softmax_xent impl")
-    ap.add_argument("--profile_top", type=int, default=20,
-                    help="with --profile: how many kernels to list (the rest count in categories)")
-    ap.add_argument("--hlo", default="",
-                    help="directory: write each row's compiled program, {arch}_{size}_{T}.hlo.txt.gz")
-    ap.add_argument("--override", nargs="*", default=[], metavar="FIELD=VALUE",
-                    help="ModelConfig fields, e.g. gdn_impl=chunk_reference (Python literals)")
-    ap.add_argument("--micro_batch", type=int, default=0,
-                    help="run each step's batch as micro-batches of this many sequences, "
-                         "gradients accumulated, as launch.train's memory plan does (0: one)")
+    ap.add_argument(
+        "--tokens",
+        choices=("zipf", "uniform"),
+        default="zipf",
+        help="token ids of the random batch (sample_tokens)",
+    )
+    ap.add_argument(
+        "--gc",
+        choices=("auto", "freeze"),
+        default="freeze",
+        help="freeze: hwh_jax.profiling.host_gc.freeze() after the warm-up steps, as "
+        "launch.train does (auto: Python's collector as it comes)",
+    )
+    ap.add_argument(
+        "--loss_impl",
+        default="auto",
+        help="train.loss_impl: unfused, or the LM head + loss op's softmax_xent impl",
+    )
+    ap.add_argument(
+        "--profile_top",
+        type=int,
+        default=20,
+        help="with --profile: how many kernels to list (the rest count in categories)",
+    )
+    ap.add_argument(
+        "--hlo",
+        default="",
+        help="directory: write each row's compiled program, {arch}_{size}_{T}.hlo.txt.gz",
+    )
+    ap.add_argument(
+        "--override",
+        nargs="*",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="ModelConfig fields, e.g. gdn_impl=chunk_reference (Python literals)",
+    )
+    ap.add_argument(
+        "--micro_batch",
+        type=int,
+        default=0,
+        help="run each step's batch as micro-batches of this many sequences, "
+        "gradients accumulated, as launch.train's memory plan does (0: one)",
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     try:
@@ -201,32 +295,52 @@ def main():
                 while True:
                     try:
                         prof = f"{args.profile}/{arch}_{size}_{T}" if args.profile else ""
-                        row = time_step(arch, size, T, B, args.steps, args.dtype,
-                                        args.vocab_size, prof, overrides, args.profile_top,
-                                        args.hlo, args.profile_steps, args.gc, args.tokens,
-                                        args.loss_impl, args.micro_batch)
+                        row = time_step(
+                            arch,
+                            size,
+                            T,
+                            B,
+                            args.steps,
+                            args.dtype,
+                            args.vocab_size,
+                            prof,
+                            overrides,
+                            args.profile_top,
+                            args.hlo,
+                            args.profile_steps,
+                            args.gc,
+                            args.tokens,
+                            args.loss_impl,
+                            args.micro_batch,
+                        )
                         break
                     except Exception as e:  # XLA reports OOM as several types
                         if not is_oom(e):
                             raise
-                        print(json.dumps({"arch": arch, "size": size, "T": T, "B": B,
-                                          "oom": True}), flush=True)
+                        print(
+                            json.dumps({"arch": arch, "size": size, "T": T, "B": B, "oom": True}),
+                            flush=True,
+                        )
                         if B == 1:
                             row = {"arch": arch, "size": size, "T": T, "B": 0, "oom": True}
                             break
                         B //= 2
                 emit(rows, row)
-                write_jsonl(args.out, rows)          # after every row: a cut run keeps its rows
-    print(f"\n{'size':6s} {'T':>6s} {'arch':12s} {'B':>4s} {'step ms':>9s} {'waited':>8s} "
-          f"{'tok/s':>10s} {'MFU':>6s} {'mem GiB':>8s}")
+                write_jsonl(args.out, rows)  # after every row: a cut run keeps its rows
+    print(
+        f"\n{'size':6s} {'T':>6s} {'arch':12s} {'B':>4s} {'step ms':>9s} {'waited':>8s} "
+        f"{'tok/s':>10s} {'MFU':>6s} {'mem GiB':>8s}"
+    )
     for r in rows:
         if r.get("oom"):
             print(f"{r['size']:6s} {r['T']:6d} {r['arch']:12s}  OOM at batch 1")
             continue
         mfu = f"{r['mfu']:.1%}" if r["mfu"] else "n/a"
         mem = f"{r['step_mem_gib']:.1f}" if r["step_mem_gib"] else "n/a"
-        print(f"{r['size']:6s} {r['T']:6d} {r['arch']:12s} {r['B']:4d} {r['step_ms']:9.1f} "
-              f"{r['step_latency_ms']:8.1f} {r['tokens_per_s']:10,.0f} {mfu:>6s} {mem:>8s}")
+        print(
+            f"{r['size']:6s} {r['T']:6d} {r['arch']:12s} {r['B']:4d} {r['step_ms']:9.1f} "
+            f"{r['step_latency_ms']:8.1f} {r['tokens_per_s']:10,.0f} {mfu:>6s} {mem:>8s}"
+        )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 Only launchers and the trainer read this ConfigDict; the model gets a frozen ModelConfig built
 by ``hwh_jax.models.variants.model_config_from_dict(config.model)``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,122 +23,124 @@ def parse_arg(arg: str | None) -> tuple[str, str]:
         return kv.get("arch", "hwh"), kv.get("size", "tiny")
     arch, _, size = arg.rpartition("_")
     if arch not in ARCHS or size not in SIZES:
-        raise ValueError(f"config variant {arg!r} is not <arch>_<size> with arch in {ARCHS} "
-                         f"and size in {list(SIZES)}")
+        raise ValueError(
+            f"config variant {arg!r} is not <arch>_<size> with arch in {ARCHS} "
+            f"and size in {list(SIZES)}"
+        )
     return arch, size
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     arch, size = parse_arg(arg)
     config = ml_collections.ConfigDict()
-    config.seed = 0                        # init and data-order seed
+    config.seed = 0  # init and data-order seed
     config.seq_len = 2048 if size != "tiny" else 256  # training context length
     m = config.model = ml_collections.ConfigDict()
-    m.arch = arch                          # one of hwh_jax.models.ARCHS
-    m.size = size                          # row of hwh_jax.models.SIZES
-    m.fa_share = 0.1875                    # hwh*: FA heads / all heads (< 0.25)
-    m.counts = ""                          # hwh*: per-layer FA counts "0,2,3,0" or a JSON path
-    m.ratio = (1, 3)                       # layerwise/swa: FA layers : other layers
-    m.window = 0                           # swa: local window (0 = the size's default)
-    m.vocab_size = 0                       # 0 = the size's default (tokenizer must fit in it)
-    m.q_per_kv = 1                         # GQA group size of FA heads
-    m.qk_norm = False                      # Qwen3-style q/k RMSNorm in FA heads
+    m.arch = arch  # one of hwh_jax.models.ARCHS
+    m.size = size  # row of hwh_jax.models.SIZES
+    m.fa_share = 0.1875  # hwh*: FA heads / all heads (< 0.25)
+    m.counts = ""  # hwh*: per-layer FA counts "0,2,3,0" or a JSON path
+    m.ratio = (1, 3)  # layerwise/swa: FA layers : other layers
+    m.window = 0  # swa: local window (0 = the size's default)
+    m.vocab_size = 0  # 0 = the size's default (tokenizer must fit in it)
+    m.q_per_kv = 1  # GQA group size of FA heads
+    m.qk_norm = False  # Qwen3-style q/k RMSNorm in FA heads
     m.rope_theta = 10000.0
-    m.rope_pairing = "half"                # "half" (HF) or "interleaved"
+    m.rope_pairing = "half"  # "half" (HF) or "interleaved"
     m.dtype = "float32" if size == "tiny" else "bfloat16"  # compute dtype (params stay fp32);
     #                                        tiny runs on CPUs, where bf16 is emulated and slow
-    m.attn_impl = "auto"                   # kernels_pallas.attention impl
-    m.decode_attn_impl = "auto"            # kernels_pallas.decode_attention impl (decode steps)
-    m.gdn_impl = "auto"                    # kernels_pallas.gated_delta_rule impl
-    m.decay_impl = "auto"                  # kernels_pallas.gated_linear_attention impl
-    m.hgrn_impl = "auto"                   # kernels_pallas.gated_recurrence impl (HGRN heads)
-    m.conv_impl = "auto"                   # kernels_pallas.short_conv impl (GDN conv + norm)
-    m.norm_impl = "auto"                   # kernels_pallas.rms_norm impl (norms + residual adds)
-    m.matmul_impl = "auto"                 # kernels_pallas.skinny_matmul impl (decode products)
+    m.attn_impl = "auto"  # kernels_pallas.attention impl
+    m.decode_attn_impl = "auto"  # kernels_pallas.decode_attention impl (decode steps)
+    m.gdn_impl = "auto"  # kernels_pallas.gated_delta_rule impl
+    m.decay_impl = "auto"  # kernels_pallas.gated_linear_attention impl
+    m.hgrn_impl = "auto"  # kernels_pallas.gated_recurrence impl (HGRN heads)
+    m.conv_impl = "auto"  # kernels_pallas.short_conv impl (GDN conv + norm)
+    m.norm_impl = "auto"  # kernels_pallas.rms_norm impl (norms + residual adds)
+    m.matmul_impl = "auto"  # kernels_pallas.skinny_matmul impl (decode products)
     m.gdn_chunk_size = 64
-    m.la_kind = "gdn"                      # the linear heads: gdn | deltanet | lightning |
+    m.la_kind = "gdn"  # the linear heads: gdn | deltanet | lightning |
     #                                        retnet | mamba2 | gla | hgrn | hgrn2 (docs/models.md)
-    m.la_short_conv = False                # a short convolution on q, k, v of lightning, retnet,
+    m.la_short_conv = False  # a short convolution on q, k, v of lightning, retnet,
     #                                        gla, hgrn2 (the kinds without one; docs/models.md)
-    m.remat = "none"                       # "block": recompute each block's activations in the
+    m.remat = "none"  # "block": recompute each block's activations in the
     #                                        backward (fits more sequences; ~1/3 more compute)
-    m.kernel_platform = ""                 # kernels chosen for "cpu" | "gpu" | "tpu"; "" = this
+    m.kernel_platform = ""  # kernels chosen for "cpu" | "gpu" | "tpu"; "" = this
     #                                        process's backend (set it to export for another)
     d = config.data = ml_collections.ConfigDict()
-    d.source = "text"                      # "text" | "tfds" | "arrayrecord" | "shards" (a folder
+    d.source = "text"  # "text" | "tfds" | "arrayrecord" | "shards" (a folder
     #                                        python -m launch.prepare_data made)
-    d.paths = ("dickens/dickens.zip",)     # shipped data (hwh_jax/assets) or data_dir relative
-    d.heldout_paths = ()                   # explicit held-out files (else the stream's tail)
-    d.heldout_fraction = 0.01              # share of the token stream held out
-    d.text_field = "text"                  # jsonl / TFDS field holding the text
-    d.decode_errors = "replace"            # invalid UTF-8 in text files: "replace" (read as
+    d.paths = ("dickens/dickens.zip",)  # shipped data (hwh_jax/assets) or data_dir relative
+    d.heldout_paths = ()  # explicit held-out files (else the stream's tail)
+    d.heldout_fraction = 0.01  # share of the token stream held out
+    d.text_field = "text"  # jsonl / TFDS field holding the text
+    d.decode_errors = "replace"  # invalid UTF-8 in text files: "replace" (read as
     #                                        U+FFFD, a warning names file and line) or "strict"
-    d.tfds_name = ""                       # e.g. "fineweb_edu" (prepared under tfds_data_dir)
+    d.tfds_name = ""  # e.g. "fineweb_edu" (prepared under tfds_data_dir)
     d.tfds_split = "train"
     d.tfds_heldout_split = ""
     d.tfds_data_dir = ""
     d.tokenizer = "train_sentencepiece" if size == "tiny" else "gpt2"
-    d.sp_model = ""                        # a SentencePiece .model for tokenizer="sentencepiece"
-    d.sp_vocab_size = 4096                 # vocabulary of the corpus-trained SentencePiece
-    d.data_dir = ""                        # a folder of your own data; default $HWH_DATA_DIR
-    d.retrieval_share = 0.0                # share of synthetic NIAH-format sequences
+    d.sp_model = ""  # a SentencePiece .model for tokenizer="sentencepiece"
+    d.sp_vocab_size = 4096  # vocabulary of the corpus-trained SentencePiece
+    d.data_dir = ""  # a folder of your own data; default $HWH_DATA_DIR
+    d.retrieval_share = 0.0  # share of synthetic NIAH-format sequences
     #                                        (hwh_jax/data/retrieval.py)
-    d.retrieval_answer_weight = 1.0        # loss weight of their answers' value tokens
-    d.retrieval_max_needles = 4            # needles per synthetic document: 1..this, all asked
-    d.workers = 0                          # grain worker processes building the batches
+    d.retrieval_answer_weight = 1.0  # loss weight of their answers' value tokens
+    d.retrieval_max_needles = 4  # needles per synthetic document: 1..this, all asked
+    d.workers = 0  # grain worker processes building the batches
 
     t = config.train = ml_collections.ConfigDict()
     t.steps = 250 if size == "tiny" else 20000
-    t.stop_at_step = 0                     # stop (with a checkpoint) before `steps`; 0 = no
-    t.accept_changes = ""                  # bound keys (model.*, data.*, seq_len, seed,
+    t.stop_at_step = 0  # stop (with a checkpoint) before `steps`; 0 = no
+    t.accept_changes = ""  # bound keys (model.*, data.*, seq_len, seed,
     #                                        train.batch_size) this start may change in a
     #                                        workdir made by another config: "a.b,c" or "all"
-    t.batch_size = 16 if size == "tiny" else 256   # global batch, sequences
-    t.grad_accum = 0                       # micro-batches per step; 0 = the fewest that fit
+    t.batch_size = 16 if size == "tiny" else 256  # global batch, sequences
+    t.grad_accum = 0  # micro-batches per step; 0 = the fewest that fit
     #                                        the devices (hwh_jax/training/memory.py)
-    t.device_memory_gb = 0.0               # memory a device may use; 0 = what it reports
-    t.loss_impl = "auto"                   # the LM head + loss as one op (layers.loss.head_loss)
+    t.device_memory_gb = 0.0  # memory a device may use; 0 = what it reports
+    t.loss_impl = "auto"  # the LM head + loss as one op (layers.loss.head_loss)
     #                                        with softmax_xent impl "auto" | "reference" |
     #                                        "pallas"; or "unfused" (autodiff through the logits)
     t.lr = 3e-3 if size == "tiny" else 3e-4
     t.min_lr_ratio = 0.1
     t.warmup_steps = 25 if size == "tiny" else 1000
-    t.schedule = "cosine"                  # "cosine" | "wsd" | "constant"
-    t.decay_fraction = 0.2                 # wsd: final decay share of the steps
+    t.schedule = "cosine"  # "cosine" | "wsd" | "constant"
+    t.decay_fraction = 0.2  # wsd: final decay share of the steps
     t.weight_decay = 0.1
     t.b1, t.b2, t.eps = 0.9, 0.95, 1e-8
     t.clip_norm = 1.0
-    t.z_loss = 0.0                         # e.g. 1e-4 for PaLM's z-loss
-    t.document_mask = False                # attend / recur within documents only
-    t.mesh = (-1, 1, 1)                    # (data, fsdp, tensor); -1 = the remaining devices
-    t.allow_unsplit_heads = False          # run a tensor axis that some layers' head counts
+    t.z_loss = 0.0  # e.g. 1e-4 for PaLM's z-loss
+    t.document_mask = False  # attend / recur within documents only
+    t.mesh = (-1, 1, 1)  # (data, fsdp, tensor); -1 = the remaining devices
+    t.allow_unsplit_heads = False  # run a tensor axis that some layers' head counts
     #                                        cannot split (refused otherwise: training/preflight.py)
     t.log_every = 25 if size == "tiny" else 50
     t.eval_every = 50 if size == "tiny" else 1000
-    t.eval_batches = 20                    # held-out batches per evaluation (0 = all)
-    t.final_eval = True                    # held-out evaluation after the last step
+    t.eval_batches = 20  # held-out batches per evaluation (0 = all)
+    t.final_eval = True  # held-out evaluation after the last step
     t.checkpoint_every = 100 if size == "tiny" else 1000
-    t.checkpoint_minutes = 0.0             # also save when this much wall time passed since
+    t.checkpoint_minutes = 0.0  # also save when this much wall time passed since
     #                                        the last save (0 = by steps only)
     t.keep_checkpoints = 3
-    t.lease_seconds = 120.0                # the workdir's lease goes stale this long after its
+    t.lease_seconds = 120.0  # the workdir's lease goes stale this long after its
     #                                        holder's last heartbeat (0: no lease; lease.py)
-    t.async_checkpoints = True             # write checkpoints while training goes on
-    t.stop_exit_status = 0                 # exit status after a SIGTERM/SIGINT stop with its
+    t.async_checkpoints = True  # write checkpoints while training goes on
+    t.stop_exit_status = 0  # exit status after a SIGTERM/SIGINT stop with its
     #                                        checkpoint saved; 75 lets a supervisor relaunch
-    t.loggers = "tensorboard"              # besides metrics.jsonl: "", "tensorboard", "wandb",
+    t.loggers = "tensorboard"  # besides metrics.jsonl: "", "tensorboard", "wandb",
     #                                        or both comma-separated (wandb: the [wandb] extra)
-    t.wandb_project = "hwh-jax"            # W&B project; the run id is kept in the workdir
-    t.peak_flops = 0.0                     # per-device peak for MFU; 0 = from the device kind
-    t.profile_at = 0                       # trace the steps after this one (0 = never) into
-    t.profile_steps = 5                    # <workdir>/profile; hwh_jax.profiling.profile sums it
+    t.wandb_project = "hwh-jax"  # W&B project; the run id is kept in the workdir
+    t.peak_flops = 0.0  # per-device peak for MFU; 0 = from the device kind
+    t.profile_at = 0  # trace the steps after this one (0 = never) into
+    t.profile_steps = 5  # <workdir>/profile; hwh_jax.profiling.profile sums it
 
     # The evaluation after training: every field of hwh_jax.eval.EvalSpec (its defaults and
     # comments), plus at_end.
     e = config.eval = ml_collections.ConfigDict(dataclasses.asdict(EvalSpec()))
-    e.at_end = size == "tiny"              # evaluate the final model (writes <workdir>/eval)
-    if size == "tiny":                     # the main job's evaluation: about a minute on a CPU
+    e.at_end = size == "tiny"  # evaluate the final model (writes <workdir>/eval)
+    if size == "tiny":  # the main job's evaluation: about a minute on a CPU
         e.niah_factors, e.niah_depths, e.ppl_factor = (1, 2), 3, 2
-        e.niah_samples = 1                 # 9 prompts a length: intervals of +-30 points or more
+        e.niah_samples = 1  # 9 prompts a length: intervals of +-30 points or more
     config.lock()
     return config

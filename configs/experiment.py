@@ -22,6 +22,7 @@ tokens, NIAH at L and 2L over 3 depths x 2 samples, MQAR on 64 examples, perplex
 about 8 minutes on two CPU cores at L = 256 (docs/results.md). Its numbers say the pipeline
 runs, not how the architectures compare.
 """
+
 from configs import base, zoo
 
 ARCHS = ("transformer", "gdn", "layerwise", "hwh", "hwh_rope", "hwh_uniform")
@@ -31,10 +32,12 @@ def get_config(arg: str = "hwh"):
     arch, _, rest = arg.partition(",")
     length, _, preset = rest.partition(",")
     if preset not in ("", "cpu"):
-        raise ValueError(f"configs/experiment.py:{arg}: the third value is {preset!r}; the one "
-                         f"preset is 'cpu' (ARCH,L,cpu)")
+        raise ValueError(
+            f"configs/experiment.py:{arg}: the third value is {preset!r}; the one "
+            f"preset is 'cpu' (ARCH,L,cpu)"
+        )
     size = "tiny" if preset == "cpu" else "small"
-    if "/" in arch:                            # a zoo form: FORM/KIND[/R]
+    if "/" in arch:  # a zoo form: FORM/KIND[/R]
         try:
             config = zoo.get_config(",".join(arch.split("/")) + f",{size}")
         except ValueError as e:
@@ -42,8 +45,10 @@ def get_config(arg: str = "hwh"):
     elif arch in ARCHS:
         config = base.get_config(f"{arch}_{size}")
     else:
-        raise ValueError(f"experiment arch {arch!r} is not one of {ARCHS} nor a zoo form "
-                         f"FORM/KIND[/R] (configs/zoo.py)")
+        raise ValueError(
+            f"experiment arch {arch!r} is not one of {ARCHS} nor a zoo form "
+            f"FORM/KIND[/R] (configs/zoo.py)"
+        )
     config.unlock()
     L = int(length or 512)
     config.seq_len = L
@@ -51,23 +56,23 @@ def get_config(arg: str = "hwh"):
     d.paths = ("gutenberg/gutenberg_train.txt.gz",)
     d.heldout_paths = ("gutenberg/gutenberg_valid.txt.gz",)
     d.tokenizer = "train_sentencepiece"
-    d.retrieval_share = 0.5    # synthetic NIAH-format sequences (hwh_jax/data/retrieval.py)
-    d.retrieval_answer_weight = 50.0   # unweighted answers: nothing learned (docs/results.md)
+    d.retrieval_share = 0.5  # synthetic NIAH-format sequences (hwh_jax/data/retrieval.py)
+    d.retrieval_answer_weight = 50.0  # unweighted answers: nothing learned (docs/results.md)
     d.retrieval_max_needles = 8
-    d.workers = 4              # batches in 4 processes: one process cannot feed a GPU here
+    d.workers = 4  # batches in 4 processes: one process cannot feed a GPU here
     #                            (docs/results.md)
     config.model.vocab_size = 0
     t = config.train
     t.steps, t.batch_size = 600, 64 * 512 // L
     t.warmup_steps, t.lr = 60, 1e-3
-    t.log_every, t.eval_every, t.checkpoint_every = 50, 0, 600   # held-out loss at the end
+    t.log_every, t.eval_every, t.checkpoint_every = 50, 0, 600  # held-out loss at the end
     e = config.eval
     e.at_end = True
     e.suites = ("retrieval", "niah", "mqar", "ppl")
     e.niah_factors = (1, 2, 4)
     e.niah_depths = 5
     e.ppl_factor = 4
-    e.niah_samples = 7         # 35 prompts a (task, length) cell, 105 over the 3 seeds of
+    e.niah_samples = 7  # 35 prompts a (task, length) cell, 105 over the 3 seeds of
     #                            --seeds=0,1,2: intervals of about +-10 points
     e.batch_size = 16
     if preset == "cpu":

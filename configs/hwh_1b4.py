@@ -11,6 +11,7 @@ data folder (``data.data_dir`` or ``$HWH_DATA_DIR``); online, once:
 20,000 steps of 256 x 2,048 tokens are 10.5B tokens, about one pass over it. The held-out
 share is the stream's last 0.05% (about 5M tokens). docs/training.md, "Data at scale".
 """
+
 from configs import base
 
 

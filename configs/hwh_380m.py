@@ -1,4 +1,5 @@
 """hwh at size 380m (see configs/base.py and hwh_jax/models/variants.py)."""
+
 from configs import base
 
 

@@ -1,4 +1,5 @@
 """hwh_uniform at size 1b4 (see configs/base.py and hwh_jax/models/variants.py)."""
+
 from configs import base
 
 

@@ -1,4 +1,5 @@
 """hwh_uniform at size small (see configs/base.py and hwh_jax/models/variants.py)."""
+
 from configs import base
 
 

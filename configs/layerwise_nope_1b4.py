@@ -1,4 +1,5 @@
 """layerwise_nope at size 1b4 (see configs/base.py and hwh_jax/models/variants.py)."""
+
 from configs import base
 
 

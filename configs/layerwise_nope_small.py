@@ -1,4 +1,5 @@
 """layerwise_nope at size small (see configs/base.py and hwh_jax/models/variants.py)."""
+
 from configs import base
 
 

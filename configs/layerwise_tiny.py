@@ -1,4 +1,5 @@
 """layerwise at size tiny (see configs/base.py and hwh_jax/models/variants.py)."""
+
 from configs import base
 
 

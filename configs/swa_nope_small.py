@@ -1,4 +1,5 @@
 """swa_nope at size small (see configs/base.py and hwh_jax/models/variants.py)."""
+
 from configs import base
 
 

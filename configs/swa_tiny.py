@@ -1,4 +1,5 @@
 """swa at size tiny (see configs/base.py and hwh_jax/models/variants.py)."""
+
 from configs import base
 
 

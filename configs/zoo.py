@@ -17,22 +17,32 @@ from 128 to 4,096 with RoPE or NoPE FA layers. Parameters are matched to the Tra
 through the MLP as for every architecture. Anything else is overridden on the command line as
 in any config (``--config.train.steps=...``).
 """
+
 from configs import base
 from hwh_jax.layers.config import LA_KINDS
 from hwh_jax.models.variants import SIZES
 
-FORMS = {"pure": "gdn", "layerwise": "layerwise", "layerwise_nope": "layerwise_nope",
-         "hwh": "hwh", "hwh_rope": "hwh_rope", "swa": "swa", "swa_nope": "swa_nope"}
+FORMS = {
+    "pure": "gdn",
+    "layerwise": "layerwise",
+    "layerwise_nope": "layerwise_nope",
+    "hwh": "hwh",
+    "hwh_rope": "hwh_rope",
+    "swa": "swa",
+    "swa_nope": "swa_nope",
+}
 
 
 def get_config(arg: str = "pure,gdn"):
     form, *rest = arg.split(",")
     if form not in FORMS:
         raise ValueError(f"configs/zoo.py:{arg}: {form!r} is not one of {list(FORMS)}")
-    want = 2 if form.startswith("layerwise") else 1      # values before the optional size
+    want = 2 if form.startswith("layerwise") else 1  # values before the optional size
     if len(rest) not in (want, want + 1):
-        raise ValueError(f"configs/zoo.py:{arg}: {form} takes {want} value(s) then an "
-                         f"optional size (the module docstring)")
+        raise ValueError(
+            f"configs/zoo.py:{arg}: {form} takes {want} value(s) then an "
+            f"optional size (the module docstring)"
+        )
     size = rest[want] if len(rest) > want else "small"
     if size not in SIZES:
         raise ValueError(f"configs/zoo.py:{arg}: size {size!r} is not one of {list(SIZES)}")
@@ -43,8 +53,9 @@ def get_config(arg: str = "pure,gdn"):
         m.window = _positive(rest[0], "the window W", arg)
     else:
         if rest[0] not in LA_KINDS:
-            raise ValueError(f"configs/zoo.py:{arg}: linear-head kind {rest[0]!r} is not one "
-                             f"of {list(LA_KINDS)}")
+            raise ValueError(
+                f"configs/zoo.py:{arg}: linear-head kind {rest[0]!r} is not one of {list(LA_KINDS)}"
+            )
         m.la_kind = rest[0]
         if form.startswith("layerwise"):
             m.ratio = (1, _positive(rest[1], "the ratio R", arg))

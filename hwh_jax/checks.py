@@ -1,13 +1,22 @@
 """Checks of numeric config values: finite, of the right kind and in range, with errors that name
 the config key, the value and the range (``number("train.lr", nan, lo=0, lo_open=True)`` ->
 ``ValueError: train.lr must be a finite number > 0, got nan``)."""
+
 from __future__ import annotations
 
 import math
 
 
-def number(key: str, value, *, lo=None, hi=None, lo_open: bool = False, hi_open: bool = False,
-           integer: bool = False) -> None:
+def number(
+    key: str,
+    value,
+    *,
+    lo=None,
+    hi=None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    integer: bool = False,
+) -> None:
     """Raise ValueError naming ``key`` unless ``value`` is a finite number (an integer if
     ``integer``) in the range [lo, hi] (open at an end where ``*_open``)."""
     kind = "an integer" if integer else "a finite number"

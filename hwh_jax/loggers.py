@@ -9,6 +9,7 @@ optional (``pip install "hwh-jax[wandb]"``); its run id is kept in ``<workdir>/w
 so a resumed run continues the same W&B run; ``WANDB_MODE=offline`` (W&B's own setting) logs
 without a network, for a later ``wandb sync``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,8 +26,10 @@ def parse_loggers(spec: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in str(spec).split(",") if k.strip())
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
-        raise ValueError(f"train.loggers={spec!r}: {', '.join(unknown)} is not a logger "
-                         f"(choose from {', '.join(KINDS)}, comma-separated, or '')")
+        raise ValueError(
+            f"train.loggers={spec!r}: {', '.join(unknown)} is not a logger "
+            f"(choose from {', '.join(KINDS)}, comma-separated, or '')"
+        )
     return kinds
 
 
@@ -35,6 +38,7 @@ class TensorBoardLogger:
 
     def __init__(self, workdir):
         from tensorboardX import SummaryWriter
+
         self.staged = storage.Staged(storage.path(workdir) / "tensorboard")
         self.writer = SummaryWriter(str(self.staged.local))
 
@@ -43,7 +47,7 @@ class TensorBoardLogger:
             self.writer.add_scalar(k, v, step)
 
     def summary(self, values: dict) -> None:
-        del values                      # summary.json holds it; TensorBoard has no such record
+        del values  # summary.json holds it; TensorBoard has no such record
 
     def flush(self) -> None:
         self.writer.flush()
@@ -63,19 +67,30 @@ class WandbLogger:
         try:
             import wandb
         except ImportError:
-            raise ValueError('train.loggers names wandb, which is not installed: '
-                             'pip install "hwh-jax[wandb]" (or drop wandb from train.loggers)'
-                             ) from None
+            raise ValueError(
+                "train.loggers names wandb, which is not installed: "
+                'pip install "hwh-jax[wandb]" (or drop wandb from train.loggers)'
+            ) from None
         self.wandb = wandb
         id_file = storage.path(workdir) / self.ID_FILE
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
         self.staged = storage.Staged(storage.path(workdir) / "wandb")
-        self.run = wandb.init(project=project, id=run_id, resume="allow", name=name,
-                              config=config, dir=str(self.staged.local))
+        self.run = wandb.init(
+            project=project,
+            id=run_id,
+            resume="allow",
+            name=name,
+            config=config,
+            dir=str(self.staged.local),
+        )
         if not id_file.exists():
             storage.write_text(id_file, run_id)
-        log.info("W&B run %s (project %s, mode %s)", run_id, project,
-                 getattr(self.run.settings, "mode", "?"))
+        log.info(
+            "W&B run %s (project %s, mode %s)",
+            run_id,
+            project,
+            getattr(self.run.settings, "mode", "?"),
+        )
 
     def scalars(self, step: int, values: dict) -> None:
         self.run.log(values, step=step)
@@ -84,7 +99,7 @@ class WandbLogger:
         self.run.summary.update(values)
 
     def flush(self) -> None:
-        pass                            # wandb streams from its own process
+        pass  # wandb streams from its own process
 
     def close(self) -> None:
         self.run.finish()

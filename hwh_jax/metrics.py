@@ -1,4 +1,5 @@
 """Run output a person can follow: a console line, metrics.jsonl, TensorBoard events, a plot."""
+
 from __future__ import annotations
 
 import json
@@ -32,19 +33,23 @@ class MetricsWriter:
         self.path = storage.path(workdir) / "metrics.jsonl"
         self.remote = storage.is_remote(self.path)
         self.loggers = list(loggers) if enabled else []
-        self._rows: list[str] | None = None      # a bucket's rows, read on first use
+        self._rows: list[str] | None = None  # a bucket's rows, read on first use
         self._dirty, self._flushed = False, time.time()
 
     def _remote_rows(self) -> list[str]:
         if self._rows is None:
-            self._rows = (self.path.read_text().splitlines() if self.path.exists() else [])
+            self._rows = self.path.read_text().splitlines() if self.path.exists() else []
         return self._rows
 
     def write(self, step: int, split: str, values: dict) -> None:
         if not self.enabled:
             return
-        row = {"step": int(step), "split": split, "time": time.time(),
-               **{k: float(v) for k, v in values.items()}}
+        row = {
+            "step": int(step),
+            "split": split,
+            "time": time.time(),
+            **{k: float(v) for k, v in values.items()},
+        }
         line = json.dumps(row)
         if self.remote:
             self._remote_rows().append(line)
@@ -57,7 +62,7 @@ class MetricsWriter:
         for logger in self.loggers:
             logger.scalars(int(step), {f"{split}/{k}": float(v) for k, v in values.items()})
             if not self.remote:
-                logger.flush()        # a local TensorBoard shows each point at once
+                logger.flush()  # a local TensorBoard shows each point at once
 
     def flush(self) -> None:
         """Bring the bucket's metrics.jsonl and the loggers up to date."""
@@ -88,8 +93,16 @@ class MetricsWriter:
             logger.close()
 
 
-def progress_line(step: int, total: int, m: dict, tokens_per_s: float, mfu: float | None,
-                  eta_s: float, data_share: float | None = None, plan: str = "") -> str:
+def progress_line(
+    step: int,
+    total: int,
+    m: dict,
+    tokens_per_s: float,
+    mfu: float | None,
+    eta_s: float,
+    data_share: float | None = None,
+    plan: str = "",
+) -> str:
     """One log line. ``data_share``: the fraction of the interval's wall time the loop spent
     waiting for its next batch (near 1: the host's input pipeline, not the device, sets the
     pace). ``plan``: the step's micro-batch x accumulation and memory a device."""
@@ -97,9 +110,11 @@ def progress_line(step: int, total: int, m: dict, tokens_per_s: float, mfu: floa
     data_s = f" | data {100 * data_share:.0f}%" if data_share is not None else ""
     if plan:
         data_s += f" | {plan}"
-    return (f"step {step:>6d}/{total} | loss {m['loss']:.4f} | lr {m['lr']:.2e} | "
-            f"gnorm {m['grad_norm']:.3f} | {tokens_per_s / 1e3:.1f}k tok/s | MFU {mfu_s}{data_s} | "
-            f"ETA {format_duration(eta_s)}")
+    return (
+        f"step {step:>6d}/{total} | loss {m['loss']:.4f} | lr {m['lr']:.2e} | "
+        f"gnorm {m['grad_norm']:.3f} | {tokens_per_s / 1e3:.1f}k tok/s | MFU {mfu_s}{data_s} | "
+        f"ETA {format_duration(eta_s)}"
+    )
 
 
 def read_metrics(path) -> list[dict]:
@@ -109,8 +124,7 @@ def read_metrics(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_loss(metrics_path, out_png, *, title: str = "",
-              reference: dict[str, float] | None = None):
+def plot_loss(metrics_path, out_png, *, title: str = "", reference: dict[str, float] | None = None):
     """Train and held-out loss against step; horizontal lines for reference levels."""
     plt = pyplot()
     rows = read_metrics(metrics_path)
@@ -124,6 +138,5 @@ def plot_loss(metrics_path, out_png, *, title: str = "",
             ax.axhline(value, ls="--", lw=1, color="gray")
             ax.text(ax.get_xlim()[0], value, f" {name} {value:.2f}", va="bottom", fontsize=8)
     ax.set_title(title)
-    finish_line_chart(fig, ax, out_png, xlabel="step", ylabel="loss (nats / token)",
-                      legend_size=10)
+    finish_line_chart(fig, ax, out_png, xlabel="step", ylabel="loss (nats / token)", legend_size=10)
     return out_png

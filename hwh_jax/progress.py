@@ -8,6 +8,7 @@ carriage returns make an unreadable log.
             ...
             p.update(len(batch))
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,24 +24,42 @@ def _terminal() -> bool:
 
 def _duration(s: float) -> str:
     s = int(round(s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (
-        f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+    return (
+        f"{s // 3600}h{s % 3600 // 60:02d}m"
+        if s >= 3600
+        else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+    )
 
 
 class Progress:
     """Counts work done out of ``total`` (``update(n)`` adds, ``to(done)`` sets). ``bar``:
     None picks a tqdm bar when stderr is a terminal, log lines otherwise."""
 
-    def __init__(self, total: int, desc: str, *, unit: str = "item", every_s: float = 30.0,
-                 bar: bool | None = None, clock=time.monotonic):
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        *,
+        unit: str = "item",
+        every_s: float = 30.0,
+        bar: bool | None = None,
+        clock=time.monotonic,
+    ):
         self.total, self.desc, self.unit, self.every_s = int(total), desc, unit, every_s
         self.done, self._clock = 0, clock
         self._start = self._last = clock()
         self._bar = None
         if _terminal() if bar is None else bar:
             from tqdm.auto import tqdm
-            self._bar = tqdm(total=self.total, desc=desc, unit=unit, file=sys.stderr,
-                             dynamic_ncols=True, leave=False)
+
+            self._bar = tqdm(
+                total=self.total,
+                desc=desc,
+                unit=unit,
+                file=sys.stderr,
+                dynamic_ncols=True,
+                leave=False,
+            )
 
     def update(self, n: int = 1) -> None:
         self.to(self.done + n)
@@ -68,7 +87,7 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        elif self._clock() - self._start >= self.every_s:     # a short task: its result says it
+        elif self._clock() - self._start >= self.every_s:  # a short task: its result says it
             log.info("%s", self.line())
 
     def __enter__(self):

@@ -24,6 +24,7 @@ gs:// goes through gcsfs even where TensorFlow is installed (epath would pick TF
 client, the one named in the error, is simpler to configure: ``STORAGE_EMULATOR_HOST``,
 ``FSSPEC_GS_TOKEN``).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -37,11 +38,11 @@ import pathlib
 import shutil
 import threading
 
-os.environ.setdefault("EPATH_USE_TF", "false")      # before epath decides on a backend
+os.environ.setdefault("EPATH_USE_TF", "false")  # before epath decides on a backend
 from etils import epath  # the setting above must come first
 
 log = logging.getLogger(__name__)
-PathLike = epath.PathLike       # a str, pathlib.Path or epath.Path
+PathLike = epath.PathLike  # a str, pathlib.Path or epath.Path
 
 # scheme -> (the module fsspec needs, what to install)
 BACKENDS = {
@@ -72,16 +73,18 @@ def check_backend(p) -> None:
     if s is None:
         return
     if s not in BACKENDS:
-        raise MissingBackend(f"{p}: the {s}:// scheme is not supported (gs:// and s3:// are, "
-                             "or a local path)")
+        raise MissingBackend(
+            f"{p}: the {s}:// scheme is not supported (gs:// and s3:// are, or a local path)"
+        )
     module, install = BACKENDS[s]
     try:
         found = importlib.util.find_spec(module) is not None
     except ImportError:
         found = False
     if not found:
-        raise MissingBackend(f"{p}: {s}:// needs the {module} package, which is not installed: "
-                             f"{install}")
+        raise MissingBackend(
+            f"{p}: {s}:// needs the {module} package, which is not installed: {install}"
+        )
 
 
 def path(p):
@@ -116,8 +119,9 @@ def writable(p, what: str = "--workdir"):
     except OSError as e:
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
-        raise NotWritable(f"{what}={p} cannot be written ({e.strerror}): choose a folder you "
-                          f"can write") from None
+        raise NotWritable(
+            f"{what}={p} cannot be written ({e.strerror}): choose a folder you can write"
+        ) from None
 
 
 def make_folder(p, what: str = "--workdir") -> None:
@@ -142,8 +146,7 @@ def write_text(p, text: str) -> None:
 def cache_root() -> pathlib.Path:
     """Local caches: $HWH_CACHE_DIR or ~/.cache/hwh_jax (always a local disk: a cache is a
     host's own)."""
-    root = pathlib.Path(os.environ.get("HWH_CACHE_DIR",
-                                       pathlib.Path.home() / ".cache" / "hwh_jax"))
+    root = pathlib.Path(os.environ.get("HWH_CACHE_DIR", pathlib.Path.home() / ".cache" / "hwh_jax"))
     root.mkdir(parents=True, exist_ok=True)
     return root
 
@@ -236,8 +239,7 @@ def sync_all(level: int = logging.WARNING) -> None:
         try:
             staged.sync()
         except Exception:  # any storage error: say it, keep the run going
-            log.log(level, "could not upload %s to %s", staged.local, staged.remote,
-                    exc_info=True)
+            log.log(level, "could not upload %s to %s", staged.local, staged.remote, exc_info=True)
 
 
 # A last try at exit (the launchers sync before they return; by the time atexit runs, fsspec

@@ -2,14 +2,15 @@
 kernel file(s), ``settings.py`` (a frozen ``KernelSettings`` value: implementation, platform and
 launch settings) and ``op.py`` (the public entry: shapes checked, implementation dispatched).
 ``chosen()`` tells which implementation each op ran."""
+
 from kernels_pallas.attention import (
-                                      AttentionSettings,
-                                      DecodeAttentionSettings,
-                                      attention,
-                                      attention_reference,
-                                      cached_attention,
-                                      cached_attention_blockwise,
-                                      decode_attention,
+    AttentionSettings,
+    DecodeAttentionSettings,
+    attention,
+    attention_reference,
+    cached_attention,
+    cached_attention_blockwise,
+    decode_attention,
 )
 from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
 from kernels_pallas.dispatch import KernelSettings, chosen
@@ -21,10 +22,30 @@ from kernels_pallas.short_conv import ShortConvSettings, short_conv
 from kernels_pallas.skinny_matmul import SkinnyMatmulSettings, skinny_matmul
 from kernels_pallas.softmax_xent import SoftmaxXentSettings, softmax_xent
 
-__all__ = ["AttentionSettings", "DecaySettings", "DecodeAttentionSettings", "GDNSettings",
-           "GatedRecurrenceSettings", "KernelSettings", "RMSNormSettings", "ShortConvSettings",
-           "SkinnyMatmulSettings", "SoftmaxXentSettings", "attention", "attention_reference",
-           "cached_attention", "cached_attention_blockwise", "chosen", "decode_attention",
-           "gated_delta_rule", "gated_delta_rule_step", "gated_linear_attention",
-           "gated_recurrence", "kernel_mesh", "rms_norm", "short_conv", "skinny_matmul",
-           "softmax_xent"]
+__all__ = [
+    "AttentionSettings",
+    "DecaySettings",
+    "DecodeAttentionSettings",
+    "GDNSettings",
+    "GatedRecurrenceSettings",
+    "KernelSettings",
+    "RMSNormSettings",
+    "ShortConvSettings",
+    "SkinnyMatmulSettings",
+    "SoftmaxXentSettings",
+    "attention",
+    "attention_reference",
+    "cached_attention",
+    "cached_attention_blockwise",
+    "chosen",
+    "decode_attention",
+    "gated_delta_rule",
+    "gated_delta_rule_step",
+    "gated_linear_attention",
+    "gated_recurrence",
+    "kernel_mesh",
+    "rms_norm",
+    "short_conv",
+    "skinny_matmul",
+    "softmax_xent",
+]

@@ -14,6 +14,7 @@ plus the op's own launch settings. ``impl="auto"`` looks the platform up in the 
 table (``FALLBACK`` where it has no entry); the op may fall back further when a shape does not
 suit its kernel. Every choice is logged once and kept in ``chosen()``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,6 +32,7 @@ PLATFORMS = ("cpu", "gpu", "tpu")
 class KernelSettings:
     """The choices every kernel op takes; subclasses add their launch settings and set ``OP``,
     ``IMPLS``, ``AUTO`` and ``FALLBACK``. Invalid values raise ``ValueError`` when built."""
+
     impl: str = "auto"
     interpret: Any = False
     platform: str | None = None
@@ -44,8 +46,10 @@ class KernelSettings:
         if self.impl not in self.IMPLS:
             raise ValueError(f"{self.OP}: impl={self.impl!r} is not one of {self.IMPLS}")
         if self.platform is not None and self.platform not in PLATFORMS:
-            raise ValueError(f"{self.OP}: platform={self.platform!r} is not one of "
-                             f"{PLATFORMS} (or None: the default backend)")
+            raise ValueError(
+                f"{self.OP}: platform={self.platform!r} is not one of "
+                f"{PLATFORMS} (or None: the default backend)"
+            )
 
     def require_positive(self, *names: str, optional: tuple[str, ...] = ()):
         """Refuses, naming the field, any of ``names`` below 1, and any of ``optional`` below 1
@@ -89,12 +93,15 @@ def lowering(settings: KernelSettings, impl: str) -> str:
     if impl == "splash":
         return "JAX's splash attention, a Pallas kernel compiled by Mosaic TPU"
     if settings.interpret is not False:
-        return ("a Pallas kernel in the interpreter"
-                + (" (TPU semantics)" if settings.interpret is not True else ""))
+        return "a Pallas kernel in the interpreter" + (
+            " (TPU semantics)" if settings.interpret is not True else ""
+        )
     if impl == "mosaic":
         return "a Pallas kernel compiled by Mosaic GPU"
-    return {"gpu": "a Pallas kernel compiled by Triton", "tpu": "a Pallas kernel compiled by "
-            "Mosaic TPU"}.get(settings.target(), "a Pallas kernel (no compiled lowering here)")
+    return {
+        "gpu": "a Pallas kernel compiled by Triton",
+        "tpu": "a Pallas kernel compiled by Mosaic TPU",
+    }.get(settings.target(), "a Pallas kernel (no compiled lowering here)")
 
 
 def record(settings: KernelSettings, impl: str, op: str | None = None) -> str:
@@ -104,8 +111,13 @@ def record(settings: KernelSettings, impl: str, op: str | None = None) -> str:
     key = f"{op}@{settings.target()}"
     if _chosen.get(key) != impl:
         _chosen[key] = impl
-        _log.info("kernels_pallas: %s runs impl=%r on %r: %s", op, impl, settings.target(),
-                  lowering(settings, impl))
+        _log.info(
+            "kernels_pallas: %s runs impl=%r on %r: %s",
+            op,
+            impl,
+            settings.target(),
+            lowering(settings, impl),
+        )
     return impl
 
 

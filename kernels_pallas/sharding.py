@@ -15,6 +15,7 @@ dimension over the tensor axis) for GSPMD. Without such pins GSPMD partitions an
 matmuls along the weights' sharded dimension and moves whole-batch activations instead of
 weights, several times the bytes (``bench/collectives.py`` counts them; docs/training.md).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,6 +33,7 @@ class KernelMesh:
     """The mesh the kernels run on per shard, with the axes a batch dimension is split over and
     the axis heads are split over; ``*_spec`` give the axis for a dimension, None where it does
     not divide."""
+
     mesh: Mesh
     batch_axes: tuple[str, ...] = ("data", "fsdp")
     head_axis: str | None = "tensor"
@@ -49,14 +51,14 @@ class KernelMesh:
 
 
 _CURRENT: contextvars.ContextVar[KernelMesh | None] = contextvars.ContextVar(
-    "kernels_pallas_mesh", default=None)
+    "kernels_pallas_mesh", default=None
+)
 
 
 @contextlib.contextmanager
 def kernel_mesh(mesh: Mesh | None, batch_axes=("data", "fsdp"), head_axis="tensor"):
     """Kernels traced inside run per shard of ``mesh`` (None or one device: no change)."""
-    km = None if mesh is None or mesh.size == 1 else KernelMesh(mesh, tuple(batch_axes),
-                                                                head_axis)
+    km = None if mesh is None or mesh.size == 1 else KernelMesh(mesh, tuple(batch_axes), head_axis)
     token = _CURRENT.set(km)
     try:
         yield km
@@ -82,8 +84,7 @@ def constrain(x, heads: int | None = None):
 
 def per_shard(fn, km: KernelMesh, in_specs, out_specs):
     """``fn`` under ``shard_map`` over ``km.mesh`` (specs are PartitionSpecs or None leaves)."""
-    return jax.shard_map(fn, mesh=km.mesh, in_specs=in_specs, out_specs=out_specs,
-                         check_vma=False)
+    return jax.shard_map(fn, mesh=km.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
 __all__ = ["KernelMesh", "P", "constrain", "current", "kernel_mesh", "per_shard"]

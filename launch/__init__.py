@@ -9,6 +9,7 @@ read, a workdir made by another config or in use by another run). A failure prin
 the traceback goes to the log file (a launcher's workdir's ``<name>.log``) and, with
 ``--verbosity=1``, to the console.
 """
+
 import contextlib
 import logging
 import os
@@ -22,7 +23,7 @@ EXIT_FAILED, EXIT_REFUSED = 1, 2
 _log = logging.getLogger("launch")
 
 
-NOISY = ("asyncio", "orbax", "etils", "absl")   # library detail: the log file, not the console
+NOISY = ("asyncio", "orbax", "etils", "absl")  # library detail: the log file, not the console
 
 
 def setup_logging(log_file: storage.PathLike | None = None) -> None:
@@ -32,6 +33,7 @@ def setup_logging(log_file: storage.PathLike | None = None) -> None:
     URL: written locally and copied up at checkpoints and at exit, ``storage.Staged``)."""
     from absl import flags
     from absl import logging as absl_logging
+
     verbose = flags.FLAGS.is_parsed() and flags.FLAGS.verbosity >= 1
     root = logging.getLogger()
     root.setLevel(logging.DEBUG if log_file else logging.INFO)
@@ -44,7 +46,7 @@ def setup_logging(log_file: storage.PathLike | None = None) -> None:
         log_file = storage.Staged(target.parent).local / target.name
         handler = logging.FileHandler(log_file)
         handler.setLevel(logging.DEBUG)
-        if not verbose:                   # --verbosity=1: every library's DEBUG records too
+        if not verbose:  # --verbosity=1: every library's DEBUG records too
             handler.addFilter(_InfoAndTracebacks())
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
@@ -64,15 +66,18 @@ def _quiet_closed_loops():
 
     def on_exception(kind, value, tb):
         if _closed_loop(kind, value):
-            _log.debug("a late asynchronous callback met a closed event loop",
-                       exc_info=(kind, value, tb))
+            _log.debug(
+                "a late asynchronous callback met a closed event loop", exc_info=(kind, value, tb)
+            )
             return
         excepthook(kind, value, tb)
 
     def on_unraisable(u):
         if _closed_loop(u.exc_type, u.exc_value):
-            _log.debug("a late asynchronous callback met a closed event loop",
-                       exc_info=(u.exc_type, u.exc_value, u.exc_traceback))
+            _log.debug(
+                "a late asynchronous callback met a closed event loop",
+                exc_info=(u.exc_type, u.exc_value, u.exc_traceback),
+            )
             return
         unraisablehook(u)
 
@@ -84,10 +89,12 @@ def begin(log_file=None) -> None:
     before any device use), then ``setup_logging`` (``log_file``: a path, or a function of the
     process index that gives one), then the log's first lines: what the defaults set."""
     from launch import devices
+
     _quiet_closed_loops()
     started = devices.start()
     if callable(log_file):
         import jax
+
         log_file = log_file(jax.process_index())
     setup_logging(log_file)
     for line in started:
@@ -101,6 +108,7 @@ def first_process_writes(out: storage.PathLike | None = None):
     process and a scratch folder (removed after) on the others, whose console output is also
     dropped, so plots, JSON and printed results come once. A single process: ``out`` itself."""
     import jax
+
     if jax.process_index() == 0:
         yield None if out is None else storage.path(out)
         return
@@ -131,8 +139,9 @@ class _InfoAndTracebacks(logging.Filter):
     flag."""
 
     def filter(self, record):
-        return record.levelno >= logging.INFO or (record.exc_info is not None
-                                                  and record.name.startswith(OURS))
+        return record.levelno >= logging.INFO or (
+            record.exc_info is not None and record.name.startswith(OURS)
+        )
 
 
 @contextlib.contextmanager
@@ -142,11 +151,12 @@ def one_line_errors():
     from absl import flags
 
     from hwh_jax.training.checkpoint import CheckpointWriteError
+
     verbose = flags.FLAGS.is_parsed() and flags.FLAGS.verbosity >= 1
     try:
         yield
     except (FloatingPointError, CheckpointWriteError) as e:
-        storage.sync_all()       # a bucket's staged files (the log saying why) go up first
+        storage.sync_all()  # a bucket's staged files (the log saying why) go up first
         _fail(e, EXIT_FAILED, verbose)
     except (ValueError, KeyError, FileNotFoundError, NotADirectoryError) as e:
         storage.sync_all()
@@ -154,7 +164,7 @@ def one_line_errors():
     except OSError as e:
         storage.sync_all()
         _fail(e, EXIT_FAILED, verbose)
-    except RuntimeError as e:       # a collective with a process that is gone: one line
+    except RuntimeError as e:  # a collective with a process that is gone: one line
         if not (_several_processes() and any(s in str(e) for s in _PEER_GONE)):
             raise
         _fail(e, EXIT_FAILED, verbose)
@@ -169,28 +179,33 @@ def run_main(main) -> None:
     from absl import app
 
     from launch import devices
+
     devices.skip_tpu_probe()
     app.run(main, flags_parser=_parse_flags)
 
 
 def _parse_flags(argv):
     from absl import flags
+
     try:
         try:
             rest = flags.FLAGS(argv)
-        except SystemExit:      # absl ends --help (and --helpfull, ...) with status 1
-            if any(a.lstrip("-").split("=")[0] in ("help", "helpfull", "helpshort", "helpxml",
-                                                   "h", "?") for a in argv[1:]):
+        except SystemExit:  # absl ends --help (and --helpfull, ...) with status 1
+            if any(
+                a.lstrip("-").split("=")[0]
+                in ("help", "helpfull", "helpshort", "helpxml", "h", "?")
+                for a in argv[1:]
+            ):
                 sys.exit(0)
             raise
         if "config" in flags.FLAGS:
             config = flags.FLAGS.config
-            if type(config).__name__ == "_ErrorConfig":   # ml_collections' failed load
-                str(config.anything)                       # raises its error
+            if type(config).__name__ == "_ErrorConfig":  # ml_collections' failed load
+                str(config.anything)  # raises its error
         return rest
     except flags.Error as e:
         message = " ".join(str(e).split())
-    except (AttributeError, KeyError) as e:   # ml_collections: an override of a missing key
+    except (AttributeError, KeyError) as e:  # ml_collections: an override of a missing key
         text = str(e.args[0] if e.args else e)
         text = text.replace("\\n", " ").replace("\\'", "").replace("\n", " ").replace("'", "")
         message = "a --config override names no key of the config: " + " ".join(text.split())
@@ -201,13 +216,20 @@ def _parse_flags(argv):
     sys.exit(EXIT_REFUSED)
 
 
-_PEER_GONE = ("Connection reset by peer", "Connection refused", "Gloo", "Broken pipe",
-              "failed to connect to all addresses", "Socket closed")
+_PEER_GONE = (
+    "Connection reset by peer",
+    "Connection refused",
+    "Gloo",
+    "Broken pipe",
+    "failed to connect to all addresses",
+    "Socket closed",
+)
 
 
 def _several_processes() -> bool:
     try:
         import jax
+
         return jax.process_count() > 1
     except Exception:  # noqa: BLE001 - before or without a backend: one process
         return False
@@ -220,9 +242,11 @@ def _fail(e: BaseException, status: int, verbose: bool):
     message = str(e) if not isinstance(e, KeyError) else str(e.args[0]) if e.args else repr(e)
     several = _several_processes()
     if several and any(s in message for s in _PEER_GONE):
-        status = EXIT_FAILED        # however the failure surfaced (a ValueError included)
-        message += (" (another process of the job is gone or unreachable: the checkpoints in "
-                    "the workdir stay; relaunch every process to resume from the newest)")
+        status = EXIT_FAILED  # however the failure surfaced (a ValueError included)
+        message += (
+            " (another process of the job is gone or unreachable: the checkpoints in "
+            "the workdir stay; relaunch every process to resume from the newest)"
+        )
     print(f"error: {message}", file=sys.stderr, flush=True)
     if several:
         # jax.distributed's shutdown at exit waits for every process at a barrier (minutes,

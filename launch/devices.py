@@ -17,31 +17,37 @@ A flag the user's ``XLA_FLAGS`` / ``LIBTPU_INIT_ARGS`` already names is left as 
 a variable the user set is not touched. ``init_distributed`` starts ``jax.distributed`` when
 the environment describes several processes.
 """
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-GPU_XLA_FLAGS = (("--xla_gpu_enable_command_buffer", ""),
-                 ("--xla_gpu_enable_triton_gemm", "false"))
+GPU_XLA_FLAGS = (("--xla_gpu_enable_command_buffer", ""), ("--xla_gpu_enable_triton_gemm", "false"))
 GPU_ENV = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"}
-TPU_LIBTPU_FLAGS = (("--xla_tpu_enable_async_collective_fusion", "true"),
-                    ("--xla_tpu_enable_async_collective_fusion_fuse_all_gather", "true"),
-                    ("--xla_tpu_enable_async_collective_fusion_multiple_steps", "true"),
-                    ("--xla_tpu_overlap_compute_collective_tc", "true"),
-                    ("--xla_enable_async_all_gather", "true"))
+TPU_LIBTPU_FLAGS = (
+    ("--xla_tpu_enable_async_collective_fusion", "true"),
+    ("--xla_tpu_enable_async_collective_fusion_fuse_all_gather", "true"),
+    ("--xla_tpu_enable_async_collective_fusion_multiple_steps", "true"),
+    ("--xla_tpu_overlap_compute_collective_tc", "true"),
+    ("--xla_enable_async_all_gather", "true"),
+)
 
 
-def platform(environ=os.environ, dev: Path = Path("/dev")) -> str:   # local path: devices
-    """"gpu", "tpu" or "cpu": from ``JAX_PLATFORMS`` when set, else from the devices the
+def platform(environ=os.environ, dev: Path = Path("/dev")) -> str:  # local path: devices
+    """ "gpu", "tpu" or "cpu": from ``JAX_PLATFORMS`` when set, else from the devices the
     machine has (NVIDIA device files; TPU accelerator files or a TPU VM's variables)."""
     chosen = environ.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()
     if chosen:
         return {"cuda": "gpu", "rocm": "gpu"}.get(chosen, chosen)
     if (dev / "nvidia0").exists() or (dev / "nvidiactl").exists():
         return "gpu"
-    if (dev / "accel0").exists() or (dev / "vfio" / "0").exists() \
-            or environ.get("TPU_ACCELERATOR_TYPE") or environ.get("TPU_WORKER_HOSTNAMES"):
+    if (
+        (dev / "accel0").exists()
+        or (dev / "vfio" / "0").exists()
+        or environ.get("TPU_ACCELERATOR_TYPE")
+        or environ.get("TPU_WORKER_HOSTNAMES")
+    ):
         return "tpu"
     return "cpu"
 
@@ -76,8 +82,9 @@ def apply_defaults(environ=os.environ, on: str | None = None) -> list[str]:
                 environ[k] = v
                 made.append(f"{k}={v}")
     elif on == "tpu":
-        environ["LIBTPU_INIT_ARGS"], added = _merge(environ.get("LIBTPU_INIT_ARGS", ""),
-                                                    TPU_LIBTPU_FLAGS)
+        environ["LIBTPU_INIT_ARGS"], added = _merge(
+            environ.get("LIBTPU_INIT_ARGS", ""), TPU_LIBTPU_FLAGS
+        )
         made += [f"LIBTPU_INIT_ARGS += {a}" for a in added]
     return made
 
@@ -86,9 +93,11 @@ def several_processes(environ=os.environ) -> bool:
     """Whether the environment describes a job of several processes: a coordinator address
     (``JAX_COORDINATOR_ADDRESS``, with ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` where no
     cluster manager says them), a TPU slice of several hosts, or a SLURM job of several tasks."""
-    return bool(environ.get("JAX_COORDINATOR_ADDRESS")
-                or "," in environ.get("TPU_WORKER_HOSTNAMES", "")
-                or int(environ.get("SLURM_NTASKS", "1")) > 1)
+    return bool(
+        environ.get("JAX_COORDINATOR_ADDRESS")
+        or "," in environ.get("TPU_WORKER_HOSTNAMES", "")
+        or int(environ.get("SLURM_NTASKS", "1")) > 1
+    )
 
 
 def init_distributed(environ=os.environ) -> str | None:
@@ -96,6 +105,7 @@ def init_distributed(environ=os.environ) -> str | None:
     if not several_processes(environ):
         return None
     import jax
+
     kw = {}
     if environ.get("JAX_NUM_PROCESSES"):
         kw["num_processes"] = int(environ["JAX_NUM_PROCESSES"])
@@ -110,18 +120,21 @@ def init_distributed(environ=os.environ) -> str | None:
         # step's first collective after compilations that can differ by more than that on a
         # loaded machine. One collective now builds the context while they are together.
         from jax.experimental import multihost_utils
+
         multihost_utils.sync_global_devices("hwh_jax: CPU collectives")
     from jax._src import distributed  # the coordination client (no public accessor)
 
     from launch import peers
+
     peers.watch(distributed.global_state.client, jax.process_index(), jax.process_count())
-    return (f"process {jax.process_index()} of {jax.process_count()}: "
-            f"{jax.local_device_count()} local of {jax.device_count()} devices")
+    return (
+        f"process {jax.process_index()} of {jax.process_count()}: "
+        f"{jax.local_device_count()} local of {jax.device_count()} devices"
+    )
 
 
 def start(environ=os.environ) -> list[str]:
     """A launcher's first call: defaults, then several processes. Lines for the log."""
-    lines = [f"device default: {m} (set it yourself to change it)"
-             for m in apply_defaults(environ)]
+    lines = [f"device default: {m} (set it yourself to change it)" for m in apply_defaults(environ)]
     line = init_distributed(environ)
     return lines + ([line] if line else [])

@@ -6,6 +6,7 @@ never the training run's own closing evaluation in ``<workdir>/eval``): one fold
 ``results.json``, NIAH heatmaps (depth x length per task) and perplexity by position, plus the
 cross-model extrapolation chart and perplexity chart. The logic is ``hwh_jax.eval.suite``.
 """
+
 import json
 
 from absl import flags
@@ -14,8 +15,7 @@ from hwh_jax import storage
 from launch import begin, first_process_writes, one_line_errors, run_main
 
 flags.DEFINE_list("checkpoint", None, "launch.train workdir(s), comma-separated")
-flags.DEFINE_string("out", "", "output folder (default <first checkpoint>/evals/"
-                    "<suites>_step<N>)")
+flags.DEFINE_string("out", "", "output folder (default <first checkpoint>/evals/<suites>_step<N>)")
 flags.DEFINE_integer("step", None, "checkpoint step (default: the newest)")
 # Evaluation settings: unset flags keep hwh_jax.eval.EvalSpec's defaults (its docstring).
 flags.DEFINE_list("suite", None, "any of niah, mqar, ppl, longppl, retrieval, commonsense")
@@ -29,21 +29,33 @@ flags.DEFINE_list("commonsense_tasks", None, "default: all seven")
 flags.DEFINE_integer("commonsense_limit", None, "first N examples per task (0 = all)")
 flags.DEFINE_integer("mqar_examples", None, "sequences per MQAR setting")
 flags.DEFINE_integer("longppl_factor", None, "LongPPL windows as multiples of the training length")
-flags.DEFINE_integer("longppl_short", None, "LongPPL's short context in tokens (default: the "
-                     "training length)")
-flags.DEFINE_string("longppl_evaluator", None, "a launch.train workdir whose model chooses "
-                    "LongPPL's key tokens (default: each evaluated model itself)")
+flags.DEFINE_integer(
+    "longppl_short", None, "LongPPL's short context in tokens (default: the training length)"
+)
+flags.DEFINE_string(
+    "longppl_evaluator",
+    None,
+    "a launch.train workdir whose model chooses "
+    "LongPPL's key tokens (default: each evaluated model itself)",
+)
 flags.DEFINE_integer("batch_size", None, "sequences per forward / generate call")
 flags.mark_flags_as_required(["checkpoint"])
 FLAGS = flags.FLAGS
-SPEC_FLAGS = {"suite": ("suites", tuple), "niah_tasks": ("niah_tasks", tuple),
-              "niah_factors": ("niah_factors", lambda v: tuple(float(f) for f in v)),
-              "niah_depths": ("niah_depths", int), "niah_samples": ("niah_samples", int),
-              "ppl_factor": ("ppl_factor", int), "ppl_text": ("ppl_text", str),
-              "commonsense_tasks": ("commonsense_tasks", tuple),
-              "commonsense_limit": ("commonsense_limit", int),
-              "mqar_examples": ("mqar_examples", int), "batch_size": ("batch_size", int),
-              "longppl_factor": ("longppl_factor", int), "longppl_short": ("longppl_short", int)}
+SPEC_FLAGS = {
+    "suite": ("suites", tuple),
+    "niah_tasks": ("niah_tasks", tuple),
+    "niah_factors": ("niah_factors", lambda v: tuple(float(f) for f in v)),
+    "niah_depths": ("niah_depths", int),
+    "niah_samples": ("niah_samples", int),
+    "ppl_factor": ("ppl_factor", int),
+    "ppl_text": ("ppl_text", str),
+    "commonsense_tasks": ("commonsense_tasks", tuple),
+    "commonsense_limit": ("commonsense_limit", int),
+    "mqar_examples": ("mqar_examples", int),
+    "batch_size": ("batch_size", int),
+    "longppl_factor": ("longppl_factor", int),
+    "longppl_short": ("longppl_short", int),
+}
 
 
 def main(argv):
@@ -55,8 +67,12 @@ def main(argv):
 
 def evaluate():
     from hwh_jax.eval import suite
-    given = {field: cast(FLAGS[name].value) for name, (field, cast) in SPEC_FLAGS.items()
-             if FLAGS[name].value is not None}
+
+    given = {
+        field: cast(FLAGS[name].value)
+        for name, (field, cast) in SPEC_FLAGS.items()
+        if FLAGS[name].value is not None
+    }
     spec = suite.EvalSpec(**given)
     spec.validate()  # before loading anything
     with first_process_writes(FLAGS.out or default_out(spec.suites)) as out:
@@ -68,8 +84,9 @@ def default_out(suites) -> storage.PathLike:
     (N: ``--step`` or the newest checkpoint's), apart from the training's ``eval/``."""
     run = storage.path(FLAGS.checkpoint[0])
     folder = run / "checkpoints"
-    steps = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) \
-        if folder.exists() else []
+    steps = (
+        sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
+    )
     step = FLAGS.step if FLAGS.step is not None else (steps[-1] if steps else "latest")
     return run / "evals" / f"{'+'.join(suites)}_step{step}"
 
@@ -77,18 +94,24 @@ def default_out(suites) -> storage.PathLike:
 def _evaluate(spec, out: storage.PathLike):
     from hwh_jax.eval import suite
     from hwh_jax.training.restore import load_run
+
     results = []
-    evaluator = load_run(FLAGS.longppl_evaluator).eval_model() if FLAGS.longppl_evaluator \
-        else None
+    evaluator = load_run(FLAGS.longppl_evaluator).eval_model() if FLAGS.longppl_evaluator else None
     for i, ckpt in enumerate(FLAGS.checkpoint):
         loaded = load_run(ckpt, FLAGS.step)
         print(f"== {loaded.name} (step {loaded.step})", flush=True)
-        results.append(suite.run_suite(loaded.eval_model(), spec,
-                                       out / f"{i}_{loaded.name.replace('@', '_')}",
-                                       evaluator=evaluator))
+        results.append(
+            suite.run_suite(
+                loaded.eval_model(),
+                spec,
+                out / f"{i}_{loaded.name.replace('@', '_')}",
+                evaluator=evaluator,
+            )
+        )
     suite.compare(results, out)
-    (out / "summary.json").write_text(json.dumps(
-        [{k: r[k] for k in r if k not in ("niah",)} for r in results], indent=2))
+    (out / "summary.json").write_text(
+        json.dumps([{k: r[k] for k in r if k not in ("niah",)} for r in results], indent=2)
+    )
     print(f"results and plots in {out}", flush=True)
 
 

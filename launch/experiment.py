@@ -15,6 +15,7 @@ NIAH cell's mean, standard deviation, range and pooled interval). With --report:
 the cross-model figures from those runs (a folder of seed runs: each run, and a row over its
 seeds). The logic is ``hwh_jax.eval.report``.
 """
+
 import json
 import logging
 import os
@@ -61,6 +62,7 @@ def main(argv):
 
 def experiment():
     from hwh_jax.eval.report import report, summarize
+
     if FLAGS.report:
         print(report(FLAGS.report, FLAGS.out))
         return
@@ -69,20 +71,24 @@ def experiment():
     if not FLAGS.config.eval.at_end:
         raise app.UsageError("an experiment needs its closing evaluation: config.eval.at_end")
     from hwh_jax.training.trainer import train_and_evaluate
+
     train_and_evaluate(FLAGS.config, FLAGS.out)
     exp = summarize(FLAGS.out)
     exp_path = os.path.join(FLAGS.out, "experiment.json")
     with open(exp_path, "w") as f:
         json.dump({k: v for k, v in exp.items() if k != "results"}, f, indent=2)
-    print(f"experiment {exp['name']} ({exp['arch']}, {exp['params'] / 1e6:.1f}M params, "
-          f"{_tokens(exp['tokens'])} tokens): NIAH "
-          + ", ".join(f"{k} {v:.0f}" for k, v in exp["niah"].items()) + f" -> {exp_path}")
-
+    print(
+        f"experiment {exp['name']} ({exp['arch']}, {exp['params'] / 1e6:.1f}M params, "
+        f"{_tokens(exp['tokens'])} tokens): NIAH "
+        + ", ".join(f"{k} {v:.0f}" for k, v in exp["niah"].items())
+        + f" -> {exp_path}"
+    )
 
 
 def several_seeds():
     """One run per seed, ``--side_by_side`` processes at a time, then the table over seeds."""
     from hwh_jax.eval.report import over_seeds, seeds_length_table, seeds_table, summarize
+
     try:
         seeds = [int(s) for s in FLAGS.seeds]
     except ValueError:
@@ -97,21 +103,40 @@ def several_seeds():
     out.mkdir(parents=True, exist_ok=True)
     child = argv_without(sys.argv[1:], ("seeds", "side_by_side", "out"))
     env = dict(os.environ)
-    if FLAGS.side_by_side > 1:         # on a GPU, each process its share of the memory
+    if FLAGS.side_by_side > 1:  # on a GPU, each process its share of the memory
         env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / FLAGS.side_by_side:.3f}")
-    jobs = [(f"seed {s}", [sys.executable, "-m", "launch.experiment", *child,
-                           f"--config.seed={s}", f"--out={out / f'seed{s}'}"],
-             out / f"seed{s}.console.log") for s in seeds]
+    jobs = [
+        (
+            f"seed {s}",
+            [
+                sys.executable,
+                "-m",
+                "launch.experiment",
+                *child,
+                f"--config.seed={s}",
+                f"--out={out / f'seed{s}'}",
+            ],
+            out / f"seed{s}.console.log",
+        )
+        for s in seeds
+    ]
     failed, stopped = run_side_by_side(jobs, FLAGS.side_by_side, env)
     if failed or stopped:
-        print(f"error: {', '.join(failed) or 'no seed'} did not finish"
-              + (" (stopped by a signal: the same command continues)" if stopped else "")
-              + "; consoles in " + str(out), file=sys.stderr)
+        print(
+            f"error: {', '.join(failed) or 'no seed'} did not finish"
+            + (" (stopped by a signal: the same command continues)" if stopped else "")
+            + "; consoles in "
+            + str(out),
+            file=sys.stderr,
+        )
         sys.exit(EXIT_FAILED)
     over = {"name": out.name, **over_seeds([summarize(out / f"seed{s}") for s in seeds])}
     (out / "seeds.json").write_text(json.dumps(over, indent=2))
-    print(f"over {len(seeds)} seeds -> {out / 'seeds.json'}\n{seeds_table([over])}\n\n"
-          f"{seeds_length_table([over])}", flush=True)
+    print(
+        f"over {len(seeds)} seeds -> {out / 'seeds.json'}\n{seeds_table([over])}\n\n"
+        f"{seeds_length_table([over])}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ shardings; with ``--inference`` the prefill and decode steps too) and prints the
 ``--devices=N`` fakes N CPU devices for the mesh (the program's shardings do not depend on the
 kind of device). The logic is ``hwh_jax.training.export``; docs/tpu.md shows its output.
 """
+
 import json
 import os
 
@@ -33,10 +34,12 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    if FLAGS.devices:   # read when JAX first starts a backend, which has not happened yet
+    if FLAGS.devices:  # read when JAX first starts a backend, which has not happened yet
         os.environ["JAX_PLATFORMS"] = "cpu"
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                   f" --xla_force_host_platform_device_count={FLAGS.devices}")
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "")
+            + f" --xla_force_host_platform_device_count={FLAGS.devices}"
+        )
     setup_logging()
     with one_line_errors():
         export()
@@ -46,21 +49,27 @@ def export():
     import jax
 
     from hwh_jax.training import export as lib
+
     config = FLAGS.config
     devices = jax.devices()
-    exported = lib.export_train_step(config, platform=FLAGS.platform,
-                                     mesh=tuple(config.train.mesh), devices=devices)
-    summary = {"config": FLAGS["config"].config_filename, "platform": FLAGS.platform,
-               "mesh": list(config.train.mesh), "train_step": lib.summarize(exported)}
+    exported = lib.export_train_step(
+        config, platform=FLAGS.platform, mesh=tuple(config.train.mesh), devices=devices
+    )
+    summary = {
+        "config": FLAGS["config"].config_filename,
+        "platform": FLAGS.platform,
+        "mesh": list(config.train.mesh),
+        "train_step": lib.summarize(exported),
+    }
     out = storage.path(FLAGS.out) if FLAGS.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
         (out / "train_step.mlir").write_text(exported.mlir_module())
     if FLAGS.inference:
         cfg = lib.run_model_config(config, FLAGS.platform)
-        for name, e in lib.export_inference_steps(cfg, platform=FLAGS.platform,
-                                                  batch=FLAGS.batch,
-                                                  context=FLAGS.context).items():
+        for name, e in lib.export_inference_steps(
+            cfg, platform=FLAGS.platform, batch=FLAGS.batch, context=FLAGS.context
+        ).items():
             summary[name] = lib.summarize(e)
             if out:
                 (out / f"{name}.mlir").write_text(e.mlir_module())

@@ -17,6 +17,7 @@ models share one GPU; no memory preallocation unless XLA_PYTHON_CLIENT_PREALLOCA
 the finished cells are merged into --out; a signal to the command reaches every cell. The logic
 is ``hwh_jax.training.mqar_sweep``.
 """
+
 import dataclasses
 import os
 import sys
@@ -28,10 +29,15 @@ from launch import EXIT_FAILED, begin, one_line_errors, run_main
 from launch.processes import argv_without, run_side_by_side
 
 flags.DEFINE_string("out", None, "output folder")
-flags.DEFINE_list("report", None, "sweep folders (each a --out of its own) to tabulate and plot "
-                  "as one sweep into --out; nothing is trained")
-flags.DEFINE_list("archs", None, "architectures (default: transformer, gdn, layerwise, hwh, "
-                  "hwh_rope)")
+flags.DEFINE_list(
+    "report",
+    None,
+    "sweep folders (each a --out of its own) to tabulate and plot "
+    "as one sweep into --out; nothing is trained",
+)
+flags.DEFINE_list(
+    "archs", None, "architectures (default: transformer, gdn, layerwise, hwh, hwh_rope)"
+)
 flags.DEFINE_list("widths", None, "model widths (default 64,128,256,512)")
 flags.DEFINE_list("settings", None, "SEQ_LEN:PAIRS settings (default 64:4,128:8,256:16,512:64)")
 flags.DEFINE_list("lrs", None, "peak learning rates tried per seed (default 1e-3,3e-3,1e-2)")
@@ -42,11 +48,19 @@ flags.DEFINE_integer("vocab", None, "vocabulary (default 8192)")
 flags.DEFINE_integer("heads", None, "heads a layer (default 4)")
 flags.DEFINE_integer("eval_examples", None, "validation and test sequences per setting (256)")
 flags.DEFINE_string("dtype", None, "compute dtype (default bfloat16)")
-flags.DEFINE_integer("save_every", 1000, "steps between saves of a cell's trials (to continue "
-                     "a killed sweep: the same command into the same --out continues it)")
-flags.DEFINE_integer("side_by_side", 1, "cells trained at once, each (architecture, width) a "
-                     "process of its own into OUT/cells, merged into --out at the end (1: the "
-                     "cells in turn in this process)")
+flags.DEFINE_integer(
+    "save_every",
+    1000,
+    "steps between saves of a cell's trials (to continue "
+    "a killed sweep: the same command into the same --out continues it)",
+)
+flags.DEFINE_integer(
+    "side_by_side",
+    1,
+    "cells trained at once, each (architecture, width) a "
+    "process of its own into OUT/cells, merged into --out at the end (1: the "
+    "cells in turn in this process)",
+)
 flags.mark_flags_as_required(["out"])
 FLAGS = flags.FLAGS
 
@@ -60,6 +74,7 @@ def main(argv):
 
 def run():
     from hwh_jax.training.mqar_sweep import Stopped, SweepSpec, merge, sweep, table
+
     if FLAGS.report:
         cells = merge(FLAGS.report, FLAGS.out)
         print(f"{table(cells)}\n\nresults, table and figure in {FLAGS.out}", flush=True)
@@ -72,8 +87,9 @@ def run():
         try:
             given["settings"] = tuple(tuple(int(x) for x in s.split(":")) for s in FLAGS.settings)
         except ValueError:
-            raise ValueError(f"--settings takes SEQ_LEN:PAIRS items, got {FLAGS.settings}") \
-                from None
+            raise ValueError(
+                f"--settings takes SEQ_LEN:PAIRS items, got {FLAGS.settings}"
+            ) from None
     for name in ("steps", "batch_size", "vocab", "heads", "eval_examples", "dtype"):
         if FLAGS[name].value is not None:
             given[name] = FLAGS[name].value
@@ -94,26 +110,46 @@ def cells_side_by_side(spec):
     """Each (architecture, width) cell its own ``launch.mqar`` process, ``--side_by_side`` at a
     time, then the finished cells merged into --out (module docstring)."""
     from hwh_jax.training.mqar_sweep import merge, table
+
     spec.validate()
     out = storage.path(FLAGS.out)
     cells = out / "cells"
     child = argv_without(sys.argv[1:], ("archs", "widths", "out", "side_by_side"))
     env = dict(os.environ)
-    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # cells differ in memory
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # cells differ in memory
     names = [(a, w) for a in spec.archs for w in spec.widths]
-    jobs = [(f"{a} d={w}", [sys.executable, "-m", "launch.mqar", *child, f"--archs={a}",
-                            f"--widths={w}", f"--out={cells / f'{a}_{w}'}"],
-             cells / f"{a}_{w}.console.log") for a, w in names]
+    jobs = [
+        (
+            f"{a} d={w}",
+            [
+                sys.executable,
+                "-m",
+                "launch.mqar",
+                *child,
+                f"--archs={a}",
+                f"--widths={w}",
+                f"--out={cells / f'{a}_{w}'}",
+            ],
+            cells / f"{a}_{w}.console.log",
+        )
+        for a, w in names
+    ]
     failed, stopped = run_side_by_side(jobs, FLAGS.side_by_side, env)
     done = [cells / f"{a}_{w}" for a, w in names if (cells / f"{a}_{w}" / "results.json").exists()]
     if done:
-        print(f"\n{table(merge(done, out))}\n\n{len(done)} of {len(names)} cells; results, "
-              f"table and figure in {out}", flush=True)
+        print(
+            f"\n{table(merge(done, out))}\n\n{len(done)} of {len(names)} cells; results, "
+            f"table and figure in {out}",
+            flush=True,
+        )
     if len(done) < len(names):
-        print(f"error: {len(names) - len(done)} cells did not finish"
-              + (f" ({', '.join(failed)} failed)" if failed and not stopped else "")
-              + (" (stopped by a signal)" if stopped else "")
-              + f"; the same command continues them; consoles in {cells}", file=sys.stderr)
+        print(
+            f"error: {len(names) - len(done)} cells did not finish"
+            + (f" ({', '.join(failed)} failed)" if failed and not stopped else "")
+            + (" (stopped by a signal)" if stopped else "")
+            + f"; the same command continues them; consoles in {cells}",
+            file=sys.stderr,
+        )
         sys.exit(EXIT_FAILED)
 
 

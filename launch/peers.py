@@ -11,6 +11,7 @@ what stays, exit status 1. A dead peer is thus reported within ``timeout + inter
 seconds: 60 + 5 by default (``HWH_PEER_TIMEOUT_S`` changes the 60; long enough that a
 process busy compiling, whose thread still runs, is never taken for dead).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -31,8 +32,9 @@ def _end(line: str) -> None:
     os._exit(EXIT_PEER_LOST)
 
 
-def watch(client, index: int, count: int, *, interval: float = 5.0,
-          timeout: float | None = None, end=_end) -> threading.Thread:
+def watch(
+    client, index: int, count: int, *, interval: float = 5.0, timeout: float | None = None, end=_end
+) -> threading.Thread:
     """Start the watch of the module docstring for process ``index`` of ``count``;
     ``client``: ``jax.distributed``'s coordination client."""
     timeout = float(os.environ.get("HWH_PEER_TIMEOUT_S", 60)) if timeout is None else timeout
@@ -63,7 +65,8 @@ def watch(client, index: int, count: int, *, interval: float = 5.0,
                     f"the job's coordinator (process 0) cannot be reached ({type(e).__name__}: "
                     f"{first}); ending process {index}: the job cannot go on without it. The "
                     f"checkpoints in the workdir stay; relaunch every process to resume from "
-                    f"the newest")
+                    f"the newest"
+                )
                 return
             now = time.monotonic()
             for j, value in values.items():
@@ -71,10 +74,12 @@ def watch(client, index: int, count: int, *, interval: float = 5.0,
                 if value != last:
                     seen[j] = (value, now)
                 elif value is not None and now - since > timeout and not stopped.is_set():
-                    end(f"process {j} of the job stopped answering (no heartbeat for "
+                    end(
+                        f"process {j} of the job stopped answering (no heartbeat for "
                         f"{now - since:.0f} s); ending process {index}: the job cannot go on "
                         f"without it. The checkpoints in the workdir stay; relaunch every "
-                        f"process to resume from the newest")
+                        f"process to resume from the newest"
+                    )
                     return
             time.sleep(interval)
 

@@ -11,6 +11,7 @@ it to ``OUT/plan.json`` with ``--out``. A config that does not fit exits 3 with 
 needs and what would make it fit. The logic is ``hwh_jax.training.pod_plan``; docs/tpu.md
 explains the estimate.
 """
+
 import gzip
 import json
 import logging
@@ -29,10 +30,18 @@ flags.DEFINE_string("out", "", "folder for plan.json")
 flags.DEFINE_bool("inference", False, "also the prefill and one decode step, on one chip")
 flags.DEFINE_integer("batch", 1, "inference batch")
 flags.DEFINE_integer("context", 8192, "inference cache length (the prompt: half of it)")
-flags.DEFINE_list("serve_mesh", [], "inference over the slice: data,fsdp,tensor (requests over "
-                  "data x fsdp, weights over fsdp and tensor); default one chip")
-flags.DEFINE_bool("hlo", False, "also write the compiled train step's HLO text to "
-                  "OUT/train_step.hlo.txt.gz (collectives, fusions, layouts)")
+flags.DEFINE_list(
+    "serve_mesh",
+    [],
+    "inference over the slice: data,fsdp,tensor (requests over "
+    "data x fsdp, weights over fsdp and tensor); default one chip",
+)
+flags.DEFINE_bool(
+    "hlo",
+    False,
+    "also write the compiled train step's HLO text to "
+    "OUT/train_step.hlo.txt.gz (collectives, fusions, layouts)",
+)
 flags.mark_flags_as_required(["config", "topology"])
 FLAGS = flags.FLAGS
 EXIT_DOES_NOT_FIT = 3
@@ -44,8 +53,8 @@ def main(argv):
     # TPU VM (so it does not probe the instance's metadata)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")   # compiling only: no TPU to own
-    made = devices.apply_defaults(on="tpu")   # the compiler flags launch.train sets on a TPU
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compiling only: no TPU to own
+    made = devices.apply_defaults(on="tpu")  # the compiler flags launch.train sets on a TPU
     setup_logging()
     for line in made:
         logging.info("%s", line)
@@ -55,34 +64,59 @@ def main(argv):
 
 def plan():
     from hwh_jax.training import memory, pod_plan, tpu_slices
+
     slice_ = tpu_slices.parse(FLAGS.topology)
     tpu_slices.check_libtpu()
-    print(f"compiling {FLAGS['config'].config_filename} for {slice_.name} "
-          f"({slice_.chips} chips of {slice_.chip.generation}, grid {slice_.topology_name}) "
-          f"with the TPU compiler; a 1.4B model takes minutes", flush=True)
+    print(
+        f"compiling {FLAGS['config'].config_filename} for {slice_.name} "
+        f"({slice_.chips} chips of {slice_.chip.generation}, grid {slice_.topology_name}) "
+        f"with the TPU compiler; a 1.4B model takes minutes",
+        flush=True,
+    )
     try:
         result = pod_plan.plan_train(FLAGS.config, slice_, keep_hlo=FLAGS.hlo)
     except memory.MemoryPlanError as e:
         print(f"does not fit: {e}", file=sys.stderr, flush=True)
-        _write({"topology": slice_.name, "fits": False, "arch": FLAGS.config.model.arch,
-                "seq_len": FLAGS.config.seq_len, "mesh": list(FLAGS.config.train.mesh),
-                "error": str(e)})
+        _write(
+            {
+                "topology": slice_.name,
+                "fits": False,
+                "arch": FLAGS.config.model.arch,
+                "seq_len": FLAGS.config.seq_len,
+                "mesh": list(FLAGS.config.train.mesh),
+                "error": str(e),
+            }
+        )
         sys.exit(EXIT_DOES_NOT_FIT)
     except Exception as e:  # the TPU compiler's refusals have no type of their own
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "XLA:TPU compile" not in text and "RESOURCE_EXHAUSTED" not in text:
             raise
         logging.debug("the TPU compiler refused the step", exc_info=True)
-        print(f"does not compile: the TPU compiler refused the step for {slice_.name}: {text}",
-              file=sys.stderr, flush=True)
-        _write({"topology": slice_.name, "fits": False, "arch": FLAGS.config.model.arch,
-                "seq_len": FLAGS.config.seq_len, "mesh": list(FLAGS.config.train.mesh),
-                "error": f"the TPU compiler refused the step: {text}"})
+        print(
+            f"does not compile: the TPU compiler refused the step for {slice_.name}: {text}",
+            file=sys.stderr,
+            flush=True,
+        )
+        _write(
+            {
+                "topology": slice_.name,
+                "fits": False,
+                "arch": FLAGS.config.model.arch,
+                "seq_len": FLAGS.config.seq_len,
+                "mesh": list(FLAGS.config.train.mesh),
+                "error": f"the TPU compiler refused the step: {text}",
+            }
+        )
         sys.exit(EXIT_DOES_NOT_FIT)
     if FLAGS.inference:
         result["inference"] = pod_plan.plan_inference(
-            FLAGS.config, slice_, batch=FLAGS.batch, context=FLAGS.context,
-            serve_mesh=tuple(int(d) for d in FLAGS.serve_mesh) or None)
+            FLAGS.config,
+            slice_,
+            batch=FLAGS.batch,
+            context=FLAGS.context,
+            serve_mesh=tuple(int(d) for d in FLAGS.serve_mesh) or None,
+        )
     hlo_text = result.pop("hlo", None)
     _write(result)
     if hlo_text is not None and FLAGS.out:
@@ -99,7 +133,7 @@ def _write(result: dict):
 
 
 def format_plan(r: dict) -> str:
-    gib = 2 ** 30
+    gib = 2**30
     m, p, e = r["memory"], r["plan"], r["estimate"]
     lines = [
         f"{r['arch']} at {r['seq_len']} tokens, batch {r['batch_size']}, on {r['topology']} "
@@ -112,9 +146,14 @@ def format_plan(r: dict) -> str:
         f"(probed: {', '.join(f'{a}: {b / gib:.2f} GiB' for a, b in p['probes']) or '-'})",
         f"compiler: {r['cost']['flops'] / 1e12:.2f} TFLOP and "
         f"{r['cost']['bytes_accessed'] / gib:.2f} GiB accessed per chip (loop bodies once)",
-        "collectives per step and chip: " + (", ".join(
-            f"{k} {v['count']} x, {v['bytes'] / gib:.3f} GiB ({v['wire_bytes'] / gib:.3f} sent)"
-            for k, v in sorted(r["collectives"].items())) or "none"),
+        "collectives per step and chip: "
+        + (
+            ", ".join(
+                f"{k} {v['count']} x, {v['bytes'] / gib:.3f} GiB ({v['wire_bytes'] / gib:.3f} sent)"
+                for k, v in sorted(r["collectives"].items())
+            )
+            or "none"
+        ),
         f"Mosaic kernels: {sum(r['kernels'].values())} "
         f"({', '.join(f'{k} {v}' for k, v in r['kernels'].items()) or 'none'})",
         f"estimated step: {e['step_s_overlapped'] * 1e3:.1f} ms if all overlaps, "
@@ -129,11 +168,13 @@ def format_plan(r: dict) -> str:
         if name in inf:
             s = inf[name]
             sent = sum(v["wire_bytes"] for v in s["collectives"].values())
-            lines.append(f"{name} (batch {inf['batch']}, cache {inf['context']}, {where}): "
-                         f"{s['memory']['step_bytes'] / gib:.2f} GiB of a chip's "
-                         f"{s['memory']['hbm'] / gib:.0f}, Mosaic kernels "
-                         f"{sum(s['kernels'].values())}, collectives {sent / 2 ** 20:.1f} MiB "
-                         f"sent a chip")
+            lines.append(
+                f"{name} (batch {inf['batch']}, cache {inf['context']}, {where}): "
+                f"{s['memory']['step_bytes'] / gib:.2f} GiB of a chip's "
+                f"{s['memory']['hbm'] / gib:.0f}, Mosaic kernels "
+                f"{sum(s['kernels'].values())}, collectives {sent / 2**20:.1f} MiB "
+                f"sent a chip"
+            )
     return "\n".join(lines)
 
 

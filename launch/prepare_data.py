@@ -12,6 +12,7 @@ its hash, documents, tokens, source, date); stopped, it resumes where its last s
 run again. Prints progress (documents, tokens/s, MiB/s of text, ETA). The logic is
 ``hwh_jax.data.shards``; docs/training.md ("Data at scale") has the figures.
 """
+
 import os
 
 from absl import flags
@@ -42,29 +43,49 @@ def main(argv):
 def prepare():
     from hwh_jax.data import shards, sources
     from hwh_jax.data.pipeline import DataSpec, load_tokenizer
+
     if bool(FLAGS.input) == bool(FLAGS.tfds_name):
         raise ValueError("give --input (files or folders) or --tfds_name, one of them")
-    spec = DataSpec(source="tfds" if FLAGS.tfds_name else "text", paths=tuple(FLAGS.input),
-                    text_field=FLAGS.text_field, tfds_name=FLAGS.tfds_name,
-                    tfds_split=FLAGS.tfds_split, tfds_data_dir=FLAGS.tfds_data_dir,
-                    tokenizer=FLAGS.tokenizer, sp_model=FLAGS.sp_model,
-                    decode_errors=FLAGS.decode_errors)
+    spec = DataSpec(
+        source="tfds" if FLAGS.tfds_name else "text",
+        paths=tuple(FLAGS.input),
+        text_field=FLAGS.text_field,
+        tfds_name=FLAGS.tfds_name,
+        tfds_split=FLAGS.tfds_split,
+        tfds_data_dir=FLAGS.tfds_data_dir,
+        tokenizer=FLAGS.tokenizer,
+        sp_model=FLAGS.sp_model,
+        decode_errors=FLAGS.decode_errors,
+    )
     spec.validate()
     tokenizer = load_tokenizer(spec)
     if FLAGS.tfds_name:
-        documents = sources.tfds_documents(FLAGS.tfds_name, FLAGS.tfds_split,
-                                           data_dir=FLAGS.tfds_data_dir or None,
-                                           text_field=FLAGS.text_field)
+        documents = sources.tfds_documents(
+            FLAGS.tfds_name,
+            FLAGS.tfds_split,
+            data_dir=FLAGS.tfds_data_dir or None,
+            text_field=FLAGS.text_field,
+        )
         source, size = {"tfds": FLAGS.tfds_name, "split": FLAGS.tfds_split}, None
     else:
         from hwh_jax.data.paths import resolve
+
         files = sources.expand([resolve(p) for p in FLAGS.input])
-        documents = (d for f in files
-                     for d in sources.text_documents(f, FLAGS.text_field, FLAGS.decode_errors))
+        documents = (
+            d
+            for f in files
+            for d in sources.text_documents(f, FLAGS.text_field, FLAGS.decode_errors)
+        )
         source = {"paths": [str(f) for f in files], "text_field": FLAGS.text_field}
         size = sum(f.stat().st_size for f in files)
-    shards.prepare(documents, tokenizer, FLAGS.out, source=source,
-                   workers=FLAGS.workers or os.cpu_count() or 1, total_chars=size)
+    shards.prepare(
+        documents,
+        tokenizer,
+        FLAGS.out,
+        source=source,
+        workers=FLAGS.workers or os.cpu_count() or 1,
+        total_chars=size,
+    )
 
 
 if __name__ == "__main__":

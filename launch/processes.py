@@ -6,6 +6,7 @@ finished job's exit status and last console line are printed as it ends. SIGTERM
 the parent reaches every running child (each saves and stops as its own command does) and
 starts no new one: the parent then waits for them and reports the jobs that did not finish.
 """
+
 from __future__ import annotations
 
 import signal
@@ -14,8 +15,9 @@ import time
 from pathlib import Path
 
 
-def run_side_by_side(jobs: list[tuple[str, list[str], Path]], at_once: int,
-                     env: dict | None = None) -> tuple[list[str], bool]:
+def run_side_by_side(
+    jobs: list[tuple[str, list[str], Path]], at_once: int, env: dict | None = None
+) -> tuple[list[str], bool]:
     """Run ``jobs`` (name, argv, console log path), ``at_once`` at a time. Returns (the names
     of the jobs that failed or never started, whether a signal stopped the run)."""
     if at_once < 1:
@@ -36,10 +38,12 @@ def run_side_by_side(jobs: list[tuple[str, list[str], Path]], at_once: int,
         while running or (waiting and not stopped):
             while waiting and not stopped and len(running) < at_once:
                 name, argv, console = waiting.pop(0)
-                Path(console).parent.mkdir(parents=True, exist_ok=True)   # local path: consoles
-                log = open(console, "a")       # a continued run's console follows on
-                running[name] = (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                                  env=env), log)
+                Path(console).parent.mkdir(parents=True, exist_ok=True)  # local path: consoles
+                log = open(console, "a")  # a continued run's console follows on
+                running[name] = (
+                    subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env),
+                    log,
+                )
                 print(f"{name}: started (console: {console})", flush=True)
             time.sleep(0.5)
             for name, (proc, log) in list(running.items()):
@@ -48,8 +52,10 @@ def run_side_by_side(jobs: list[tuple[str, list[str], Path]], at_once: int,
                 log.close()
                 del running[name]
                 lines = Path(log.name).read_text().strip().splitlines()[-1:] or [""]  # local path
-                print(f"{name}: exit {proc.returncode} after {time.time() - t0:.0f}s: "
-                      f"{lines[0]}", flush=True)
+                print(
+                    f"{name}: exit {proc.returncode} after {time.time() - t0:.0f}s: {lines[0]}",
+                    flush=True,
+                )
                 if proc.returncode:
                     failed.append(name)
     finally:

@@ -10,6 +10,7 @@ and the first step at which it reaches ``--threshold``. Keep enough checkpoints 
 ``--out`` (default ``<run>/retrieval_trace``): ``trace.json`` (steps, and per head its scores
 and first step) and ``trace.png``. The logic is ``hwh_jax.analysis.trace``.
 """
+
 import json
 
 from absl import flags
@@ -31,7 +32,9 @@ def main(argv):
     del argv
     begin()
     with one_line_errors():
-        with first_process_writes(FLAGS.out or storage.path(FLAGS.checkpoint) / "retrieval_trace") as out:
+        with first_process_writes(
+            FLAGS.out or storage.path(FLAGS.checkpoint) / "retrieval_trace"
+        ) as out:
             trace(out)
 
 
@@ -42,6 +45,7 @@ def trace(out: storage.PathLike):
     from hwh_jax.eval import niah
     from hwh_jax.training.checkpoint import Checkpointer
     from hwh_jax.training.restore import load_run
+
     if FLAGS.qr_samples < 1:
         raise ValueError(f"--qr_samples must be >= 1, got {FLAGS.qr_samples}")
     ckpt = Checkpointer(FLAGS.checkpoint, writer=False)
@@ -63,21 +67,42 @@ def trace(out: storage.PathLike):
         scores.append(qr_scores(run.model, prompts, spans, log=lambda s: None))
         if not scores[0]:
             raise ValueError(f"{FLAGS.checkpoint}: the model has no full-attention heads")
-        print(f"[{i + 1}/{len(steps)}] step {step}: QRscore by layer "
-              + "; ".join(f"{l}: " + " ".join(f"{v:.2f}" for v in s)
-                          for l, s in sorted(scores[-1].items())), flush=True)
+        print(
+            f"[{i + 1}/{len(steps)}] step {step}: QRscore by layer "
+            + "; ".join(
+                f"{l}: " + " ".join(f"{v:.2f}" for v in s) for l, s in sorted(scores[-1].items())
+            ),
+            flush=True,
+        )
     rows = trace_table(steps, scores, FLAGS.threshold)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "trace.json").write_text(json.dumps(
-        {"run": name, "steps": steps, "threshold": FLAGS.threshold, "prompts": len(prompts),
-         "seq_len": seq_len, "heads": rows}, indent=1))
-    plots.retrieval_trace(steps, rows, FLAGS.threshold, out / "trace.png",
-                          f"{name}: retrieval heads over training ({len(prompts)} NIAH prompts, "
-                          f"{seq_len} tokens)")
+    (out / "trace.json").write_text(
+        json.dumps(
+            {
+                "run": name,
+                "steps": steps,
+                "threshold": FLAGS.threshold,
+                "prompts": len(prompts),
+                "seq_len": seq_len,
+                "heads": rows,
+            },
+            indent=1,
+        )
+    )
+    plots.retrieval_trace(
+        steps,
+        rows,
+        FLAGS.threshold,
+        out / "trace.png",
+        f"{name}: retrieval heads over training ({len(prompts)} NIAH prompts, {seq_len} tokens)",
+    )
     formed = [r for r in rows if r["first_step"] is not None]
-    print(f"{len(formed)} of {len(rows)} FA heads reach QRscore {FLAGS.threshold:g}: "
-          + (", ".join(f"L{r['layer']}H{r['head']}@{r['first_step']}" for r in formed) or "none")
-          + f"; trace in {out}", flush=True)
+    print(
+        f"{len(formed)} of {len(rows)} FA heads reach QRscore {FLAGS.threshold:g}: "
+        + (", ".join(f"L{r['layer']}H{r['head']}@{r['first_step']}" for r in formed) or "none")
+        + f"; trace in {out}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ multi-host TPU slice or GPU cluster every process runs this same command (``laun
 the device defaults set and how several processes find each other). Exit statuses and the
 log file (``<workdir>/train.log``): ``launch/__init__.py``.
 """
+
 import os
 import sys
 
@@ -23,13 +24,14 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    with one_line_errors():          # a bucket URL without its package, a folder that cannot
-        storage.check_backend(FLAGS.workdir)      # be written: one line, nothing written
+    with one_line_errors():  # a bucket URL without its package, a folder that cannot
+        storage.check_backend(FLAGS.workdir)  # be written: one line, nothing written
         storage.make_folder(FLAGS.workdir)
     # the first process logs to train.log, process i to train.i.log
     begin(lambda i: os.path.join(FLAGS.workdir, f"train.{i}.log" if i else "train.log"))
     with one_line_errors():
         from hwh_jax.training.trainer import train_and_evaluate
+
         result = train_and_evaluate(FLAGS.config, FLAGS.workdir)
     if result.signalled and FLAGS.config.train.stop_exit_status:
         sys.exit(FLAGS.config.train.stop_exit_status)

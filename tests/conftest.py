@@ -1,4 +1,5 @@
 """Test setup: 8 fake CPU devices for mesh tests, absl flags marked parsed for grain."""
+
 import atexit
 import os
 import shutil
@@ -17,9 +18,12 @@ FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emit
 def _accepted(flags: tuple) -> str:
     """``flags`` this jaxlib's XLA accepts: the first always, the rest if a process starts with
     them."""
-    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
-                           env={**os.environ, "XLA_FLAGS": " ".join(flags),
-                                "JAX_PLATFORMS": "cpu"}, capture_output=True, timeout=120)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import jax; jax.devices()"],
+        env={**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        timeout=120,
+    )
     return " ".join(flags if probe.returncode == 0 else flags[:1])
 
 
@@ -40,9 +44,20 @@ flags.FLAGS.mark_as_parsed()
 
 # The longest test files first: pytest-xdist's --dist loadfile hands files to the workers in
 # this order, so the long ones do not start last while the other worker idles.
-LONG_FILES_FIRST = ("test_training.py", "test_multiprocess.py", "test_launch.py", "test_zoo.py",
-                    "test_export.py", "test_inference.py", "test_bench.py", "test_shards.py",
-                    "test_docs_commands.py", "test_memory.py", "test_model.py", "test_faults.py")
+LONG_FILES_FIRST = (
+    "test_training.py",
+    "test_multiprocess.py",
+    "test_launch.py",
+    "test_zoo.py",
+    "test_export.py",
+    "test_inference.py",
+    "test_bench.py",
+    "test_shards.py",
+    "test_docs_commands.py",
+    "test_memory.py",
+    "test_model.py",
+    "test_faults.py",
+)
 
 
 def pytest_collection_modifyitems(items):

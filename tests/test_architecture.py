@@ -1,6 +1,7 @@
 """The code's shape: imports point down the layers of pyproject.toml (import-linter), the picture
 in docs/architecture.md is the code's, every public class says what it is, docstrings carry no
 timings, and importing the project changes no global setting."""
+
 import ast
 import re
 import subprocess
@@ -25,6 +26,7 @@ def test_imports_point_down_the_layers():
     import logging
 
     from importlinter.cli import lint_imports
+
     loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)]
     was = [logger.disabled for logger in loggers]
     try:
@@ -55,32 +57,40 @@ def test_run_and_data_locations_go_through_storage():
 
 
 def test_the_architecture_picture_is_the_codes():
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "architecture.py"), "--check"],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "architecture.py"), "--check"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
 def test_every_public_class_has_a_docstring():
-    missing = [f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"
-               for path in _sources() for node in ast.walk(ast.parse(path.read_text()))
-               if isinstance(node, ast.ClassDef) and not node.name.startswith("_")
-               and not ast.get_docstring(node)]
+    missing = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"
+        for path in _sources()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and not node.name.startswith("_")
+        and not ast.get_docstring(node)
+    ]
     assert not missing, missing
 
 
 TIMING = re.compile(
-    r"\b\d[\d,.]*\s?(ms|us|µs|TB/s|GB/s|TFLOP/s|tokens/s|tok/s)\b"       # a time or a rate
+    r"\b\d[\d,.]*\s?(ms|us|µs|TB/s|GB/s|TFLOP/s|tokens/s|tok/s)\b"  # a time or a rate
     r"|\b\d+(\.\d+)?(-\d+(\.\d+)?)?x\b(?=[^.;:]{0,40}\b(faster|slower|time|speed|throughput))"
-    r"|\b\d+(\.\d+)?(-\d+(\.\d+)?)?\s?%\s(faster|slower|of the time)",       # a ratio of times
-    re.IGNORECASE)
+    r"|\b\d+(\.\d+)?(-\d+(\.\d+)?)?\s?%\s(faster|slower|of the time)",  # a ratio of times
+    re.IGNORECASE,
+)
 
 
 def _quoted_timings(paths) -> list[str]:
     found = []
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
-                                 ast.AsyncFunctionDef)):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 hit = TIMING.search(ast.get_docstring(node) or "")
                 if hit:
                     found.append(f"{path.name}: {hit.group(0)!r}")
@@ -93,27 +103,38 @@ def test_no_docstring_quotes_a_timing():
     assert not _quoted_timings(_sources())
 
 
-@pytest.mark.parametrize("planted,caught", [
-    ("the kernel takes 0.71-0.75x the Triton kernel's time", True),
-    ("2-3x faster than the scan", True), ("12% faster than XLA", True),
-    ("at 4.8 TB/s", True), ("3.2 ms a step", True),
-    ("windows of 4x the training length", False), ("a 2x2x4 slice", False),
-    ("100 x share of strings found", False), ("the 2 x G x D bytes of a slot", False)])
+@pytest.mark.parametrize(
+    "planted,caught",
+    [
+        ("the kernel takes 0.71-0.75x the Triton kernel's time", True),
+        ("2-3x faster than the scan", True),
+        ("12% faster than XLA", True),
+        ("at 4.8 TB/s", True),
+        ("3.2 ms a step", True),
+        ("windows of 4x the training length", False),
+        ("a 2x2x4 slice", False),
+        ("100 x share of strings found", False),
+        ("the 2 x G x D bytes of a slot", False),
+    ],
+)
 def test_the_timing_guard_catches_a_planted_ratio(tmp_path, planted, caught):
     module = tmp_path / "planted.py"
     module.write_text(f'"""A module."""\n\n\ndef f():\n    """{planted}."""\n')
     assert bool(_quoted_timings([module])) == caught
 
 
-@pytest.mark.parametrize("module", ["hwh_jax", "hwh_jax.models", "hwh_jax.training.trainer",
-                                    "launch.train"])
+@pytest.mark.parametrize(
+    "module", ["hwh_jax", "hwh_jax.models", "hwh_jax.training.trainer", "launch.train"]
+)
 def test_importing_changes_no_global_setting(module):
     """Importing the project leaves Flax's and JAX's configuration as it found it."""
-    code = ("import flax, jax; before = (flax.config.flax_always_shard_variable, "
-            "jax.config.jax_threefry_gpu_kernel_lowering); "
-            f"import {module}; "
-            "after = (flax.config.flax_always_shard_variable, "
-            "jax.config.jax_threefry_gpu_kernel_lowering); "
-            "assert before == after, (before, after)")
+    code = (
+        "import flax, jax; before = (flax.config.flax_always_shard_variable, "
+        "jax.config.jax_threefry_gpu_kernel_lowering); "
+        f"import {module}; "
+        "after = (flax.config.flax_always_shard_variable, "
+        "jax.config.jax_threefry_gpu_kernel_lowering); "
+        "assert before == after, (before, after)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]

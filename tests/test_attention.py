@@ -1,4 +1,5 @@
 """The attention dispatcher against its reference, and the reference against jax.nn."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,8 +10,12 @@ from kernels_pallas import AttentionSettings, attention, attention_reference, di
 SPLASH = AttentionSettings(impl="splash", interpret=True)
 
 # (B, T, H, G, D, window)
-SHAPES = [(2, 37, 4, 2, 16, None), (1, 64, 4, 1, 32, 9), (2, 50, 3, 3, 8, 1),
-          (1, 40, 8, 2, 16, 100)]
+SHAPES = [
+    (2, 37, 4, 2, 16, None),
+    (1, 64, 4, 1, 32, 9),
+    (2, 50, 3, 3, 8, 1),
+    (1, 40, 8, 2, 16, 100),
+]
 IDS = [f"B{b}-T{t}-H{h}-G{g}-D{d}-W{w}" for b, t, h, g, d, w in SHAPES]
 
 
@@ -25,8 +30,14 @@ def test_reference_matches_jax_nn(shape):
     B, T, H, G, D, w = shape
     q, k, v = qkv(B, T, H, G, D)
     ref = attention_reference(q, k, v, causal=True, window=w)
-    other = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla",
-                                         local_window_size=None if w is None else (w - 1, 0))
+    other = jax.nn.dot_product_attention(
+        q,
+        k,
+        v,
+        is_causal=True,
+        implementation="xla",
+        local_window_size=None if w is None else (w - 1, 0),
+    )
     np.testing.assert_allclose(ref, other, atol=2e-6, rtol=2e-6)
 
 
@@ -84,8 +95,13 @@ def test_bad_inputs_raise():
 def test_cudnn_refuses_segment_ids():
     q, k, v = qkv(1, 8, 2, 1, 8)
     with pytest.raises(ValueError, match="segment_ids"):
-        attention(q, k, v, segment_ids=jnp.zeros((1, 8), jnp.int32),
-                  settings=AttentionSettings(impl="cudnn"))
+        attention(
+            q,
+            k,
+            v,
+            segment_ids=jnp.zeros((1, 8), jnp.int32),
+            settings=AttentionSettings(impl="cudnn"),
+        )
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS fakes them on CPU)")
@@ -98,6 +114,7 @@ def test_kernel_per_shard_under_a_mesh():
 
     from hwh_jax.training.sharding import make_mesh
     from kernels_pallas import kernel_mesh
+
     mesh = make_mesh((2, 2, 2))
     q, k, v = qkv(4, 256, 4, 2, 64, seed=4)
     dy = qkv(4, 256, 4, 2, 64, seed=5)[0]
@@ -105,6 +122,7 @@ def test_kernel_per_shard_under_a_mesh():
     def f(q, k, v):
         def loss(q, k, v):
             return jnp.sum(attention(q, k, v, settings=SPLASH) * dy)
+
         return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
 
     ref = jax.jit(f)(q, k, v)
@@ -113,7 +131,7 @@ def test_kernel_per_shard_under_a_mesh():
     with kernel_mesh(mesh):
         jaxpr = str(jax.make_jaxpr(f)(*args))
         out = jax.jit(f)(*args)
-    assert "shard_map" in jaxpr and "f32[1,256,2,64]" in jaxpr   # 1 row, 2 of 4 q heads
+    assert "shard_map" in jaxpr and "f32[1,256,2,64]" in jaxpr  # 1 row, 2 of 4 q heads
     for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
 
@@ -134,21 +152,23 @@ def _cache_case(B, T, S, H, G, D, seed, ring):
     return q, k, v, q_time, jnp.asarray(k_time), k_start
 
 
-@pytest.mark.parametrize("ring,window,block", [(False, None, 16), (False, None, 7),
-                                               (True, 9, 16), (True, None, 64), (False, 5, 5)])
+@pytest.mark.parametrize(
+    "ring,window,block",
+    [(False, None, 16), (False, None, 7), (True, 9, 16), (True, None, 64), (False, 5, 5)],
+)
 def test_blockwise_cached_attention_matches_reference(ring, window, block):
     """The prefill path (online softmax over cache blocks) against the reference that forms
     all logits: blocks dividing the cache and not, ring caches with empty slots, windows,
     left-padded rows, GQA; a query seeing no key (window past every written slot) gives 0."""
     from kernels_pallas import cached_attention, cached_attention_blockwise
+
     q, k, v, q_time, k_time, k_start = _cache_case(2, 12, 40, 4, 2, 16, seed=block, ring=ring)
     kw = dict(q_time=q_time, k_time=k_time, k_start=k_start, window=window)
     ref = cached_attention(q, k, v, **kw)
     out = cached_attention_blockwise(q, k, v, block=block, **kw)
     np.testing.assert_allclose(out, ref, atol=2e-6, rtol=2e-5)
-    if window is not None:      # queries far past the cache: nothing visible -> zeros
-        far = cached_attention_blockwise(q, k, v, block=block,
-                                         **{**kw, "q_time": q_time + 1000})
+    if window is not None:  # queries far past the cache: nothing visible -> zeros
+        far = cached_attention_blockwise(q, k, v, block=block, **{**kw, "q_time": q_time + 1000})
         np.testing.assert_array_equal(far, 0.0)
 
 
@@ -158,23 +178,29 @@ def test_blockwise_cached_attention_visits_only_blocks_a_query_may_see():
     the reference's."""
     from kernels_pallas import cached_attention, cached_attention_blockwise
     from kernels_pallas.attention.cached import visible_blocks
+
     q, k, v, _, _, k_start = _cache_case(2, 12, 64, 4, 2, 16, seed=5, ring=False)
-    q_time = jnp.arange(12, dtype=jnp.int32) + 20                    # times 20..31
+    q_time = jnp.arange(12, dtype=jnp.int32) + 20  # times 20..31
     k_time = jnp.asarray(np.where(np.arange(64) < 32, np.arange(64), -1), jnp.int32)
-    for window, want in ((None, [0, 1, 2, 3]), (6, [1, 2, 3])):       # blocks of 8 slots
+    for window, want in ((None, [0, 1, 2, 3]), (6, [1, 2, 3])):  # blocks of 8 slots
         order, count = visible_blocks(k_time, q_time, window, 8)
-        assert int(count) == len(want) and order[:len(want)].tolist() == want
+        assert int(count) == len(want) and order[: len(want)].tolist() == want
         kw = dict(q_time=q_time, k_time=k_time, k_start=k_start, window=window)
-        np.testing.assert_allclose(cached_attention_blockwise(q, k, v, block=8, **kw),
-                                   cached_attention(q, k, v, **kw), atol=2e-6, rtol=2e-5)
+        np.testing.assert_allclose(
+            cached_attention_blockwise(q, k, v, block=8, **kw),
+            cached_attention(q, k, v, **kw),
+            atol=2e-6,
+            rtol=2e-5,
+        )
     _, count = visible_blocks(jnp.full((64,), -1, jnp.int32), q_time, None, 8)
-    assert int(count) == 0     # an empty cache: nothing visited, every query returns zeros
+    assert int(count) == 0  # an empty cache: nothing visited, every query returns zeros
     empty = dict(q_time=q_time, k_time=jnp.full((64,), -1, jnp.int32), k_start=k_start)
     np.testing.assert_array_equal(cached_attention_blockwise(q, k, v, block=8, **empty), 0.0)
 
 
 def test_blockwise_cached_attention_bf16_within_bf16_noise():
     from kernels_pallas import cached_attention, cached_attention_blockwise
+
     q, k, v, q_time, k_time, k_start = _cache_case(1, 32, 96, 4, 4, 32, seed=3, ring=False)
     kw = dict(q_time=q_time, k_time=k_time, k_start=k_start)
     exact = cached_attention(q, k, v, **kw)
@@ -190,21 +216,27 @@ def test_blockwise_cached_attention_bf16_within_bf16_noise():
 DECODE = dict(impl="pallas", interpret=True, block=16, min_programs=8, min_heads=1)
 
 
-@pytest.mark.parametrize("ring,window,G", [(False, None, 2), (True, 9, 2), (False, 5, 4),
-                                           (True, None, 1)])
+@pytest.mark.parametrize(
+    "ring,window,G", [(False, None, 2), (True, 9, 2), (False, 5, 4), (True, None, 1)]
+)
 def test_decode_attention_kernel_matches_reference(ring, window, G):
     """The decode kernel (interpreted) against the reference that forms all logits: several
     splits of several blocks, ring caches with empty slots, windows, left-padded rows, GQA and
     MHA; a query that sees no key (window past every slot) returns zeros."""
     from kernels_pallas import DecodeAttentionSettings, cached_attention, decode_attention
     from kernels_pallas.attention.decode import plan
+
     q, k, v, q_time, k_time, k_start = _cache_case(3, 1, 128, 4, G, 16, seed=G, ring=ring)
     settings = DecodeAttentionSettings(**{**DECODE, "min_programs": 3 * G * 4})
     p = plan(3, G, 128, settings)
-    assert (p.block, p.steps, p.splits(128)) == (16, 2, 4)      # the loop and the merge
+    assert (p.block, p.steps, p.splits(128)) == (16, 2, 4)  # the loop and the merge
     kw = dict(q_time=q_time, k_time=k_time, k_start=k_start, window=window)
-    np.testing.assert_allclose(decode_attention(q, k, v, settings=settings, **kw),
-                               cached_attention(q, k, v, **kw), atol=2e-6, rtol=2e-5)
+    np.testing.assert_allclose(
+        decode_attention(q, k, v, settings=settings, **kw),
+        cached_attention(q, k, v, **kw),
+        atol=2e-6,
+        rtol=2e-5,
+    )
     if window is not None:
         far = decode_attention(q, k, v, settings=settings, **{**kw, "q_time": q_time + 1000})
         np.testing.assert_array_equal(far, 0.0)
@@ -216,6 +248,7 @@ def test_decode_attention_bf16_within_bf16_noise_and_its_fallbacks():
     more than one query token, or more than 16 query heads a kv head, is refused."""
     import kernels_pallas
     from kernels_pallas import DecodeAttentionSettings, cached_attention, decode_attention
+
     settings = DecodeAttentionSettings(**DECODE)
     q, k, v, q_time, k_time, k_start = _cache_case(2, 1, 96, 4, 2, 32, seed=7, ring=False)
     kw = dict(q_time=q_time, k_time=k_time, k_start=k_start)
@@ -227,8 +260,9 @@ def test_decode_attention_bf16_within_bf16_noise_and_its_fallbacks():
     assert err < 1e-2, err
     q, k, v, q_time, k_time, k_start = _cache_case(2, 1, 40, 4, 2, 16, seed=8, ring=False)
     kw = dict(q_time=q_time, k_time=k_time, k_start=k_start)
-    np.testing.assert_array_equal(decode_attention(q, k, v, settings=settings, **kw),
-                                  cached_attention(q, k, v, **kw))
+    np.testing.assert_array_equal(
+        decode_attention(q, k, v, settings=settings, **kw), cached_attention(q, k, v, **kw)
+    )
     assert kernels_pallas.chosen()["decode_attention@cpu"] == "reference"
     with pytest.raises(ValueError, match="one query token a row"):
         decode_attention(jnp.concatenate([q, q], 1), k, v, settings=settings, **kw)
@@ -244,11 +278,12 @@ def test_decode_attention_plan_fills_the_device_and_caps_the_splits():
     16 or below min_heads rows x kv heads."""
     from kernels_pallas import DecodeAttentionSettings
     from kernels_pallas.attention.decode import plan
+
     default = DecodeAttentionSettings()
-    p = plan(32, 5, 32768, default)                  # 32 x 5 x 8 = 1280 programs >= 1024
+    p = plan(32, 5, 32768, default)  # 32 x 5 x 8 = 1280 programs >= 1024
     assert (p.block, p.splits(32768)) == (128, 8)
     one = default.replace(min_heads=1)
-    assert plan(1, 1, 32768, one).splits(32768) == 32              # capped: 256 would fill
+    assert plan(1, 1, 32768, one).splits(32768) == 32  # capped: 256 would fill
     assert plan(1, 1, 32768, one.replace(max_splits=256)).splits(32768) == 256
     assert plan(4, 2, 96, default).block == 32 and plan(4, 2, 40, default) is None
     assert plan(1, 5, 32768, default) is None and plan(1, 8, 32768, default) is not None

@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end on the CPU at the tiny size with their profile path: a
 script that breaks (a name error in ``--profile``, say) fails here, not on a GPU machine."""
+
 import json
 import os
 import statistics
@@ -19,9 +20,14 @@ def _run(tmp_path, script, *args, profile=True):
     out = tmp_path / "rows.jsonl"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
     prof = ["--profile", str(tmp_path / "prof")] if profile else []
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args, *prof,
-                           "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args, *prof, "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in out.read_text().splitlines()], proc.stdout
 
@@ -29,10 +35,26 @@ def _run(tmp_path, script, *args, profile=True):
 # The Transformer in these smoke tests of the benchmarks' code (their rows, timing and profile):
 # it compiles fastest, and what is timed does not change what the code around it does.
 def test_decode_bench_rows_and_profile(tmp_path):
-    rows, stdout = _run(tmp_path, "decode.py", "--archs", "transformer", "--size", "tiny",
-                        "--contexts", "128", "--batches", "1", "--decode_steps", "3",
-                        "--short_steps", "1", "--decode_reps", "3",
-                        "--memory_bandwidth", "1e11")
+    rows, stdout = _run(
+        tmp_path,
+        "decode.py",
+        "--archs",
+        "transformer",
+        "--size",
+        "tiny",
+        "--contexts",
+        "128",
+        "--batches",
+        "1",
+        "--decode_steps",
+        "3",
+        "--short_steps",
+        "1",
+        "--decode_reps",
+        "3",
+        "--memory_bandwidth",
+        "1e11",
+    )
     (row,) = rows
     assert (row["arch"], row["context"], row["batch"]) == ("transformer", 128, 1)
     assert len(row["decode_ms_runs"]) == 3
@@ -52,13 +74,26 @@ def test_decode_bench_rows_and_profile(tmp_path):
 
 
 def test_train_step_bench_rows_and_profile(tmp_path):
-    rows, stdout = _run(tmp_path, "train_step.py", "--archs", "transformer", "--sizes", "tiny",
-                        "--contexts", "128", "--steps", "2", "--tokens_per_step", "256",
-                        "--profile_steps", "2")
+    rows, stdout = _run(
+        tmp_path,
+        "train_step.py",
+        "--archs",
+        "transformer",
+        "--sizes",
+        "tiny",
+        "--contexts",
+        "128",
+        "--steps",
+        "2",
+        "--tokens_per_step",
+        "256",
+        "--profile_steps",
+        "2",
+    )
     (row,) = rows
     assert (row["arch"], row["T"], row["B"]) == ("transformer", 128, 2)
     assert row["tokens_per_s"] > 0 and row["flops_per_token"] > 0
-    assert row["loss"] == row["loss"]                      # finite, not NaN
+    assert row["loss"] == row["loss"]  # finite, not NaN
     assert row["step_ms"] == pytest.approx(statistics.median(row["step_ms_runs"]), abs=0.01)
     assert len(row["waited_ms"]) == 2 and [len(c) for c in row["call_ms"]] == [2, 2, 2]
     assert row["profile"]["steps"] == 2
@@ -66,12 +101,26 @@ def test_train_step_bench_rows_and_profile(tmp_path):
 
 
 def test_gated_recurrence_bench_rows(tmp_path):
-    rows, _ = _run(tmp_path, "gated_recurrence.py", "--shapes", "2,64,32", "--impls", "scan",
-                   "pallas:interpret=True,chunk_size=16,block_d=16", "--recurrent", "--reps",
-                   "2", "--profile", profile=False)     # its --profile is a flag
-    assert [r["impl"] for r in rows] == ["scan", "pallas:interpret=True,chunk_size=16,block_d=16",
-                                         "recurrent"]
-    for r in rows:                      # bf16 inputs against the fp32 recurrence
+    rows, _ = _run(
+        tmp_path,
+        "gated_recurrence.py",
+        "--shapes",
+        "2,64,32",
+        "--impls",
+        "scan",
+        "pallas:interpret=True,chunk_size=16,block_d=16",
+        "--recurrent",
+        "--reps",
+        "2",
+        "--profile",
+        profile=False,
+    )  # its --profile is a flag
+    assert [r["impl"] for r in rows] == [
+        "scan",
+        "pallas:interpret=True,chunk_size=16,block_d=16",
+        "recurrent",
+    ]
+    for r in rows:  # bf16 inputs against the fp32 recurrence
         assert r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 and max(r["err"].values()) < 1e-2
         # --profile: the CPU has no device events, so the profiles are empty and no device time
         assert r["profile"] == {"fwd": {}, "fwd_bwd": {}} and "fwd_device_ms" not in r
@@ -80,39 +129,57 @@ def test_gated_recurrence_bench_rows(tmp_path):
 def test_short_conv_bench_rows(tmp_path):
     """A "pallas:KEY=VALUE" entry reaches ``ShortConvSettings``: block_t=16 on 32 tokens runs two
     tiles (the edge branch and the rest), interpreted, against the fp32 reference."""
-    rows, _ = _run(tmp_path, "short_conv.py", "--shapes", "1,32,32,2", "--impls", "reference",
-                   "pallas:interpret=True,block_t=16", "--reps", "2", profile=False)
+    rows, _ = _run(
+        tmp_path,
+        "short_conv.py",
+        "--shapes",
+        "1,32,32,2",
+        "--impls",
+        "reference",
+        "pallas:interpret=True,block_t=16",
+        "--reps",
+        "2",
+        profile=False,
+    )
     assert [(r["impl"], r["normalize"]) for r in rows] == [
-        ("reference", True), ("pallas:interpret=True,block_t=16", True),
-        ("reference", False), ("pallas:interpret=True,block_t=16", False)]
-    for r in rows:                      # bf16 inputs against the fp32 reference
+        ("reference", True),
+        ("pallas:interpret=True,block_t=16", True),
+        ("reference", False),
+        ("pallas:interpret=True,block_t=16", False),
+    ]
+    for r in rows:  # bf16 inputs against the fp32 reference
         assert r["fwd_ms"] > 0 and max(r["rel_err"].values()) < 2e-2
 
 
 def _triton_regs():
     import importlib.util
+
     spec = importlib.util.spec_from_file_location("triton_regs", ROOT / "bench" / "triton_regs.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-@pytest.mark.skipif(not _triton_regs().supported(),
-                    reason="jaxlib > 0.10.2 compiles Triton IR at lowering (needs a GPU)")
+@pytest.mark.skipif(
+    not _triton_regs().supported(),
+    reason="jaxlib > 0.10.2 compiles Triton IR at lowering (needs a GPU)",
+)
 def test_triton_regs_keeps_each_kernels_triton_ir_on_cpu():
     """bench/triton_regs.py's half that needs no Triton package: the ops lowered for CUDA on
     this CPU, each Pallas kernel's Triton IR kept with its launch's warps (JAX internals it
     reads would break this first)."""
     mod = _triton_regs()
     got = mod.kernels("short_conv")
-    assert [(name, warps) for name, warps, _ in got] == [("short_conv_fwd", 4),
-                                                         ("short_conv_bwd", 4),
-                                                         ("short_conv_dx", 4)]
+    assert [(name, warps) for name, warps, _ in got] == [
+        ("short_conv_fwd", 4),
+        ("short_conv_bwd", 4),
+        ("short_conv_dx", 4),
+    ]
     assert all(ir.startswith(f"module @{name}") and "tt.func" in ir for name, _, ir in got)
-    assert jax.default_backend() == "cpu"            # restored after tracing as a GPU
-    got = mod.kernels("softmax_xent")                # the loss kernel: one launch, 4 warps
+    assert jax.default_backend() == "cpu"  # restored after tracing as a GPU
+    got = mod.kernels("softmax_xent")  # the loss kernel: one launch, 4 warps
     assert [(name, warps) for name, warps, _ in got] == [("softmax_xent", 4)]
-    assert "scf.for" in got[0][2]                    # the row's chunks as loops, not unrolled
+    assert "scf.for" in got[0][2]  # the row's chunks as loops, not unrolled
 
 
 def test_head_loss_bench_rows(tmp_path):
@@ -120,17 +187,33 @@ def test_head_loss_bench_rows(tmp_path):
     impl, the one-op loss agreeing with autodiff through the logits."""
     out = tmp_path / "rows.jsonl"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "head_loss.py"), "--shapes",
-                           "256,32,400", "--impls", "unfused", "reference",
-                           "pallas:block_v=64,interpret=True", "--reps", "1", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "head_loss.py"),
+            "--shapes",
+            "256,32,400",
+            "--impls",
+            "unfused",
+            "reference",
+            "pallas:block_v=64,interpret=True",
+            "--reps",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["impl"] for r in rows] == ["unfused", "reference",
-                                         "pallas:block_v=64,interpret=True"]
+    assert [r["impl"] for r in rows] == ["unfused", "reference", "pallas:block_v=64,interpret=True"]
     for r in rows[1:]:
         assert max(r["rel_err"].values()) < 1e-2, r["rel_err"]
-        assert r["ms"] > 0 and r["device_ms"] is None           # no device trace on a CPU
+        assert r["ms"] > 0 and r["device_ms"] is None  # no device trace on a CPU
 
 
 def test_bench_option_parsing():
@@ -140,10 +223,14 @@ def test_bench_option_parsing():
     finally:
         sys.path.remove(str(ROOT / "bench"))
     assert _bench.parse_impl("pallas:block_v=32,fp32_dots=ieee,interpret=True") == (
-        "pallas", {"block_v": 32, "fp32_dots": "ieee", "interpret": True})
+        "pallas",
+        {"block_v": 32, "fp32_dots": "ieee", "interpret": True},
+    )
     assert _bench.parse_impl("reference") == ("reference", {})
     assert _bench.parse_overrides(["loss_impl=auto", "gdn_chunk_size=32"]) == {
-        "loss_impl": "auto", "gdn_chunk_size": 32}
+        "loss_impl": "auto",
+        "gdn_chunk_size": 32,
+    }
     with pytest.raises(ValueError, match="KEY=VALUE, got 'block_v'"):
         _bench.parse_impl("pallas:block_v")
     with pytest.raises(ValueError, match="FIELD=VALUE, got 'loss_impl'"):
@@ -158,13 +245,16 @@ def test_mixer_benches_forward_backward_returns_the_output(script, monkeypatch):
     import importlib
 
     import jax.numpy as jnp
+
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     mod = importlib.import_module(script)
     key = jax.random.split(jax.random.key(0), 6)
     if script == "gated_recurrence":
         fwd, fwd_bwd = mod.fns("scan")
-        args = [jax.nn.sigmoid(jax.random.normal(key[0], (1, 32, 8))),
-                jax.random.normal(key[1], (1, 32, 8))]
+        args = [
+            jax.nn.sigmoid(jax.random.normal(key[0], (1, 32, 8))),
+            jax.random.normal(key[1], (1, 32, 8)),
+        ]
     else:
         fwd, fwd_bwd = mod.fns("chunk_reference")
         args = [jax.random.normal(k, (1, 32, 2, 8)) for k in key[:3]]
@@ -181,12 +271,30 @@ def test_mixer_benches_forward_backward_returns_the_output(script, monkeypatch):
 def test_skinny_matmul_bench_rows(tmp_path):
     """Each (impl, rows, kind) a row over the model's layers; the kernel (interpreted) gives XLA's
     products."""
-    rows, stdout = _run(tmp_path, "skinny_matmul.py", "--size", "tiny", "--rows", "1", "2",
-                        "--impls", "xla", "pallas:block_n=32", "--kinds", "o", "step",
-                        "--reps", "1", "--interpret")
-    layers = 4                                   # HwH-tiny
+    rows, stdout = _run(
+        tmp_path,
+        "skinny_matmul.py",
+        "--size",
+        "tiny",
+        "--rows",
+        "1",
+        "2",
+        "--impls",
+        "xla",
+        "pallas:block_n=32",
+        "--kinds",
+        "o",
+        "step",
+        "--reps",
+        "1",
+        "--interpret",
+    )
+    layers = 4  # HwH-tiny
     assert [(r["impl"], r["rows"], r["kind"], r["products"]) for r in rows] == [
         (impl, n, kind, layers * (4 if kind == "step" else 1))
-        for impl in ("xla", "pallas:block_n=32") for n in (1, 2) for kind in ("o", "step")]
+        for impl in ("xla", "pallas:block_n=32")
+        for n in (1, 2)
+        for kind in ("o", "step")
+    ]
     assert all(r["rel_err"] < 1e-2 and r["ms"] > 0 and r["weight_bytes"] > 0 for r in rows)
     assert "us each" in stdout

@@ -2,6 +2,7 @@
 of a v5e 2x2 slice, ``libtpu``): every collective of a small program with known collectives
 found once, with its kind, replica group size, bytes and loop count; the asynchronous
 start/continuation/done fusions of a compiled FSDP step counted once per channel."""
+
 import functools
 import os
 
@@ -28,15 +29,21 @@ def mesh():
 
 
 def test_each_collective_of_a_known_program_once(mesh):
-    @functools.partial(jax.shard_map, mesh=mesh, in_specs=P("a", "b"), check_vma=False,
-                       out_specs=(P("a", "b"), P("a", None), P(("a", "b"), None), P("a", "b")))
-    def f(x):                                                  # x: [256, 512] f32 a device
-        y = jax.lax.psum(x * 2.0, "a")                         # all-reduce over 2
-        y = jax.lax.psum(jnp.cos(y) * x, "a")                  # a second one, same shape
-        z = jax.lax.all_gather(x + 1.0, "b", axis=1, tiled=True)   # [256, 1024] over 2
+    @functools.partial(
+        jax.shard_map,
+        mesh=mesh,
+        in_specs=P("a", "b"),
+        check_vma=False,
+        out_specs=(P("a", "b"), P("a", None), P(("a", "b"), None), P("a", "b")),
+    )
+    def f(x):  # x: [256, 512] f32 a device
+        y = jax.lax.psum(x * 2.0, "a")  # all-reduce over 2
+        y = jax.lax.psum(jnp.cos(y) * x, "a")  # a second one, same shape
+        z = jax.lax.all_gather(x + 1.0, "b", axis=1, tiled=True)  # [256, 1024] over 2
         w = jax.lax.psum_scatter(x * 3.0, ("a", "b"), scatter_dimension=0, tiled=True)
-        v = jax.lax.fori_loop(0, 3, lambda i, c: jax.lax.ppermute(
-            jnp.sin(c), "b", [(0, 1), (1, 0)]), x)             # a permute, 3 times
+        v = jax.lax.fori_loop(
+            0, 3, lambda i, c: jax.lax.ppermute(jnp.sin(c), "b", [(0, 1), (1, 0)]), x
+        )  # a permute, 3 times
         return y, z, w, v
 
     x = jax.ShapeDtypeStruct((512, 1024), jnp.float32, sharding=NamedSharding(mesh, P("a", "b")))
@@ -48,10 +55,11 @@ def test_each_collective_of_a_known_program_once(mesh):
         ("all-reduce", ((256, 512),), block, 2, 1),
         ("all-reduce", ((256, 512),), block, 2, 1),
         ("collective-permute", ((256, 512),), block, 0, 3),
-        ("reduce-scatter", ((64, 512),), block // 4, 4, 1)]
+        ("reduce-scatter", ((64, 512),), block // 4, 4, 1),
+    ]
     s = hlo.summary(found)
     assert s["collective-permute"] == {"count": 3, "bytes": 3 * block, "wire_bytes": 3 * block}
-    assert s["all-reduce"]["wire_bytes"] == 2 * block          # 2 x 2 (g-1)/g of the block
+    assert s["all-reduce"]["wire_bytes"] == 2 * block  # 2 x 2 (g-1)/g of the block
     assert s["reduce-scatter"]["wire_bytes"] == 3 * block // 4  # 3 shards sent
 
 
@@ -67,17 +75,19 @@ def test_a_compiled_fsdp_step_counts_each_async_collective_once(mesh):
     def loss(ws, x):
         for w in ws:
             x = jnp.tanh(x @ w)
-        return jnp.mean(x ** 2)
+        return jnp.mean(x**2)
 
     def step(ws, xs):
         def body(g, x):
             return jax.tree.map(jnp.add, g, jax.grad(loss)(ws, x)), None
+
         g, _ = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, ws), xs)
         return jax.tree.map(lambda w, gw: w - 0.1 * gw, ws, g)
 
     ws = [jax.ShapeDtypeStruct((d, d), jnp.float32, sharding=fsdp) for _ in range(layers)]
-    xs = jax.ShapeDtypeStruct((micro, rows, d), jnp.float32,
-                              sharding=NamedSharding(mesh, P(None, ("a", "b"))))
+    xs = jax.ShapeDtypeStruct(
+        (micro, rows, d), jnp.float32, sharding=NamedSharding(mesh, P(None, ("a", "b")))
+    )
     text = jax.jit(step, out_shardings=[fsdp] * layers).lower(ws, xs).compile().as_text()
     raw = text.count(" all-gather(")
     found = hlo.collectives(text)

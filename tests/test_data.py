@@ -1,4 +1,5 @@
 """Sources, tokenizers, packing, shuffling and per-process sharding of the input pipeline."""
+
 import concurrent.futures
 import gzip
 import json
@@ -47,8 +48,8 @@ def test_packing_keeps_every_token_once():
 
 
 def test_segments_and_positions():
-    stream = np.array([5, 6, 1, 7, 8, 9, 1, 4], np.uint32)   # docs [5 6] [7 8 9] [4], eos = 1
-    seqs = PackedSequences(stream, 9, eos_id=1, pad_id=0)    # one padded window of 10
+    stream = np.array([5, 6, 1, 7, 8, 9, 1, 4], np.uint32)  # docs [5 6] [7 8 9] [4], eos = 1
+    seqs = PackedSequences(stream, 9, eos_id=1, pad_id=0)  # one padded window of 10
     row = seqs[0]
     np.testing.assert_array_equal(row["inputs"], [5, 6, 1, 7, 8, 9, 1, 4, 0])
     np.testing.assert_array_equal(row["segment_ids"], [1, 1, 1, 2, 2, 2, 2, 3, 0])
@@ -66,14 +67,16 @@ def test_shuffling_is_deterministic_and_a_permutation_per_epoch():
 
     a, b, c = order(0, n), order(0, n), order(1, n)
     assert a == b and a != c
-    assert sorted(a[:n]) == list(range(n)) and sorted(a[n:2 * n]) == list(range(n))
+    assert sorted(a[:n]) == list(range(n)) and sorted(a[n : 2 * n]) == list(range(n))
 
 
 def test_process_slices_form_the_global_batch():
     seqs = PackedSequences(np.arange(2, 2 + 9 * 40, dtype=np.uint32), 8, eos_id=1, pad_id=0)
     whole = iter(train_dataset(seqs, global_batch=8, seed=3))
-    parts = [iter(train_dataset(seqs, global_batch=8, seed=3, process_index=p, process_count=4))
-             for p in range(4)]
+    parts = [
+        iter(train_dataset(seqs, global_batch=8, seed=3, process_index=p, process_count=4))
+        for p in range(4)
+    ]
     for _ in range(5):
         global_ids = sorted(next(whole)["index"].tolist())
         local_ids = sorted(i for it in parts for i in next(it)["index"].tolist())
@@ -98,8 +101,9 @@ def test_text_sources(tmp_path):
     with zipfile.ZipFile(tmp_path / "c.zip", "w") as z:
         z.writestr("x.txt", "zip doc")
         z.writestr("y.jsonl", json.dumps({"text": "zip json doc"}) + "\n")
-    (tmp_path / "d.jsonl").write_text(json.dumps({"body": "j1"}) + "\n\n" +
-                                      json.dumps({"body": "j2"}) + "\n")
+    (tmp_path / "d.jsonl").write_text(
+        json.dumps({"body": "j1"}) + "\n\n" + json.dumps({"body": "j2"}) + "\n"
+    )
     docs = lambda name, **kw: list(sources.text_documents(tmp_path / name, **kw))
     assert docs("a.txt") == ["doc one\n", "doc two\n"]
     assert docs("b.txt.gz") == ["gz doc"]
@@ -131,8 +135,12 @@ def test_gpt2_bpe_from_several_threads():
     """Grain's in-process prefetch calls a source's __getitem__ from a thread pool: encoding
     from several threads at once (the piece table filled in place) gives the serial ids."""
     rng = np.random.default_rng(0)
-    texts = [" ".join(f"{rng.integers(10**6, 10**7)} {WORDS[rng.integers(len(WORDS))]}-"
-                      for _ in range(12)) for _ in range(1200)]
+    texts = [
+        " ".join(
+            f"{rng.integers(10**6, 10**7)} {WORDS[rng.integers(len(WORDS))]}-" for _ in range(12)
+        )
+        for _ in range(1200)
+    ]
     serial, tok = GPT2BPE(resolve("gpt2_bpe")), GPT2BPE(resolve("gpt2_bpe"))
     want = [serial.encode(t) for t in texts]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -161,8 +169,13 @@ def test_arrayrecord_source(tmp_path, sp_model, monkeypatch):
     path = tmp_path / "tokens.arrayrecord"
     sources.write_arrayrecord_tokens(path, docs)
     assert [d.tolist() for d in sources.arrayrecord_tokens([path])] == docs
-    spec = DataSpec(source="arrayrecord", paths=(str(path),), tokenizer="sentencepiece",
-                    sp_model=str(sp_model), heldout_fraction=0.0)
+    spec = DataSpec(
+        source="arrayrecord",
+        paths=(str(path),),
+        tokenizer="sentencepiece",
+        sp_model=str(sp_model),
+        heldout_fraction=0.0,
+    )
     splits = build_splits(spec, seq_len=7)
     np.testing.assert_array_equal(splits.train.stream, concat_documents(docs, 1))
 
@@ -172,15 +185,19 @@ def test_tfds_source_with_local_dataset(tmp_path, sp_model, monkeypatch):
 
     class TinyText(tfds.core.GeneratorBasedBuilder):
         """A three-document text dataset built on the spot (no network)."""
+
         VERSION = tfds.core.Version("1.0.0")
 
         def _info(self):
-            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
-                {"text": tfds.features.Text()}))
+            return tfds.core.DatasetInfo(
+                builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()})
+            )
 
         def _split_generators(self, dl_manager):
-            return {"train": self._generate_examples(["alpha beta", "gamma delta", "epsilon"]),
-                    "validation": self._generate_examples(["zeta eta"])}
+            return {
+                "train": self._generate_examples(["alpha beta", "gamma delta", "epsilon"]),
+                "validation": self._generate_examples(["zeta eta"]),
+            }
 
         def _generate_examples(self, texts):
             for i, t in enumerate(texts):
@@ -191,9 +208,15 @@ def test_tfds_source_with_local_dataset(tmp_path, sp_model, monkeypatch):
     texts = sorted(sources.tfds_documents("tiny_text", "train", data_dir=str(data)))
     assert texts == ["alpha beta", "epsilon", "gamma delta"]
     monkeypatch.setenv("HWH_CACHE_DIR", str(tmp_path / "cache"))
-    spec = DataSpec(source="tfds", paths=(), tfds_name="tiny_text", tfds_data_dir=str(data),
-                    tfds_heldout_split="validation", tokenizer="sentencepiece",
-                    sp_model=str(sp_model))
+    spec = DataSpec(
+        source="tfds",
+        paths=(),
+        tfds_name="tiny_text",
+        tfds_data_dir=str(data),
+        tfds_heldout_split="validation",
+        tokenizer="sentencepiece",
+        sp_model=str(sp_model),
+    )
     splits = build_splits(spec, seq_len=4)
     tok = splits.tokenizer
     assert tok.decode([t for t in splits.heldout.stream if t != tok.eos_id]) == "zeta eta"
@@ -203,6 +226,7 @@ def test_data_paths_resolve_shipped_first_then_the_users_folder(tmp_path, monkey
     """Shipped data wins over a user's folder of the same name; a user's own file is found
     through data.data_dir or $HWH_DATA_DIR; an unknown one names every place looked in."""
     from hwh_jax.data.paths import ASSETS
+
     (tmp_path / "dickens").mkdir()
     (tmp_path / "dickens" / "dickens.zip").write_text("not the shipped one")
     (tmp_path / "mine.txt").write_text("my corpus")
@@ -213,8 +237,14 @@ def test_data_paths_resolve_shipped_first_then_the_users_folder(tmp_path, monkey
     monkeypatch.delenv("HWH_DATA_DIR")
     with pytest.raises(FileNotFoundError, match=r"mine\.txt.*assets.*data\.data_dir"):
         resolve("mine.txt")
-    for name in ("dickens/dickens.zip", "gutenberg/gutenberg_train.txt.gz", "gpt2_bpe/vocab.bpe.gz",
-                 "pg_essays/PaulGrahamEssays", "evals/hellaswag", "wikitext2/test.txt.gz"):
+    for name in (
+        "dickens/dickens.zip",
+        "gutenberg/gutenberg_train.txt.gz",
+        "gpt2_bpe/vocab.bpe.gz",
+        "pg_essays/PaulGrahamEssays",
+        "evals/hellaswag",
+        "wikitext2/test.txt.gz",
+    ):
         assert (ASSETS / name).exists(), name
     for folder in ASSETS.iterdir():
         if folder.is_dir():
@@ -256,15 +286,18 @@ def test_retrieval_mix_sequences(gpt2):
         pairs = {key: value for _, key, value in found}
         assert len(pairs) == len(found) and 1 <= len(found) <= 4
         counts.add(len(found))
-        asked = re.findall(rf"What is the special magic {kind[:-1]} for (\S+) mentioned in the "
-                           rf"provided text\? The special magic {kind[:-1]} for \1 mentioned in "
-                           rf"the provided text is (\S+)\.", doc)
-        assert dict(asked) == pairs                     # every needle asked, answered right
+        asked = re.findall(
+            rf"What is the special magic {kind[:-1]} for (\S+) mentioned in the "
+            rf"provided text\? The special magic {kind[:-1]} for \1 mentioned in "
+            rf"the provided text is (\S+)\.",
+            doc,
+        )
+        assert dict(asked) == pairs  # every needle asked, answered right
         last_needle = max(doc.index(f"for {k} is:") for k in pairs)
         assert last_needle < doc.index("What is the")
         assert all(len(v) == (7 if kind == "numbers" else 36) for v in pairs.values())
-    assert counts == {1, 2, 3}          # up to 4 drawn, fewer where 256 tokens cannot hold them
-    for j in range(20):                 # the probe's masks cover exactly the values
+    assert counts == {1, 2, 3}  # up to 4 drawn, fewer where 256 tokens cannot hold them
+    for j in range(20):  # the probe's masks cover exactly the values
         x, answer, needle = mix.probe(j)
         assert int(answer.sum()) == int(needle.sum()) > 0
         doc = gpt2.decode(np.concatenate([x["inputs"], x["targets"][-1:]]).tolist())
@@ -281,9 +314,11 @@ def test_retrieval_mix_sequences(gpt2):
 def test_retrieval_template_is_the_evaluations():
     """One needle: the synthetic pieces around a context are the NIAH prompt + the answer."""
     from hwh_jax.eval import niah
+
     for task in niah.TASKS:
-        header, [needle], [answer] = RetrievalMix.pieces(niah.TASKS[task][1], ["odd-owl"],
-                                                         ["1234567"])
+        header, [needle], [answer] = RetrievalMix.pieces(
+            niah.TASKS[task][1], ["odd-owl"], ["1234567"]
+        )
         context = "Haystack one." + needle + "Haystack two."
         assert header + context + answer == niah.render(task, context, "odd-owl") + " 1234567."
 
@@ -301,7 +336,9 @@ def test_retrieval_mix_share_in_batches_and_errors(gpt2):
         RetrievalMix(PackedSequences(stream, 64, eos_id=gpt2.eos_id, pad_id=0), gpt2, 0.2)
     with pytest.raises(ValueError, match="retrieval_share"):
         DataSpec(retrieval_share=-0.1).validate()
-    with pytest.raises(ValueError, match="retrieval_answer_weight must be a finite number >= 1, got 0.5"):
+    with pytest.raises(
+        ValueError, match="retrieval_answer_weight must be a finite number >= 1, got 0.5"
+    ):
         DataSpec(retrieval_answer_weight=0.5).validate()
     with pytest.raises(ValueError, match="retrieval_max_needles must be an integer >= 1, got 0"):
         DataSpec(retrieval_max_needles=0).validate()
@@ -313,8 +350,10 @@ def test_imports_alone_without_a_cycle(module):
     must import first, in a fresh interpreter."""
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
-                         text=True, timeout=120)
+
+    out = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
 
 
@@ -327,9 +366,12 @@ def test_retrieval_pieces_encode_as_the_whole_texts(which, gpt2, sp_model):
     stream = np.asarray(tok.encode(sources.read_text(SHAKESPEARE)[:20_000]), np.uint32)
     mix = RetrievalMix(PackedSequences(stream, 512, eos_id=tok.eos_id, pad_id=0), tok, 0.5)
     rng = np.random.default_rng(0)
-    for kind, value in [("numbers", "1234567"), ("numbers", "9000001"),
-                        ("uuids", "3f2a9c1e-0b4d-4e8f-9a7b-1c2d3e4f5a6b"),
-                        ("uuids", "a1b2c3d4-0000-4fff-8abc-ffffffffffe0")]:
+    for kind, value in [
+        ("numbers", "1234567"),
+        ("numbers", "9000001"),
+        ("uuids", "3f2a9c1e-0b4d-4e8f-9a7b-1c2d3e4f5a6b"),
+        ("uuids", "a1b2c3d4-0000-4fff-8abc-ffffffffffe0"),
+    ]:
         keys = [WORDS[int(i)] for i in rng.choice(len(WORDS), 3, replace=False)]
         values = [value] * 3
         header, needles, answers, n_spans, a_spans = mix._encode(kind, keys, values)
@@ -353,7 +395,7 @@ def test_worker_processes_give_the_same_batches_and_resume(gpt2):
     it = iter(train_dataset(mix(), global_batch=8, seed=3, workers=2))
     got = [next(it) for _ in range(3)]
     state = it.get_state()
-    assert len(state["iterators_in_use_indices"]) == 2     # two worker processes' states
+    assert len(state["iterators_in_use_indices"]) == 2  # two worker processes' states
     again = iter(train_dataset(mix(), global_batch=8, seed=3, workers=2))
     again.set_state(state)
     got += [next(again) for _ in range(3)]

@@ -2,6 +2,7 @@
 flags and `--config.*` overrides parse against the real flags and config (absl's
 parse, as `--only_check_args` checks: nothing runs), each `python bench/X.py` / `tools/X.py` line names only
 options its parser knows, and each script it names exists."""
+
 import concurrent.futures
 import json
 import os
@@ -25,7 +26,7 @@ def commands():
     out = []
     for doc in DOCS:
         for block in FENCE.findall(doc.read_text()):
-            for line in block.replace("\\\n", "").splitlines():   # bash's line continuation
+            for line in block.replace("\\\n", "").splitlines():  # bash's line continuation
                 try:
                     words = shlex.split(line, comments=True)
                 except ValueError as e:
@@ -46,13 +47,13 @@ def _command(words):
     words = [w for w in words if not re.match(r"^[A-Z_][A-Z0-9_]*=", w)]  # env assignments
     for i, w in enumerate(words):
         if PYTHON.search(w):
-            rest = words[i + 1:]
+            rest = words[i + 1 :]
             if rest[:1] == ["-m"] and len(rest) > 1 and rest[1].startswith("launch."):
                 return "launch", rest[1], rest[2:]
             if rest and rest[0].endswith(".py"):
                 return "script", rest[0], rest[1:]
         if w == "bash" and i + 1 < len(words) and words[i + 1].endswith(".sh"):
-            return "shell", words[i + 1], words[i + 2:]
+            return "shell", words[i + 1], words[i + 2 :]
     return None
 
 
@@ -88,8 +89,14 @@ def _check_launch(module, arg_lists):
     """Each argument list parsed against ``module``'s flags and config, as absl's app.run
     parses them before main (what --only_check_args checks), in one process per module:
     [(returncode, error)] in order."""
-    proc = subprocess.run([sys.executable, "-c", _CHECK, module], input=json.dumps(arg_lists),
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHECK, module],
+        input=json.dumps(arg_lists),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     if proc.returncode != 0:
         return [(proc.returncode, proc.stderr[-1500:])] * len(arg_lists)
     return [tuple(json.loads(line)) for line in proc.stdout.splitlines() if line.startswith("[")]
@@ -97,26 +104,33 @@ def _check_launch(module, arg_lists):
 
 def test_launch_commands_parse():
     """Each launcher command with its flags and config overrides, as the docs write it."""
-    todo = [(doc, line, target, args) for doc, line, kind, target, args in COMMANDS
-            if kind == "launch"]
+    todo = [
+        (doc, line, target, args) for doc, line, kind, target, args in COMMANDS if kind == "launch"
+    ]
     unique = list(dict.fromkeys((target, tuple(args)) for _, _, target, args in todo))
     by_module = {}
     for target, args in unique:
         by_module.setdefault(target, []).append(list(args))
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:     # each distinct command once
-        results = dict(zip(by_module, pool.map(lambda m: _check_launch(m, by_module[m]),
-                                               by_module)))
-    checked = {(m, tuple(a)): r for m, lists in by_module.items()
-               for a, r in zip(lists, results[m])}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # each distinct command once
+        results = dict(
+            zip(by_module, pool.map(lambda m: _check_launch(m, by_module[m]), by_module))
+        )
+    checked = {
+        (m, tuple(a)): r for m, lists in by_module.items() for a, r in zip(lists, results[m])
+    }
     assert len(checked) == len(unique), "a module's check printed fewer results than commands"
-    bad = [f"{doc}: {line}\n  -> {checked[(target, tuple(args))][1]}"
-           for doc, line, target, args in todo if checked[(target, tuple(args))][0] != 0]
+    bad = [
+        f"{doc}: {line}\n  -> {checked[(target, tuple(args))][1]}"
+        for doc, line, target, args in todo
+        if checked[(target, tuple(args))][0] != 0
+    ]
     assert not bad, "\n".join(bad)
 
 
 def _options(script: str) -> set[str]:
-    proc = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, script, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
     assert proc.returncode == 0, f"{script} --help: {proc.stderr[-1000:]}"
     return set(re.findall(r"(--[a-z][a-z0-9_]*)", proc.stdout))
 
@@ -124,7 +138,7 @@ def _options(script: str) -> set[str]:
 @pytest.mark.parametrize("script", sorted({t for _, _, k, t, _ in COMMANDS if k == "script"}))
 def test_script_commands_name_known_options(script):
     assert (ROOT / script).exists(), script
-    if script.endswith("fla_gdn_anchor.py"):   # needs PyTorch with CUDA and fla: no --help here
+    if script.endswith("fla_gdn_anchor.py"):  # needs PyTorch with CUDA and fla: no --help here
         known = {"--profile"}
     else:
         known = _options(script)
@@ -138,7 +152,7 @@ def test_shell_commands_name_scripts_that_exist():
     for doc, line, kind, target, args in COMMANDS:
         if kind == "shell":
             assert (ROOT / target).exists(), f"{doc}: {line}"
-            if target.endswith("tables.sh"):       # its parts are the labels of its case
+            if target.endswith("tables.sh"):  # its parts are the labels of its case
                 parts = set(re.findall(r"^ {4}(\w+)\)$", (ROOT / target).read_text(), re.M))
                 assert {"gdn", "decode", "hgrn"} <= parts, parts
                 assert set(args[1:]) <= parts, f"{doc}: {line}"
@@ -150,18 +164,24 @@ def test_the_documented_niah_counts_are_the_configs():
     from configs import base, experiment
     from hwh_jax.eval import niah
     from hwh_jax.eval.suite import EvalSpec
+
     text = (ROOT / "docs" / "evaluation.md").read_text()
     d = EvalSpec()
-    assert f"(default {d.niah_depths} x {d.niah_samples} = {d.niah_depths * d.niah_samples};" \
-        in text
+    assert (
+        f"(default {d.niah_depths} x {d.niah_samples} = {d.niah_depths * d.niah_samples};" in text
+    )
     e = experiment.get_config().eval
-    assert f"`configs/experiment.py` {e.niah_depths} x {e.niah_samples} = " \
-           f"{e.niah_depths * e.niah_samples} a seed" in text
+    assert (
+        f"`configs/experiment.py` {e.niah_depths} x {e.niah_samples} = "
+        f"{e.niah_depths * e.niah_samples} a seed" in text
+    )
     t = base.get_config("hwh_tiny").eval
     cell = t.niah_depths * t.niah_samples
     per_length = cell * len(tuple(t.niah_tasks) or niah.TASKS)
-    assert f"evaluation {t.niah_depths} x {t.niah_samples} = {cell} a cell, {per_length} a " \
-           f"length over its three tasks" in text
+    assert (
+        f"evaluation {t.niah_depths} x {t.niah_samples} = {cell} a cell, {per_length} a "
+        f"length over its three tasks" in text
+    )
     assert f"**0 of {per_length}** NIAH prompts" in text and f"cell 0 of {cell}" in text
 
 
@@ -169,9 +189,15 @@ def test_the_readmes_python_block_runs_as_written():
     """README.md's Python block, run as a newcomer would paste it (its own process)."""
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     assert len(blocks) == 1
-    done = subprocess.run([sys.executable, "-c", blocks[0]], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", blocks[0]],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     from hwh_jax.models import model_config
+
     assert done.stdout.strip() == f"(2, 64, {model_config('hwh', 'tiny').vocab_size})"

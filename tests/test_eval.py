@@ -1,4 +1,5 @@
 """Evaluation suite: NIAH generator and scorer, MQAR invariants, eval files, log-likelihoods."""
+
 import json
 import re
 
@@ -28,7 +29,7 @@ def test_niah_prompt_follows_ruler_template_length_and_depth(gpt2, task, length)
     for depth in (0, 50, 100):
         s = niah.make_sample(task, length, depth, gpt2, max_new_tokens=new, seed=1)
         n = len(gpt2.encode(s.prompt))
-        kept = niah.TOKENS_TO_GENERATE                   # RULER's generation budget
+        kept = niah.TOKENS_TO_GENERATE  # RULER's generation budget
         assert n == s.prompt_tokens and length - kept - 40 <= n <= length - kept, n
         kind = niah.TASKS[task][1]
         one = kind[:-1]
@@ -36,8 +37,10 @@ def test_niah_prompt_follows_ruler_template_length_and_depth(gpt2, task, length)
             rf"A special magic {one} is hidden within the following text\. Make sure to "
             rf"memorize it\. I will quiz you about the {one} afterwards\.\n(.*)\nWhat is "
             rf"the special magic {one} for ([a-z]+-[a-z]+) mentioned in the provided text\? The "
-            rf"special magic {one} for \2 mentioned in the provided text is", s.prompt,
-            flags=re.S)
+            rf"special magic {one} for \2 mentioned in the provided text is",
+            s.prompt,
+            flags=re.S,
+        )
         assert m, s.prompt[:200]
         context, key = m.group(1), m.group(2)
         needle = f"One of the special magic {kind} for {key} is: {s.expected[0]}."
@@ -46,8 +49,11 @@ def test_niah_prompt_follows_ruler_template_length_and_depth(gpt2, task, length)
         if kind == "numbers":
             assert re.fullmatch(r"[1-9]\d{6}", value)
         else:
-            assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-"
-                                r"[0-9a-f]{12}", value)
+            assert re.fullmatch(
+                r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-"
+                r"[0-9a-f]{12}",
+                value,
+            )
         at = context.index(needle) / max(len(context) - len(needle), 1)
         assert abs(at - depth / 100) < 0.1, (depth, at)
         if niah.TASKS[task][0] == "noise":
@@ -55,7 +61,7 @@ def test_niah_prompt_follows_ruler_template_length_and_depth(gpt2, task, length)
         elif depth == 100:  # after the (word-truncated) haystack, as in RULER
             assert context.endswith(needle)
         else:  # at a sentence boundary of the essays
-            before = context[:context.index(needle)].rstrip()
+            before = context[: context.index(needle)].rstrip()
             assert before == "" or before[-1] in ".!?\"')]", before[-30:]
 
 
@@ -66,29 +72,37 @@ def test_niah_renders_rulers_strings():
         "A special magic number is hidden within the following text. Make sure to memorize it. "
         "I will quiz you about the number afterwards.\nCONTEXT\nWhat is the special magic "
         "number for lucky-anchor mentioned in the provided text? The special magic number for "
-        "lucky-anchor mentioned in the provided text is")
+        "lucky-anchor mentioned in the provided text is"
+    )
     assert niah.render("niah_single_3", "CONTEXT", "odd-owl") == (
         "A special magic uuid is hidden within the following text. Make sure to memorize it. "
         "I will quiz you about the uuid afterwards.\nCONTEXT\nWhat is the special magic uuid "
         "for odd-owl mentioned in the provided text? The special magic uuid for odd-owl "
-        "mentioned in the provided text is")
+        "mentioned in the provided text is"
+    )
     # several values asked: RULER's plural template, untouched
-    assert ruler.prompt_template(2).format(type_needle_v="numbers", context="C", query="a, and b") \
-        == ("Some special magic numbers are hidden within the following text. Make sure to "
-            "memorize it. I will quiz you about the numbers afterwards.\nC\nWhat are all the "
-            "special magic numbers for a, and b mentioned in the provided text? The special "
-            "magic numbers for a, and b mentioned in the provided text are")
-    assert niah.NEEDLE.format(type_needle_v="numbers", key="k", value="1234567") == \
-        "One of the special magic numbers for k is: 1234567."
+    assert ruler.prompt_template(2).format(
+        type_needle_v="numbers", context="C", query="a, and b"
+    ) == (
+        "Some special magic numbers are hidden within the following text. Make sure to "
+        "memorize it. I will quiz you about the numbers afterwards.\nC\nWhat are all the "
+        "special magic numbers for a, and b mentioned in the provided text? The special "
+        "magic numbers for a, and b mentioned in the provided text are"
+    )
+    assert (
+        niah.NEEDLE.format(type_needle_v="numbers", key="k", value="1234567")
+        == "One of the special magic numbers for k is: 1234567."
+    )
 
 
 def test_essays_repeat_for_a_longer_haystack(gpt2, tmp_path):
     """RULER concatenates the essays and repeats them when a longer haystack is needed."""
     (tmp_path / "a.txt").write_text("Alpha beta gamma delta. Epsilon zeta eta theta. " * 20)
     words = niah.essay_words(str(tmp_path))
-    s = niah.make_sample("niah_single_2", 2048, 50, gpt2, max_new_tokens=16,
-                         essay_folder=str(tmp_path))
-    assert s.prompt.count("Epsilon zeta eta theta.") > 2 * 20      # repeated, not refused
+    s = niah.make_sample(
+        "niah_single_2", 2048, 50, gpt2, max_new_tokens=16, essay_folder=str(tmp_path)
+    )
+    assert s.prompt.count("Epsilon zeta eta theta.") > 2 * 20  # repeated, not refused
     assert s.prompt_tokens <= 2048 - niah.TOKENS_TO_GENERATE and len(words) == 160
 
 
@@ -131,8 +145,15 @@ def test_mqar_generator_invariants():
 
 @pytest.mark.parametrize("task", commonsense.TASKS)
 def test_every_eval_example_loads(task):
-    expected = {"arc_easy": 2376, "arc_challenge": 1172, "piqa": 1838, "openbook_qa": 500,
-                "hellaswag": 10042, "winogrande": 1267, "lambada_openai": 5153}[task]
+    expected = {
+        "arc_easy": 2376,
+        "arc_challenge": 1172,
+        "piqa": 1838,
+        "openbook_qa": 500,
+        "hellaswag": 10042,
+        "winogrande": 1267,
+        "lambada_openai": 5153,
+    }[task]
     rows = commonsense.load_task(task)
     assert len(rows) == expected
     for r in rows:
@@ -154,12 +175,13 @@ def test_split_encode_keeps_the_whole(gpt2):
 
 
 def test_loglikelihood_equals_brute_force_sum():
-    model = HybridLM(model_config("hwh", "tiny", dtype="float32", vocab_size=128),
-                     rngs=nnx.Rngs(0))
+    model = HybridLM(model_config("hwh", "tiny", dtype="float32", vocab_size=128), rngs=nnx.Rngs(0))
     scorer = Scorer(model, batch_size=4, bucket=16)
     rng = np.random.default_rng(0)
-    reqs = [(rng.integers(1, 128, n).tolist(), rng.integers(1, 128, m).tolist())
-            for n, m in [(5, 3), (20, 1), (2, 7)]]
+    reqs = [
+        (rng.integers(1, 128, n).tolist(), rng.integers(1, 128, m).tolist())
+        for n, m in [(5, 3), (20, 1), (2, 7)]
+    ]
     got = scorer.loglikelihood(reqs)
     fwd = nnx.jit(lambda m, x: m(x))
     for (ctx, cont), (lp, greedy) in zip(reqs, got):
@@ -167,42 +189,48 @@ def test_loglikelihood_equals_brute_force_sum():
         logp = np.asarray(jax_log_softmax(fwd(model, whole)))[0]
         ref = sum(logp[len(ctx) - 1 + i, cont[i]] for i in range(len(cont)))
         assert abs(lp - ref) < 1e-4 * abs(ref)
-        assert greedy == all(int(np.argmax(logp[len(ctx) - 1 + i])) == cont[i]
-                             for i in range(len(cont)))
+        assert greedy == all(
+            int(np.argmax(logp[len(ctx) - 1 + i])) == cont[i] for i in range(len(cont))
+        )
 
 
 def jax_log_softmax(x):
     import jax
+
     return jax.nn.log_softmax(x, axis=-1)
 
 
 def test_report_keeps_runs_cut_before_their_evaluation(tmp_path):
     """A run without eval/results.json is tabulated from its metrics, not dropped."""
     from hwh_jax.eval.report import report
+
     run = tmp_path / "cut"
     run.mkdir()
     rows = [{"step": s, "split": "train", "loss": 10.0 - s / 10} for s in range(1, 61)]
-    rows += [{"step": 60, "split": "heldout", "loss": 4.5},
-             {"step": 30, "split": "perf", "tokens_per_s": 5.0},
-             {"step": 60, "split": "perf", "tokens_per_s": 7.0}]
+    rows += [
+        {"step": 60, "split": "heldout", "loss": 4.5},
+        {"step": 30, "split": "perf", "tokens_per_s": 5.0},
+        {"step": 60, "split": "perf", "tokens_per_s": 7.0},
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = report([run], tmp_path / "rep")
     mean_last_50 = sum(10.0 - s / 10 for s in range(11, 61)) / 50
     assert f"| cut | 60 | {mean_last_50:.4f} (last 50) | 4.5000 | 7 | no (cut short) |" in text
-    assert "NIAH" not in text                     # no finished run: no NIAH table
+    assert "NIAH" not in text  # no finished run: no NIAH table
     exps = json.loads((tmp_path / "rep" / "experiments.json").read_text())
     assert exps[0]["closing_eval"] is False and exps[0]["steps"] == 60
     assert (tmp_path / "rep" / "train_loss.png").exists()
     short = tmp_path / "short"
     short.mkdir()
     (short / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
-    assert "| short | 4 |" in report([run, short], tmp_path / "rep3")   # fewer steps than smoothing
+    assert "| short | 4 |" in report([run, short], tmp_path / "rep3")  # fewer steps than smoothing
     with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
         report([tmp_path / "empty"], tmp_path / "rep2")
 
 
 class _FixedScorer:
     """Stands in for Scorer: every token gets log-prob ``lp``; greedy right or wrong."""
+
     batch_size = 8
 
     def __init__(self, lp, right):
@@ -216,16 +244,22 @@ class _FixedScorer:
 
 def test_retrieval_probe_aggregates_answers_and_needles():
     from hwh_jax.eval.retrieval_probe import retrieval_probe
+
     tok = GPT2BPE(resolve("gpt2_bpe"))
-    stream = np.asarray(tok.encode(read_text(resolve("tinyshakespeare/input.txt.gz"))
-                                   [:40_000]), np.uint32)
+    stream = np.asarray(
+        tok.encode(read_text(resolve("tinyshakespeare/input.txt.gz"))[:40_000]), np.uint32
+    )
     right = _FixedScorer(-0.5, True)
     out = retrieval_probe(right, tok, stream, 256, num=10, log=lambda *_: None)
     assert right.calls == 2 and out["documents"] == 10 and out["answers"] >= 10
     assert out["exact"] == 1.0 and out["answer_accuracy"] == out["needle_accuracy"] == 1.0
     assert out["answer_nll"] == pytest.approx(0.5) and out["needle_nll"] == pytest.approx(0.5)
-    assert retrieval_probe(_FixedScorer(-2.0, False), tok, stream, 256, num=3,
-                           log=lambda *_: None)["exact"] == 0.0
+    assert (
+        retrieval_probe(_FixedScorer(-2.0, False), tok, stream, 256, num=3, log=lambda *_: None)[
+            "exact"
+        ]
+        == 0.0
+    )
     with pytest.raises(ValueError, match="num must be"):
         retrieval_probe(right, tok, stream, 256, num=0)
 
@@ -236,11 +270,20 @@ def test_an_evaluation_cut_during_niah_keeps_what_it_measured(gpt2, tmp_path):
     them with "-" for the rest and the run as partial."""
     from hwh_jax.eval.report import report
     from hwh_jax.eval.suite import EvalModel, EvalSpec, run_suite
+
     cfg = model_config("transformer", "tiny", dtype="float32", vocab_size=gpt2.vocab_size)
-    run = EvalModel(HybridLM(cfg, rngs=nnx.Rngs(0)), gpt2, 256, "cut@x", arch=cfg.arch, step=3,
-                    workdir=str(tmp_path))
-    spec = EvalSpec(suites=("niah",), niah_factors=(1, 2), niah_depths=1, niah_samples=2,
-                    batch_size=4)
+    run = EvalModel(
+        HybridLM(cfg, rngs=nnx.Rngs(0)),
+        gpt2,
+        256,
+        "cut@x",
+        arch=cfg.arch,
+        step=3,
+        workdir=str(tmp_path),
+    )
+    spec = EvalSpec(
+        suites=("niah",), niah_factors=(1, 2), niah_depths=1, niah_samples=2, batch_size=4
+    )
 
     class TimeLimit(Exception):
         pass
@@ -255,23 +298,32 @@ def test_an_evaluation_cut_during_niah_keeps_what_it_measured(gpt2, tmp_path):
     assert res["finished"] is False
     assert set(res["niah_summary"]) == {f"{t}@256" for t in niah.TASKS}
     assert {r["length"] for r in res["niah"]} == {256}
-    assert {k: v["n"] for k, v in res["niah_intervals"].items()} == \
-        {f"{t}@256": 2 for t in niah.TASKS}
+    assert {k: v["n"] for k, v in res["niah_intervals"].items()} == {
+        f"{t}@256": 2 for t in niah.TASKS
+    }
     assert all(0 <= v["lo"] <= v["hi"] <= 100 for v in res["niah_intervals"].values())
-    res["niah_summary"] |= {f"{t}@512": 0.0 for t in niah.TASKS}   # a finished run's keys
+    res["niah_summary"] |= {f"{t}@512": 0.0 for t in niah.TASKS}  # a finished run's keys
     done = tmp_path / "done"
     (done / "eval").mkdir(parents=True)
     (done / "eval" / "results.json").write_text(json.dumps(res | {"finished": True}))
-    summary = {"arch": "transformer", "params": 1, "steps": 3, "tokens": 3, "wall_s": 1.0,
-               "devices": "1 x cpu", "final_heldout_loss": 5.0}
-    metrics = "".join(json.dumps({"step": s, "split": "train", "loss": 6.0}) + "\n"
-                      for s in (1, 2, 3))
+    summary = {
+        "arch": "transformer",
+        "params": 1,
+        "steps": 3,
+        "tokens": 3,
+        "wall_s": 1.0,
+        "devices": "1 x cpu",
+        "final_heldout_loss": 5.0,
+    }
+    metrics = "".join(
+        json.dumps({"step": s, "split": "train", "loss": 6.0}) + "\n" for s in (1, 2, 3)
+    )
     for d in (tmp_path, done):
         (d / "summary.json").write_text(json.dumps(summary))
         (d / "metrics.jsonl").write_text(metrics)
     text = report([tmp_path, done], tmp_path / "rep")
     row = next(line for line in text.splitlines() if line.startswith(f"| {tmp_path.name} | "))
-    assert row.count(" - ") == 3      # 512 of the three tasks: not measured
+    assert row.count(" - ") == 3  # 512 of the three tasks: not measured
     assert "partial (cut during it)" in text and "| 3 | 6.0000 (last 3) | - | - | yes |" in text
 
 
@@ -280,6 +332,7 @@ def test_wilson_interval_is_the_score_tests_acceptance_region(right, n):
     """Wilson's interval = the p whose score test |p_hat - p| <= z sqrt(p (1 - p) / n) accepts
     the observed share: found here by scanning p, against the closed form."""
     from hwh_jax.eval import stats
+
     lo, hi = stats.wilson(right, n)
     p = np.linspace(0, 1, 200_001)
     accepted = p[np.abs(right / n - p) <= stats.Z95 * np.sqrt(p * (1 - p) / n)]
@@ -293,7 +346,8 @@ def test_none_or_all_right_has_exact_bounds():
     """0 of n: the lower bound is 0 exactly (the closed form gave 5.6e-15 in summary.json);
     n of n: the upper 1; the other bound z^2 / (n + z^2)."""
     from hwh_jax.eval import stats
-    z2 = stats.Z95 ** 2
+
+    z2 = stats.Z95**2
     assert stats.wilson(0, 3) == (0.0, z2 / (3 + z2))
     assert stats.wilson(9, 9) == (1.0 - z2 / (9 + z2), 1.0)
     assert stats.share([0.0] * 3)["lo"] == 0.0
@@ -301,9 +355,10 @@ def test_none_or_all_right_has_exact_bounds():
 
 def test_bootstrap_interval_of_a_mean():
     from hwh_jax.eval import stats
+
     assert stats.bootstrap_mean([3.0, 3.0, 3.0]) == (3.0, 3.0, 3.0)
     mean, lo, hi = stats.bootstrap_mean(np.random.default_rng(0).normal(10, 1, 400))
-    assert lo < mean < hi and 0.15 < hi - lo < 0.25     # ~ 2 x 1.96 / sqrt(400) = 0.196
+    assert lo < mean < hi and 0.15 < hi - lo < 0.25  # ~ 2 x 1.96 / sqrt(400) = 0.196
 
 
 def test_longppl_short_contexts_key_tokens_and_the_suite(tmp_path):
@@ -313,38 +368,47 @@ def test_longppl_short_contexts_key_tokens_and_the_suite(tmp_path):
     its result and figure, with the model as its own evaluator or another one."""
     from hwh_jax.eval import longppl
     from hwh_jax.eval.suite import EvalModel, EvalSpec, run_suite
-    model = HybridLM(model_config("transformer", "tiny", dtype="float32", vocab_size=128),
-                     rngs=nnx.Rngs(0))
+
+    model = HybridLM(
+        model_config("transformer", "tiny", dtype="float32", vocab_size=128), rngs=nnx.Rngs(0)
+    )
     scorer = Scorer(model, batch_size=4)
     rng = np.random.default_rng(0)
     L, short, stride = 24, 8, 4
     windows = rng.integers(1, 128, (2, L + 1)).astype(np.int32)
     got = longppl.short_context_logprobs(scorer, windows, short=short, stride=stride)
-    assert np.allclose(got[:, :short], longppl.window_logprobs(scorer, windows)[:, :short],
-                       atol=1e-5)
-    for p in (short, short + stride - 1, short + stride, L - 1):     # every sub-window's edge
+    assert np.allclose(
+        got[:, :short], longppl.window_logprobs(scorer, windows)[:, :short], atol=1e-5
+    )
+    for p in (short, short + stride - 1, short + stride, L - 1):  # every sub-window's edge
         s = stride * ((p - short) // stride + 1)
         assert short - stride < p - s + 1 <= short
-        alone = longppl.window_logprobs(scorer, windows[:, s:p + 2])[:, -1]
+        alone = longppl.window_logprobs(scorer, windows[:, s : p + 2])[:, -1]
         assert np.allclose(got[:, p], alone, atol=1e-5), p
     long_lp = np.array([[-0.1, -1.0, -5.0, -0.5]])
     short_lp = np.array([[-3.0, -1.5, -9.0, -2.6]])
     assert longppl.key_tokens(long_lp, short_lp).tolist() == [[True, False, False, True]]
 
     stream = rng.integers(1, 128, 2000).astype(np.int32)
-    subject = EvalModel(model, type("Tok", (), {"name": "t", "eos_id": 0, "pad_id": 0,
-                                                  "vocab_size": 128})(), 32, "m", heldout=stream)
+    subject = EvalModel(
+        model,
+        type("Tok", (), {"name": "t", "eos_id": 0, "pad_id": 0, "vocab_size": 128})(),
+        32,
+        "m",
+        heldout=stream,
+    )
     spec = EvalSpec(suites=("longppl",), longppl_factor=2, longppl_windows=3, batch_size=4)
     said = []
     res = run_suite(subject, spec, tmp_path / "self", log=said.append)["longppl"]
     assert res["tokens"] == 3 * 64 and res["evaluator"] == "m" and res["short"] == 32
-    line = next(s for s in said if s.startswith("LongPPL"))     # a random model: no key token
+    line = next(s for s in said if s.startswith("LongPPL"))  # a random model: no key token
     assert (res["key_tokens"] == 0) == line.startswith("LongPPL undefined: no key token"), line
     assert f"at most {res['max_gain']:.2f} nats" in line or res["key_tokens"] > 0, line
     assert sum(r["key_tokens"] for r in res["by_position"]) == res["key_tokens"]
     assert (tmp_path / "self" / "longppl.png").exists()
-    other = HybridLM(model_config("transformer", "tiny", dtype="float32", vocab_size=128),
-                     rngs=nnx.Rngs(1))
+    other = HybridLM(
+        model_config("transformer", "tiny", dtype="float32", vocab_size=128), rngs=nnx.Rngs(1)
+    )
     judge = EvalModel(other, subject.tokenizer, 32, "judge")
     res = run_suite(subject, spec, tmp_path / "judged", evaluator=judge)["longppl"]
     assert res["evaluator"] == "judge" and res["tokens"] == 3 * 64
@@ -355,14 +419,24 @@ def test_longppl_short_contexts_key_tokens_and_the_suite(tmp_path):
 
 def test_extrapolation_chart_pools_the_seeds_of_an_architecture(tmp_path):
     from hwh_jax.eval import plots
+
     assert plots.seed_groups(["hwh@seed0", "gdn", "hwh@seed1", "swa/seed2", "hwh_seed"]) == {
-        "hwh": ["hwh@seed0", "hwh@seed1"], "gdn": ["gdn"], "swa": ["swa/seed2"],
-        "hwh_seed": ["hwh_seed"]}
-    rows = lambda score: [{"task": t, "length": L, "depth": d, "score": score}
-                          for t in ("niah_single_1", "niah_single_2") for L in (64, 128)
-                          for d in (0, 50)]
-    plots.extrapolation_chart({"a@seed0": rows(1.0), "a@seed1": rows(0.0), "b": rows(0.5)},
-                              tmp_path / "x.png", train_len=64)
+        "hwh": ["hwh@seed0", "hwh@seed1"],
+        "gdn": ["gdn"],
+        "swa": ["swa/seed2"],
+        "hwh_seed": ["hwh_seed"],
+    }
+    rows = lambda score: [
+        {"task": t, "length": L, "depth": d, "score": score}
+        for t in ("niah_single_1", "niah_single_2")
+        for L in (64, 128)
+        for d in (0, 50)
+    ]
+    plots.extrapolation_chart(
+        {"a@seed0": rows(1.0), "a@seed1": rows(0.0), "b": rows(0.5)},
+        tmp_path / "x.png",
+        train_len=64,
+    )
     assert (tmp_path / "x.png").stat().st_size > 10_000
 
 
@@ -378,13 +452,13 @@ def test_perplexity_by_position_has_an_interval_over_windows():
     class Known:
         batch_size = 2
 
-        def token_logprobs(self, tokens):       # loss = the window's first token / 10
+        def token_logprobs(self, tokens):  # loss = the window's first token / 10
             lp = -np.repeat(tokens[:, :1] / 10.0, tokens.shape[1] - 1, axis=1)
             return lp, None
 
-    stream = np.repeat(np.array([10, 20, 30, 40, 50]), 8)       # 5 windows of 8 (+1)
+    stream = np.repeat(np.array([10, 20, 30, 40, 50]), 8)  # 5 windows of 8 (+1)
     rows = ppl_by_position(Known(), stream, max_len=8, bucket=4, max_windows=4, log=lambda _: 0)
-    losses = np.array([1.0, 2.0, 3.0, 4.0])      # windows start at 0, 8, 16, 24
+    losses = np.array([1.0, 2.0, 3.0, 4.0])  # windows start at 0, 8, 16, 24
     half = 1.96 * losses.std(ddof=1) / 2
     assert len(rows) == 2 and all(r["windows"] == 4 for r in rows)
     for r in rows:

@@ -1,6 +1,7 @@
 """Figures rendered on tiny data: whole numbers where an axis counts layers or heads, plain
 numbers on log axes, points off the axis edges with a single width. (Labels are never cut off:
 ``plotting.save_figure`` saves every figure at its tight extent, ``bbox_inches="tight"``.)"""
+
 import pytest
 
 from hwh_jax import plotting
@@ -18,6 +19,7 @@ def figures(monkeypatch, tmp_path):
         plt = plotting.pyplot()
         monkeypatch.setattr(plt, "close", lambda f: None)
         real(fig, path, dpi=dpi)
+
     for module in ("hwh_jax.eval.plots", "hwh_jax.analysis.plots", "hwh_jax.training.mqar_sweep"):
         monkeypatch.setattr(f"{module}.save_figure", keep)
     monkeypatch.setattr("hwh_jax.plotting.save_figure", keep)
@@ -34,25 +36,35 @@ def test_each_figure_keeps_its_labels_and_counts_in_whole_numbers(figures, tmp_p
     from hwh_jax.eval import plots as eplots
     from hwh_jax.training import mqar_sweep
 
-    rows = [{"task": "niah_single_1", "length": n, "depth": d, "score": s}
-            for n in (256, 512) for d, s in ((0, 100.0), (100, 0.0))]
+    rows = [
+        {"task": "niah_single_1", "length": n, "depth": d, "score": s}
+        for n in (256, 512)
+        for d, s in ((0, 100.0), (100, 0.0))
+    ]
     eplots.niah_heatmap(rows, "niah_single_1", "tiny: niah_single_1", tmp_path / "niah.png", 256)
-    ppl = [{"start": a, "end": a + 64, "ppl": p, "ppl_lo": p - 9, "ppl_hi": p + 10}
-           for a, p in ((0, 175.0), (64, 168.0), (128, 160.0), (192, 181.0))]
+    ppl = [
+        {"start": a, "end": a + 64, "ppl": p, "ppl_lo": p - 9, "ppl_hi": p + 10}
+        for a, p in ((0, 175.0), (64, 168.0), (128, 160.0), (192, 181.0))
+    ]
     eplots.ppl_chart({"hwh": ppl}, tmp_path / "ppl.png", 128)
     result = {"counts": [0, 1, 0], "layers": [{"heads": 3}, {"heads": 3}, {"heads": 0}]}
     aplots.retrieval_by_depth(result, tmp_path / "depth.png", "tiny")
-    cells = [{"arch": a, "width": 64, "seq_len": 64, "pairs": 4, "mean": m,
-              "accuracies": [m, m]} for a, m in (("gdn", 0.2), ("transformer", 0.9))]
+    cells = [
+        {"arch": a, "width": 64, "seq_len": 64, "pairs": 4, "mean": m, "accuracies": [m, m]}
+        for a, m in (("gdn", 0.2), ("transformer", 0.9))
+    ]
     mqar_sweep.figure(cells, tmp_path / "mqar.png")
     assert set(figures) == {"niah.png", "ppl.png", "depth.png", "mqar.png"}
     depth = figures["depth.png"].axes[0]
     assert _whole(depth.get_xticklabels()) and _whole(depth.get_yticklabels())
-    ppl_labels = [t.get_text() for t in figures["ppl.png"].axes[0].get_yticklabels(which="both")
-                  if t.get_text()]
+    ppl_labels = [
+        t.get_text()
+        for t in figures["ppl.png"].axes[0].get_yticklabels(which="both")
+        if t.get_text()
+    ]
     assert ppl_labels and not any("times" in t or "^" in t for t in ppl_labels), ppl_labels
-    assert len(figures["ppl.png"].axes[0].collections) == 1          # the interval's band
+    assert len(figures["ppl.png"].axes[0].collections) == 1  # the interval's band
     mqar = figures["mqar.png"].axes[0]
     lo, hi = mqar.get_xlim()
-    assert lo < 64 < hi and 64 / lo > 1.2 and hi / 64 > 1.2       # off the edges
+    assert lo < 64 < hi and 64 / lo > 1.2 and hi / 64 > 1.2  # off the edges
     assert [t.get_text() for t in mqar.get_xticklabels()] == ["64"]

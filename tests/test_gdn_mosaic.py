@@ -6,6 +6,7 @@ On CPU the kernel runs under the Mosaic GPU interpreter (where this JAX has one)
 its data flow but models neither layouts nor swizzling nor the transposed operand of QK's
 product (``wy_apply_mosaic``'s docstring); lowering it for CUDA checks those without a GPU.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,9 +18,9 @@ from kernels_pallas.gdn.wy_apply_mosaic import interpreter, wy_apply_mosaic
 from kernels_pallas.gdn.wy_kernels import wy_forward
 from kernels_pallas.linear_scan.common import kernel_config
 
-needs_interpreter = pytest.mark.skipif(interpreter() is None,
-                                       reason=f"JAX {jax.__version__} has no Mosaic GPU "
-                                              "interpreter")
+needs_interpreter = pytest.mark.skipif(
+    interpreter() is None, reason=f"JAX {jax.__version__} has no Mosaic GPU interpreter"
+)
 C = 64
 ON_GPU = jax.default_backend() == "gpu"
 
@@ -45,8 +46,8 @@ def formulas(q, k, v, beta, G, X, q_scale):
     w = jnp.einsum("bnihj,bnjhk->bnihk", Xc, bc * jnp.exp(gc) * kc)
     u = jnp.einsum("bnihj,bnjhk->bnihk", Xc, bc * vc)
     s = jnp.einsum("bnihk,bnjhk->bnihj", qc, kc)
-    gi = gc[..., 0]                                                 # [B, N, C, H]
-    diff = gi[..., None] - jnp.moveaxis(gi, 2, 3)[:, :, None]        # [B, N, C(i), H, C(j)]
+    gi = gc[..., 0]  # [B, N, C, H]
+    diff = gi[..., None] - jnp.moveaxis(gi, 2, 3)[:, :, None]  # [B, N, C(i), H, C(j)]
     causal = jnp.tril(jnp.ones((C, C), bool))[None, None, :, None, :]
     qk = s * jnp.where(causal, jnp.exp(diff), 0.0) * q_scale
     flat = lambda a: a.reshape(B, T, H, -1)
@@ -59,10 +60,15 @@ def rel(a, b):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("shape,decay", [((1, 512, 2, 64, 64), True),   # 8 chunks a CTA
-                                         ((2, 192, 1, 128, 64), True),  # 1 chunk a CTA
-                                         ((1, 256, 1, 64, 128), False)],
-                         ids=["K64-V64", "K128-V64-odd-chunks", "V128-no-decay"])
+@pytest.mark.parametrize(
+    "shape,decay",
+    [
+        ((1, 512, 2, 64, 64), True),  # 8 chunks a CTA
+        ((2, 192, 1, 128, 64), True),  # 1 chunk a CTA
+        ((1, 256, 1, 64, 128), False),
+    ],
+    ids=["K64-V64", "K128-V64-odd-chunks", "V128-no-decay"],
+)
 def test_mosaic_apply_matches_the_formulas_and_the_triton_kernel(shape, decay):
     """bf16 inputs: w, u, QK within bf16 rounding of the fp32 formulas, and of the Triton
     kernel's (interpreted), which rounds its scaled operand on the other side of X."""
@@ -78,8 +84,10 @@ def test_mosaic_apply_matches_the_formulas_and_the_triton_kernel(shape, decay):
         assert rel(a, t) < 1e-2, (name, rel(a, t))
 
 
-@pytest.mark.skipif(not ON_GPU and interpreter() is None,
-                    reason=f"JAX {jax.__version__} has no Mosaic GPU interpreter")
+@pytest.mark.skipif(
+    not ON_GPU and interpreter() is None,
+    reason=f"JAX {jax.__version__} has no Mosaic GPU interpreter",
+)
 def test_gdn_with_the_mosaic_apply_matches_the_triton_path():
     """The whole op (forward and every gradient) with wy_apply="mosaic" against "triton", both
     compiled on a GPU, else both interpreted, on bf16 inputs: the backward reads the w and QK
@@ -90,9 +98,10 @@ def test_gdn_with_the_mosaic_apply_matches_the_triton_path():
     g = jax.nn.log_sigmoid(jax.random.normal(ks[0], (B, T, H)) + 3)
     beta = jax.nn.sigmoid(jax.random.normal(ks[1], (B, T, H))).astype(jnp.bfloat16)
     do = jax.random.normal(ks[2], (B, T, H, V))
-    q = q * (K ** -0.5)
-    k = (k.astype(jnp.float32) / jnp.linalg.norm(k.astype(jnp.float32), axis=-1,
-                                                 keepdims=True)).astype(jnp.bfloat16)
+    q = q * (K**-0.5)
+    k = (
+        k.astype(jnp.float32) / jnp.linalg.norm(k.astype(jnp.float32), axis=-1, keepdims=True)
+    ).astype(jnp.bfloat16)
     res = []
     for apply in ("triton", "mosaic"):
         settings = GDNSettings(impl="pallas", interpret=not ON_GPU, wy_apply=apply)
@@ -100,6 +109,7 @@ def test_gdn_with_the_mosaic_apply_matches_the_triton_path():
         def loss(q, k, v, g, beta, settings=settings):
             o, _ = gated_delta_rule(q, k, v, g, beta, settings=settings)
             return jnp.sum(o.astype(jnp.float32) * do), o
+
         grads, o = jax.grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)(q, k, v, g, beta)
         res.append((o,) + grads)
     for name, a, b in zip(("o", "dq", "dk", "dv", "dg", "dbeta"), *res):
@@ -107,8 +117,7 @@ def test_gdn_with_the_mosaic_apply_matches_the_triton_path():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="compiled: needs a (Hopper) GPU")
-@pytest.mark.parametrize("shape", [(2, 512, 3, 64, 64), (1, 256, 2, 128, 128)],
-                         ids=["K64", "K128"])
+@pytest.mark.parametrize("shape", [(2, 512, 3, 64, 64), (1, 256, 2, 128, 128)], ids=["K64", "K128"])
 def test_compiled_mosaic_apply_matches_the_formulas(shape):
     """On a GPU: the compiled kernel (swizzled tiles, layouts, wgmma with k^T) against the fp32
     formulas."""
@@ -127,18 +136,23 @@ def test_mosaic_apply_lowers_for_cuda():
     assert text.count("mosaic_gpu") >= 1
 
 
-@pytest.mark.parametrize("kw,shape,match", [
-    ({"chunk_size": 32}, (1, 64, 1, 64, 64), "needs chunk_size=64, got 32"),
-    ({}, (1, 64, 1, 32, 64), "needs K a multiple of 64, got 32"),
-    ({}, (1, 64, 1, 64, 96), "needs V a multiple of 64, got 96"),
-    ({"dtype": jnp.float32}, (1, 64, 1, 64, 64), "takes 16-bit inputs"),
-    ({"interpret": pltpu.InterpretParams()}, (1, 64, 1, 64, 64), "is a GPU kernel")])
+@pytest.mark.parametrize(
+    "kw,shape,match",
+    [
+        ({"chunk_size": 32}, (1, 64, 1, 64, 64), "needs chunk_size=64, got 32"),
+        ({}, (1, 64, 1, 32, 64), "needs K a multiple of 64, got 32"),
+        ({}, (1, 64, 1, 64, 96), "needs V a multiple of 64, got 96"),
+        ({"dtype": jnp.float32}, (1, 64, 1, 64, 64), "takes 16-bit inputs"),
+        ({"interpret": pltpu.InterpretParams()}, (1, 64, 1, 64, 64), "is a GPU kernel"),
+    ],
+)
 def test_mosaic_apply_refuses_what_it_does_not_take(kw, shape, match):
     """Errors name the value and the setting (checked before any kernel runs)."""
     kw = dict(kw)
     dtype = kw.pop("dtype", jnp.bfloat16)
-    settings = GDNSettings(impl="pallas", wy_apply="mosaic", interpret=kw.pop("interpret", True),
-                           **kw)
+    settings = GDNSettings(
+        impl="pallas", wy_apply="mosaic", interpret=kw.pop("interpret", True), **kw
+    )
     B, T, H, K, V = shape
     q, k = jnp.ones((B, T, H, K), dtype), jnp.ones((B, T, H, K), dtype)
     v, g, beta = jnp.ones((B, T, H, V), dtype), jnp.zeros((B, T, H)), jnp.ones((B, T, H))
@@ -148,18 +162,24 @@ def test_mosaic_apply_refuses_what_it_does_not_take(kw, shape, match):
         GDNSettings(wy_apply="cuda")
 
 
-@pytest.mark.parametrize("hopper,platform,interpret,K,dtype,want", [
-    (True, "gpu", False, 128, jnp.bfloat16, "mosaic"),
-    (True, "gpu", False, 96, jnp.bfloat16, "triton"),      # K not a multiple of 64
-    (True, "gpu", False, 128, jnp.float32, "triton"),      # not 16-bit
-    (True, "gpu", True, 128, jnp.bfloat16, "triton"),      # interpreted
-    (True, "tpu", False, 128, jnp.bfloat16, "triton"),     # compiled for another platform
-    (False, "gpu", False, 128, jnp.bfloat16, "triton")])   # not a Hopper GPU
-def test_auto_takes_the_mosaic_apply_only_where_it_runs_compiled(monkeypatch, hopper, platform,
-                                                                 interpret, K, dtype, want):
+@pytest.mark.parametrize(
+    "hopper,platform,interpret,K,dtype,want",
+    [
+        (True, "gpu", False, 128, jnp.bfloat16, "mosaic"),
+        (True, "gpu", False, 96, jnp.bfloat16, "triton"),  # K not a multiple of 64
+        (True, "gpu", False, 128, jnp.float32, "triton"),  # not 16-bit
+        (True, "gpu", True, 128, jnp.bfloat16, "triton"),  # interpreted
+        (True, "tpu", False, 128, jnp.bfloat16, "triton"),  # compiled for another platform
+        (False, "gpu", False, 128, jnp.bfloat16, "triton"),
+    ],
+)  # not a Hopper GPU
+def test_auto_takes_the_mosaic_apply_only_where_it_runs_compiled(
+    monkeypatch, hopper, platform, interpret, K, dtype, want
+):
     """wy_apply="auto" (the default): Mosaic GPU on a Hopper GPU for the shapes it takes, the
     Triton kernel everywhere else; explicit values are kept."""
     from kernels_pallas.gdn import pallas, wy_apply_mosaic
+
     monkeypatch.setattr(wy_apply_mosaic, "hopper", lambda: hopper)
     settings = GDNSettings(platform=platform, interpret=interpret)
     assert settings.wy_apply == "auto"
@@ -170,5 +190,7 @@ def test_auto_takes_the_mosaic_apply_only_where_it_runs_compiled(monkeypatch, ho
 
 def test_hopper_is_false_off_a_gpu():
     from kernels_pallas.gdn import wy_apply_mosaic
-    assert wy_apply_mosaic.hopper() is (jax.devices()[0].platform == "gpu" and
-                                        jax.devices()[0].compute_capability == "9.0")
+
+    assert wy_apply_mosaic.hopper() is (
+        jax.devices()[0].platform == "gpu" and jax.devices()[0].compute_capability == "9.0"
+    )

@@ -6,6 +6,7 @@ program per (batch, head, value block) walking its chunks) and with TPU semantic
 GPU or TPU backend (``JAX_PLATFORMS=cuda pytest tests/test_gdn_pallas.py``) the compiled kernel
 is checked too.
 """
+
 import functools
 
 import jax
@@ -24,12 +25,24 @@ if jax.default_backend() in ("gpu", "tpu"):
 # (B, T, H, K, V, chunk): T not a multiple of the chunk, K != V both ways, one K=256/V=512
 # (several 64-column blocks), K=80 (16-column blocks); the chunk's inverse from 1 block of 16,
 # 3 blocks of 8 (chunk 24) and 4 blocks of 16 (chunk 64).
-SHAPES = [(2, 75, 2, 16, 32, 16), (1, 100, 3, 80, 16, 24), (1, 130, 1, 16, 32, 64),
-          (1, 40, 1, 256, 512, 16)]
+SHAPES = [
+    (2, 75, 2, 16, 32, 16),
+    (1, 100, 3, 80, 16, 24),
+    (1, 130, 1, 16, 32, 64),
+    (1, 40, 1, 256, 512, 16),
+]
 IDS = [f"B{b}-T{t}-H{h}-K{k}-V{v}-C{c}" for b, t, h, k, v, c in SHAPES]
 # fp32 both sides; the chunked form reorders sums, dk/dg/dbeta go through the inverse.
-TOL = {"o": 2e-5, "state": 2e-5, "dq": 2e-5, "dk": 5e-5, "dv": 2e-5, "dg": 5e-5,
-       "dbeta": 5e-5, "dh0": 2e-5}
+TOL = {
+    "o": 2e-5,
+    "state": 2e-5,
+    "dq": 2e-5,
+    "dk": 5e-5,
+    "dv": 2e-5,
+    "dg": 5e-5,
+    "dbeta": 5e-5,
+    "dh0": 2e-5,
+}
 
 
 def rel(a, b):
@@ -44,14 +57,28 @@ def run(impl, mode, q, k, v, g, beta, h0, do, chunk):
         if impl == "pallas" and mode == "compiled":
             # fp32 inputs against fp32 tolerances: the WY backward's TF32 products (the GPU
             # default, for bf16 training; bench/gdn.py --check measures them) off.
-            o, s = gated_delta_rule_pallas(q, k, v, g, beta, initial_state=h0,
-                                           output_final_state=True,
-                                           settings=GDNSettings(chunk_size=chunk, fp32_dots="ieee"))
+            o, s = gated_delta_rule_pallas(
+                q,
+                k,
+                v,
+                g,
+                beta,
+                initial_state=h0,
+                output_final_state=True,
+                settings=GDNSettings(chunk_size=chunk, fp32_dots="ieee"),
+            )
         else:
             interpret = MODES[mode] if impl == "pallas" else False
-            o, s = gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                    settings=GDNSettings(impl=impl, chunk_size=chunk,
-                                                         interpret=interpret))
+            o, s = gated_delta_rule(
+                q,
+                k,
+                v,
+                g,
+                beta,
+                initial_state=h0,
+                output_final_state=True,
+                settings=GDNSettings(impl=impl, chunk_size=chunk, interpret=interpret),
+            )
         return jnp.sum(o.astype(jnp.float32) * do) + jnp.sum(s * s) * 0.1, (o, s)
 
     grads, (o, s) = jax.grad(loss, argnums=tuple(range(6)), has_aux=True)(q, k, v, g, beta, h0)
@@ -80,21 +107,30 @@ def test_without_decay_matches_recurrent_at_g_zero(shape, mode):
     """g None (DeltaNet): the kernels run without G (no exponentials, no dG) and equal the
     recurrent form at g = 0 in outputs, final state and the gradients of q, k, v, beta and the
     initial state; in several 64-column blocks too (K = 256, V = 512)."""
-    B, T, H, K, V, C = shape                 # both shapes ones the GPU kernels take
+    B, T, H, K, V, C = shape  # both shapes ones the GPU kernels take
     q, k, v, _, beta, h0, do = make_inputs(B, T, H, K, V, seed=4)
     interpret = MODES[mode]
     outs = []
     # compiled: the WY backward's fp32 products at IEEE precision, as in ``run``
     dots = "ieee" if mode == "compiled" else "tf32"
     for impl, g in (("pallas", None), ("recurrent", jnp.zeros(beta.shape))):
+
         def loss(q, k, v, beta, h0, impl=impl, g=g):
-            o, s = gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                    settings=GDNSettings(impl=impl, chunk_size=C,
-                                                         interpret=interpret,
-                                                         fp32_dots=dots))
+            o, s = gated_delta_rule(
+                q,
+                k,
+                v,
+                g,
+                beta,
+                initial_state=h0,
+                output_final_state=True,
+                settings=GDNSettings(impl=impl, chunk_size=C, interpret=interpret, fp32_dots=dots),
+            )
             return jnp.sum(o * do) + jnp.sum(s * s) * 0.1, (o, s)
+
         grads, (o, s) = jax.jit(jax.grad(loss, argnums=tuple(range(5)), has_aux=True))(
-            q, k, v, beta, h0)
+            q, k, v, beta, h0
+        )
         outs.append((o, s) + grads)
     names = ("o", "state", "dq", "dk", "dv", "dbeta", "dh0")
     for name, a, b in zip(names, *outs):
@@ -111,17 +147,30 @@ def test_explicit_scale_matches_recurrent(scale, recompute, decay):
     B, T, H, K, V, C = 1, 40, 2, 16, 32, 16
     q, k, v, g, beta, h0, do = make_inputs(B, T, H, K, V, seed=6)
     outs = []
-    for settings in (GDNSettings(impl="pallas", chunk_size=C, interpret=True,
-                                 recompute=recompute),
-                     GDNSettings(impl="recurrent")):
+    for settings in (
+        GDNSettings(impl="pallas", chunk_size=C, interpret=True, recompute=recompute),
+        GDNSettings(impl="recurrent"),
+    ):
+
         def loss(q, k, v, g, beta, h0, settings=settings):
-            if not decay:               # DeltaNet: the kernels without G, the reference at 0
+            if not decay:  # DeltaNet: the kernels without G, the reference at 0
                 g = None if settings.impl == "pallas" else jnp.zeros(beta.shape)
-            o, s = gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
-                                    output_final_state=True, settings=settings)
+            o, s = gated_delta_rule(
+                q,
+                k,
+                v,
+                g,
+                beta,
+                scale=scale,
+                initial_state=h0,
+                output_final_state=True,
+                settings=settings,
+            )
             return jnp.sum(o * do) + jnp.sum(s * s) * 0.1, (o, s)
+
         grads, (o, s) = jax.jit(jax.grad(loss, argnums=tuple(range(6)), has_aux=True))(
-            q, k, v, g, beta, h0)
+            q, k, v, g, beta, h0
+        )
         outs.append((o, s) + grads[:3] + grads[4:] + (grads[3] if decay else 0.0 * g,))
     names = ("o", "state", "dq", "dk", "dv", "dbeta", "dh0", "dg")
     for name, a, b in zip(names, *outs):
@@ -135,8 +184,11 @@ def test_extreme_gates_stay_finite(mode):
     B, T, H, K, V, C = 1, 48, 2, 16, 16, 16
     q, k, v, g, beta, h0, do = make_inputs(B, T, H, K, V, seed=3)
     g = jnp.where(jnp.arange(T)[None, :, None] % 3 == 0, -60.0, g)
-    beta = jnp.where(jnp.arange(T)[None, :, None] % 4 == 0, 0.0,
-                     jnp.where(jnp.arange(T)[None, :, None] % 4 == 1, 1.0, beta))
+    beta = jnp.where(
+        jnp.arange(T)[None, :, None] % 4 == 0,
+        0.0,
+        jnp.where(jnp.arange(T)[None, :, None] % 4 == 1, 1.0, beta),
+    )
     out = run("pallas", mode, q, k, v, g, beta, h0, do, C)
     ref = run("recurrent", "generic", q, k, v, g, beta, h0, do, C)
     for name, x in out.items():
@@ -160,6 +212,7 @@ def test_backward_stores_follow_the_inputs_dtype_except_triton_wide_keys():
     Triton at K > 128 (the bf16 stores exceeded the H200's shared memory there)."""
     from kernels_pallas.linear_scan import scan as scan_kernels
     from kernels_pallas.linear_scan.common import KernelConfig
+
     bf16, f32 = jnp.bfloat16, jnp.float32
     cfg = lambda layout: KernelConfig(chunk=64, layout=layout, block_v=64)
     assert scan_kernels.store_dtype(cfg("triton"), bf16, 128) == bf16
@@ -169,11 +222,18 @@ def test_backward_stores_follow_the_inputs_dtype_except_triton_wide_keys():
     B, T, H, K, V, C = 1, 32, 1, 16, 16, 16
     q, k, v, g, beta, h0, do = make_inputs(B, T, H, K, V)
     qk = jnp.zeros((B, T, H, C), bf16)
-    res = scan_kernels.scan_forward(KernelConfig(chunk=C, layout="triton", block_v=V,
-                                                 interpret=True),
-                                    q.astype(bf16), k.astype(bf16), k.astype(bf16),
-                                    v.astype(bf16), qk, jnp.cumsum(g, 1), h0, store=True)
-    assert [x.dtype for x in res] == [bf16, f32, bf16, bf16]   # o, S_N, S_n, v
+    res = scan_kernels.scan_forward(
+        KernelConfig(chunk=C, layout="triton", block_v=V, interpret=True),
+        q.astype(bf16),
+        k.astype(bf16),
+        k.astype(bf16),
+        v.astype(bf16),
+        qk,
+        jnp.cumsum(g, 1),
+        h0,
+        store=True,
+    )
+    assert [x.dtype for x in res] == [bf16, f32, bf16, bf16]  # o, S_N, S_n, v
 
 
 def test_fp32_dots_option_is_checked_and_both_settings_agree():
@@ -185,20 +245,22 @@ def test_fp32_dots_option_is_checked_and_both_settings_agree():
     grads = []
     for mode in ("tf32", "ieee"):
         settings = GDNSettings(chunk_size=16, interpret=True, fp32_dots=mode)
-        f = lambda *a: jnp.sum(gated_delta_rule_pallas(
-            *a, settings=settings)[0] * do)
+        f = lambda *a: jnp.sum(gated_delta_rule_pallas(*a, settings=settings)[0] * do)
         grads.append(jax.grad(f, argnums=(0, 1, 2, 3, 4))(q, k, v, g, beta))
     for a, b in zip(*grads):
         assert rel(a, b) < 1e-6
 
 
-@pytest.mark.parametrize("field", ["chunk_size", "num_warps", "inverse_warps", "block_v",
-                                   "num_stages", "step_min_programs"])
+@pytest.mark.parametrize(
+    "field",
+    ["chunk_size", "num_warps", "inverse_warps", "block_v", "num_stages", "step_min_programs"],
+)
 def test_launch_settings_below_one_are_refused_by_name(field):
     """Every count of the kernels' settings must be >= 1 (block_v and num_stages may also be
     None: chosen from the shape); the error names the op, the field and the value."""
     from kernels_pallas.decay_attention import DecaySettings
     from kernels_pallas.gated_recurrence import GatedRecurrenceSettings
+
     alt = " or None" if field in ("block_v", "num_stages") else ""
     with pytest.raises(ValueError, match=f"gated_delta_rule: {field} must be >= 1{alt}, got 0"):
         GDNSettings(**{field: 0})
@@ -211,16 +273,21 @@ def test_launch_settings_below_one_are_refused_by_name(field):
         GatedRecurrenceSettings(block_d=0)
 
 
-@pytest.mark.parametrize("B,H,K,V,stages", [
-    (2, 16, 128, 128, 3),     # block_v 32 -> 128 programs: one an SM, a deeper pipeline
-    (8, 16, 128, 128, 2),     # block_v 64 -> 256 programs
-    (32, 13, 64, 64, 2),      # HwH-380m's layer at 32 sequences: 416 programs
-    (1, 2, 16, 16, 3)])
+@pytest.mark.parametrize(
+    "B,H,K,V,stages",
+    [
+        (2, 16, 128, 128, 3),  # block_v 32 -> 128 programs: one an SM, a deeper pipeline
+        (8, 16, 128, 128, 2),  # block_v 64 -> 256 programs
+        (32, 13, 64, 64, 2),  # HwH-380m's layer at 32 sequences: 416 programs
+        (1, 2, 16, 16, 3),
+    ],
+)
 def test_num_stages_none_follows_the_scans_grid(B, H, K, V, stages):
     """num_stages=None (GDN's and the decay ops' default) resolves by the scan's grid
     (``default_num_stages``); a value given is kept."""
     from kernels_pallas.decay_attention import DecaySettings
     from kernels_pallas.linear_scan.common import kernel_config
+
     for settings in (GDNSettings(platform="gpu"), DecaySettings(platform="gpu")):
         assert settings.num_stages is None
         cfg = kernel_config(settings, B, H, K, V, num_stages=settings.num_stages)
@@ -245,8 +312,9 @@ def test_gpu_lowering_names_the_shape_it_refuses(K, C, name):
     error names the value."""
     q, k, v, g, beta, _, _ = make_inputs(1, 32, 1, K, 16)
     with pytest.raises(ValueError, match=f"on GPU needs {name} a power of two >= 16, got "):
-        gated_delta_rule_pallas(q, k, v, g, beta,
-                                settings=GDNSettings(chunk_size=C, platform="gpu"))
+        gated_delta_rule_pallas(
+            q, k, v, g, beta, settings=GDNSettings(chunk_size=C, platform="gpu")
+        )
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (conftest's CPU devices)")
@@ -260,6 +328,7 @@ def test_pallas_per_shard_under_a_mesh(heads):
 
     from hwh_jax.training.sharding import make_mesh
     from kernels_pallas import kernel_mesh
+
     mesh = make_mesh((2, 2, 2))
     B, T, H, K, V, C = 4, 40, heads, 16, 16, 16
     q, k, v, g, beta, h0, do = make_inputs(B, T, H, K, V, seed=7)
@@ -267,12 +336,13 @@ def test_pallas_per_shard_under_a_mesh(heads):
     spec = lambda x: NamedSharding(mesh, P(("data", "fsdp"), *[None] * (x.ndim - 1)))
     args = [jax.device_put(x, spec(x)) for x in (q, k, v, g, beta, h0, do)]
     with kernel_mesh(mesh):
-        jaxpr = str(jax.make_jaxpr(run.__wrapped__, static_argnums=(0, 1, 9))(
-            "pallas", "generic", *args, C))
+        jaxpr = str(
+            jax.make_jaxpr(run.__wrapped__, static_argnums=(0, 1, 9))("pallas", "generic", *args, C)
+        )
         out = jax.jit(run.__wrapped__, static_argnums=(0, 1, 9))("pallas", "generic", *args, C)
     assert "shard_map" in jaxpr
     local_heads = H // 2 if H % 2 == 0 else H
-    assert f"f32[1,48,{local_heads},16]" in jaxpr   # B 4 -> 1 per device; T padded to 48
+    assert f"f32[1,48,{local_heads},16]" in jaxpr  # B 4 -> 1 per device; T padded to 48
     for name in TOL:
         assert rel(out[name], ref[name]) < 1e-6, (name, rel(out[name], ref[name]))
 
@@ -281,24 +351,36 @@ def test_identical_layers_share_one_lowering_of_each_kernel():
     """The kernel functions are nested jits: a program with 8 GDN layers of one shape lowers
     (on a GPU: Triton-compiles) as many kernel callees as one with 4, not twice as many."""
     import re
+
     q, k, v, g, beta, _, _ = make_inputs(2, 32, 2, 16, 16)
 
     def kernels(n):
-        def f(q, k):          # (the gradient of k needs every backward kernel; q's alone not)
+        def f(q, k):  # (the gradient of k needs every backward kernel; q's alone not)
             x = q
             for _ in range(n):
-                o, _ = gated_delta_rule(x, k, v, g, beta, settings=GDNSettings(
-                    impl="pallas", interpret=True, chunk_size=16))
+                o, _ = gated_delta_rule(
+                    x,
+                    k,
+                    v,
+                    g,
+                    beta,
+                    settings=GDNSettings(impl="pallas", interpret=True, chunk_size=16),
+                )
                 x = x + o
             return x.sum()
+
         text = jax.jit(jax.grad(f, argnums=(0, 1))).lower(q, k).as_text()
         return re.findall(r"func\.func (?:private )?@((?:wy|scan|state)_\w+)", text)
 
     four, eight = kernels(4), kernels(8)
     assert {n.rstrip("_0123456789") for n in four} == {
-        "wy_forward", "wy_backward", "scan_forward", "scan_backward", "state_grads"}
+        "wy_forward",
+        "wy_backward",
+        "scan_forward",
+        "scan_backward",
+        "state_grads",
+    }
     assert len(eight) == len(four) < 4 * 5
-
 
 
 def test_recompute_option_gives_the_same_result():
@@ -308,11 +390,16 @@ def test_recompute_option_gives_the_same_result():
     q, k, v, g, beta, h0, do = make_inputs(2, 75, 2, 16, 32, seed=6)
     outs = []
     for recompute in (False, True):
+
         def loss(*a):
-            o, s = gated_delta_rule_pallas(*a, initial_state=h0, output_final_state=True,
-                                           settings=GDNSettings(chunk_size=16, interpret=True,
-                                                                recompute=recompute))
+            o, s = gated_delta_rule_pallas(
+                *a,
+                initial_state=h0,
+                output_final_state=True,
+                settings=GDNSettings(chunk_size=16, interpret=True, recompute=recompute),
+            )
             return jnp.sum(o * do) + jnp.sum(s)
+
         outs.append(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))(q, k, v, g, beta))
     (l0, g0), (l1, g1) = outs
     assert float(l0) == float(l1)
@@ -327,24 +414,28 @@ def test_decode_step_kernel_matches_the_jnp_step(dtype):
     step, as do fewer rows x heads than ``step_min_programs``; ``chosen()`` says which ran."""
     import kernels_pallas
     from kernels_pallas.gdn import gated_delta_rule_step, reference
+
     B, T, H, K, V = 3, 4, 2, 16, 32
     q, k, v, g, beta, h0, _ = make_inputs(B, T, H, K, V, seed=7)
     q, k, v = (x.astype(dtype) for x in (q, k, v))
     pallas = GDNSettings(impl="pallas", interpret=True, step_min_programs=B * H)
     s_ref = s = h0
     for t in range(T):
-        o_ref, s_ref = reference.gated_delta_rule_step(q[:, t], k[:, t], v[:, t], g[:, t],
-                                                       beta[:, t], s_ref)
-        o, s = gated_delta_rule_step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], s,
-                                     settings=pallas)
+        o_ref, s_ref = reference.gated_delta_rule_step(
+            q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], s_ref
+        )
+        o, s = gated_delta_rule_step(
+            q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], s, settings=pallas
+        )
         assert o.dtype == v.dtype and s.dtype == jnp.float32
         assert rel(o.astype(jnp.float32), o_ref.astype(jnp.float32)) < (
-            1e-6 if dtype == jnp.float32 else 1e-2)
+            1e-6 if dtype == jnp.float32 else 1e-2
+        )
         assert rel(s, s_ref) < 1e-6
     assert kernels_pallas.chosen()["gated_delta_rule_step@cpu"] == "pallas"
     q, k, v, g, beta, h0, _ = make_inputs(1, 1, 2, 12, 8, seed=8)
     gated_delta_rule_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], h0, settings=pallas)
     assert kernels_pallas.chosen()["gated_delta_rule_step@cpu"] == "reference"
-    q, k, v, g, beta, h0, _ = make_inputs(1, 1, 2, 16, 8, seed=9)        # 2 programs < 6
+    q, k, v, g, beta, h0, _ = make_inputs(1, 1, 2, 16, 8, seed=9)  # 2 programs < 6
     gated_delta_rule_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], h0, settings=pallas)
     assert kernels_pallas.chosen()["gated_delta_rule_step@cpu"] == "reference"

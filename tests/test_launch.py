@@ -1,4 +1,5 @@
 """One end-to-end run of each launcher as a user would type it (launch.train: test_training)."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -7,8 +8,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args):
-    out = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -21,8 +23,11 @@ def test_describe_prints_counts_allocation_and_forward():
 
 
 def test_describe_overrides_and_table():
-    out = run("launch.describe", "--config=configs/hwh_380m.py",
-              "--config.model.counts=0,1,2,3,4,5,5,5,5,5,5,5,5,5,5,5,5,4,3,2,1,0,0,0")
+    out = run(
+        "launch.describe",
+        "--config=configs/hwh_380m.py",
+        "--config.model.counts=0,1,2,3,4,5,5,5,5,5,5,5,5,5,5,5,5,4,3,2,1,0,0,0",
+    )
     assert "FA share 0.2083 (80 FA / 304 LA heads, linear heads gdn)" in out
     table = run("launch.describe", "--table")
     assert table.count("\n") > 30 and "| 1b4 | hwh |" in table
@@ -42,18 +47,30 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
 
     from hwh_jax.data.paths import resolve
     from hwh_jax.data.sources import read_text
+
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(read_text(resolve("tinyshakespeare/input.txt.gz"))[:150_000])
     work = tmp_path / "run"
-    out = run("launch.experiment", "--config=configs/transformer_tiny.py", f"--out={work}",
-              "--config.seq_len=64", "--config.model.gdn_chunk_size=16",
-              f"--config.data.paths=('{corpus}',)", "--config.data.sp_vocab_size=512",
-              "--config.data.heldout_fraction=0.1", "--config.train.steps=4",
-              "--config.train.batch_size=4", "--config.train.warmup_steps=1",
-              "--config.train.eval_every=0", "--config.train.log_every=2",
-              "--config.train.checkpoint_every=2", "--config.train.mesh=1,1,1",
-              "--config.eval.niah_factors=(8,)", "--config.eval.niah_depths=2",
-              "--config.eval.niah_tasks=('niah_single_1','niah_single_3')")
+    out = run(
+        "launch.experiment",
+        "--config=configs/transformer_tiny.py",
+        f"--out={work}",
+        "--config.seq_len=64",
+        "--config.model.gdn_chunk_size=16",
+        f"--config.data.paths=('{corpus}',)",
+        "--config.data.sp_vocab_size=512",
+        "--config.data.heldout_fraction=0.1",
+        "--config.train.steps=4",
+        "--config.train.batch_size=4",
+        "--config.train.warmup_steps=1",
+        "--config.train.eval_every=0",
+        "--config.train.log_every=2",
+        "--config.train.checkpoint_every=2",
+        "--config.train.mesh=1,1,1",
+        "--config.eval.niah_factors=(8,)",
+        "--config.eval.niah_depths=2",
+        "--config.eval.niah_tasks=('niah_single_1','niah_single_3')",
+    )
     assert "NIAH (mean score" in out and "niah_single_1@512 " in out
     assert "experiment run (transformer" in out
     exp = json.loads((work / "experiment.json").read_text())
@@ -65,17 +82,28 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     assert (work / "eval" / "ppl_by_position.png").exists()
 
     ev = tmp_path / "ev"
-    out = run("launch.eval", f"--checkpoint={work}", f"--out={ev}",
-              "--suite=niah,mqar,ppl,longppl,commonsense", "--niah_factors=8", "--niah_depths=1",
-              "--longppl_factor=2", f"--longppl_evaluator={work}",
-              "--niah_samples=2",
-              "--niah_tasks=niah_single_2", "--ppl_factor=2", "--commonsense_limit=3",
-              "--commonsense_tasks=piqa,lambada_openai", "--mqar_examples=4", "--batch_size=4")
+    out = run(
+        "launch.eval",
+        f"--checkpoint={work}",
+        f"--out={ev}",
+        "--suite=niah,mqar,ppl,longppl,commonsense",
+        "--niah_factors=8",
+        "--niah_depths=1",
+        "--longppl_factor=2",
+        f"--longppl_evaluator={work}",
+        "--niah_samples=2",
+        "--niah_tasks=niah_single_2",
+        "--ppl_factor=2",
+        "--commonsense_limit=3",
+        "--commonsense_tasks=piqa,lambada_openai",
+        "--mqar_examples=4",
+        "--batch_size=4",
+    )
     assert "lambada_openai: acc" in out and "mqar seq 256 pairs 16" in out
     res = json.loads((ev / "0_transformer_run" / "results.json").read_text())
     assert {r["depth"] for r in res["niah"]} == {0} and len(res["ppl"]) == 8
     assert res["longppl"]["evaluator"] == "transformer@run" and res["longppl"]["length"] == 128
-    assert set(res["commonsense"]) == {"piqa", "lambada_openai"}   # every task's loader and
+    assert set(res["commonsense"]) == {"piqa", "lambada_openai"}  # every task's loader and
     # scoring: tests/test_eval.py
     assert all(0 <= v["acc"] <= 1 and v["examples"] == 3 for v in res["commonsense"].values())
     assert (ev / "niah_extrapolation.png").exists() and (ev / "ppl_by_position.png").exists()
@@ -96,15 +124,21 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     cell = over["niah"]["niah_single_1@512"]
     assert over["seeds"] == 2 and cell["std"] == 0.0 and len(cell["values"]) == 2
     assert cell["pooled"]["n"] == 2 * exp["niah_intervals"]["niah_single_1@512"]["n"]
-    whole = over["niah_by_length"]["512"]                  # both tasks of the length, both seeds
+    whole = over["niah_by_length"]["512"]  # both tasks of the length, both seeds
     assert whole["pooled"]["n"] == 2 * sum(iv["n"] for iv in exp["niah_intervals"].values())
     assert whole["std"] == 0.0 and "| seeds | transformer | 2 | " in out and "NIAH@512" in out
     assert (tmp_path / "rep" / "niah_extrapolation.png").exists()
 
-    out = run("launch.trace_retrieval", f"--checkpoint={work}", "--qr_samples=2",
-              "--seq_len=256", "--threshold=0.01", f"--out={tmp_path / 'trace'}")
+    out = run(
+        "launch.trace_retrieval",
+        f"--checkpoint={work}",
+        "--qr_samples=2",
+        "--seq_len=256",
+        "--threshold=0.01",
+        f"--out={tmp_path / 'trace'}",
+    )
     trace = json.loads((tmp_path / "trace" / "trace.json").read_text())
-    heads = trace["heads"]                         # every head of the Transformer is FA
+    heads = trace["heads"]  # every head of the Transformer is FA
     assert trace["steps"] == [2, 4] and heads and all(len(h["scores"]) == 2 for h in heads)
     assert all(h["first_step"] in (None, 2, 4) for h in heads)
     assert "FA heads reach QRscore 0.01" in out and (tmp_path / "trace" / "trace.png").exists()
@@ -113,13 +147,27 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
 def test_seeds_run_side_by_side_and_a_failed_seed_is_named(tmp_path):
     """--seeds starts one process per seed, --side_by_side at once, each with its console log;
     seeds whose run fails (here: a bad config value) are named, and the status is 1."""
-    out = subprocess.run([sys.executable, "-m", "launch.experiment", "--config=configs/hwh_tiny.py",
-                          "--seeds=0,1", "--side_by_side=2", f"--out={tmp_path}",
-                          "--config.train.steps=0"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.experiment",
+            "--config=configs/hwh_tiny.py",
+            "--seeds=0,1",
+            "--side_by_side=2",
+            f"--out={tmp_path}",
+            "--config.train.steps=0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 1, out.stderr[-2000:]
     assert "seed 0: started (console:" in out.stdout and "seed 1: exit 2" in out.stdout
-    assert ("error: seed 0, seed 1 did not finish" in out.stderr
-            or "error: seed 1, seed 0 did not finish" in out.stderr), out.stderr[-2000:]
+    assert (
+        "error: seed 0, seed 1 did not finish" in out.stderr
+        or "error: seed 1, seed 0 did not finish" in out.stderr
+    ), out.stderr[-2000:]
     for s in (0, 1):
         assert "train.steps" in (tmp_path / f"seed{s}.console.log").read_text()

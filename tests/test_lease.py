@@ -2,6 +2,7 @@
 refused naming the holder while its heartbeat is fresh, taken over when stale or when its
 process on this host is gone, lost by the slower of two racing starts; renewed by its
 heartbeat and removed on release."""
+
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ def test_a_held_lease_refuses_a_second_start_naming_the_holder(tmp_path):
     finally:
         held.release()
     assert not (tmp_path / lease.FILE).exists()
-    lease.acquire(tmp_path, settle=0.01).release()        # free again
+    lease.acquire(tmp_path, settle=0.01).release()  # free again
 
 
 @pytest.fixture
@@ -51,20 +52,31 @@ def said():
 
 def test_a_stale_lease_or_a_dead_holder_is_taken_over_with_a_line(tmp_path, said):
     old = time.time() - 600
-    (tmp_path / lease.FILE).write_text(json.dumps(
-        {"host": "elsewhere", "pid": 1, "token": "x", "taken": old, "heartbeat": old}))
+    (tmp_path / lease.FILE).write_text(
+        json.dumps({"host": "elsewhere", "pid": 1, "token": "x", "taken": old, "heartbeat": old})
+    )
     lease.acquire(tmp_path, stale_after=120, settle=0.01).release()
     assert len(said) == 1 and "taking over the workdir lease of host elsewhere pid 1" in said[0]
     assert said[0].endswith("(stale)")
     # this host, a process that has ended: taken over at once, heartbeat fresh or not
     import subprocess
     import sys
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True).stdout.strip()
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     now = time.time()
-    (tmp_path / lease.FILE).write_text(json.dumps(
-        {"host": socket.gethostname(), "pid": int(gone), "token": "y", "taken": now,
-         "heartbeat": now}))
+    (tmp_path / lease.FILE).write_text(
+        json.dumps(
+            {
+                "host": socket.gethostname(),
+                "pid": int(gone),
+                "token": "y",
+                "taken": now,
+                "heartbeat": now,
+            }
+        )
+    )
     lease.acquire(tmp_path, settle=0.01).release()
     assert len(said) == 2 and said[1].endswith("(its process is gone)")
 
@@ -76,7 +88,7 @@ def test_the_heartbeat_renews_and_a_lease_taken_away_is_not_removed(tmp_path):
     assert json.loads((tmp_path / lease.FILE).read_text())["heartbeat"] > first
     other = {"host": "elsewhere", "pid": 2, "token": "z", "taken": 0, "heartbeat": time.time()}
     (tmp_path / lease.FILE).write_text(json.dumps(other))
-    held.release()                           # not ours any more: left to its holder
+    held.release()  # not ours any more: left to its holder
     assert json.loads((tmp_path / lease.FILE).read_text())["token"] == "z"
 
 
@@ -87,9 +99,17 @@ def test_of_two_racing_starts_one_refuses(tmp_path, monkeypatch):
     real_sleep = time.sleep
 
     def racing(seconds):
-        (tmp_path / lease.FILE).write_text(json.dumps(
-            {"host": "racer", "pid": 3, "token": "r", "taken": time.time(),
-             "heartbeat": time.time()}))
+        (tmp_path / lease.FILE).write_text(
+            json.dumps(
+                {
+                    "host": "racer",
+                    "pid": 3,
+                    "token": "r",
+                    "taken": time.time(),
+                    "heartbeat": time.time(),
+                }
+            )
+        )
         real_sleep(seconds)
 
     monkeypatch.setattr(lease.time, "sleep", racing)

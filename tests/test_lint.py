@@ -1,5 +1,6 @@
 """ruff's lint and format checks (pyproject.toml, [tool.ruff]: the rules and why) over the
 project's code, as part of the test command, so CI runs them."""
+
 import re
 import subprocess
 import sys
@@ -10,8 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _ruff(*args):
-    return subprocess.run([sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_ruff_lint_passes():
@@ -32,8 +34,11 @@ def test_every_noqa_says_why():
             continue
         with open(path, "rb") as f:
             for tok in tokenize.tokenize(f.readline):
-                if (tok.type == tokenize.COMMENT and "noqa" in tok.string
-                        and not REASONED.search(tok.string)):
+                if (
+                    tok.type == tokenize.COMMENT
+                    and "noqa" in tok.string
+                    and not REASONED.search(tok.string)
+                ):
                     bare.append(f"{path.relative_to(ROOT)}:{tok.start[0]}")
     assert not bare, bare
 

@@ -1,5 +1,6 @@
 """Memory planning and gradient accumulation: the planner's choices against a known memory
 curve, the accumulated update against the whole batch's, and the trainer's plan under a limit."""
+
 import json
 import os
 import types
@@ -29,9 +30,13 @@ class _Compiled:
         self.nbytes = nbytes
 
     def memory_analysis(self):
-        return types.SimpleNamespace(argument_size_in_bytes=self.nbytes, output_size_in_bytes=0,
-                                     alias_size_in_bytes=0, temp_size_in_bytes=0,
-                                     generated_code_size_in_bytes=0)
+        return types.SimpleNamespace(
+            argument_size_in_bytes=self.nbytes,
+            output_size_in_bytes=0,
+            alias_size_in_bytes=0,
+            temp_size_in_bytes=0,
+            generated_code_size_in_bytes=0,
+        )
 
 
 def _curve(fixed, per_seq, extra=lambda m: 0):
@@ -40,6 +45,7 @@ def _curve(fixed, per_seq, extra=lambda m: 0):
     def compile_at(m):
         compiled.append(m)
         return _Compiled(int(fixed + per_seq * m + extra(m)))
+
     return compile_at, compiled
 
 
@@ -115,6 +121,7 @@ def test_without_a_limit_the_whole_batch_is_one_micro_batch():
 
 # ---------------------------------------------------------------- accumulation, exactly
 
+
 def _tiny(vocab=256, arch="hwh"):
     config = base.get_config(f"{arch}_tiny")
     config.seq_len = 32
@@ -130,28 +137,36 @@ def test_accumulated_steps_equal_full_batch_steps():
     and 1). fp32, CPU: losses agree to 2e-5 relative, every parameter to 1e-4 relative or 1e-5
     absolute (weights of scale 0.02; summation order is the only difference, and Adam's
     normalisation magnifies it in coordinates whose gradients are near zero)."""
-    config, cfg = _tiny(arch="transformer")    # the accumulation does not depend on the mixer
+    config, cfg = _tiny(arch="transformer")  # the accumulation does not depend on the mixer
     tx, schedule = make_optimizer(run_specs(config, data_files=False).optimizer)
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1),
-                             ("data", "fsdp", "tensor"))
+    mesh = jax.sharding.Mesh(
+        np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor")
+    )
     graphdef, _, _ = train_state_shardings(cfg, tx, mesh)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 256, size=(3, 8, 33))
-    mask = (rng.random((3, 8, 32)) > 0.2).astype(np.float32)     # unequal tokens per row
-    two = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",)),
-                                     jax.sharding.PartitionSpec("data"))
+    mask = (rng.random((3, 8, 32)) > 0.2).astype(np.float32)  # unequal tokens per row
+    two = jax.sharding.NamedSharding(
+        jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",)),
+        jax.sharding.PartitionSpec("data"),
+    )
     runs = {}
     for accum, micro, shards in ((1, None, 1), (4, 2, 1), (3, 3, 1), (2, 6, 2)):
         state = init_train_state(cfg, tx, jnp.int32(0))
-        step = jax.jit(make_train_step(graphdef, tx, schedule, grad_accum=accum,
-                                       micro_batch=micro, shards=shards))
+        step = jax.jit(
+            make_train_step(
+                graphdef, tx, schedule, grad_accum=accum, micro_batch=micro, shards=shards
+            )
+        )
         losses = []
         for i in range(3):
-            batch = {"inputs": jnp.asarray(tokens[i, :, :-1], jnp.int32),
-                     "targets": jnp.asarray(tokens[i, :, 1:], jnp.int32),
-                     "segment_ids": jnp.ones((8, 32), jnp.int32),
-                     "positions": jnp.broadcast_to(jnp.arange(32, dtype=jnp.int32), (8, 32)),
-                     "loss_mask": jnp.asarray(mask[i])}
+            batch = {
+                "inputs": jnp.asarray(tokens[i, :, :-1], jnp.int32),
+                "targets": jnp.asarray(tokens[i, :, 1:], jnp.int32),
+                "segment_ids": jnp.ones((8, 32), jnp.int32),
+                "positions": jnp.broadcast_to(jnp.arange(32, dtype=jnp.int32), (8, 32)),
+                "loss_mask": jnp.asarray(mask[i]),
+            }
             if shards > 1:
                 batch = jax.device_put(batch, two)
             state, m = step(state, batch)
@@ -180,6 +195,7 @@ def test_micro_batches_take_every_row_once_on_its_own_device():
 
 
 # ---------------------------------------------------------------- the trainer's plan
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
@@ -221,7 +237,9 @@ def test_the_trainer_plans_micro_batches_under_a_memory_limit(corpus, tmp_path, 
     assert plan["how"] == "planned" and plan["grad_accum"] > 1
     assert plan["micro_batch"] * plan["grad_accum"] == 8
     assert f"memory plan: micro-batch {plan['micro_batch']} x {plan['grad_accum']}" in out
-    assert f"| {plan['micro_batch']}x{plan['grad_accum']} {memory.size(plan['step_bytes'])} |" in out
+    assert (
+        f"| {plan['micro_batch']}x{plan['grad_accum']} {memory.size(plan['step_bytes'])} |" in out
+    )
     saved = json.loads((tmp_path / "split" / memory.PLAN_FILE).read_text())
     assert saved["micro_batch"] == plan["micro_batch"]
     for s, loss in whole.losses.items():
@@ -230,10 +248,12 @@ def test_the_trainer_plans_micro_batches_under_a_memory_limit(corpus, tmp_path, 
     # launch.plan's planner (pod_plan.plan_step, which plans a TPU slice on its compile-only
     # devices) given these devices and this limit: the same probes, the same choice
     from hwh_jax.training import pod_plan
+
     config = _run_config(corpus, device_memory_gb=limit_gb)
-    config.model.vocab_size = 512                              # the trainer's, from its tokenizer
-    got, _, _, _ = pod_plan.plan_step(config, jax.devices(), platform="cpu",
-                                      limit=memory.device_limit(limit_gb))
+    config.model.vocab_size = 512  # the trainer's, from its tokenizer
+    got, _, _, _ = pod_plan.plan_step(
+        config, jax.devices(), platform="cpu", limit=memory.device_limit(limit_gb)
+    )
     assert got.to_json() == {k: v for k, v in plan.items() if k != "key"}
 
 
@@ -255,16 +275,20 @@ def test_an_impossible_config_stops_before_its_first_step(corpus, tmp_path):
     assert "does not fit even at 1 sequence(s) per device" in msg
     assert f"train.mesh=(1,{jax.device_count()},1)" in msg and "seq_len=32" in msg
     assert " MiB per device" in msg
-    assert not (tmp_path / "w" / "checkpoints").exists() or \
-        not any((tmp_path / "w" / "checkpoints").iterdir())
+    assert not (tmp_path / "w" / "checkpoints").exists() or not any(
+        (tmp_path / "w" / "checkpoints").iterdir()
+    )
 
 
 def test_a_compiler_out_of_memory_is_a_probe_over_the_limit():
     """The TPU compiler refuses a program over the HBM at compile time: the planner reads the
     bytes it says the program needs; any other error is not its business."""
     from hwh_jax.training.memory import compile_oom_bytes
-    e = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required "
-                     "for HLO temporaries (37.14T) exceeds available HBM (15.75G).")
-    assert compile_oom_bytes(e) == int(37.14 * 2 ** 40)
-    assert compile_oom_bytes(RuntimeError("RESOURCE_EXHAUSTED: out of memory")) == 2 ** 62
+
+    e = RuntimeError(
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required "
+        "for HLO temporaries (37.14T) exceeds available HBM (15.75G)."
+    )
+    assert compile_oom_bytes(e) == int(37.14 * 2**40)
+    assert compile_oom_bytes(RuntimeError("RESOURCE_EXHAUSTED: out of memory")) == 2**62
     assert compile_oom_bytes(ValueError("shapes do not match")) is None

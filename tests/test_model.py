@@ -1,4 +1,5 @@
 """The model family: causality, packing, parameter counts, one forward of every tiny config."""
+
 import dataclasses
 import glob
 import importlib.util
@@ -59,8 +60,9 @@ def test_packed_documents_match_separate_runs(arch):
     np.testing.assert_allclose(packed[:, n1:], alone, atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("spec", [LayerSpec(2, 6), LayerSpec(4, 0), LayerSpec(0, 8)],
-                         ids=["both", "fa", "gdn"])
+@pytest.mark.parametrize(
+    "spec", [LayerSpec(2, 6), LayerSpec(4, 0), LayerSpec(0, 8)], ids=["both", "fa", "gdn"]
+)
 def test_fused_projections_equal_one_matmul_per_projection(spec):
     """extend's single matmul over the concatenated input weights gives each projection."""
     cfg = model_config("hwh", "tiny", dtype="float32", q_per_kv=2)
@@ -72,8 +74,9 @@ def test_fused_projections_equal_one_matmul_per_projection(spec):
         for ya, yb in zip(a or [], b or []):
             assert ya.shape == yb.shape
             np.testing.assert_allclose(ya, yb, atol=1e-5, rtol=1e-5)
-    n = {"both": 9, "fa": 3, "gdn": 6}[("both" if spec.num_fa and spec.num_la else
-                                        "fa" if spec.num_fa else "gdn")]
+    n = {"both": 9, "fa": 3, "gdn": 6}[
+        ("both" if spec.num_fa and spec.num_la else "fa" if spec.num_fa else "gdn")
+    ]
     assert len((fused[0] or []) + (fused[1] or [])) == n
 
 
@@ -85,8 +88,7 @@ def test_matmul_computes_a_lone_row_as_two(lead):
     w = jax.random.normal(jax.random.key(1), (32, 48), jnp.bfloat16)
     y = jax.jit(matmul)(x, w)
     assert y.shape == lead + (48,)
-    np.testing.assert_array_equal(np.asarray(y, np.float32),
-                                  np.asarray(dot_last(x, w), np.float32))
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(dot_last(x, w), np.float32))
     text = jax.jit(matmul).lower(x, w).as_text()
     rows = "2x32" if np.prod(lead) == 1 else "x".join(map(str, lead)) + "x32"
     assert f"tensor<{rows}xbf16>, tensor<32x48xbf16>" in text
@@ -121,6 +123,7 @@ def test_tiny_config_jitted_forward(path):
 
 def test_every_arch_size_config_file_exists():
     from hwh_jax.models import SIZES
+
     for arch in ARCHS:
         for size in SIZES:
             path = os.path.join(ROOT, "configs", f"{arch}_{size}.py")
@@ -171,6 +174,7 @@ def test_transformer_learns_to_copy():
     broken mask or rotation stalls it; a leak would make it trivial for every architecture, see
     bench/copy_task.py)."""
     from hwh_jax.eval.copy_task import train_copy
+
     (_, first, _), *_, (_, last, _) = train_copy("transformer", "tiny", steps=60, log_every=20)
     assert first > 1.0 and last < 0.3, (first, last)
 
@@ -195,10 +199,11 @@ def test_embedding_gradient_sums_colliding_rows_in_fp32():
     want = onehot.T @ cot.astype(jnp.bfloat16).astype(jnp.float32).reshape(-1, cfg.d_model)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
     hlo = jax.jit(jax.grad(loss)).lower(params).as_text(dialect="hlo")
-    scatters = [line.split("=", 1)[1].split()[0] for line in hlo.splitlines()
-                if " scatter(" in line]                    # the result types: "f32[64,128]"
+    scatters = [
+        line.split("=", 1)[1].split()[0] for line in hlo.splitlines() if " scatter(" in line
+    ]  # the result types: "f32[64,128]"
     assert scatters and all(t.startswith("f32[") for t in scatters), scatters
-    x_embed = nnx.merge(graphdef, params).embed(ids)           # the same forward values
+    x_embed = nnx.merge(graphdef, params).embed(ids)  # the same forward values
     np.testing.assert_array_equal(model.embed_tokens(ids), x_embed)
 
 
@@ -206,8 +211,12 @@ def _project_case(widths):
     """bf16 dense layers [16 -> width] for ``widths``, an input x [2, 6, 16], their params and
     loss(params, x, how) = sum of each output times a fixed cotangent, the outputs by
     ``linear.project`` (how == "project") or one layer at a time (autodiff's sums)."""
-    layers = [dense(16, n, ("embed", "heads"), dtype=jnp.bfloat16, param_dtype=jnp.float32,
-                    rngs=nnx.Rngs(i)) for i, n in enumerate(widths)]
+    layers = [
+        dense(
+            16, n, ("embed", "heads"), dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs=nnx.Rngs(i)
+        )
+        for i, n in enumerate(widths)
+    ]
     x = jax.random.normal(jax.random.key(5), (2, 6, 16), jnp.bfloat16)
     cots = [jax.random.normal(jax.random.key(10 + i), (2, 6, n)) for i, n in enumerate(widths)]
     graphdef, params = nnx.split(nnx.List(layers), nnx.Param)
@@ -236,14 +245,29 @@ def test_project_equals_each_layer_and_sums_gradients_new_product_first():
         jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=1), static_argnums=2)(params, x, how)
         eqns = list(_eqns(jaxpr.jaxpr))
         producer = {v: e.primitive.name for e in eqns for v in e.outvars}
-        adds = [e for e in eqns if e.primitive.name in ("add", "add_any")
-                and e.outvars[0].aval.shape == x.shape]
+        adds = [
+            e
+            for e in eqns
+            if e.primitive.name in ("add", "add_any") and e.outvars[0].aval.shape == x.shape
+        ]
         assert len(adds) == len(layers) - 1
         firsts = [producer.get(e.invars[0]) == "dot_general" for e in adds]
         assert all(firsts) == first_is_product, (how, firsts)
     with pytest.raises(ValueError, match="share one compute dtype"):
-        project(x, layers + [dense(16, 4, ("embed", "heads"), dtype=jnp.float32,
-                                   param_dtype=jnp.float32, rngs=nnx.Rngs(9))])
+        project(
+            x,
+            layers
+            + [
+                dense(
+                    16,
+                    4,
+                    ("embed", "heads"),
+                    dtype=jnp.float32,
+                    param_dtype=jnp.float32,
+                    rngs=nnx.Rngs(9),
+                )
+            ],
+        )
 
 
 def test_project_takes_the_narrow_layers_as_one_product():
@@ -263,11 +287,15 @@ def test_project_takes_the_narrow_layers_as_one_product():
     jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=1), static_argnums=2)(params, x, "project")
     eqns = list(_eqns(jaxpr.jaxpr))
     producer = {v: e.primitive.name for e in eqns for v in e.outvars}
-    adds = [e for e in eqns if e.primitive.name in ("add", "add_any")
-            and e.outvars[0].aval.shape == x.shape]
+    adds = [
+        e
+        for e in eqns
+        if e.primitive.name in ("add", "add_any") and e.outvars[0].aval.shape == x.shape
+    ]
     assert len(adds) == 3 and all(producer.get(e.invars[0]) == "dot_general" for e in adds)
-    dx_dots = [e for e in eqns if e.primitive.name == "dot_general"
-               and e.outvars[0].aval.shape == x.shape]
+    dx_dots = [
+        e for e in eqns if e.primitive.name == "dot_general" and e.outvars[0].aval.shape == x.shape
+    ]
     assert sorted(e.invars[1].aval.shape[1] for e in dx_dots) == [8, 8, 24, 30]
 
 

@@ -1,5 +1,6 @@
 """MQAR as a training task: the vmapped trials equal trials trained alone, and a tiny sweep
 writes its results, table and figure with one cell per (arch, width, setting)."""
+
 import json
 
 import pytest
@@ -7,21 +8,35 @@ import pytest
 from hwh_jax.training import mqar_sweep
 from hwh_jax.training.mqar_sweep import SweepSpec
 
-TINY = dict(widths=(32,), settings=((16, 2), (32, 4)), vocab=64, heads=4, steps=4,
-            batch_size=8, lrs=(3e-3,), eval_examples=8, warmup_steps=1, dtype="float32")
+TINY = dict(
+    widths=(32,),
+    settings=((16, 2), (32, 4)),
+    vocab=64,
+    heads=4,
+    steps=4,
+    batch_size=8,
+    lrs=(3e-3,),
+    eval_examples=8,
+    warmup_steps=1,
+    dtype="float32",
+)
 
 
 def test_trials_trained_together_equal_a_trial_trained_alone():
     """Seeds 0 and 1 in one vmapped program against seed 1 alone: the same final loss and the
     same test queries right (fp32, CPU)."""
-    both = mqar_sweep.run_cell("transformer", 32, SweepSpec(seeds=(0, 1), **TINY), log=lambda s: None)
-    alone = mqar_sweep.run_cell("transformer", 32, SweepSpec(seeds=(1,), **TINY), log=lambda s: None)
+    both = mqar_sweep.run_cell(
+        "transformer", 32, SweepSpec(seeds=(0, 1), **TINY), log=lambda s: None
+    )
+    alone = mqar_sweep.run_cell(
+        "transformer", 32, SweepSpec(seeds=(1,), **TINY), log=lambda s: None
+    )
     pick = [r for r in both["rows"] if r["seed"] == 1]
     assert len(pick) == len(alone["rows"]) == 2
     for a, b in zip(pick, alone["rows"]):
         assert a["final_loss"] == pytest.approx(b["final_loss"], rel=1e-5)
         assert a["right"] == b["right"] and a["queries"] == b["queries"]
-    assert both["rows"][0]["final_loss"] != pick[0]["final_loss"]   # the seeds differ
+    assert both["rows"][0]["final_loss"] != pick[0]["final_loss"]  # the seeds differ
 
 
 def test_a_tiny_sweep_writes_cells_with_intervals(tmp_path):
@@ -46,6 +61,7 @@ def test_a_sweep_stopped_by_sigterm_continues_as_if_uninterrupted(tmp_path):
     a sweep of other settings into the folder is refused naming the field."""
     import os
     import signal
+
     spec = SweepSpec(archs=("transformer",), seeds=(0,), **{**TINY, "lrs": (3e-3, 1e-2)})
     straight = mqar_sweep.sweep(spec, tmp_path / "straight", log=lambda s: None)
 
@@ -63,13 +79,16 @@ def test_a_sweep_stopped_by_sigterm_continues_as_if_uninterrupted(tmp_path):
     assert any("continuing from step 3" in s for s in lines)
     assert not (cut / "partial_transformer_32.npz").exists()
     rows = lambda d: json.loads((d / "results.json").read_text())["rows"]
-    assert rows(cut) == rows(tmp_path / "straight")          # final losses included
+    assert rows(cut) == rows(tmp_path / "straight")  # final losses included
     lines = []
     assert mqar_sweep.sweep(spec, cut, log=lines.append) == straight
     assert lines == [f"[1/1] transformer d=32: in {cut / 'results.json'} already"]
     with pytest.raises(ValueError, match="steps=4"):
-        mqar_sweep.sweep(SweepSpec(archs=("transformer",), seeds=(0,), **{**TINY, "steps": 5}),
-                         cut, log=lambda s: None)
+        mqar_sweep.sweep(
+            SweepSpec(archs=("transformer",), seeds=(0,), **{**TINY, "steps": 5}),
+            cut,
+            log=lambda s: None,
+        )
 
 
 def test_sweeps_run_apart_merge_into_one(tmp_path):
@@ -77,8 +96,12 @@ def test_sweeps_run_apart_merge_into_one(tmp_path):
     architecture: merging reads files, not models), merged: the cells of both, each equal to its
     own folder's; a sweep of other steps, or a cell twice, is refused naming why."""
     import shutil
-    cells = mqar_sweep.sweep(SweepSpec(archs=("transformer",), seeds=(0,), **TINY),
-                             tmp_path / "transformer", log=lambda s: None)
+
+    cells = mqar_sweep.sweep(
+        SweepSpec(archs=("transformer",), seeds=(0,), **TINY),
+        tmp_path / "transformer",
+        log=lambda s: None,
+    )
     shutil.copytree(tmp_path / "transformer", tmp_path / "gdn")
     other = json.loads((tmp_path / "gdn" / "results.json").read_text())
     for r in other["runs"] + other["rows"]:
@@ -92,7 +115,7 @@ def test_sweeps_run_apart_merge_into_one(tmp_path):
     assert saved["spec"]["archs"] == ["transformer", "gdn"] and len(saved["runs"]) == 2
     assert (tmp_path / "all" / "mqar_sweep.png").exists()
     assert saved["merged_from"] == [str(tmp_path / "transformer"), str(tmp_path / "gdn")]
-    shutil.copytree(tmp_path / "transformer", tmp_path / "more")     # a merge merged again
+    shutil.copytree(tmp_path / "transformer", tmp_path / "more")  # a merge merged again
     more = json.loads((tmp_path / "more" / "results.json").read_text())
     for r in more["runs"] + more["rows"]:
         r["arch"] = "hwh"
@@ -100,7 +123,10 @@ def test_sweeps_run_apart_merge_into_one(tmp_path):
     again = mqar_sweep.merge([tmp_path / "all", tmp_path / "more"], tmp_path / "again")
     assert sorted(again, key=key) == sorted(want + [{**c, "arch": "hwh"} for c in cells], key=key)
     assert json.loads((tmp_path / "again" / "results.json").read_text())["merged_from"] == [
-        str(tmp_path / "transformer"), str(tmp_path / "gdn"), str(tmp_path / "more")]
+        str(tmp_path / "transformer"),
+        str(tmp_path / "gdn"),
+        str(tmp_path / "more"),
+    ]
     with pytest.raises(ValueError, match="transformer d=32 is in"):
         mqar_sweep.merge([tmp_path / "transformer", tmp_path / "transformer"], tmp_path / "x")
     other["spec"]["steps"] = 5
@@ -129,6 +155,7 @@ def test_the_grouped_loss_and_hits_equal_zoologys_padded_batch_over_every_positi
 
     from hwh_jax.eval.mqar import IGNORE
     from hwh_jax.layers.loss import cross_entropy
+
     spec = SweepSpec(seeds=(0, 1), **TINY)
     cfg = mqar_sweep.sweep_config("gdn", 32, spec)
     init, step, hits, _ = mqar_sweep._trial_steps(cfg, spec)
@@ -143,7 +170,7 @@ def test_the_grouped_loss_and_hits_equal_zoologys_padded_batch_over_every_positi
     graphdef = nnx.graphdef(mqar_sweep.HybridLM(cfg, rngs=nnx.Rngs(0)))
 
     @jax.vmap
-    def zoology(params):           # every position's logits, the masked loss, right per row
+    def zoology(params):  # every position's logits, the masked loss, right per row
         model = nnx.merge(graphdef, params)
         logits = model.logits(model.hidden(jnp.asarray(x)), dtype=jnp.float32)
         mask = (y != IGNORE).astype(np.float32)
@@ -153,7 +180,7 @@ def test_the_grouped_loss_and_hits_equal_zoologys_padded_batch_over_every_positi
     wants, right = jax.jit(zoology)(states["params"])
     got = np.concatenate([np.asarray(hits(states, *g)) for g in groups], axis=1)
     np.testing.assert_array_equal(got, np.asarray(right))
-    _, losses = step(states, jnp.asarray([1e-3, 1e-3]), groups)   # the loss before the update
+    _, losses = step(states, jnp.asarray([1e-3, 1e-3]), groups)  # the loss before the update
     np.testing.assert_allclose(np.asarray(losses), np.asarray(wants), rtol=1e-5)
 
 
@@ -164,13 +191,29 @@ def test_cells_side_by_side_equal_the_sweep_and_continue(tmp_path):
     import subprocess
     import sys
     from pathlib import Path
+
     root = Path(__file__).resolve().parents[1]
-    spec = SweepSpec(archs=("transformer", "gdn"), seeds=(0,),
-                     **{**TINY, "warmup_steps": SweepSpec.warmup_steps})
-    cmd = [sys.executable, "-m", "launch.mqar", "--side_by_side=2", "--archs=transformer,gdn",
-           "--widths=32", "--settings=16:2,32:4", "--vocab=64", "--heads=4", "--steps=4",
-           "--batch_size=8", "--lrs=3e-3", "--seeds=0", "--eval_examples=8",
-           "--dtype=float32", f"--out={tmp_path / 'sbs'}"]
+    spec = SweepSpec(
+        archs=("transformer", "gdn"), seeds=(0,), **{**TINY, "warmup_steps": SweepSpec.warmup_steps}
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "launch.mqar",
+        "--side_by_side=2",
+        "--archs=transformer,gdn",
+        "--widths=32",
+        "--settings=16:2,32:4",
+        "--vocab=64",
+        "--heads=4",
+        "--steps=4",
+        "--batch_size=8",
+        "--lrs=3e-3",
+        "--seeds=0",
+        "--eval_examples=8",
+        "--dtype=float32",
+        f"--out={tmp_path / 'sbs'}",
+    ]
     for _ in range(2):
         run = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stderr[-3000:]
@@ -186,9 +229,10 @@ def test_cells_side_by_side_equal_the_sweep_and_continue(tmp_path):
     assert len(merged["rows"]) == len(one) == 4
     for a, b in zip(sorted(merged["rows"], key=key), sorted(one, key=key)):
         assert key(a) == key(b) and a["right"] == b["right"]
-        assert a["final_loss"] == pytest.approx(b["final_loss"], rel=1e-6)   # trained alike
+        assert a["final_loss"] == pytest.approx(b["final_loss"], rel=1e-6)  # trained alike
     assert sorted(merged["merged_from"]) == sorted(
-        str(tmp_path / "sbs" / "cells" / c) for c in ("transformer_32", "gdn_32"))
+        str(tmp_path / "sbs" / "cells" / c) for c in ("transformer_32", "gdn_32")
+    )
 
 
 def test_a_signal_to_the_side_by_side_command_reaches_every_cell(tmp_path):
@@ -199,20 +243,36 @@ def test_a_signal_to_the_side_by_side_command_reaches_every_cell(tmp_path):
     import sys
     import time
     from pathlib import Path
+
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "sbs"
-    cmd = [sys.executable, "-m", "launch.mqar", "--side_by_side=2", "--archs=transformer",
-           "--widths=32,64", "--settings=16:2", "--vocab=64", "--heads=4", "--steps=1000000",
-           "--batch_size=4", "--lrs=3e-3", "--seeds=0", "--eval_examples=4",
-           "--dtype=float32", f"--out={out}"]
-    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "launch.mqar",
+        "--side_by_side=2",
+        "--archs=transformer",
+        "--widths=32,64",
+        "--settings=16:2",
+        "--vocab=64",
+        "--heads=4",
+        "--steps=1000000",
+        "--batch_size=4",
+        "--lrs=3e-3",
+        "--seeds=0",
+        "--eval_examples=4",
+        "--dtype=float32",
+        f"--out={out}",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     consoles = [out / "cells" / f"transformer_{w}.console.log" for w in (32, 64)]
     deadline = time.time() + 300
     while not all(c.exists() and "[1/1]" in c.read_text() for c in consoles):
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
         time.sleep(0.5)
-    time.sleep(2.0)                                  # inside the training loop
+    time.sleep(2.0)  # inside the training loop
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 1, stderr[-3000:]

@@ -2,6 +2,7 @@
 collectives over gloo): the losses of one process, checkpoints moving between process counts,
 a SIGTERM to one process stopping all of them with one checkpoint, and the evaluation
 launchers (eval, generate, analyze) under several processes."""
+
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from hwh_jax.data.paths import resolve
 from hwh_jax.data.sources import read_text
 
 ROOT = Path(__file__).resolve().parents[1]
-TOL = 1e-5   # relative, fp32: the processes sum the same rows in another order
+TOL = 1e-5  # relative, fp32: the processes sum the same rows in another order
 
 
 @pytest.fixture(scope="module")
@@ -36,22 +37,45 @@ def _launcher(module, args, cache, processes: int) -> list[str]:
 
 
 def _args(corpus, workdir, **train):
-    train = {"steps": 4, "batch_size": 8, "log_every": 1, "eval_every": 0,
-             "checkpoint_every": 0, "eval_batches": 2, "warmup_steps": 1, **train}
+    train = {
+        "steps": 4,
+        "batch_size": 8,
+        "log_every": 1,
+        "eval_every": 0,
+        "checkpoint_every": 0,
+        "eval_batches": 2,
+        "warmup_steps": 1,
+        **train,
+    }
     # the Transformer: how processes share a job does not depend on the mixer, and it compiles
     # fastest
-    return [sys.executable, "-m", "launch.train", "--config=configs/transformer_tiny.py",
-            f"--workdir={workdir}", "--config.seq_len=32", "--config.model.dtype=float32",
-            f"--config.data.paths=('{corpus}',)",
-            "--config.data.sp_vocab_size=512", "--config.data.heldout_fraction=0.05",
-            "--config.eval.at_end=False"] + [f"--config.train.{k}={v}" for k, v in train.items()]
+    return [
+        sys.executable,
+        "-m",
+        "launch.train",
+        "--config=configs/transformer_tiny.py",
+        f"--workdir={workdir}",
+        "--config.seq_len=32",
+        "--config.model.dtype=float32",
+        f"--config.data.paths=('{corpus}',)",
+        "--config.data.sp_vocab_size=512",
+        "--config.data.heldout_fraction=0.05",
+        "--config.eval.at_end=False",
+    ] + [f"--config.train.{k}={v}" for k, v in train.items()]
 
 
 def _env(cache, **extra):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("JAX_", "XLA_")) or k == "JAX_COMPILATION_CACHE_DIR"}
-    env.update(JAX_PLATFORMS="cpu", HWH_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT),
-               XLA_FLAGS=XLA_TEST_FLAGS)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("JAX_", "XLA_")) or k == "JAX_COMPILATION_CACHE_DIR"
+    }
+    env.update(
+        JAX_PLATFORMS="cpu",
+        HWH_CACHE_DIR=str(cache),
+        PYTHONPATH=str(ROOT),
+        XLA_FLAGS=XLA_TEST_FLAGS,
+    )
     env.update(extra)
     return env
 
@@ -65,15 +89,30 @@ def _free_port() -> int:
 def _spawn(cmd, cache, processes: int, devices: int = 1, **extra_env) -> list[subprocess.Popen]:
     """``cmd`` as ``processes`` processes of one job with ``devices`` CPU devices each (one
     process: a job of its own)."""
-    env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {XLA_TEST_FLAGS}",
-           **extra_env}
+    env = {
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {XLA_TEST_FLAGS}",
+        **extra_env,
+    }
     port = _free_port()
-    return [subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=_env(cache, **env) if processes == 1 else
-        _env(cache, **env, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
-             JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(i)))
-        for i in range(processes)]
+    return [
+        subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_env(cache, **env)
+            if processes == 1
+            else _env(
+                cache,
+                **env,
+                JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+                JAX_NUM_PROCESSES=str(processes),
+                JAX_PROCESS_ID=str(i),
+            ),
+        )
+        for i in range(processes)
+    ]
 
 
 def _start(corpus, workdir, cache, processes: int, devices: int = 1, **train):
@@ -86,10 +125,13 @@ def _wait(procs, timeout=600):
     if any(p.returncode for p in procs):
         # every process's status, and each failed one's first error lines (the cause: a process
         # that the others' coordination service reports dead is not always the first listed)
-        raise AssertionError("\n".join(
-            f"process {i} exited {p.returncode}" + ("" if p.returncode == 0 else
-                                                     ":\n" + _errors(out))
-            for i, (p, out) in enumerate(zip(procs, outs))))
+        raise AssertionError(
+            "\n".join(
+                f"process {i} exited {p.returncode}"
+                + ("" if p.returncode == 0 else ":\n" + _errors(out))
+                for i, (p, out) in enumerate(zip(procs, outs))
+            )
+        )
     return outs
 
 
@@ -97,9 +139,15 @@ def _errors(out: str, lines: int = 12) -> str:
     """``lines`` lines of ``out`` from its first error (an absl E/F line, a traceback) on, and
     its last ``lines``; native stack frames left out."""
     rows = [r for r in out.splitlines() if not r.lstrip().startswith("@ ")]
-    first = next((i for i, r in enumerate(rows)
-                  if r.startswith(("E0", "E1", "F0", "F1", "Traceback", "Fatal"))), len(rows))
-    return "\n".join("  " + r for r in rows[first:first + lines] + ["..."] + rows[-lines:])
+    first = next(
+        (
+            i
+            for i, r in enumerate(rows)
+            if r.startswith(("E0", "E1", "F0", "F1", "Traceback", "Fatal"))
+        ),
+        len(rows),
+    )
+    return "\n".join("  " + r for r in rows[first : first + lines] + ["..."] + rows[-lines:])
 
 
 def _run(corpus, workdir, cache, processes, devices=1, **train):
@@ -107,8 +155,11 @@ def _run(corpus, workdir, cache, processes, devices=1, **train):
 
 
 def _losses(workdir) -> dict[int, float]:
-    rows = [json.loads(line) for line in (storage.path(workdir) / "metrics.jsonl").read_text()
-            .split("\n") if line.strip()]
+    rows = [
+        json.loads(line)
+        for line in (storage.path(workdir) / "metrics.jsonl").read_text().split("\n")
+        if line.strip()
+    ]
     return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
 
 
@@ -132,8 +183,7 @@ def four(corpus, cache, tmp_path_factory):
     return four
 
 
-def test_process_counts_train_the_same_losses_and_trade_checkpoints(corpus, cache, four,
-                                                                   tmp_path):
+def test_process_counts_train_the_same_losses_and_trade_checkpoints(corpus, cache, four, tmp_path):
     """Six steps two ways: 2 processes of 2 devices straight; and 1 process (2 devices) for
     steps 1-2, 2 processes of 1 device from its checkpoint for 3-4, 1 process from theirs for
     5-6. Every step's loss agrees (steps 1-2: one process against two; 3-4 and 5-6: after a
@@ -148,8 +198,7 @@ def test_process_counts_train_the_same_losses_and_trade_checkpoints(corpus, cach
     log = (chain / "train.log").read_text()
     assert "resumed from step 2" in log and "resumed from step 4" in log
     assert "process 0 of 2: 2 local of 4 devices" in (four / "train.log").read_text()
-    assert sorted(int(p.name) for p in (four / "checkpoints").iterdir() if p.name.isdigit()) \
-        == [6]
+    assert sorted(int(p.name) for p in (four / "checkpoints").iterdir() if p.name.isdigit()) == [6]
     want = _losses(four)
     assert sorted(want) == [1, 2, 3, 4, 5, 6]
     _same(_losses(chain), want)
@@ -160,6 +209,7 @@ def test_the_job_trains_the_same_losses_with_its_workdir_in_a_bucket(corpus, cac
     Storage server on loopback: the same losses, one checkpoint and every process's log in the
     bucket."""
     from object_store import client_env, gcs_server
+
     with gcs_server("bkt") as url:
         w = "gs://bkt/job"
         _wait(_spawn(_args(corpus, w, steps=6), cache, 2, devices=2, **client_env(url)))
@@ -192,11 +242,14 @@ def test_a_killed_process_is_reported_by_the_other_in_bounded_time(corpus, cache
     in one line within the watch's bound (here 10 s + 5 s, ``HWH_PEER_TIMEOUT_S``; 60 + 5 by
     default; ``launch.peers``) and exits 1 without a native stack; the checkpoint stays."""
     w = tmp_path / "w"
-    procs = _spawn(_args(corpus, w, steps=10_000, checkpoint_every=2), cache, 2,
-                   HWH_PEER_TIMEOUT_S="10")
+    procs = _spawn(
+        _args(corpus, w, steps=10_000, checkpoint_every=2), cache, 2, HWH_PEER_TIMEOUT_S="10"
+    )
     deadline = time.time() + 300
-    while time.time() < deadline and not ((w / "checkpoints").exists() and any(
-            p.name.isdigit() for p in (w / "checkpoints").iterdir())):
+    while time.time() < deadline and not (
+        (w / "checkpoints").exists()
+        and any(p.name.isdigit() for p in (w / "checkpoints").iterdir())
+    ):
         assert all(p.poll() is None for p in procs), _errors(procs[0].communicate()[0])
         time.sleep(0.5)
     procs[1].kill()
@@ -205,12 +258,14 @@ def test_a_killed_process_is_reported_by_the_other_in_bounded_time(corpus, cache
     took = time.time() - t
     procs[1].wait()
     assert procs[0].returncode == 1, _errors(out)
-    assert took < 10 + 5 + 15, took                     # the bound, and the exit itself
+    assert took < 10 + 5 + 15, took  # the bound, and the exit itself
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     # the watch's line, or, where a collective with the dead process failed first (gloo
     # notices a closed socket at once), that failure's line saying so
-    assert len(errors) == 1 and ("process 1 of the job stopped answering" in errors[0] or
-                                 "another process of the job is gone" in errors[0]), _errors(out)
+    assert len(errors) == 1 and (
+        "process 1 of the job stopped answering" in errors[0]
+        or "another process of the job is gone" in errors[0]
+    ), _errors(out)
     assert "Fatal Python error" not in out and "*** Check failure" not in out
     assert [p.name for p in (w / "checkpoints").iterdir() if p.name.isdigit()]
 
@@ -229,12 +284,16 @@ def test_the_evaluation_launchers_run_under_several_processes(four, cache, tmp_p
     assert ppl[2] == pytest.approx(ppl[1], rel=TOL)
     outs = _launcher("generate", [ckpt, "--prompt=ROMEO", "--max_new_tokens=4"], cache, 2)
     assert "--- 'ROMEO'" in outs[0] and "--- 'ROMEO'" not in outs[1]
-    assert "cache" in outs[0] and "MiB" in outs[0]          # the decode cache's size is said
-    outs = _launcher("analyze", [ckpt, "--num_samples=2", "--num_queries=4",
-                                 f"--out={tmp_path / 'analysis'}"], cache, 2)
+    assert "cache" in outs[0] and "MiB" in outs[0]  # the decode cache's size is said
+    outs = _launcher(
+        "analyze",
+        [ckpt, "--num_samples=2", "--num_queries=4", f"--out={tmp_path / 'analysis'}"],
+        cache,
+        2,
+    )
     assert "analysis in" in outs[0] and "analysis in" not in outs[1]
     assert (tmp_path / "analysis" / "gpband.png").exists()
     res = json.loads(next((tmp_path / "analysis").glob("0_*/analysis.json")).read_text())
     heads = [h for layer in res["layers"] for h in layer["taxonomy"]]
-    assert heads and all(0 <= h["ld_score"] <= 1 for h in heads)    # (QRscores: the trace's
+    assert heads and all(0 <= h["ld_score"] <= 1 for h in heads)  # (QRscores: the trace's
     # test in tests/test_launch.py runs the same scoring)

@@ -1,6 +1,7 @@
 """``launch.plan``: the train step compiled by the TPU compiler for a small slice on this CPU host
 (compile-only TPU devices, ``libtpu``), the plan's fields checked; a config too large for the
 slice refused with the memory it needs, the chip's HBM and the remedies; slice names parsed."""
+
 import json
 import os
 import subprocess
@@ -16,29 +17,46 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def plan(tmp_path, *args):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-    out = subprocess.run([sys.executable, "-m", "launch.plan", f"--out={tmp_path}", *args],
-                         cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "launch.plan", f"--out={tmp_path}", *args],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return out, json.loads((tmp_path / "plan.json").read_text())
 
 
 def test_the_tiny_hwh_steps_compile_for_v5e_2x2_and_fit(tmp_path):
     """The train step over the slice, and the prefill and decode steps on one of its chips."""
-    out, r = plan(tmp_path, "--config=configs/hwh_tiny.py", "--topology=v5e:2x2",
-                  "--config.train.mesh=1,4,1", "--inference", "--context=512")
+    out, r = plan(
+        tmp_path,
+        "--config=configs/hwh_tiny.py",
+        "--topology=v5e:2x2",
+        "--config.train.mesh=1,4,1",
+        "--inference",
+        "--context=512",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert r["fits"] and r["chips"] == 4 and r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
     m = r["memory"]
-    assert 0 < m["step_bytes"] <= m["hbm"] == 16 * 2 ** 30
+    assert 0 < m["step_bytes"] <= m["hbm"] == 16 * 2**30
     assert m["arguments"] > 0 and m["temporaries"] > 0
     # the planner chose the whole batch (it fits) after probing the smallest micro-batch
     assert r["plan"]["micro_batch"] == 16 and r["plan"]["grad_accum"] == 1
     assert [p[0] for p in r["plan"]["probes"]] == [4, 16]
     # GDN runs as its Mosaic kernels on TPU (no XLA fallback), forward and backward
-    for kernel in ("gdn_wy_inverse", "gdn_wy_apply", "gdn_scan_fwd", "gdn_scan_bwd",
-                   "gdn_state_grads", "gdn_wy_bwd"):
+    for kernel in (
+        "gdn_wy_inverse",
+        "gdn_wy_apply",
+        "gdn_scan_fwd",
+        "gdn_scan_bwd",
+        "gdn_state_grads",
+        "gdn_wy_bwd",
+    ):
         assert r["kernels"].get(kernel, 0) >= 1, r["kernels"]
-    assert r["collectives"]["all-gather"]["count"] > 0          # FSDP gathers the weights
+    assert r["collectives"]["all-gather"]["count"] > 0  # FSDP gathers the weights
     assert r["cost"]["flops"] > 0 and r["cost"]["bytes_accessed"] > 0
     e = r["estimate"]
     assert 0 < e["step_s_overlapped"] <= e["step_s_serial"]
@@ -46,7 +64,7 @@ def test_the_tiny_hwh_steps_compile_for_v5e_2x2_and_fit(tmp_path):
     assert "memory per chip" in out.stdout and "estimated step" in out.stdout
     inf = r["inference"]
     assert inf["context"] == 512 and inf["prefill"]["fits"] and inf["decode"]["fits"]
-    assert inf["prefill"]["kernels"].get("gdn_scan_fwd", 0) >= 1    # the chunked forward
+    assert inf["prefill"]["kernels"].get("gdn_scan_fwd", 0) >= 1  # the chunked forward
     assert inf["decode"]["memory"]["arguments"] > 0
     assert "decode (batch 1, cache 512, one chip)" in out.stdout
 
@@ -54,12 +72,20 @@ def test_the_tiny_hwh_steps_compile_for_v5e_2x2_and_fit(tmp_path):
 def test_the_tiny_hwh_steps_compile_for_v5p_2x2x1(tmp_path):
     """A megacore chip (two TensorCores a chip, 95 GiB): the train step at a set accumulation,
     prefill and decode; the GDN kernels through Mosaic, the collectives over 4 chips."""
-    out, r = plan(tmp_path, "--config=configs/hwh_tiny.py", "--topology=v5p:2x2x1",
-                  "--config.train.mesh=2,2,1", "--config.train.grad_accum=2", "--inference",
-                  "--context=256", "--batch=4", "--serve_mesh=2,2,1")
+    out, r = plan(
+        tmp_path,
+        "--config=configs/hwh_tiny.py",
+        "--topology=v5p:2x2x1",
+        "--config.train.mesh=2,2,1",
+        "--config.train.grad_accum=2",
+        "--inference",
+        "--context=256",
+        "--batch=4",
+        "--serve_mesh=2,2,1",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert r["chips"] == 4 and r["chip"]["generation"] == "v5p" and r["fits"]
-    assert 0 < r["memory"]["step_bytes"] <= r["memory"]["hbm"] == int(95 * 2 ** 30)
+    assert 0 < r["memory"]["step_bytes"] <= r["memory"]["hbm"] == int(95 * 2**30)
     assert r["plan"]["grad_accum"] == 2 and r["plan"]["how"] == "set by train.grad_accum"
     assert r["kernels"].get("gdn_scan_fwd", 0) >= 1 and r["kernels"].get("gdn_wy_bwd", 0) >= 1
     # inside the accumulation loop: the weights' gathers run once a micro-batch
@@ -73,23 +99,42 @@ def test_the_tiny_hwh_steps_compile_for_v5p_2x2x1(tmp_path):
 
 
 def test_a_config_too_large_for_the_slice_is_refused_with_what_would_fit(tmp_path):
-    out, r = plan(tmp_path, "--config=configs/hwh_tiny.py", "--topology=v5e-4",
-                  "--config.train.mesh=1,4,1", "--config.seq_len=1048576",
-                  "--config.train.batch_size=4")
+    out, r = plan(
+        tmp_path,
+        "--config=configs/hwh_tiny.py",
+        "--topology=v5e-4",
+        "--config.train.mesh=1,4,1",
+        "--config.seq_len=1048576",
+        "--config.train.batch_size=4",
+    )
     assert out.returncode == 3, out.stderr[-3000:]
-    assert r == {"topology": "v5e-4", "fits": False, "arch": "hwh", "seq_len": 1048576,
-                 "mesh": [1, 4, 1], "error": r["error"]}
+    assert r == {
+        "topology": "v5e-4",
+        "fits": False,
+        "arch": "hwh",
+        "seq_len": 1048576,
+        "mesh": [1, 4, 1],
+        "error": r["error"],
+    }
     message = out.stderr
     assert "does not fit" in message and "per device" in message
-    assert "16.00 GiB" in message                                # the chip's HBM
+    assert "16.00 GiB" in message  # the chip's HBM
     assert "a larger slice" in message and "model.remat=block" in message
     assert "seq_len=1048576" in message
 
 
-@pytest.mark.parametrize("name,grid,chips", [
-    ("v5p-32", (2, 2, 4), 16), ("v5p-16", (2, 2, 2), 8), ("v4-8", (2, 2, 1), 4),
-    ("v5e-16", (4, 4), 16), ("v6e-256", (16, 16), 256), ("v5p:2x2x4", (2, 2, 4), 16),
-    ("v5e:2x2", (2, 2), 4)])
+@pytest.mark.parametrize(
+    "name,grid,chips",
+    [
+        ("v5p-32", (2, 2, 4), 16),
+        ("v5p-16", (2, 2, 2), 8),
+        ("v4-8", (2, 2, 1), 4),
+        ("v5e-16", (4, 4), 16),
+        ("v6e-256", (16, 16), 256),
+        ("v5p:2x2x4", (2, 2, 4), 16),
+        ("v5e:2x2", (2, 2), 4),
+    ],
+)
 def test_slice_names(name, grid, chips):
     s = tpu_slices.parse(name)
     assert s.grid == grid and s.chips == chips
@@ -103,11 +148,24 @@ def test_a_slice_name_not_known_names_the_forms():
 
 
 def test_a_mesh_the_batch_or_the_heads_do_not_fit_is_refused_before_compiling(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "launch.plan", "--config=configs/hwh_tiny.py",
-                          "--topology=v5e:2x2", "--config.train.mesh=1,2,2"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300,
-                         env={**{k: v for k, v in os.environ.items()
-                                 if not k.startswith(("JAX_", "XLA_"))}, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.plan",
+            "--config=configs/hwh_tiny.py",
+            "--topology=v5e:2x2",
+            "--config.train.mesh=1,2,2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))},
+            "PYTHONPATH": str(ROOT),
+        },
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]
     assert "train.mesh=1,4,1" in last and "allow_unsplit_heads" in last
@@ -136,27 +194,39 @@ def test_the_state_figures_in_docs_tpu_are_those_of_the_shardings():
     _, state, sh = train_state_shardings(cfg, tx, mesh)
     leaves, shards = jax.tree.leaves(state), jax.tree.leaves(sh)
     whole = sum(x.size * x.dtype.itemsize for x in leaves)
-    per_chip = sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize
-                   for x, s in zip(leaves, shards))
+    per_chip = sum(
+        math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize for x, s in zip(leaves, shards)
+    )
     params = sum(x.size for x in jax.tree.leaves(state["params"]))
     text = (ROOT / "docs" / "tpu.md").read_text()
-    said = re.search(r"HwH-1.4B's\s+([\d,]+)\s+parameters\s+is\s+([\d.]+)\s+GiB.*?a\s+chip"
-                     r"\s+holds\s+([\d.]+)\s+GiB", text, re.S)
+    said = re.search(
+        r"HwH-1.4B's\s+([\d,]+)\s+parameters\s+is\s+([\d.]+)\s+GiB.*?a\s+chip"
+        r"\s+holds\s+([\d.]+)\s+GiB",
+        text,
+        re.S,
+    )
     assert said, "docs/tpu.md no longer states the 1.4B state figures"
     assert int(said.group(1).replace(",", "")) == params
-    assert float(said.group(2)) == round(whole / 2 ** 30, 1)
-    assert float(said.group(3)) == round(per_chip / 2 ** 30, 2)
-
+    assert float(said.group(2)) == round(whole / 2**30, 1)
+    assert float(said.group(3)) == round(per_chip / 2**30, 2)
 
 
 def test_the_sizing_table_in_docs_is_the_committed_plans():
     """Each row bench/plan_table.py renders from the plans in docs/benchmark_rows is in
     docs/tpu.md as rendered: the table's figures are the plans'."""
-    files = sorted(str(p) for p in (ROOT / "docs" / "benchmark_rows").glob("*/plan_*_1b4_*.json")
-                   if not p.name.endswith("_before.json"))       # the code before a change
+    files = sorted(
+        str(p)
+        for p in (ROOT / "docs" / "benchmark_rows").glob("*/plan_*_1b4_*.json")
+        if not p.name.endswith("_before.json")
+    )  # the code before a change
     assert files
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "plan_table.py"), *files],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "plan_table.py"), *files],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     docs = (ROOT / "docs" / "tpu.md").read_text()
     missing = [row for row in rows if row not in docs]

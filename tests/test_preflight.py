@@ -1,6 +1,7 @@
 """Pre-flight checks of a run's mesh (``training.preflight``), before anything is written or
 compiled: a batch that data x fsdp does not split, and a tensor axis that some layers' head
 counts do not divide, each one line naming the values and the key that fixes them."""
+
 import logging
 
 import pytest
@@ -11,8 +12,11 @@ from hwh_jax.training.specs import model_config
 
 
 def test_a_batch_the_data_parallel_devices_do_not_split_is_refused():
-    with pytest.raises(ValueError, match=r"train.batch_size=256 does not split over data x "
-                       r"fsdp = 1024 devices \(train.mesh=1,1024,1\).*multiple of 1024"):
+    with pytest.raises(
+        ValueError,
+        match=r"train.batch_size=256 does not split over data x "
+        r"fsdp = 1024 devices \(train.mesh=1,1024,1\).*multiple of 1024",
+    ):
         preflight.check_batch(256, {"data": 1, "fsdp": 1024, "tensor": 1})
     with pytest.raises(ValueError, match=r"train.grad_accum=4 leaves micro-batches of 8 rows"):
         preflight.check_batch(32, {"data": 2, "fsdp": 8, "tensor": 1}, grad_accum=4)
@@ -25,16 +29,17 @@ def test_hwh_layers_a_tensor_axis_cannot_split_are_named():
     hwh = model_config(base.get_config("hwh_1b4"), 50304)
     assert preflight.unsplit_layers(hwh, 1) == []
     layers = preflight.unsplit_layers(hwh, 2)
-    assert [i for i, _ in layers] == [i for i, s in enumerate(hwh.layers)
-                                      if s.num_fa % 2 or s.num_la % 2]
+    assert [i for i, _ in layers] == [
+        i for i, s in enumerate(hwh.layers) if s.num_fa % 2 or s.num_la % 2
+    ]
     assert layers[0] == (1, {"fa": 1, "la": 15})
     transformer = model_config(base.get_config("transformer_1b4"), 50304)
-    assert preflight.unsplit_layers(transformer, 2) == []      # 16 heads a layer
+    assert preflight.unsplit_layers(transformer, 2) == []  # 16 heads a layer
     assert preflight.unsplit_layers(transformer, 3) != []
 
 
 def test_a_tensor_axis_that_splits_heads_is_refused_or_warned(caplog):
-    tiny = model_config(base.get_config("hwh_tiny"), 512)       # layers 1, 2: 3 FA + 5 GDN
+    tiny = model_config(base.get_config("hwh_tiny"), 512)  # layers 1, 2: 3 FA + 5 GDN
     mesh = {"data": 2, "fsdp": 2, "tensor": 2}
     with pytest.raises(ValueError) as e:
         preflight.check_heads(tiny, mesh)
@@ -48,9 +53,10 @@ def test_a_tensor_axis_that_splits_heads_is_refused_or_warned(caplog):
 
 def test_the_trainer_refuses_before_writing_anything(tmp_path):
     from hwh_jax.training.trainer import train_and_evaluate
+
     config = base.get_config("hwh_tiny")
     config.unlock()
-    config.train.mesh = (1, 4, 2)                                # 8 fake CPU devices
+    config.train.mesh = (1, 4, 2)  # 8 fake CPU devices
     with pytest.raises(ValueError, match="train.allow_unsplit_heads"):
         train_and_evaluate(config, tmp_path / "run")
     config.train.mesh, config.train.batch_size = (1, 8, 1), 12

@@ -1,4 +1,5 @@
 """hwh_jax.profiling.profile: device time by kernel from a Perfetto trace."""
+
 import gzip
 import json
 
@@ -12,43 +13,63 @@ from hwh_jax.profiling import profile
 def _write_trace(root, events):
     d = root / "plugins" / "profile" / "run1"
     d.mkdir(parents=True)
-    meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
-            {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/host:CPU"}}]
+    meta = [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/host:CPU"}},
+    ]
     with gzip.open(d / "perfetto_trace.json.gz", "wt") as f:
         json.dump({"traceEvents": meta + events}, f)
 
 
 def test_summarize_sums_device_kernels_by_name_and_category(tmp_path):
-    ev = lambda pid, name, ts, dur: {"ph": "X", "pid": pid, "tid": 7, "name": name,
-                                     "ts": ts, "dur": dur}
-    _write_trace(tmp_path, [
-        ev(1, "gdn_wy_bwd", 0, 400), ev(1, "gdn_wy_bwd", 1000, 400),          # 2 steps
-        ev(1, "nvjet_tst_128x256_gemm", 300, 200),                           # overlaps 100
-        ev(1, "cudnn_generated_fort_native_sdpa", 2000, 600),
-        ev(1, "loop_add_fusion", 3000, 100),
-        ev(1, "short_conv_bwd", 3100, 40),                                   # no gap
-        ev(2, "PjitFunction(step)", 0, 99999),                               # host: ignored
-    ])
+    ev = lambda pid, name, ts, dur: {
+        "ph": "X",
+        "pid": pid,
+        "tid": 7,
+        "name": name,
+        "ts": ts,
+        "dur": dur,
+    }
+    _write_trace(
+        tmp_path,
+        [
+            ev(1, "gdn_wy_bwd", 0, 400),
+            ev(1, "gdn_wy_bwd", 1000, 400),  # 2 steps
+            ev(1, "nvjet_tst_128x256_gemm", 300, 200),  # overlaps 100
+            ev(1, "cudnn_generated_fort_native_sdpa", 2000, 600),
+            ev(1, "loop_add_fusion", 3000, 100),
+            ev(1, "short_conv_bwd", 3100, 40),  # no gap
+            ev(2, "PjitFunction(step)", 0, 99999),  # host: ignored
+        ],
+    )
     s = profile.summarize(tmp_path, steps=2)
     assert s["kernel_ms"] == pytest.approx((800 + 200 + 600 + 100 + 40) / 1e3 / 2)
-    assert s["busy_ms"] == pytest.approx((500 + 400 + 600 + 100 + 40) / 1e3 / 2)   # union
+    assert s["busy_ms"] == pytest.approx((500 + 400 + 600 + 100 + 40) / 1e3 / 2)  # union
     assert s["by_category_ms"] == pytest.approx(
-        {"gdn": 0.4, "attention": 0.3, "matmul": 0.1, "fusion/other": 0.05,
-         "short_conv": 0.02})
-    assert s["top_kernels_ms"][0] == {"name": "gdn_wy_bwd", "category": "gdn", "ms": 0.4,
-                                      "launches": 1.0}
+        {"gdn": 0.4, "attention": 0.3, "matmul": 0.1, "fusion/other": 0.05, "short_conv": 0.02}
+    )
+    assert s["top_kernels_ms"][0] == {
+        "name": "gdn_wy_bwd",
+        "category": "gdn",
+        "ms": 0.4,
+        "launches": 1.0,
+    }
     assert s["kernels_per_step"] == 3.0
     # idle: 500 us after the matmul (ends 500, next 1000), 600 after the second gdn_wy_bwd,
     # 400 after the attention kernel; the host event is not a kernel.
     assert s["idle_between_kernels_ms"] == pytest.approx(1.5 / 2)
     assert [g["name"] for g in s["gaps_after"]] == [
-        "gdn_wy_bwd", "nvjet_tst_128x256_gemm", "cudnn_generated_fort_native_sdpa"]
+        "gdn_wy_bwd",
+        "nvjet_tst_128x256_gemm",
+        "cudnn_generated_fort_native_sdpa",
+    ]
     assert s["gaps_after"][0]["ms"] == pytest.approx(0.3) and s["gaps_after"][0]["count"] == 0.5
-    assert s["span_ms"] == pytest.approx(3.14 / 2)          # 0 .. 3140 us over 2 steps
+    assert s["span_ms"] == pytest.approx(3.14 / 2)  # 0 .. 3140 us over 2 steps
     assert [(g["name"], g["ms"], g["at_ms"]) for g in s["longest_gaps"]] == [
         ("gdn_wy_bwd", pytest.approx(0.6), pytest.approx(1.4)),
         ("nvjet_tst_128x256_gemm", pytest.approx(0.5), pytest.approx(0.5)),
-        ("cudnn_generated_fort_native_sdpa", pytest.approx(0.4), pytest.approx(2.6))]
+        ("cudnn_generated_fort_native_sdpa", pytest.approx(0.4), pytest.approx(2.6)),
+    ]
     text = profile.format_summary(s, step_ms=1.0)
     assert "82% busy" in text and "gdn_wy_bwd" in text and "idle between them 0.75" in text
     assert "first kernel to last 1.57 ms per step" in text and "0.600 ms at      1.40" in text
@@ -57,6 +78,7 @@ def test_summarize_sums_device_kernels_by_name_and_category(tmp_path):
 def test_kernels_name_their_source_from_the_hlo_metadata(tmp_path):
     def my_layer(x):
         return jnp.tanh(x * 3.0).sum(-1)
+
     text = jax.jit(my_layer).lower(jnp.ones((8, 8))).compile().as_text()
     src = profile.hlo_sources(text)
     assert any("tanh" in v and "my_layer" in v for v in src.values()), src
@@ -85,13 +107,22 @@ ENTRY %main (x: f32[8,8]) -> f32[8,8] {
   ROOT %mlp.3 = f32[8,8]{1,0} custom-call(%mlp.2, %x), custom_call_target="__cublas$gemm", metadata={op_name="jit(f)/transpose" source_file="/m/mlp.py" source_line=20}
 }
 """
-    ev = lambda ts, dur, op: {"ph": "X", "pid": 1, "tid": 7, "name": "nvjet_176x128_TNN",
-                              "ts": ts, "dur": dur, "args": {"hlo_op": op}}
+    ev = lambda ts, dur, op: {
+        "ph": "X",
+        "pid": 1,
+        "tid": 7,
+        "name": "nvjet_176x128_TNN",
+        "ts": ts,
+        "dur": dur,
+        "args": {"hlo_op": op},
+    }
     _write_trace(tmp_path, [ev(0, 300, "head.1"), ev(300, 100, "mlp.2"), ev(400, 100, "mlp.3")])
     s = profile.summarize(tmp_path, steps=1, hlo_text=text)
     rows = {r["source"]: (r["ms"], r["launches"]) for r in s["top_kernels_ms"]}
-    assert rows == {"jit(f)/dot_general @ lm.py:10": (0.3, 1.0),
-                    "jit(f)/transpose @ mlp.py:20": (0.2, 2.0)}
+    assert rows == {
+        "jit(f)/dot_general @ lm.py:10": (0.3, 1.0),
+        "jit(f)/transpose @ mlp.py:20": (0.2, 2.0),
+    }
     assert s["by_source_ms"] == pytest.approx({"lm.py:10": 0.3, "mlp.py:20": 0.2})
     assert s["by_category_ms"] == pytest.approx({"matmul": 0.5})
     # each product names two f32[8,8] operands and one output: 768 bytes a launch
@@ -126,7 +157,7 @@ def test_capture_writes_a_trace_that_summarize_reads(tmp_path):
     f(x).block_until_ready()
     with profile.capture(tmp_path / "p"):
         f(x).block_until_ready()
-    s = profile.summarize(tmp_path / "p", steps=1)   # CPU: no device events
+    s = profile.summarize(tmp_path / "p", steps=1)  # CPU: no device events
     assert s["steps"] == 1 and s["kernel_ms"] >= 0
     with pytest.raises(FileNotFoundError, match="capture"):
         profile.summarize(tmp_path / "none", steps=1)
@@ -153,8 +184,16 @@ ENTRY %main (x: f32[8]) -> f32[8] {
 
 def test_the_linear_attention_kernels_have_a_category_of_their_own():
     assert profile.category("gdn_scan_fwd") == "gdn"
-    for name in ("linear_scan_fwd", "linear_scan_out", "linear_state_grads",
-                 "linear_score_grads", "gla_scan_bwd", "gla_intra_fwd", "gla_values_grad",
-                 "hgrn_fwd", "hgrn_bwd_summary"):
+    for name in (
+        "linear_scan_fwd",
+        "linear_scan_out",
+        "linear_state_grads",
+        "linear_score_grads",
+        "gla_scan_bwd",
+        "gla_intra_fwd",
+        "gla_values_grad",
+        "hgrn_fwd",
+        "hgrn_bwd_summary",
+    ):
         assert profile.category(name) == "linear_attention", name
     assert profile.category("loop_add_fusion") == "fusion/other"

@@ -2,6 +2,7 @@
 norm: the references' hand-written backwards against autodiff of the formulas, the Pallas
 kernels (generic interpreter on CPU; compiled as well on a GPU backend) against the reference,
 the op under a device mesh, and the model's residual chaining against the unfused blocks."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,10 +56,18 @@ def test_reference_backward_matches_autodiff_of_the_formula(dtype, add):
     """Same values bitwise; gradients (the residual path's dh included) within fp32 rounding,
     bf16 within the rounding of the gradients to bf16."""
     x, d, w, dh, dy = make((2, 5, 48), dtype)
-    ref = value_and_grads(lambda x, w, d: rms_norm(x, w, d, settings=REFERENCE), x, d, w, dh, dy,
-                          add)
-    want = value_and_grads(lambda x, w, d: formula(x, w, d) if d is not None else
-                           formula(x, w)[1], x, d, w, dh, dy, add)
+    ref = value_and_grads(
+        lambda x, w, d: rms_norm(x, w, d, settings=REFERENCE), x, d, w, dh, dy, add
+    )
+    want = value_and_grads(
+        lambda x, w, d: formula(x, w, d) if d is not None else formula(x, w)[1],
+        x,
+        d,
+        w,
+        dh,
+        dy,
+        add,
+    )
     tol = 2e-6 if dtype == "float32" else 1e-2
     for name, a, b in zip(("y", "h", "dx", "dd", "dw"), ref, want):
         if a is None:
@@ -83,8 +92,9 @@ def test_pallas_matches_reference(shape, dtype, add, mode):
     x, d, w, dh, dy = make(shape, dtype, seed=len(shape))
     kw = dict(settings=RMSNormSettings(impl="pallas", interpret=mode == "interpret"))
     out = value_and_grads(lambda x, w, d: rms_norm(x, w, d, **kw), x, d, w, dh, dy, add)
-    ref = value_and_grads(lambda x, w, d: rms_norm(x, w, d, settings=REFERENCE), x, d, w, dh, dy,
-                          add)
+    ref = value_and_grads(
+        lambda x, w, d: rms_norm(x, w, d, settings=REFERENCE), x, d, w, dh, dy, add
+    )
     tol = 2e-6 if dtype == "float32" else 8e-3
     for name, a, b in zip(("y", "h", "dx", "dd", "dw"), out, ref):
         if a is None:
@@ -104,14 +114,16 @@ def test_output_dtype_and_errors():
     with pytest.raises(ValueError, match="impl='bogus'"):
         RMSNormSettings(impl="bogus")
     with pytest.raises(ValueError, match="power-of-two width, got 24"):
-        rms_norm(jnp.ones((2, 24)), jnp.ones(24),
-                 settings=RMSNormSettings(impl="pallas", interpret=True))
+        rms_norm(
+            jnp.ones((2, 24)), jnp.ones(24), settings=RMSNormSettings(impl="pallas", interpret=True)
+        )
     with pytest.raises(ValueError, match="Triton .GPU. lowering only"):
         rms_norm(x, w, settings=RMSNormSettings(impl="pallas", platform="cpu"))
 
 
 def test_auto_takes_the_kernels_on_gpu_where_they_run():
     from kernels_pallas.rms_norm.op import choose
+
     assert choose(RMSNormSettings(platform="gpu"), 1024) == "pallas"
     assert choose(RMSNormSettings(platform="gpu"), 768) == "reference"
     assert choose(RMSNormSettings(platform="tpu"), 1024) == "reference"
@@ -126,6 +138,7 @@ def test_pallas_per_shard_under_a_mesh():
 
     from hwh_jax.training.sharding import make_mesh
     from kernels_pallas import kernel_mesh
+
     mesh = make_mesh((2, 2, 2))
     x, d, w, dh, dy = make((4, 24, 32), "float32", seed=7)
 
@@ -133,6 +146,7 @@ def test_pallas_per_shard_under_a_mesh():
         def loss(x, d, w):
             h, y = rms_norm(x, w, d, settings=RMSNormSettings(impl="pallas", interpret=True))
             return jnp.sum(h * dh) + jnp.sum(y * dy)
+
         return jax.grad(loss, argnums=(0, 1, 2))(x, d, w)
 
     ref = jax.jit(f)(x, d, w, dh, dy)
@@ -141,7 +155,7 @@ def test_pallas_per_shard_under_a_mesh():
     with kernel_mesh(mesh):
         jaxpr = str(jax.make_jaxpr(f)(args[0], args[1], w, args[2], args[3]))
         out = jax.jit(f)(args[0], args[1], w, args[2], args[3])
-    assert "shard_map" in jaxpr and "f32[24,32]" in jaxpr        # one row of 24 per shard
+    assert "shard_map" in jaxpr and "f32[24,32]" in jaxpr  # one row of 24 per shard
     for a, b in zip(out, ref):
         close(a, b, 1e-5)
 
@@ -153,16 +167,18 @@ def test_gated_rms_norm_backward_matches_autodiff_of_the_formula(dtype):
     from hwh_jax.layers.norms import gated_rms_norm
 
     def plain(x, gate, w):
-        return (formula(x.astype(jnp.float32), w)[1] *
-                jax.nn.silu(gate.astype(jnp.float32))).astype(x.dtype)
+        return (
+            formula(x.astype(jnp.float32), w)[1] * jax.nn.silu(gate.astype(jnp.float32))
+        ).astype(x.dtype)
 
     rng = np.random.default_rng(1)
     x, _, _, _, dy = make((2, 5, 3, 16), dtype, seed=1)
     gate = jnp.asarray(2 * rng.standard_normal((2, 5, 3, 16)), dtype)
     w = jnp.asarray(1 + 0.3 * rng.standard_normal(16), jnp.float32)
     ours = lambda x, g, w: gated_rms_norm(x, g, w, 1e-6, jnp.dtype(dtype))
-    np.testing.assert_array_equal(np.asarray(ours(x, gate, w), np.float32),
-                                  np.asarray(plain(x, gate, w), np.float32))
+    np.testing.assert_array_equal(
+        np.asarray(ours(x, gate, w), np.float32), np.asarray(plain(x, gate, w), np.float32)
+    )
     got = jax.vjp(ours, x, gate, w)[1](dy)
     want = jax.vjp(plain, x, gate, w)[1](dy)
     assert [g.dtype for g in got] == [x.dtype, gate.dtype, w.dtype]
@@ -176,6 +192,7 @@ def test_model_chains_residual_adds_like_the_unfused_blocks(arch):
     """HybridLM.hidden (each residual add done by the norm after it) against the blocks written
     out: x += mixer(mixer_norm(x)); x += mlp(mlp_norm(x)); final_norm(x). Values and gradients."""
     from hwh_jax.models import HybridLM, model_config
+
     cfg = model_config(arch, "tiny", dtype="float32", gdn_chunk_size=16)
     model = HybridLM(cfg, rngs=nnx.Rngs(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 24)))

@@ -1,4 +1,5 @@
 """RoPE: logits depend on relative position only, for both pairings; pairings are a permutation."""
+
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -1,4 +1,5 @@
 """Allocation rules of the named schedules."""
+
 import json
 
 import pytest
@@ -16,7 +17,7 @@ def test_hwh_rules(arch, size):
     assert all(s.fa_rope == (arch == "hwh_rope") for s in cfg.layers if s.num_fa)
     # concentrated in the middle: the middle half holds most FA heads
     L = cfg.num_layers
-    mid = sum(cfg.fa_heads[L // 4: L - L // 4])
+    mid = sum(cfg.fa_heads[L // 4 : L - L // 4])
     assert mid > sum(cfg.fa_heads) / 2
 
 
@@ -51,8 +52,15 @@ def test_explicit_counts_and_json(tmp_path):
     assert model_config("hwh", "tiny", counts=str(path)).fa_heads == (0, 1, 3, 0)
 
 
-@pytest.mark.parametrize("counts,match", [([1, 1, 1, 0], "first/last"), ([0, 8, 8, 0], "share"),
-                                          ([0, 1, 0], "layers"), ([0, 9, 0, 0], "asks for")])
+@pytest.mark.parametrize(
+    "counts,match",
+    [
+        ([1, 1, 1, 0], "first/last"),
+        ([0, 8, 8, 0], "share"),
+        ([0, 1, 0], "layers"),
+        ([0, 9, 0, 0], "asks for"),
+    ],
+)
 def test_rule_violations_raise(counts, match):
     with pytest.raises(ValueError, match=match):
         model_config("hwh", "tiny", counts=counts)

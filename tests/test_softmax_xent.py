@@ -3,6 +3,7 @@ layers.loss.head_loss (the LM head and loss as one op): the reference against au
 the Pallas kernel (generic interpreter on CPU; compiled as well on a GPU backend) against the
 reference, the op under a device mesh, head_loss against autodiff of the unfused loss, and the
 model's loss with each ``loss_impl``."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,8 +45,10 @@ def test_reference_matches_optax_and_autodiff(dtype):
 
     def total(l):
         lz = jax.nn.logsumexp(l, axis=-1)
-        return jnp.sum(a * optax.softmax_cross_entropy_with_integer_labels(l, targets) +
-                       0.5 * b * lz * lz)
+        return jnp.sum(
+            a * optax.softmax_cross_entropy_with_integer_labels(l, targets) + 0.5 * b * lz * lz
+        )
+
     want = jax.grad(total)(l32)
     assert d.dtype == logits.dtype and d.shape == logits.shape
     close(d, want, 1e-6 if dtype == "float32" else 1e-2)
@@ -74,8 +77,15 @@ def test_pallas_matches_reference(n, v, block_v, dtype, mode):
     128 columns a chunk), a vocabulary below block_v."""
     logits, targets, a, b = make(n, v, dtype, seed=n)
     want = softmax_xent(logits, targets, a, b, settings=REFERENCE)
-    got = softmax_xent(logits, targets, a, b, settings=SoftmaxXentSettings(
-        impl="pallas", interpret=(mode == "interpret"), block_v=block_v))
+    got = softmax_xent(
+        logits,
+        targets,
+        a,
+        b,
+        settings=SoftmaxXentSettings(
+            impl="pallas", interpret=(mode == "interpret"), block_v=block_v
+        ),
+    )
     for x, y, tol in zip(got, want, (1e-5, 1e-5, 1e-5 if dtype == "float32" else 1e-2)):
         assert x.dtype == y.dtype and x.shape == y.shape
         close(x, y, tol)
@@ -90,8 +100,13 @@ def test_errors_and_dispatch():
     with pytest.raises(ValueError, match="impl='bogus'"):
         SoftmaxXentSettings(impl="bogus")
     with pytest.raises(ValueError, match="multiple of 16, got 40"):
-        softmax_xent(jnp.ones((4, 40)), targets, a, b,
-                     settings=SoftmaxXentSettings(impl="pallas", interpret=True))
+        softmax_xent(
+            jnp.ones((4, 40)),
+            targets,
+            a,
+            b,
+            settings=SoftmaxXentSettings(impl="pallas", interpret=True),
+        )
     assert choose(SoftmaxXentSettings(platform="cpu"), 50304) == "reference"
     assert choose(SoftmaxXentSettings(platform="gpu"), 50304) == "pallas"
     assert choose(SoftmaxXentSettings(platform="gpu"), 50257) == "reference"
@@ -106,6 +121,7 @@ def test_pallas_per_shard_under_a_mesh():
 
     from hwh_jax.training.sharding import make_mesh
     from kernels_pallas import kernel_mesh
+
     logits, targets, a, b = make(16, 64, "float32", seed=3)
     kernel = SoftmaxXentSettings(impl="pallas", interpret=True, block_v=32)
     f = lambda *x: softmax_xent(*x, settings=kernel)
@@ -117,16 +133,17 @@ def test_pallas_per_shard_under_a_mesh():
         jaxpr = str(jax.make_jaxpr(f)(*args))
         got = jax.jit(f)(*args)
         gpu = SoftmaxXentSettings(platform="gpu")
-        assert choose(gpu, 64) == "reference"           # split over tensor = 2
+        assert choose(gpu, 64) == "reference"  # split over tensor = 2
     with kernel_mesh(make_mesh((4, 2, 1))):
-        assert choose(gpu, 64) == "pallas"              # rows split, vocabulary whole
-    assert "shard_map" in jaxpr and "f32[4,64]" in jaxpr              # 4 rows a shard
+        assert choose(gpu, 64) == "pallas"  # rows split, vocabulary whole
+    assert "shard_map" in jaxpr and "f32[4,64]" in jaxpr  # 4 rows a shard
     for x, y in zip(got, want):
         close(x, y, 1e-6)
 
 
 def _unfused(h, w, targets, mask, z_loss):
     from hwh_jax.layers.loss import cross_entropy
+
     loss, zl, count = cross_entropy(jnp.einsum("btd,dv->btv", h, w), targets, mask, z_loss)
     return loss + zl, (loss, zl, count)
 
@@ -138,6 +155,7 @@ def test_head_loss_matches_autodiff_of_the_unfused_loss(dtype, z_loss, impl):
     """Values (total, loss, z-loss term, tokens) and gradients for h and w as autodiff of
     cross_entropy(h @ w); a cotangent of 3 scales the gradients."""
     from hwh_jax.layers.loss import head_loss
+
     rng = np.random.default_rng(5)
     h = jnp.asarray(rng.standard_normal((2, 6, 16)), dtype)
     w = jnp.asarray(rng.standard_normal((16, 96)) * 0.5, dtype)
@@ -145,9 +163,14 @@ def test_head_loss_matches_autodiff_of_the_unfused_loss(dtype, z_loss, impl):
     mask = jnp.asarray(rng.uniform(0, 1, (2, 6)) > 0.3, jnp.float32)
 
     def fused(h, w):
-        total, loss, zl, count = head_loss(h, w, targets, mask, z_loss=z_loss,
-                                           settings=SoftmaxXentSettings(
-                                               impl=impl, interpret=True, block_v=64))
+        total, loss, zl, count = head_loss(
+            h,
+            w,
+            targets,
+            mask,
+            z_loss=z_loss,
+            settings=SoftmaxXentSettings(impl=impl, interpret=True, block_v=64),
+        )
         return 3 * total, (loss, zl, count)
 
     def plain(h, w):
@@ -176,19 +199,28 @@ def test_train_loss_with_each_loss_impl_matches_unfused():
 
     from hwh_jax.models import HybridLM, model_config
     from hwh_jax.training.steps import train_loss
+
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, 512, (2, 33)), jnp.int32)
-    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
-             "loss_mask": jnp.asarray(rng.uniform(0, 1, (2, 32)) > 0.1, jnp.float32)}
+    batch = {
+        "inputs": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "loss_mask": jnp.asarray(rng.uniform(0, 1, (2, 32)) > 0.1, jnp.float32),
+    }
     fused = ["reference"] + (["pallas"] if jax.default_backend() == "gpu" else [])
     for tie in (True, False):
         out = {}
         for impl in ["unfused"] + fused:
-            cfg = model_config("transformer", "tiny", vocab_size=512, tie_embeddings=tie,
-                               dtype="float32")
+            cfg = model_config(
+                "transformer", "tiny", vocab_size=512, tie_embeddings=tie, dtype="float32"
+            )
             graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
-            out[impl] = jax.jit(jax.value_and_grad(lambda p: train_loss(
-                graphdef, p, batch, loss_impl=impl, z_loss=1e-3), has_aux=True))(params)
+            out[impl] = jax.jit(
+                jax.value_and_grad(
+                    lambda p: train_loss(graphdef, p, batch, loss_impl=impl, z_loss=1e-3),
+                    has_aux=True,
+                )
+            )(params)
         (t0, (l0, n0)), g0 = out["unfused"]
         for impl in fused:
             (t, (l, n)), g = out[impl]

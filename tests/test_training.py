@@ -1,4 +1,5 @@
 """The training pipeline: resume equivalence, mesh invariance, signals, NaN guard, bad input."""
+
 import glob
 import importlib.util
 import json
@@ -57,8 +58,7 @@ def test_resume_is_bitwise_identical(corpus, tmp_path):
     (The Transformer: resuming restores the state and the data position whatever the mixer;
     it compiles fastest.)"""
     straight = train_and_evaluate(small_config(corpus, "transformer"), tmp_path / "a")
-    first = train_and_evaluate(small_config(corpus, "transformer", stop_at_step=3),
-                               tmp_path / "b")
+    first = train_and_evaluate(small_config(corpus, "transformer", stop_at_step=3), tmp_path / "b")
     assert first.stopped_early and first.final_step == 3
     second = train_and_evaluate(small_config(corpus, "transformer"), tmp_path / "b")
     resumed = {**first.losses, **second.losses}
@@ -81,20 +81,40 @@ def _train_in_subprocess(corpus, workdir, mesh, devices=8, extra=()):
     """launch.train on ``devices`` fake CPU devices in a fresh process; the per-step train
     losses of every run in ``workdir``."""
     from conftest import XLA_TEST_FLAGS
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {XLA_TEST_FLAGS}"}
-    args = [sys.executable, "-m", "launch.train", "--config=configs/hwh_tiny.py",
-            "--config.seq_len=32", "--config.model.dtype=float32",
-            "--config.model.gdn_chunk_size=16", f"--config.data.paths=('{corpus}',)",
-            "--config.data.sp_vocab_size=512", "--config.data.heldout_fraction=0.05",
-            "--config.train.steps=3", "--config.train.batch_size=8", "--config.train.lr=3e-3",
-            "--config.train.warmup_steps=2", "--config.train.log_every=1",
-            "--config.train.eval_every=0", "--config.train.checkpoint_every=0",
-            "--config.train.final_eval=False", "--config.eval.at_end=False",
-            f"--config.train.mesh={mesh}", "--config.train.allow_unsplit_heads=True",
-            f"--workdir={workdir}", *extra]
-    out = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=MESH_TIMEOUT_S)
+
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {XLA_TEST_FLAGS}",
+    }
+    args = [
+        sys.executable,
+        "-m",
+        "launch.train",
+        "--config=configs/hwh_tiny.py",
+        "--config.seq_len=32",
+        "--config.model.dtype=float32",
+        "--config.model.gdn_chunk_size=16",
+        f"--config.data.paths=('{corpus}',)",
+        "--config.data.sp_vocab_size=512",
+        "--config.data.heldout_fraction=0.05",
+        "--config.train.steps=3",
+        "--config.train.batch_size=8",
+        "--config.train.lr=3e-3",
+        "--config.train.warmup_steps=2",
+        "--config.train.log_every=1",
+        "--config.train.eval_every=0",
+        "--config.train.checkpoint_every=0",
+        "--config.train.final_eval=False",
+        "--config.eval.at_end=False",
+        f"--config.train.mesh={mesh}",
+        "--config.train.allow_unsplit_heads=True",
+        f"--workdir={workdir}",
+        *extra,
+    ]
+    out = subprocess.run(
+        args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=MESH_TIMEOUT_S
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
@@ -107,12 +127,13 @@ def test_meshes_agree_and_a_checkpoint_moves_between_them(corpus, tmp_path):
     and processes: tests/test_multiprocess.py.)"""
     ref = _train_in_subprocess(corpus, tmp_path / "ref", "1,1,1", devices=1)
     assert sorted(ref) == [1, 2, 3]
-    first = _train_in_subprocess(corpus, tmp_path / "run", "2,2,2",
-                                 extra=["--config.train.stop_at_step=2"])
+    first = _train_in_subprocess(
+        corpus, tmp_path / "run", "2,2,2", extra=["--config.train.stop_at_step=2"]
+    )
     assert sorted(first) == [1, 2] and (tmp_path / "run" / "checkpoints" / "2").exists()
     resumed = _train_in_subprocess(corpus, tmp_path / "run", "1,2,4")
     rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3]   # step 3 only, resumed
+    assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3]  # step 3 only, resumed
     for step, loss in ref.items():
         assert abs(resumed[step] - loss) <= 1e-5 * abs(loss), (step, resumed[step], loss)
 
@@ -138,6 +159,7 @@ def test_a_log_line_is_written_with_the_next_step_queued(corpus, tmp_path, monke
     dispatched (the device is never left idle while the host reads metrics and writes), the last
     step's at once; every line's figures are those of its own step."""
     from hwh_jax.training import trainer
+
     real = trainer.Run.compile_steps
 
     def compile_steps(self):
@@ -147,13 +169,17 @@ def test_a_log_line_is_written_with_the_next_step_queued(corpus, tmp_path, monke
         def dispatch(state, batch):
             print("dispatched", flush=True)
             return step(state, batch)
+
         self.train_step = dispatch
+
     monkeypatch.setattr(trainer.Run, "compile_steps", compile_steps)
     got = train_and_evaluate(small_config(corpus, steps=5, log_every=2), tmp_path)
-    printed = [l for l in capsys.readouterr().out.splitlines()
-               if l.startswith(("dispatched", "step "))]
+    printed = [
+        l for l in capsys.readouterr().out.splitlines() if l.startswith(("dispatched", "step "))
+    ]
     assert [l.split(" |")[0] for l in printed] == ["dispatched"] * 3 + ["step      2/5"] + [
-        "dispatched"] * 2 + ["step      4/5", "step      5/5"]
+        "dispatched"
+    ] * 2 + ["step      4/5", "step      5/5"]
     for line in printed[3], printed[6], printed[7]:
         step, loss = int(line.split("/")[0].split()[1]), line.split("loss ")[1].split()[0]
         assert loss == f"{got.losses[step]:.4f}"
@@ -168,6 +194,7 @@ def test_the_rate_counts_a_step_that_ended_before_its_line(corpus, tmp_path, mon
     least 0.3 s: each window counts the steps that ended in it, so no line's tokens/s exceeds
     a step's tokens over 0.3 s (counting the last step twice over nearly no time did)."""
     from hwh_jax.training import trainer
+
     real = trainer.Run.compile_steps
 
     def compile_steps(self):
@@ -178,7 +205,9 @@ def test_the_rate_counts_a_step_that_ended_before_its_line(corpus, tmp_path, mon
             out = jax.block_until_ready(step(state, batch))
             time.sleep(0.3)
             return out
+
         self.train_step = dispatch
+
     monkeypatch.setattr(trainer.Run, "compile_steps", compile_steps)
     config = small_config(corpus, steps=5, log_every=2)
     train_and_evaluate(config, tmp_path)
@@ -187,12 +216,19 @@ def test_the_rate_counts_a_step_that_ended_before_its_line(corpus, tmp_path, mon
     assert sorted(perf) == [2, 4, 5]
     bound = config.train.batch_size * config.seq_len / 0.3
     assert all(0 < v <= bound for v in perf.values()), (perf, bound)
-    assert perf[5] == perf[4]          # step 5 had ended when step 4's line was read
+    assert perf[5] == perf[4]  # step 5 had ended when step 4's line was read
 
 
 def test_nan_stops_with_step_and_keeps_last_good_checkpoint(corpus, tmp_path):
-    config = small_config(corpus, steps=30, lr=1e12, clip_norm=0.0, warmup_steps=0,
-                          checkpoint_every=1, weight_decay=0.0)
+    config = small_config(
+        corpus,
+        steps=30,
+        lr=1e12,
+        clip_norm=0.0,
+        warmup_steps=0,
+        checkpoint_every=1,
+        weight_decay=0.0,
+    )
     with pytest.raises(FloatingPointError, match=r"at step \d+"):
         train_and_evaluate(config, tmp_path)
     steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
@@ -212,18 +248,32 @@ def test_unreadable_latest_checkpoint_falls_back(corpus, tmp_path, caplog):
 def test_sigterm_saves_a_checkpoint_that_resumes(corpus, tmp_path):
     workdir = tmp_path / "run"
     # the Transformer: the signal's path does not depend on the mixer, and it compiles fastest
-    args = [sys.executable, "-m", "launch.train", "--config=configs/transformer_tiny.py",
-            f"--workdir={workdir}", "--config.seq_len=32", "--config.model.dtype=float32",
-            "--config.model.gdn_chunk_size=16", "--config.data.heldout_fraction=0.05",
-            f"--config.data.paths=('{corpus}',)", "--config.data.sp_vocab_size=512",
-            "--config.train.steps=100000", "--config.train.batch_size=4",
-            "--config.train.log_every=1", "--config.train.eval_every=0",
-            "--config.train.checkpoint_every=0", "--config.eval.at_end=False",
-            "--config.train.stop_exit_status=75"]     # what a supervisor loop relaunches on
+    args = [
+        sys.executable,
+        "-m",
+        "launch.train",
+        "--config=configs/transformer_tiny.py",
+        f"--workdir={workdir}",
+        "--config.seq_len=32",
+        "--config.model.dtype=float32",
+        "--config.model.gdn_chunk_size=16",
+        "--config.data.heldout_fraction=0.05",
+        f"--config.data.paths=('{corpus}',)",
+        "--config.data.sp_vocab_size=512",
+        "--config.train.steps=100000",
+        "--config.train.batch_size=4",
+        "--config.train.log_every=1",
+        "--config.train.eval_every=0",
+        "--config.train.checkpoint_every=0",
+        "--config.eval.at_end=False",
+        "--config.train.stop_exit_status=75",
+    ]  # what a supervisor loop relaunches on
     from conftest import XLA_TEST_FLAGS
+
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": XLA_TEST_FLAGS}
-    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -248,8 +298,10 @@ def test_wandb_logs_offline_and_a_resumed_run_continues_its_run(corpus, tmp_path
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     workdir = tmp_path / "run"
-    train_and_evaluate(small_config(corpus, loggers="tensorboard,wandb", stop_at_step=3,
-                                    checkpoint_every=3), workdir)
+    train_and_evaluate(
+        small_config(corpus, loggers="tensorboard,wandb", stop_at_step=3, checkpoint_every=3),
+        workdir,
+    )
     run_id = (workdir / "wandb_run_id").read_text().strip()
     train_and_evaluate(small_config(corpus, loggers="tensorboard,wandb"), workdir)
     assert (workdir / "wandb_run_id").read_text().strip() == run_id
@@ -266,15 +318,19 @@ def test_an_unknown_logger_is_refused_before_anything_runs(corpus, tmp_path):
     assert not (tmp_path / "config.json").exists()
 
 
-@pytest.mark.parametrize("change,match", [
-    (lambda c: setattr(c.data, "paths", ("missing/corpus.txt",)), "missing/corpus.txt"),
-    (lambda c: setattr(c.train, "mesh", (3, 1, 1)), "does not divide the 8 devices"),
-    (lambda c: setattr(c.train, "batch_size", 6), "data x fsdp = 8 devices"),
-    (lambda c: setattr(c, "seq_len", 1), "seq_len"),
-    (lambda c: setattr(c.train, "schedule", "linear"), "schedule"),
-    (lambda c: setattr(c.model, "vocab_size", 100), "vocab_size=100"),
-    (lambda c: setattr(c.train, "profile_at", 5), "profile_at=5"),
-], ids=["path", "mesh", "batch", "seq_len", "schedule", "vocab", "profile"])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda c: setattr(c.data, "paths", ("missing/corpus.txt",)), "missing/corpus.txt"),
+        (lambda c: setattr(c.train, "mesh", (3, 1, 1)), "does not divide the 8 devices"),
+        (lambda c: setattr(c.train, "batch_size", 6), "data x fsdp = 8 devices"),
+        (lambda c: setattr(c, "seq_len", 1), "seq_len"),
+        (lambda c: setattr(c.train, "schedule", "linear"), "schedule"),
+        (lambda c: setattr(c.model, "vocab_size", 100), "vocab_size=100"),
+        (lambda c: setattr(c.train, "profile_at", 5), "profile_at=5"),
+    ],
+    ids=["path", "mesh", "batch", "seq_len", "schedule", "vocab", "profile"],
+)
 def test_bad_input_fails_early_naming_the_value(corpus, tmp_path, change, match):
     config = small_config(corpus, mesh=(-1, 1, 1))
     change(config)
@@ -289,8 +345,9 @@ def test_unknown_config_key_is_rejected():
         config.train.lr_max = 1.0
 
 
-CONFIGS = sorted(p for p in glob.glob(str(ROOT / "configs" / "*_*.py"))
-                 if not Path(p).name.startswith("_"))
+CONFIGS = sorted(
+    p for p in glob.glob(str(ROOT / "configs" / "*_*.py")) if not Path(p).name.startswith("_")
+)
 
 
 def _load(path):
@@ -313,6 +370,7 @@ def test_every_config_builds_and_its_tiny_form_trains_a_step(arch):
     from hwh_jax.models.variants import model_config_from_dict
     from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
     from hwh_jax.training.steps import make_train_step
+
     for path in CONFIGS:
         if Path(path).stem.rsplit("_", 1)[0] == arch:
             assert count_params(model_config_from_dict(_load(path).model)) > 0
@@ -323,13 +381,22 @@ def test_every_config_builds_and_its_tiny_form_trains_a_step(arch):
     cfg = model_config_from_dict(config.model)
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     tx, schedule = make_optimizer(OptimizerSpec(lr=1e-3, warmup_steps=0, total_steps=10))
-    state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
-             "rng": jnp.zeros((2,), jnp.uint32), "bad_step": jnp.int32(-1)}
+    state = {
+        "params": params,
+        "opt_state": tx.init(params),
+        "step": jnp.int32(0),
+        "rng": jnp.zeros((2,), jnp.uint32),
+        "bad_step": jnp.int32(-1),
+    }
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, cfg.vocab_size, (2, 33))
-    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
-             "segment_ids": np.ones((2, 32), np.int32), "positions": np.tile(np.arange(32), (2, 1)),
-             "loss_mask": np.ones((2, 32), np.float32)}
+    batch = {
+        "inputs": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "segment_ids": np.ones((2, 32), np.int32),
+        "positions": np.tile(np.arange(32), (2, 1)),
+        "loss_mask": np.ones((2, 32), np.float32),
+    }
     new_state, m = jax.jit(make_train_step(graphdef, tx, schedule))(state, batch)
     assert np.isfinite(float(m["loss"])) and int(new_state["step"]) == 1
     assert int(new_state["bad_step"]) == -1
@@ -343,6 +410,7 @@ def test_experiment_configs_match_parameters_and_tokens():
     from configs import experiment
     from hwh_jax.models.params import count_params
     from hwh_jax.training.specs import model_config
+
     params, tokens = {}, set()
     for arch in experiment.ARCHS:
         for L in (512, 1024):
@@ -367,6 +435,7 @@ def test_experiment_configs_take_the_zoo_forms():
     from hwh_jax.layers.config import LA_KINDS
     from hwh_jax.models.params import count_params
     from hwh_jax.training.specs import model_config
+
     ref = experiment.get_config("transformer")
     want = count_params(model_config(ref, 8192))
     for kind in LA_KINDS:
@@ -374,12 +443,15 @@ def test_experiment_configs_take_the_zoo_forms():
             config = experiment.get_config(f"{form},512")
             assert config.model.la_kind == kind
             assert (config.train.steps, config.train.batch_size, config.seq_len) == (
-                ref.train.steps, ref.train.batch_size, ref.seq_len)
+                ref.train.steps,
+                ref.train.batch_size,
+                ref.seq_len,
+            )
             assert config.data.to_dict() == ref.data.to_dict()
             assert config.eval.to_dict() == ref.eval.to_dict()
             cfg = model_config(config, 8192)
             shown = form.split("/")[0] + ("" if kind == "gdn" else f"/{kind}")
-            assert cfg.arch == shown, (form, cfg.arch)       # the name in logs and reports
+            assert cfg.arch == shown, (form, cfg.arch)  # the name in logs and reports
             got = count_params(cfg)
             assert abs(got - want) <= 0.05 * want, (form, got, want)
         assert experiment.get_config(f"layerwise/{kind}/3").model.ratio == (1, 3)
@@ -400,7 +472,7 @@ def test_cross_entropy_matches_autodiff_of_the_plain_formula(dtype):
         logz = jax.nn.logsumexp(l32, axis=-1)
         nll = logz - jnp.take_along_axis(l32, targets[..., None], axis=-1)[..., 0]
         count = jnp.maximum(mask.sum(), 1.0)
-        return ((nll * mask).sum() + z_loss * ((logz ** 2) * mask).sum()) / count
+        return ((nll * mask).sum() + z_loss * ((logz**2) * mask).sum()) / count
 
     rng = np.random.default_rng(0)
     logits = jnp.asarray(3 * rng.standard_normal((2, 5, 37)), dtype)
@@ -411,9 +483,13 @@ def test_cross_entropy_matches_autodiff_of_the_plain_formula(dtype):
     got_v, got_g = jax.value_and_grad(ours)(logits)
     assert got_g.dtype == logits.dtype
     np.testing.assert_allclose(float(got_v), float(want_v), rtol=1e-6)
-    tol = 1e-6 if dtype == "float32" else 8e-3   # bf16: both round the same fp32 values once
-    np.testing.assert_allclose(np.asarray(got_g, np.float32), np.asarray(want_g, np.float32),
-                               rtol=tol, atol=tol * float(jnp.abs(want_g.astype(jnp.float32)).max()))
+    tol = 1e-6 if dtype == "float32" else 8e-3  # bf16: both round the same fp32 values once
+    np.testing.assert_allclose(
+        np.asarray(got_g, np.float32),
+        np.asarray(want_g, np.float32),
+        rtol=tol,
+        atol=tol * float(jnp.abs(want_g.astype(jnp.float32)).max()),
+    )
     assert float(jnp.abs(got_g.astype(jnp.float32)).sum()) > 0
 
 
@@ -427,33 +503,34 @@ def test_host_gc_freeze_keeps_later_garbage_collectable_and_times_collections():
         pass
 
     before = Node()
-    before.self = before                       # a cycle alive at freeze time
+    before.self = before  # a cycle alive at freeze time
     try:
         frozen = host_gc.freeze()
         # another thread may free a frozen object meanwhile; nothing else freezes
         assert 0 < gc.get_freeze_count() <= frozen
         after = Node()
-        after.self = after                     # a cycle made after the freeze
+        after.self = after  # a cycle made after the freeze
         ref_after, ref_before = weakref.ref(after), weakref.ref(before)
         del after, before
         with host_gc.GcPauses() as pauses:
             gc.collect()
-        assert ref_after() is None             # later garbage is still collected
-        assert ref_before() is not None        # the frozen cycle is skipped until unfreeze
+        assert ref_after() is None  # later garbage is still collected
+        assert ref_before() is not None  # the frozen cycle is skipped until unfreeze
         assert [g for g, _ in pauses.events] == [2] and pauses.events[0][1] >= 0
         assert pauses.summary()["gen2"]["count"] == 1
     finally:
         host_gc.unfreeze()
     assert gc.get_freeze_count() == 0
     gc.collect()
-    assert ref_before() is None                # unfrozen: collectable again
+    assert ref_before() is None  # unfrozen: collectable again
 
 
 def test_profile_traces_the_steps_asked_and_keeps_the_run_unchanged(corpus, tmp_path, capsys):
     plain = train_and_evaluate(small_config(corpus, steps=5), tmp_path / "plain")
-    traced = train_and_evaluate(small_config(corpus, steps=5, profile_at=2, profile_steps=2),
-                                tmp_path / "traced")
-    assert traced.losses == plain.losses                   # tracing changes no number
+    traced = train_and_evaluate(
+        small_config(corpus, steps=5, profile_at=2, profile_steps=2), tmp_path / "traced"
+    )
+    assert traced.losses == plain.losses  # tracing changes no number
     summary = json.loads((tmp_path / "traced" / "profile" / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["step_ms"] > 0
     assert "profile of steps 3-4" in capsys.readouterr().out

@@ -3,6 +3,7 @@ every kind, a prompt prefilled then decoded token by token (with a left-padded r
 parallel forward, packed documents equal the documents alone, and a tiny model trains a few
 AdamW steps with a finite, falling loss. The state recurrences themselves are tested in
 test_decay_attention.py (and GDN's in test_gdn_reference.py)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,16 +15,27 @@ from hwh_jax.layers.config import LA_CONV_OPTIONAL, LA_KINDS, LayerSpec, ModelCo
 from hwh_jax.models import HybridLM
 
 VOCAB = 128
-KINDS = [k for k in LA_KINDS if k != "gdn"]     # GDN: tests/test_inference.py, test_model.py
+KINDS = [k for k in LA_KINDS if k != "gdn"]  # GDN: tests/test_inference.py, test_model.py
 
 
 def _model(kind):
     """Two head-wise layers (1 FA + 3 linear heads, then 2 + 2), small enough to compile fast;
     KIND+conv: ``la_short_conv``."""
     kind, _, conv = kind.partition("+")
-    cfg = ModelConfig(vocab_size=VOCAB, d_model=64, num_heads=4, head_dim=16, la_key_dim=16,
-                      la_value_dim=16, mlp_hidden=128, layers=(LayerSpec(1, 3), LayerSpec(2, 2)),
-                      dtype="float32", gdn_chunk_size=8, la_kind=kind, la_short_conv=bool(conv))
+    cfg = ModelConfig(
+        vocab_size=VOCAB,
+        d_model=64,
+        num_heads=4,
+        head_dim=16,
+        la_key_dim=16,
+        la_value_dim=16,
+        mlp_hidden=128,
+        layers=(LayerSpec(1, 3), LayerSpec(2, 2)),
+        dtype="float32",
+        gdn_chunk_size=8,
+        la_kind=kind,
+        la_short_conv=bool(conv),
+    )
     return HybridLM(cfg, rngs=nnx.Rngs(0))
 
 
@@ -45,7 +57,7 @@ def test_every_kind_decodes_packs_and_trains(kind):
     logits, cache = extend(model, padded[:, :13], cache)
     outs = [logits]
     for t in range(13, 20):
-        logits, cache = extend(model, padded[:, t:t + 1], cache)
+        logits, cache = extend(model, padded[:, t : t + 1], cache)
         outs.append(logits)
     got = jnp.concatenate(outs, 1)
     np.testing.assert_allclose(got[1], full[1], atol=2e-4, rtol=0)
@@ -67,9 +79,11 @@ def test_every_kind_decodes_packs_and_trains(kind):
         def loss_fn(p):
             logits = nnx.merge(graphdef, p)(batch[:, :-1])
             return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
         loss, g = jax.value_and_grad(loss_fn)(params)
         updates, opt = tx.update(g, opt, params)
         return optax.apply_updates(params, updates), opt, loss
+
     losses = []
     for _ in range(4):
         params, opt, loss = step(params, opt)

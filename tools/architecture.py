@@ -9,6 +9,7 @@ layer, top to bottom); an arrow A --> B says A imports B (drawn only where B is 
 reached through another arrow from A: the transitive reduction). The import graph is grimp's,
 the library import-linter checks the contract with.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,8 +75,8 @@ def mermaid() -> str:
     node = {p: p.replace(".", "_") for p in packages}
     lines = ["```mermaid", "flowchart TB"]
     for i, row in enumerate(rows):
-        lines.append(f"  subgraph L{i}[\" \"]")
-        lines.extend(f"    {node[p]}[\"{p}\"]" for p in row)
+        lines.append(f'  subgraph L{i}[" "]')
+        lines.extend(f'    {node[p]}["{p}"]' for p in row)
         lines.append("  end")
     for a, b in sorted(reduce(package_edges(packages))):
         lines.append(f"  {node[a]} --> {node[b]}")
@@ -96,7 +97,9 @@ def main() -> int:
     start, stop = text.index(BEGIN), text.index(END) + len(END)
     if args.check:
         if text[start:stop] != block:
-            print(f"{DOC} is out of date: run python tools/architecture.py --write", file=sys.stderr)
+            print(
+                f"{DOC} is out of date: run python tools/architecture.py --write", file=sys.stderr
+            )
             return 1
         return 0
     DOC.write_text(text[:start] + block + text[stop:])

@@ -5,6 +5,7 @@ are read off the same normalised input the block uses (``FullAttentionHeads.qk``
 norm, before rotation). The final logits come out of the same pass, so a test can check that
 they equal ``model(tokens)``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,9 +19,10 @@ import jax.numpy as jnp
 class LayerQK:
     """One FA layer's queries and keys as the attention sees them before rotation, with what
     the RoPE decomposition needs (frequencies, pairing, scale, GQA grouping)."""
+
     layer: int = dataclasses.field(metadata=dict(static=True))
-    q: jnp.ndarray            # [B, T, H, D] after q-norm, before rotation
-    k: jnp.ndarray            # [B, T, G, D]
+    q: jnp.ndarray  # [B, T, H, D] after q-norm, before rotation
+    k: jnp.ndarray  # [B, T, G, D]
     frequencies: jnp.ndarray  # [D/2] RoPE angular frequencies (NoPE heads: what RoPE would
     #                           use; ``analysis.run`` analyses those heads with angle 0)
     rope: bool = dataclasses.field(metadata=dict(static=True))
@@ -39,7 +41,17 @@ def capture_qk(model, tokens, positions=None):
         fa = block.mixer.fa
         if fa is not None:
             q, k = fa.qk(block.mixer_norm(x), positions)
-            out.append(LayerQK(l, q, k, fa.frequencies(), fa.rope, fa.num_heads // fa.num_kv,
-                               fa.head_dim ** -0.5, fa.rope_pairing))
+            out.append(
+                LayerQK(
+                    l,
+                    q,
+                    k,
+                    fa.frequencies(),
+                    fa.rope,
+                    fa.num_heads // fa.num_kv,
+                    fa.head_dim**-0.5,
+                    fa.rope_pairing,
+                )
+            )
         x = block(x, positions)
     return out, model.logits(model.final_norm(x))

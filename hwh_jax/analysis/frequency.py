@@ -14,6 +14,7 @@ q^T R(t) k = cos t (q1 k1 + q2 k2) + sin t (q2 k1 - q1 k2). Scores are computed 
 time (``jax.vmap`` over a chunk of queries, ``lax.map`` over chunks and samples), so memory is
 O(chunk x heads x F x T), never [H, T, T, F].
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,49 +29,54 @@ _HI = jax.lax.Precision.HIGHEST
 
 def _pairs(x, pairing):
     a, b = split_pairs(x.astype(jnp.promote_types(x.dtype, jnp.float32)), pairing)
-    return a, b                                              # [..., F] each
+    return a, b  # [..., F] each
 
 
-def contributions(q, k, frequencies, *, q_per_kv: int = 1, pairing: str = "half",
-                  q_pos=None, k_pos=None):
+def contributions(
+    q, k, frequencies, *, q_per_kv: int = 1, pairing: str = "half", q_pos=None, k_pos=None
+):
     """c, c0 [H, Tq, Tk, F] for one sample: q [Tq, H, D], k [Tk, G, D] (pre-rotation).
 
     Small inputs only (tests, single queries): the scores below never build this tensor."""
     Tq, Tk = q.shape[0], k.shape[0]
     q_pos = jnp.arange(Tq) if q_pos is None else q_pos
     k_pos = jnp.arange(Tk) if k_pos is None else k_pos
-    k = jnp.repeat(k, q_per_kv, axis=1)                      # [Tk, H, D]
+    k = jnp.repeat(k, q_per_kv, axis=1)  # [Tk, H, D]
     q1, q2 = _pairs(q, pairing)
     k1, k2 = _pairs(k, pairing)
-    c0 = jnp.einsum("ihr,jhr->hijr", q1, k1, precision=_HI) + \
-        jnp.einsum("ihr,jhr->hijr", q2, k2, precision=_HI)
-    s = jnp.einsum("ihr,jhr->hijr", q2, k1, precision=_HI) - \
-        jnp.einsum("ihr,jhr->hijr", q1, k2, precision=_HI)
-    angle = (k_pos[None, :] - q_pos[:, None]).astype(frequencies.dtype)[None, :, :, None] * \
-        frequencies
+    c0 = jnp.einsum("ihr,jhr->hijr", q1, k1, precision=_HI) + jnp.einsum(
+        "ihr,jhr->hijr", q2, k2, precision=_HI
+    )
+    s = jnp.einsum("ihr,jhr->hijr", q2, k1, precision=_HI) - jnp.einsum(
+        "ihr,jhr->hijr", q1, k2, precision=_HI
+    )
+    angle = (k_pos[None, :] - q_pos[:, None]).astype(frequencies.dtype)[
+        None, :, :, None
+    ] * frequencies
     return jnp.cos(angle) * c0 + jnp.sin(angle) * s, c0
 
 
 def _js_bits(p, q, mask):
     """JS(p, q) / ln 2 over the last axis (masked entries are 0 in both)."""
     m = 0.5 * (p + q)
-    kl = lambda a: jnp.sum(jnp.where(mask, jax.scipy.special.xlogy(a, a) -
-                                     jax.scipy.special.xlogy(a, m), 0.0), -1)
+    kl = lambda a: jnp.sum(
+        jnp.where(mask, jax.scipy.special.xlogy(a, a) - jax.scipy.special.xlogy(a, m), 0.0), -1
+    )
     return jnp.clip(0.5 * (kl(p) + kl(q)) / jnp.log(jnp.asarray(2.0, p.dtype)), 0.0, 1.0)
 
 
 def _query_scores(qi, i, k1, k2, k_pos, frequencies, scale, q_per_kv, pairing):
     """JS(p, p^(-r)) and JS(p, p^(r->0)) [H, F] for one query qi [H, D] at position i."""
-    q1, q2 = _pairs(qi, pairing)                             # [H, F]
+    q1, q2 = _pairs(qi, pairing)  # [H, F]
     g = jnp.arange(qi.shape[0]) // q_per_kv
-    kk1, kk2 = k1[:, g], k2[:, g]                            # [Tk, H, F]
-    c0 = q1[None] * kk1 + q2[None] * kk2                     # [Tk, H, F]
+    kk1, kk2 = k1[:, g], k2[:, g]  # [Tk, H, F]
+    c0 = q1[None] * kk1 + q2[None] * kk2  # [Tk, H, F]
     s = q2[None] * kk1 - q1[None] * kk2
     angle = (k_pos - i).astype(frequencies.dtype)[:, None, None] * frequencies
     c = jnp.cos(angle) * c0 + jnp.sin(angle) * s
     c, c0 = jnp.moveaxis(c, 0, -1), jnp.moveaxis(c0, 0, -1)  # [H, F, Tk]
     mask = (k_pos <= i)[None, None, :]
-    z = scale * c.sum(1, keepdims=True)                      # [H, 1, Tk]
+    z = scale * c.sum(1, keepdims=True)  # [H, 1, Tk]
 
     def softmax(x):
         return jax.nn.softmax(jnp.where(mask, x, -jnp.inf), axis=-1, where=mask) * mask
@@ -81,8 +87,17 @@ def _query_scores(qi, i, k1, k2, k_pos, frequencies, scale, q_per_kv, pairing):
 
 
 @functools.partial(jax.jit, static_argnames=("q_per_kv", "pairing", "chunk"))
-def rfis_rpd(q, k, query_idx, frequencies, *, scale, q_per_kv: int = 1, pairing: str = "half",
-             chunk: int = 16):
+def rfis_rpd(
+    q,
+    k,
+    query_idx,
+    frequencies,
+    *,
+    scale,
+    q_per_kv: int = 1,
+    pairing: str = "half",
+    chunk: int = 16,
+):
     """RFIS and RPD [H, F] of one layer, averaged over samples and their sampled queries.
 
     Args:
@@ -97,8 +112,9 @@ def rfis_rpd(q, k, query_idx, frequencies, *, scale, q_per_kv: int = 1, pairing:
     idx = jnp.pad(query_idx, ((0, 0), (0, pad)))
     valid = jnp.arange(Q + pad) < Q
     k_pos = jnp.arange(T)
-    one = functools.partial(_query_scores, frequencies=frequencies, scale=scale,
-                            q_per_kv=q_per_kv, pairing=pairing)
+    one = functools.partial(
+        _query_scores, frequencies=frequencies, scale=scale, q_per_kv=q_per_kv, pairing=pairing
+    )
 
     def per_sample(args):
         qs, ks, ids = args
@@ -120,7 +136,12 @@ def rfis_rpd(q, k, query_idx, frequencies, *, scale, q_per_kv: int = 1, pairing:
 def sample_queries(rng, num_samples: int, seq_len: int, num_queries: int, min_pos: int = 1):
     """[N, Q] sorted query positions per sample, uniform without replacement in [min_pos, T)."""
     import numpy as np
+
     if not 0 <= min_pos < seq_len or num_queries > seq_len - min_pos:
         raise ValueError(f"cannot sample {num_queries} queries from [{min_pos}, {seq_len})")
-    return np.stack([np.sort(rng.choice(np.arange(min_pos, seq_len), num_queries, replace=False))
-                     for _ in range(num_samples)]).astype(np.int32)
+    return np.stack(
+        [
+            np.sort(rng.choice(np.arange(min_pos, seq_len), num_queries, replace=False))
+            for _ in range(num_samples)
+        ]
+    ).astype(np.int32)

@@ -17,6 +17,7 @@ parameter and every parameter must be filled, else the import stops naming the t
     model.norm.weight                             final_norm/weight
     lm_head.weight                                lm_head/kernel (T), absent when tied
 """
+
 from __future__ import annotations
 
 import json
@@ -37,11 +38,21 @@ _RULES = [  # (HF regex, our path template, transpose)
     (r"model\.norm\.weight", "final_norm/weight", False),
     (r"lm_head\.weight", "lm_head/kernel", True),
     (r"model\.layers\.(\d+)\.input_layernorm\.weight", "blocks/{0}/mixer_norm/weight", False),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", "blocks/{0}/mlp_norm/weight", False),
-    (r"model\.layers\.(\d+)\.self_attn\.([qkv])_proj\.weight", "blocks/{0}/mixer/fa/{1}_proj/kernel",
-     True),
-    (r"model\.layers\.(\d+)\.self_attn\.([qk])_norm\.weight", "blocks/{0}/mixer/fa/{1}_norm/weight",
-     False),
+    (
+        r"model\.layers\.(\d+)\.post_attention_layernorm\.weight",
+        "blocks/{0}/mlp_norm/weight",
+        False,
+    ),
+    (
+        r"model\.layers\.(\d+)\.self_attn\.([qkv])_proj\.weight",
+        "blocks/{0}/mixer/fa/{1}_proj/kernel",
+        True,
+    ),
+    (
+        r"model\.layers\.(\d+)\.self_attn\.([qk])_norm\.weight",
+        "blocks/{0}/mixer/fa/{1}_norm/weight",
+        False,
+    ),
     (r"model\.layers\.(\d+)\.self_attn\.o_proj\.weight", "blocks/{0}/mixer/o_proj/kernel", True),
     (r"model\.layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight", "blocks/{0}/mlp/{1}/kernel", True),
 ]
@@ -64,8 +75,9 @@ class _Keys(dict):
         self.where = where
 
     def __missing__(self, key):
-        raise KeyError(f"{self.where}: no {key!r} (a {self.get('model_type', '?')} config needs "
-                       f"it)")
+        raise KeyError(
+            f"{self.where}: no {key!r} (a {self.get('model_type', '?')} config needs it)"
+        )
 
 
 def config_from_hf(hf: dict, *, dtype: str = "float32") -> ModelConfig:
@@ -80,21 +92,38 @@ def config_from_hf(hf: dict, *, dtype: str = "float32") -> ModelConfig:
     D = hf.get("head_dim") or hf["hidden_size"] // H
     theta = hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     return ModelConfig(
-        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_heads=H, head_dim=D,
-        la_key_dim=D, la_value_dim=D, mlp_hidden=hf["intermediate_size"],
-        layers=tuple(LayerSpec(num_fa=H, num_la=0, fa_rope=True)
-                     for _ in range(hf["num_hidden_layers"])),
-        arch=f"hf_{kind}", q_per_kv=H // kv, qk_norm=kind == "qwen3", rope_theta=float(theta),
-        rope_pairing="half", rope_scaling=_rope_scaling(hf),
+        vocab_size=hf["vocab_size"],
+        d_model=hf["hidden_size"],
+        num_heads=H,
+        head_dim=D,
+        la_key_dim=D,
+        la_value_dim=D,
+        mlp_hidden=hf["intermediate_size"],
+        layers=tuple(
+            LayerSpec(num_fa=H, num_la=0, fa_rope=True) for _ in range(hf["num_hidden_layers"])
+        ),
+        arch=f"hf_{kind}",
+        q_per_kv=H // kv,
+        qk_norm=kind == "qwen3",
+        rope_theta=float(theta),
+        rope_pairing="half",
+        rope_scaling=_rope_scaling(hf),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)), dtype=dtype, param_dtype=dtype)
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        dtype=dtype,
+        param_dtype=dtype,
+    )
 
 
 def _tensors(folder: Path):
     from safetensors import safe_open
+
     index = folder / "model.safetensors.index.json"
-    files = (sorted(set(json.loads(index.read_text())["weight_map"].values()))
-             if index.exists() else ["model.safetensors"])
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        if index.exists()
+        else ["model.safetensors"]
+    )
     for name in files:
         if not (folder / name).exists():
             raise FileNotFoundError(f"{folder / name} (listed by the checkpoint) is missing")
@@ -122,7 +151,7 @@ def _path_str(path) -> str:
 
 def load_hf_checkpoint(folder: str | Path, *, dtype: str = "float32"):
     """(HybridLM with the checkpoint's weights, its ModelConfig, the HF config dict)."""
-    folder = Path(folder)          # local path: safetensors memory-maps local files
+    folder = Path(folder)  # local path: safetensors memory-maps local files
     path = folder / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"no config.json in {folder}")
@@ -141,12 +170,16 @@ def load_hf_checkpoint(folder: str | Path, *, dtype: str = "float32"):
     for name, t in _tensors(folder):
         path, transpose = _our_path(name)
         if path not in want:
-            raise ValueError(f"checkpoint tensor {name!r} -> {path!r}: no such parameter "
-                             f"(tied embeddings: {cfg.tie_embeddings})")
+            raise ValueError(
+                f"checkpoint tensor {name!r} -> {path!r}: no such parameter "
+                f"(tied embeddings: {cfg.tie_embeddings})"
+            )
         t = t.T if transpose else t
         if t.shape != want[path].shape:
-            raise ValueError(f"checkpoint tensor {name!r} has shape {t.shape}, parameter {path} "
-                             f"wants {want[path].shape}")
+            raise ValueError(
+                f"checkpoint tensor {name!r} has shape {t.shape}, parameter {path} "
+                f"wants {want[path].shape}"
+            )
         got[path] = jnp.asarray(t, want[path].dtype)
     missing = sorted(set(want) - set(got))
     if missing:

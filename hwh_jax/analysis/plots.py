@@ -1,5 +1,6 @@
 """Figures of the frequency analysis: per-layer RFIS / RPD heatmaps, the GPBand profile, and
 retrieval heads over depth."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,8 +34,11 @@ def layer_heatmaps(result: dict, path_prefix: storage.PathLike, title: str):
             integer_ticks(ax.yaxis)
             kinds = "".join("R" if h["kind"] == "retrieval" else "P" for h in layer["taxonomy"])
             scheme = "RoPE" if layer.get("rope", True) else "NoPE"
-            ax.set_title(f"{key.upper()} layer {layer['layer']}, {scheme} heads: {kinds} "
-                         f"(R retrieval, P positional)", fontsize=8)
+            ax.set_title(
+                f"{key.upper()} layer {layer['layer']}, {scheme} heads: {kinds} "
+                f"(R retrieval, P positional)",
+                fontsize=8,
+            )
             _period_ticks(ax, periods, L)
             ax.axvspan(band["lo"] - 0.5, band["hi"] + 0.5, color="cyan", alpha=0.15)
             fig.colorbar(im, ax=ax)
@@ -57,8 +61,9 @@ def band_profile(results: dict, path: storage.PathLike):
         if b.get("train_len"):
             ax.axvline(b["train_len"], color=color, ls="--", lw=1)
     ax.set_xscale("log")
-    finish_line_chart(fig, ax, path, xlabel="rotation period (tokens)",
-                      ylabel="mean RPD over heads (bits)")
+    finish_line_chart(
+        fig, ax, path, xlabel="rotation period (tokens)", ylabel="mean RPD over heads (bits)"
+    )
 
 
 def retrieval_by_depth(result: dict, path: storage.PathLike, title: str):
@@ -87,15 +92,32 @@ def retrieval_trace(steps, rows, threshold: float, path: storage.PathLike, title
     cmap = plt.get_cmap("viridis", max(len(layers), 2))
     for r in rows:
         color = cmap(layers.index(r["layer"]))
-        ax.plot(steps, r["scores"], color=color, lw=1, alpha=0.8,
-                label=f"layer {r['layer']}" if r["head"] == 0 else None)
+        ax.plot(
+            steps,
+            r["scores"],
+            color=color,
+            lw=1,
+            alpha=0.8,
+            label=f"layer {r['layer']}" if r["head"] == 0 else None,
+        )
         if r["first_step"] is not None:
-            ax.plot(r["first_step"], r["scores"][list(steps).index(r["first_step"])], "o",
-                    color=color, ms=4)
+            ax.plot(
+                r["first_step"],
+                r["scores"][list(steps).index(r["first_step"])],
+                "o",
+                color=color,
+                ms=4,
+            )
     ax.axhline(threshold, color="tab:red", ls="--", lw=1, label=f"threshold {threshold:g}")
     ax.set_ylim(0, 1)
     if len(steps) <= 12:
         ax.set_xticks(list(steps))
     ax.set_title(title, fontsize=9)
-    finish_line_chart(fig, ax, path, xlabel="training step (checkpoint)",
-                      ylabel="QRscore (mass on the needle)", legend_size=7)
+    finish_line_chart(
+        fig,
+        ax,
+        path,
+        xlabel="training step (checkpoint)",
+        ylabel="QRscore (mass on the needle)",
+        legend_size=7,
+    )

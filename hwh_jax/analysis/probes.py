@@ -8,6 +8,7 @@
 Attention rows are recomputed from captured q/k (rotated when the heads use RoPE) with the
 model's own scale, causal mask and GQA mapping, for the requested query positions only.
 """
+
 from __future__ import annotations
 
 import jax
@@ -16,8 +17,17 @@ import jax.numpy as jnp
 from hwh_jax.layers.rope import apply_rope
 
 
-def attention_rows(q, k, query_idx, frequencies, *, rope: bool, scale: float, q_per_kv: int = 1,
-                   pairing: str = "half"):
+def attention_rows(
+    q,
+    k,
+    query_idx,
+    frequencies,
+    *,
+    rope: bool,
+    scale: float,
+    q_per_kv: int = 1,
+    pairing: str = "half",
+):
     """p [H, Q, T] of one sample: q [T, H, D], k [T, G, D], query_idx [Q]."""
     T = q.shape[0]
     pos = jnp.arange(T)
@@ -25,7 +35,7 @@ def attention_rows(q, k, query_idx, frequencies, *, rope: bool, scale: float, q_
         q = apply_rope(q[None], pos, pairing=pairing, frequencies=frequencies)[0]
         k = apply_rope(k[None], pos, pairing=pairing, frequencies=frequencies)[0]
     k = jnp.repeat(k, q_per_kv, axis=1).astype(jnp.float32)
-    qi = q[query_idx].astype(jnp.float32)                           # [Q, H, D]
+    qi = q[query_idx].astype(jnp.float32)  # [Q, H, D]
     logits = jnp.einsum("qhd,thd->hqt", qi, k, precision=jax.lax.Precision.HIGHEST) * scale
     mask = (pos[None, :] <= query_idx[:, None])[None]
     return jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), axis=-1, where=mask) * mask

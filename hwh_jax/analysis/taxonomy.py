@@ -15,6 +15,7 @@ Definitions used here (the paper describes the phenomenon; these make it a compu
   head is a retrieval head when the score is at least ``threshold`` (default 0.5), else a
   positional head (positional score = 1 - retrieval score).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,9 @@ import numpy as np
 class Band:
     """A band of RoPE frequency indices [lo, hi] (the GPBand), its peak and the rotation periods
     at its ends, in tokens and, given the training length, as a share of it."""
-    lo: int                   # first frequency index of the band (higher frequency end)
-    hi: int                   # last frequency index (lower frequency end), inclusive
+
+    lo: int  # first frequency index of the band (higher frequency end)
+    hi: int  # last frequency index (lower frequency end), inclusive
     peak: int
     periods: tuple[float, float]  # rotation periods at lo and hi, tokens
     train_len: int | None
@@ -44,15 +46,16 @@ def rotation_periods(frequencies) -> np.ndarray:
     return 2 * math.pi / np.asarray(frequencies, np.float64)
 
 
-def gpband(rpd_layers, frequencies, *, train_len: int | None = None, upper: float = 0.5,
-           lower: float = 0.1) -> Band:
+def gpband(
+    rpd_layers, frequencies, *, train_len: int | None = None, upper: float = 0.5, lower: float = 0.1
+) -> Band:
     """Band from RPD [H, F] arrays (one per layer, any head counts)."""
     profile = np.concatenate([np.asarray(r, np.float64) for r in rpd_layers], 0).mean(0)
     peak = int(np.argmax(profile))
     top = profile[peak]
     above = np.nonzero(profile >= lower * top)[0]
     hi = int(above.max())
-    strong = np.nonzero(profile[:hi + 1] >= upper * top)[0]
+    strong = np.nonzero(profile[: hi + 1] >= upper * top)[0]
     lo = min(int(strong.max()) + 1, hi)
     periods = rotation_periods(frequencies)
     return Band(lo, hi, peak, (float(periods[lo]), float(periods[hi])), train_len)
@@ -62,10 +65,16 @@ def classify_heads(rfis, band: Band, *, threshold: float = 0.5) -> list[dict]:
     """Per head of one layer: {head, kind, retrieval_score, positional_score}."""
     rfis = np.asarray(rfis, np.float64)
     total = rfis.sum(1) + 1e-12
-    score = rfis[:, band.hi + 1:].sum(1) / total
-    return [{"head": h, "kind": "retrieval" if s >= threshold else "positional",
-             "retrieval_score": float(s), "positional_score": float(1 - s)}
-            for h, s in enumerate(score)]
+    score = rfis[:, band.hi + 1 :].sum(1) / total
+    return [
+        {
+            "head": h,
+            "kind": "retrieval" if s >= threshold else "positional",
+            "retrieval_score": float(s),
+            "positional_score": float(1 - s),
+        }
+        for h, s in enumerate(score)
+    ]
 
 
 def retrieval_counts(taxonomy_layers) -> list[int]:

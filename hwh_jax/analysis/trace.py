@@ -6,6 +6,7 @@ The scores come from ``hwh_jax.analysis.run.qr_scores`` (attention mass from the
 position onto the needle value of NIAH prompts); this module only lays them out by head and
 finds the crossings (``launch.trace_retrieval`` loads the checkpoints and plots).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,10 +21,15 @@ def trace_table(steps: list[int], scores: list[dict], threshold: float) -> list[
     layers = sorted(scores[0]) if scores else []
     rows = []
     for layer in layers:
-        series = np.stack([np.asarray(s[layer], np.float64) for s in scores])   # [steps, H]
+        series = np.stack([np.asarray(s[layer], np.float64) for s in scores])  # [steps, H]
         for head in range(series.shape[1]):
             above = np.flatnonzero(series[:, head] >= threshold)
-            rows.append({"layer": int(layer), "head": head,
-                         "scores": [round(float(v), 6) for v in series[:, head]],
-                         "first_step": int(steps[above[0]]) if len(above) else None})
+            rows.append(
+                {
+                    "layer": int(layer),
+                    "head": head,
+                    "scores": [round(float(v), 6) for v in series[:, head]],
+                    "first_step": int(steps[above[0]]) if len(above) else None,
+                }
+            )
     return rows

@@ -19,6 +19,7 @@ all pieces of a text at once. Pieces not in the table are encoded by tiktoken it
 a batch's new pieces in one call, a newline between each), so the ids are tiktoken's by
 construction; tests compare both on random text over every class and on the shipped corpora.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,12 +28,12 @@ import numpy as np
 
 _OTHER, _LETTER, _NUMBER, _SPACE = 0, 1, 2, 3
 _APOSTROPHE, _BLANK = 0x27, 0x20
-_TWO = np.zeros(128, bool)                      # 's 't 'm 'd
+_TWO = np.zeros(128, bool)  # 's 't 'm 'd
 _TWO[[ord(c) for c in "stmd"]] = True
-_MAX_BYTES = 15                                  # a key: 15 bytes of piece and its length
+_MAX_BYTES = 15  # a key: 15 bytes of piece and its length
 _MUL1, _MUL2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)
 _LOW = np.array([(1 << (8 * n)) - 1 if n < 8 else (1 << 64) - 1 for n in range(16)], np.uint64)
-_ID_BITS, _ID_MASK = 20, (1 << 20) - 1     # a table value: id | count << 20 | offset << 24
+_ID_BITS, _ID_MASK = 20, (1 << 20) - 1  # a table value: id | count << 20 | offset << 24
 _HIGH = np.array([0 if n <= 8 else (1 << (8 * (n - 8))) - 1 for n in range(16)], np.uint64)
 
 
@@ -42,12 +43,14 @@ def character_classes() -> np.ndarray:
     number \p{N}, white space \s, other), read off the engine itself (about 0.5 s, once a
     process)."""
     import tiktoken
+
     ranks = {bytes([i]): i for i in range(256)}
     chars = "".join(map(chr, (*range(0xD800), *range(0xE000, 0x110000))))
     table = np.zeros(0x110000, np.uint8)
     for cls, pattern in ((_LETTER, r"\p{L}"), (_NUMBER, r"\p{N}"), (_SPACE, r"\s")):
-        enc = tiktoken.Encoding(f"class_{cls}", pat_str=pattern, mergeable_ranks=ranks,
-                                special_tokens={})
+        enc = tiktoken.Encoding(
+            f"class_{cls}", pat_str=pattern, mergeable_ranks=ranks, special_tokens={}
+        )
         hits = enc.decode_bytes(enc.encode_ordinary(chars)).decode("utf-8")
         table[np.frombuffer(hits.encode("utf-32-le"), np.uint32)] = cls
     return table
@@ -63,13 +66,13 @@ def piece_starts(code: np.ndarray, doc_starts: np.ndarray) -> np.ndarray:
     start[0] = True
     np.not_equal(cls[1:], cls[:-1], out=start[1:])
     start[doc_starts] = True
-    new_doc = np.zeros(n + 2, bool)              # [i]: i starts a document or is past the end
+    new_doc = np.zeros(n + 2, bool)  # [i]: i starts a document or is past the end
     new_doc[doc_starts] = True
     new_doc[n:] = True
     # a white-space run that other text of its document follows: its last character starts a
     # piece, and a space there joins the text after it
     space = cls == _SPACE
-    run_end = space[:-1] & ~space[1:] & ~new_doc[1:n]       # [i]: i ends such a run
+    run_end = space[:-1] & ~space[1:] & ~new_doc[1:n]  # [i]: i ends such a run
     start[:-1] |= run_end
     start[1:] &= ~(run_end & (code[:-1] == _BLANK))
     # contractions: an apostrophe that starts a piece, then s t m d, or re ve ll
@@ -80,8 +83,10 @@ def piece_starts(code: np.ndarray, doc_starts: np.ndarray) -> np.ndarray:
         has2 = ~new_doc[p + 2]
         c2 = np.where(has2, code[np.minimum(p + 2, n - 1)], 0)
         two = (c1 < 128) & _TWO[np.minimum(c1, 127)]
-        three = has2 & ((((c1 == ord("r")) | (c1 == ord("v"))) & (c2 == ord("e")))
-                        | ((c1 == ord("l")) & (c2 == ord("l"))))
+        three = has2 & (
+            (((c1 == ord("r")) | (c1 == ord("v"))) & (c2 == ord("e")))
+            | ((c1 == ord("l")) & (c2 == ord("l")))
+        )
         k = np.where(two, 2, np.where(three, 3, 0))
         p, k = p[k > 0], k[k > 0]
         start[p + 1] = False
@@ -105,14 +110,14 @@ class PieceTable:
 
     def __init__(self, enc, *, max_entries: int = 1 << 20, min_bits: int = 16):
         self.enc = enc
-        self.newline, = enc.encode_ordinary("\n")
+        (self.newline,) = enc.encode_ordinary("\n")
         self.max_entries, self.min_bits = max_entries, min_bits
         self._reset()
 
     def _reset(self):
         self.bits, self.used = self.min_bits, 0
         self._alloc()
-        self.ids = np.zeros(0, np.uint32)         # every entry's ids, laid end to end
+        self.ids = np.zeros(0, np.uint32)  # every entry's ids, laid end to end
 
     def _alloc(self):
         # each slot: k1, k2 (never 0 in a key: 0 marks an empty slot), the value (first id |
@@ -147,7 +152,7 @@ class PieceTable:
         while len(todo):
             free = todo[np.take(self.rows, slots[todo], axis=0)[:, 1] == 0]
             s = slots[free]
-            self.rows[s, 3] = tag[free]            # keys that meet at a slot: one tag stays
+            self.rows[s, 3] = tag[free]  # keys that meet at a slot: one tag stays
             won = free[self.rows[s, 3] == tag[free]]
             self.rows[slots[won], :3] = np.stack([k1[won], k2[won], vals[won]], 1)
             placed[won] = True
@@ -176,19 +181,20 @@ class PieceTable:
         the bytes, zero-padded, the length last): [n] counts, and their ids laid end to end."""
         lengths = rows[:, 15].astype(np.int64)
         words = np.flatnonzero(~spacey)
-        text = rows[words].copy()              # each piece then a newline, laid end to end
+        text = rows[words].copy()  # each piece then a newline, laid end to end
         text[np.arange(len(words)), lengths[words]] = ord("\n")
         keep = np.arange(16) <= lengths[words, None]
-        joined = self.enc.encode_to_numpy(text[keep].tobytes().decode("utf-8"),
-                                          disallowed_special=())
+        joined = self.enc.encode_to_numpy(
+            text[keep].tobytes().decode("utf-8"), disallowed_special=()
+        )
         cuts = np.flatnonzero(joined == self.newline)
         alone = np.flatnonzero(spacey)
-        if len(cuts) != len(words):          # not expected (see the class): one by one
+        if len(cuts) != len(words):  # not expected (see the class): one by one
             alone, words = np.arange(len(rows)), words[:0]
         counts = np.zeros(len(rows), np.int64)
         if len(words):
             counts[words] = np.diff(cuts, prepend=-1) - 1
-        by_one = {i: self.encode_piece(rows[i, :lengths[i]].tobytes()) for i in alone.tolist()}
+        by_one = {i: self.encode_piece(rows[i, : lengths[i]].tobytes()) for i in alone.tolist()}
         for i, got in by_one.items():
             counts[i] = len(got)
         ends = np.cumsum(counts)
@@ -198,7 +204,7 @@ class PieceTable:
             is_word[words] = True
             flat[np.repeat(is_word, counts)] = joined[joined != self.newline]
         for i, got in by_one.items():
-            flat[ends[i] - len(got):ends[i]] = got
+            flat[ends[i] - len(got) : ends[i]] = got
         return counts, flat
 
     def add(self, k1: np.ndarray, k2: np.ndarray, spacey: np.ndarray):
@@ -208,10 +214,13 @@ class PieceTable:
         off = len(self.ids) + np.cumsum(cnt) - cnt
         if len(flat) and flat.max() > _ID_MASK:
             raise ValueError(f"bpe_pieces: token id {flat.max()} needs more than {_ID_BITS} bits")
-        vals = (flat[np.minimum(off - len(self.ids), len(flat) - 1)].astype(np.int64)
-                | (cnt << _ID_BITS) | (off << (_ID_BITS + 4))).astype(np.uint64)
+        vals = (
+            flat[np.minimum(off - len(self.ids), len(flat) - 1)].astype(np.int64)
+            | (cnt << _ID_BITS)
+            | (off << (_ID_BITS + 4))
+        ).astype(np.uint64)
         self.ids = np.concatenate([self.ids, flat])
-        if (self.used + len(k1)) * 2 > (1 << self.bits):       # keep the load under a half
+        if (self.used + len(k1)) * 2 > (1 << self.bits):  # keep the load under a half
             old = self.rows[self.rows[:, 1] != 0]
             kept = old[:, 0], old[:, 1], old[:, 2]
             while (self.used + len(k1)) * 2 > (1 << self.bits):
@@ -232,7 +241,7 @@ def _distinct(k1: np.ndarray, k2: np.ndarray) -> np.ndarray:
     head = np.empty(len(mix), bool)
     head[:1] = True
     np.not_equal(sorted_mix[1:], sorted_mix[:-1], out=head[1:])
-    rep = order[head][np.cumsum(head) - 1]          # each key's group's first key
+    rep = order[head][np.cumsum(head) - 1]  # each key's group's first key
     if (k1[rep] == k1[order]).all() and (k2[rep] == k2[order]).all():
         return order[head]
     return np.unique(np.stack([k1, k2], 1).view("V16").ravel(), return_index=True)[1]
@@ -247,20 +256,21 @@ def _widen(values: np.ndarray, where: np.ndarray) -> np.ndarray:
 def keys_of(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray):
     """The table keys (k1, k2) of the pieces buf[starts : starts + lengths] (lengths <= 15;
     ``buf`` uint8 with 16 bytes of padding at its end)."""
-    windows = np.ndarray((len(buf) - 15,), "V16", buffer=buf, strides=(1,))   # 16 bytes from each
+    windows = np.ndarray((len(buf) - 15,), "V16", buffer=buf, strides=(1,))  # 16 bytes from each
     keys = windows[starts].view(np.uint64).reshape(-1, 2)
     k1 = keys[:, 0] & _LOW[lengths]
     k2 = (keys[:, 1] & _HIGH[lengths]) | (lengths.astype(np.uint64) << np.uint64(56))
     return k1, k2
 
 
-def encode_documents(texts: list[str], table: PieceTable, *,
-                     group_chars: int = 1 << 18) -> list[np.ndarray]:
+def encode_documents(
+    texts: list[str], table: PieceTable, *, group_chars: int = 1 << 18
+) -> list[np.ndarray]:
     """Each text's GPT-2 BPE ids (uint32). Texts are encoded in groups of about
     ``group_chars`` characters laid end to end (arrays that stay in the CPU's caches); a longer
     text is cut where no piece crosses the cut (``_cuts``). Texts must hold no lone surrogates
     (``str.encode`` refuses them)."""
-    parts, owner = [], []                       # the groups' texts and the text each came from
+    parts, owner = [], []  # the groups' texts and the text each came from
     for i, text in enumerate(texts):
         prev = 0
         for cut in _cuts(text, group_chars):
@@ -314,16 +324,15 @@ def _encode_group(texts: list[str], table: PieceTable) -> list[np.ndarray]:
     code = np.frombuffer(joined.encode("utf-32-le"), np.uint32)
     first = np.cumsum(lengths) - lengths
     full = np.flatnonzero(lengths)
-    a = np.flatnonzero(piece_starts(code, first[full]))         # pieces' first characters
+    a = np.flatnonzero(piece_starts(code, first[full]))  # pieces' first characters
     raw = joined.encode("utf-8")
     buf = np.frombuffer(raw + bytes(16), np.uint8)
-    ba = a                                                      # ... as byte offsets in raw
-    if not joined.isascii():        # after each character of 2, 3 or 4 UTF-8 bytes: 1, 2, 3 more
+    ba = a  # ... as byte offsets in raw
+    if not joined.isascii():  # after each character of 2, 3 or 4 UTF-8 bytes: 1, 2, 3 more
         wide = np.flatnonzero(code >= 0x80)
         cw = code[wide]
         more = np.zeros(len(a) + 1, np.int64)
-        np.add.at(more, np.searchsorted(a, wide, side="right"),
-                  1 + (cw >= 0x800) + (cw >= 0x10000))
+        np.add.at(more, np.searchsorted(a, wide, side="right"), 1 + (cw >= 0x800) + (cw >= 0x10000))
         ba = a + np.cumsum(more[:-1])
     blen = np.diff(ba, append=len(raw))
     short = blen <= _MAX_BYTES
@@ -331,7 +340,7 @@ def _encode_group(texts: list[str], table: PieceTable) -> list[np.ndarray]:
     sa, sl = (ba, blen) if every else (ba[short], blen[short])
     k1, k2 = keys_of(buf, sa, sl)
     _, vals, found = table.find(k1, k2)
-    for _ in range(2):      # a second round only if the table was cleared to make room
+    for _ in range(2):  # a second round only if the table was cleared to make room
         m = np.flatnonzero(~found)
         if not len(m):
             break
@@ -347,21 +356,21 @@ def _encode_group(texts: list[str], table: PieceTable) -> list[np.ndarray]:
     if not every:
         vals = _widen(vals, short)
     first_id, cnt, off = table.fields(vals)
-    more = np.flatnonzero(cnt > 1)                  # pieces of the table with further ids
+    more = np.flatnonzero(cnt > 1)  # pieces of the table with further ids
     long_ids = {}
-    for j in np.flatnonzero(~short).tolist():                   # pieces over 15 bytes
-        long_ids[j] = table.encode_piece(raw[ba[j]:ba[j] + blen[j]])
+    for j in np.flatnonzero(~short).tolist():  # pieces over 15 bytes
+        long_ids[j] = table.encode_piece(raw[ba[j] : ba[j] + blen[j]])
         cnt[j] = len(long_ids[j])
     ends = np.cumsum(cnt)
-    ids = np.repeat(first_id.astype(np.uint32), cnt)    # then the further ids of longer ones
+    ids = np.repeat(first_id.astype(np.uint32), cnt)  # then the further ids of longer ones
     if len(more):
-        extra = cnt[more] - 1                           # each further id: its piece and rank
+        extra = cnt[more] - 1  # each further id: its piece and rank
         piece = np.repeat(more, extra)
         rank = np.arange(len(piece)) - np.repeat(np.cumsum(extra) - extra, extra) + 1
         at = ends[piece] - cnt[piece] + rank
         ids[at] = table.ids[off[piece] + rank]
     for j, got in long_ids.items():
-        ids[ends[j] - len(got):ends[j]] = got
+        ids[ends[j] - len(got) : ends[j]] = got
     # each text's tokens: from its first piece's on (a text's first character starts a piece)
     bounds = np.concatenate([[0], ends])[np.searchsorted(a, first[full])]
     for d, part in zip(full.tolist(), np.split(ids, bounds[1:])):

@@ -7,6 +7,7 @@ loss-masked) rather than dropped. A window gives inputs = w[:-1], targets = w[1:
 inputs a segment id (1, 2, ... for each document in the window; a new document starts after an
 EOS) and the in-document position (restarting at 0 with each document).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -52,14 +53,19 @@ class PackedSequences:
         i = int(i)
         if not 0 <= i < len(self):
             raise IndexError(f"sequence {i} out of range [0, {len(self)})")
-        w = self.stream[i * self.window:(i + 1) * self.window].astype(np.int32)
+        w = self.stream[i * self.window : (i + 1) * self.window].astype(np.int32)
         valid = len(w)
         if valid < self.window:
             w = np.concatenate([w, np.full(self.window - valid, self.pad_id, np.int32)])
         seg, pos = segments_and_positions(w, self.eos_id, valid)
-        return {"inputs": w[:-1], "targets": w[1:], "segment_ids": seg[:-1],
-                "positions": pos[:-1], "loss_mask": (seg[1:] > 0).astype(np.float32),
-                "index": np.int32(i)}
+        return {
+            "inputs": w[:-1],
+            "targets": w[1:],
+            "segment_ids": seg[:-1],
+            "positions": pos[:-1],
+            "loss_mask": (seg[1:] > 0).astype(np.float32),
+            "index": np.int32(i),
+        }
 
     def __repr__(self):
         return f"PackedSequences({len(self)} x {self.seq_len}, {len(self.stream)} tokens)"

@@ -5,6 +5,7 @@ README) or, failing that, of the user's data folder (``data.data_dir`` or ``$HWH
 An absolute path, a bucket URL (``gs://``, ``s3://``; ``hwh_jax.storage``), or a path that
 exists from the working directory, is taken as given. Caches are always on the local disk.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from hwh_jax import storage
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"   # local path: shipped files
+ASSETS = Path(__file__).resolve().parents[1] / "assets"  # local path: shipped files
 
 
 def user_data_dir(override: str | None = None):
@@ -39,7 +40,8 @@ def resolve(path: storage.PathLike, data_dir: str | None = None):
     raise FileNotFoundError(
         f"data path {str(path)!r} not found (looked in {', '.join(str(c) for c in looked)}); "
         "give an absolute path, or put it under the folder named by data.data_dir or "
-        "$HWH_DATA_DIR")
+        "$HWH_DATA_DIR"
+    )
 
 
 def cache_dir() -> Path:

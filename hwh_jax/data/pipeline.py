@@ -4,6 +4,7 @@ Order: the packed sequences are shuffled by seed (a fresh permutation every epoc
 process p of P takes items p, p + P, p + 2P, ... so that the P local batches of a step together
 form exactly one global batch, whatever P is. The iterator's state is Grain's ``get_state()``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,25 +34,26 @@ SOURCES = ("text", "tfds", "arrayrecord", "shards")
 class DataSpec:
     """Where the training text comes from and how it is tokenised and mixed; every field is the
     ``data.*`` config key of the same name. ``validate`` checks them and that the files exist."""
-    source: str = "text"                  # "text" | "tfds" | "arrayrecord" | "shards" (prepared)
+
+    source: str = "text"  # "text" | "tfds" | "arrayrecord" | "shards" (prepared)
     paths: tuple[str, ...] = ("dickens/dickens.zip",)  # text/arrayrecord files (data-dir relative)
-    heldout_paths: tuple[str, ...] = ()   # explicit held-out files; else the stream's tail
-    heldout_fraction: float = 0.01        # share of the stream held out when no heldout_paths
-    text_field: str = "text"              # jsonl / TFDS text field
+    heldout_paths: tuple[str, ...] = ()  # explicit held-out files; else the stream's tail
+    heldout_fraction: float = 0.01  # share of the stream held out when no heldout_paths
+    text_field: str = "text"  # jsonl / TFDS text field
     tfds_name: str = ""
     tfds_split: str = "train"
     tfds_heldout_split: str = ""
     tfds_data_dir: str = ""
-    decode_errors: str = "replace"        # invalid UTF-8 in text: "replace" (read as U+FFFD,
+    decode_errors: str = "replace"  # invalid UTF-8 in text: "replace" (read as U+FFFD,
     #                                       with a warning naming file and line) | "strict"
     tokenizer: str = "train_sentencepiece"  # "gpt2" | "sentencepiece" | "train_sentencepiece"
-    sp_model: str = ""                    # .model path for tokenizer="sentencepiece"
-    sp_vocab_size: int = 4096             # vocabulary of the trained SentencePiece model
-    data_dir: str = ""                    # the user's data folder (default $HWH_DATA_DIR)
-    retrieval_share: float = 0.0          # share of synthetic NIAH-format training sequences
+    sp_model: str = ""  # .model path for tokenizer="sentencepiece"
+    sp_vocab_size: int = 4096  # vocabulary of the trained SentencePiece model
+    data_dir: str = ""  # the user's data folder (default $HWH_DATA_DIR)
+    retrieval_share: float = 0.0  # share of synthetic NIAH-format training sequences
     retrieval_answer_weight: float = 1.0  # loss weight of their answers' value tokens
-    retrieval_max_needles: int = 4        # needles per synthetic document: 1..this (all asked)
-    workers: int = 0                      # grain worker processes building training batches
+    retrieval_max_needles: int = 4  # needles per synthetic document: 1..this (all asked)
+    workers: int = 0  # grain worker processes building training batches
 
     def validate(self, files: bool = True):
         """Every field checked; with ``files``, that the paths exist too."""
@@ -63,12 +65,12 @@ class DataSpec:
         checks.number("data.retrieval_share", self.retrieval_share, lo=0, hi=1, hi_open=True)
         checks.number("data.retrieval_answer_weight", self.retrieval_answer_weight, lo=1)
         checks.number("data.workers", self.workers, lo=0, integer=True)
-        checks.number("data.retrieval_max_needles", self.retrieval_max_needles, lo=1,
-                      integer=True)
+        checks.number("data.retrieval_max_needles", self.retrieval_max_needles, lo=1, integer=True)
         checks.number("data.sp_vocab_size", self.sp_vocab_size, lo=16, integer=True)
         if self.decode_errors not in DECODE_ERRORS:
-            raise ValueError(f"data.decode_errors must be one of {DECODE_ERRORS}, got "
-                             f"{self.decode_errors!r}")
+            raise ValueError(
+                f"data.decode_errors must be one of {DECODE_ERRORS}, got {self.decode_errors!r}"
+            )
         if self.source in ("text", "arrayrecord", "shards"):
             if not self.paths:
                 raise ValueError("data.paths is empty")
@@ -78,9 +80,11 @@ class DataSpec:
                 except FileNotFoundError as e:
                     if self.source != "shards":
                         raise
-                    raise FileNotFoundError(f"{e}; a shards folder is made by python -m "
-                                            f"launch.prepare_data --input=TEXT --out=FOLDER "
-                                            f"(docs/training.md, 'Data at scale')") from None
+                    raise FileNotFoundError(
+                        f"{e}; a shards folder is made by python -m "
+                        f"launch.prepare_data --input=TEXT --out=FOLDER "
+                        f"(docs/training.md, 'Data at scale')"
+                    ) from None
         if self.source == "tfds" and not self.tfds_name:
             raise ValueError("data.source='tfds' needs data.tfds_name")
         if self.tokenizer == "sentencepiece" and not storage.path(self.sp_model).exists():
@@ -94,11 +98,15 @@ def _files(spec: DataSpec, paths) -> list[Path]:
 def _documents(spec: DataSpec, heldout: bool):
     if spec.source == "tfds":
         split = spec.tfds_heldout_split if heldout else spec.tfds_split
-        return sources.tfds_documents(spec.tfds_name, split, data_dir=spec.tfds_data_dir or None,
-                                      text_field=spec.text_field)
+        return sources.tfds_documents(
+            spec.tfds_name, split, data_dir=spec.tfds_data_dir or None, text_field=spec.text_field
+        )
     paths = spec.heldout_paths if heldout else spec.paths
-    return (doc for f in _files(spec, paths)
-            for doc in sources.text_documents(f, spec.text_field, spec.decode_errors))
+    return (
+        doc
+        for f in _files(spec, paths)
+        for doc in sources.text_documents(f, spec.text_field, spec.decode_errors)
+    )
 
 
 def _fingerprint(spec: DataSpec, paths) -> str:
@@ -121,16 +129,21 @@ def load_tokenizer(spec: DataSpec):
     if spec.tokenizer == "sentencepiece":
         return SentencePieceTokenizer(spec.sp_model)
     if spec.source in ("arrayrecord", "shards"):
-        raise ValueError(f"pre-tokenised data (data.source={spec.source!r}) needs "
-                         f"data.tokenizer 'gpt2' or 'sentencepiece', the one it was made with")
-    model = train_sentencepiece(_documents(spec, heldout=False), spec.sp_vocab_size,
-                                cache_dir() / "tokenizers",
-                                key=_fingerprint(dataclasses.replace(spec, heldout_paths=()),
-                                                 spec.paths), where=f"data.paths {spec.paths}")
+        raise ValueError(
+            f"pre-tokenised data (data.source={spec.source!r}) needs "
+            f"data.tokenizer 'gpt2' or 'sentencepiece', the one it was made with"
+        )
+    model = train_sentencepiece(
+        _documents(spec, heldout=False),
+        spec.sp_vocab_size,
+        cache_dir() / "tokenizers",
+        key=_fingerprint(dataclasses.replace(spec, heldout_paths=()), spec.paths),
+        where=f"data.paths {spec.paths}",
+    )
     return SentencePieceTokenizer(model, use_seqio=False)  # ours: no TensorFlow import
 
 
-AUTO_WORKERS_ABOVE = 256 << 20    # bytes of text above which preparation uses every core
+AUTO_WORKERS_ABOVE = 256 << 20  # bytes of text above which preparation uses every core
 
 
 def token_stream(spec: DataSpec, tokenizer, heldout: bool = False):
@@ -146,9 +159,11 @@ def token_stream(spec: DataSpec, tokenizer, heldout: bool = False):
         stream = shards.TokenStream(resolve(paths[0], spec.data_dir or None))
         want, have = shards.tokenizer_fingerprint(tokenizer), stream.manifest["tokenizer"]
         if want != have:
-            raise ValueError(f"{stream.folder} was prepared with tokenizer {have['name']} "
-                             f"({have['sha256'][:12]}), this run uses {want['name']} "
-                             f"({want['sha256'][:12]}): prepare it again or set data.tokenizer")
+            raise ValueError(
+                f"{stream.folder} was prepared with tokenizer {have['name']} "
+                f"({have['sha256'][:12]}), this run uses {want['name']} "
+                f"({want['sha256'][:12]}): prepare it again or set data.tokenizer"
+            )
         return stream
     if spec.source == "arrayrecord":
         docs = sources.arrayrecord_tokens([resolve(p, spec.data_dir or None) for p in paths])
@@ -163,16 +178,29 @@ def token_stream(spec: DataSpec, tokenizer, heldout: bool = False):
         if spec.source != "tfds":
             size = sum(f.stat().st_size for f in _files(spec, paths))
         workers = (os.cpu_count() or 1) if size and size > AUTO_WORKERS_ABOVE else 0
-        source = ({"tfds": spec.tfds_name, "split": spec.tfds_heldout_split if heldout
-                   else spec.tfds_split} if spec.source == "tfds"
-                  else {"paths": [str(f) for f in _files(spec, paths)]})
+        source = (
+            {
+                "tfds": spec.tfds_name,
+                "split": spec.tfds_heldout_split if heldout else spec.tfds_split,
+            }
+            if spec.source == "tfds"
+            else {"paths": [str(f) for f in _files(spec, paths)]}
+        )
         try:
-            shards.prepare(_documents(spec, heldout), tokenizer, folder, source=source,
-                           workers=workers, total_chars=size, echo=log.info)
+            shards.prepare(
+                _documents(spec, heldout),
+                tokenizer,
+                folder,
+                source=source,
+                workers=workers,
+                total_chars=size,
+                echo=log.info,
+            )
         except ValueError as e:
             if "holds no text" in str(e):
-                raise ValueError(f"{key_name} {tuple(paths)} holds no text (0 tokens); give "
-                                 f"files with text") from None
+                raise ValueError(
+                    f"{key_name} {tuple(paths)} holds no text (0 tokens); give files with text"
+                ) from None
             raise
     return shards.TokenStream(folder)
 
@@ -189,6 +217,7 @@ def split_tail(stream, n: int):
 class Splits:
     """The packed training sequences (with the synthetic retrieval mix, if any), the held-out
     sequences (None without a held-out share) and the tokenizer that made them."""
+
     train: PackedSequences | RetrievalMix
     heldout: PackedSequences
     tokenizer: object
@@ -212,29 +241,42 @@ def build_splits(spec: DataSpec, seq_len: int, check_tokenizer=None) -> Splits:
         if spec.heldout_fraction > 0:
             n_held = max(n_held, seq_len + 1)
         if n_held >= len(stream):
-            raise ValueError(f"held-out share {spec.heldout_fraction} of {len(stream)} tokens "
-                             f"leaves no training data at seq_len {seq_len}")
+            raise ValueError(
+                f"held-out share {spec.heldout_fraction} of {len(stream)} tokens "
+                f"leaves no training data at seq_len {seq_len}"
+            )
         stream, heldout = split_tail(stream, n_held)
     for name, s in (("the training split", stream), ("the held-out split", heldout)):
         if 0 < len(s) < seq_len + 1:
-            raise ValueError(f"{name} has {len(s)} tokens, fewer than one sequence of "
-                             f"seq_len + 1 = {seq_len + 1}: give more text or a smaller seq_len")
+            raise ValueError(
+                f"{name} has {len(s)} tokens, fewer than one sequence of "
+                f"seq_len + 1 = {seq_len + 1}: give more text or a smaller seq_len"
+            )
     train = PackedSequences(stream, seq_len, **kw)
     if spec.retrieval_share:
-        train = RetrievalMix(train, tok, spec.retrieval_share,
-                             answer_weight=spec.retrieval_answer_weight,
-                             max_needles=spec.retrieval_max_needles)
-    return Splits(train, PackedSequences(heldout, seq_len, **kw) if len(heldout) > 1 else None,
-                  tok)
+        train = RetrievalMix(
+            train,
+            tok,
+            spec.retrieval_share,
+            answer_weight=spec.retrieval_answer_weight,
+            max_needles=spec.retrieval_max_needles,
+        )
+    return Splits(train, PackedSequences(heldout, seq_len, **kw) if len(heldout) > 1 else None, tok)
 
 
 def _stack(batch_list):
     return {k: np.stack([b[k] for b in batch_list]) for k in batch_list[0]}
 
 
-def train_dataset(seqs: PackedSequences, *, global_batch: int, seed: int,
-                  process_index: int = 0, process_count: int = 1,
-                  workers: int = 0) -> grain.IterDataset:
+def train_dataset(
+    seqs: PackedSequences,
+    *,
+    global_batch: int,
+    seed: int,
+    process_index: int = 0,
+    process_count: int = 1,
+    workers: int = 0,
+) -> grain.IterDataset:
     """Infinite, shuffled (per epoch, by seed), per-process slice of global batches. With
     ``workers`` > 0 the batches are built in that many grain worker processes (same batches,
     same order; the iterator's checkpointed state then records the workers, so a run resumes

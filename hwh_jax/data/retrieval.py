@@ -26,6 +26,7 @@ answers' value tokens more: with ~8 of them per answer they are ~1-2% of the tok
 synthetic sequence of index i is a pure function of (seed, i): resuming or resharding
 reproduces it.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -42,8 +43,16 @@ class RetrievalMix:
     """``PackedSequences`` text windows followed by ``round(n * share / (1 - share))``
     synthetic retrieval windows: a Grain random-access source whose shuffle mixes them."""
 
-    def __init__(self, text: PackedSequences, tokenizer, share: float, *, max_needles: int = 4,
-                 answer_weight: float = 1.0, seed: int = 0):
+    def __init__(
+        self,
+        text: PackedSequences,
+        tokenizer,
+        share: float,
+        *,
+        max_needles: int = 4,
+        answer_weight: float = 1.0,
+        seed: int = 0,
+    ):
         if not 0 < share < 1:
             raise ValueError(f"retrieval share must lie in (0, 1), got {share}")
         if answer_weight < 1:
@@ -58,11 +67,15 @@ class RetrievalMix:
         self.num_synthetic = max(1, round(self.num_text * share / (1 - share)))
         self._cache: dict[str, np.ndarray] = {}
         longest = max(WORDS, key=len)
-        need = 1 + max(self._length(self._encode(kind, [longest], [value]))
-                       for kind, value in (("numbers", "9" * 7), ("uuids", str(uuid.UUID(int=0)))))
+        need = 1 + max(
+            self._length(self._encode(kind, [longest], [value]))
+            for kind, value in (("numbers", "9" * 7), ("uuids", str(uuid.UUID(int=0))))
+        )
         if need >= self.window:
-            raise ValueError(f"seq_len {self.seq_len} is too short for synthetic retrieval "
-                             f"sequences: their template alone takes up to {need} tokens")
+            raise ValueError(
+                f"seq_len {self.seq_len} is too short for synthetic retrieval "
+                f"sequences: their template alone takes up to {need} tokens"
+            )
         if len(text.stream) < 2 * self.window:
             raise ValueError("the training stream is too short to cut haystacks from")
 
@@ -73,13 +86,14 @@ class RetrievalMix:
         niah_multikey tasks render it with several needles and one query)."""
         header, rest = prompt_template(1).split("{context}")
         one = value_type(kind, 1)
-        needles = [" " + NEEDLE.format(type_needle_v=kind, key=k, value=v) + " "
-                   for k, v in zip(keys, values)]
-        answers = [rest.format(type_needle_v=one, query=k) + f" {v}."
-                   for k, v in zip(keys, values)]
+        needles = [
+            " " + NEEDLE.format(type_needle_v=kind, key=k, value=v) + " "
+            for k, v in zip(keys, values)
+        ]
+        answers = [rest.format(type_needle_v=one, query=k) + f" {v}." for k, v in zip(keys, values)]
         return header.format(type_needle_v=one), needles, answers
 
-    def __getstate__(self):   # to grain's worker processes: without the fragment cache
+    def __getstate__(self):  # to grain's worker processes: without the fragment cache
         return {k: v for k, v in self.__dict__.items() if k != "_cache"} | {"_cache": {}}
 
     def _cached(self, text: str) -> np.ndarray:
@@ -102,8 +116,9 @@ class RetrievalMix:
             for text, parts, spans in ((needle, n_parts, n_spans), (answer, a_parts, a_spans)):
                 cut = text.rindex(" " + value)
                 head = self._cached(text[:cut])
-                parts.append(np.concatenate([head, np.asarray(self.tokenizer.encode(text[cut:]),
-                                                              np.int32)]))
+                parts.append(
+                    np.concatenate([head, np.asarray(self.tokenizer.encode(text[cut:]), np.int32)])
+                )
                 spans.append((len(head), len(head) + n_value))
         return self._cached(header), n_parts, a_parts, n_spans, a_spans
 
@@ -145,28 +160,33 @@ class RetrievalMix:
         kind = KINDS[int(rng.integers(2))]
         k = int(rng.integers(1, self.max_needles + 1))
         keys = [WORDS[int(w)] for w in rng.choice(len(WORDS), k, replace=False)]
-        values = [str(int(rng.integers(10 ** 6, 10 ** 7))) if kind == "numbers"
-                  else str(uuid.UUID(int=int.from_bytes(rng.bytes(16), "little"), version=4))
-                  for _ in range(k)]
+        values = [
+            str(int(rng.integers(10**6, 10**7)))
+            if kind == "numbers"
+            else str(uuid.UUID(int=int.from_bytes(rng.bytes(16), "little"), version=4))
+            for _ in range(k)
+        ]
         order = rng.permutation(k)
         header, needles, answers, n_spans, a_spans = self._encode(kind, keys, values)
         while k > 1 and 4 * self._length((header, needles[:k], answers[:k])) > 3 * self.window:
-            k, order = k - 1, order[order != k - 1]   # fewer needles until 3/4 of the window
+            k, order = k - 1, order[order != k - 1]  # fewer needles until 3/4 of the window
         needles, answers = needles[:k], answers[:k]
         fixed = self._length((header, needles, answers))
-        if fixed > self.window:   # never cut a document silently
-            raise ValueError(f"synthetic retrieval sequence {j}: template of {fixed} tokens "
-                             f"exceeds the window of {self.window}")
+        if fixed > self.window:  # never cut a document silently
+            raise ValueError(
+                f"synthetic retrieval sequence {j}: template of {fixed} tokens "
+                f"exceeds the window of {self.window}"
+            )
         hay = int(rng.integers(0, self.window - fixed + 1))
         stream = self.text.stream
         start = int(rng.integers(0, len(stream) - self.window))
-        haystack = np.asarray(stream[start:start + hay], np.int32)
+        haystack = np.asarray(stream[start : start + hay], np.int32)
         cuts = np.sort(rng.integers(0, hay + 1, k))
         doc, answer_spans, needle_spans = [header], [], []
 
         def add(tokens, span=None, spans=None):
             at = sum(map(len, doc))
-            if span is not None:   # the value's tokens (with the space before it)
+            if span is not None:  # the value's tokens (with the space before it)
                 spans.append((at + span[0], at + span[1]))
             doc.append(tokens)
 
@@ -178,21 +198,32 @@ class RetrievalMix:
             add(answers[n], a_spans[n], answer_spans)
         doc = np.concatenate([np.asarray(d, np.int32) for d in doc + [[self.eos_id]]])
         start = int(rng.integers(0, len(stream) - self.window))
-        w = np.concatenate([doc, np.asarray(stream[start:start + self.window - len(doc)],
-                                            np.int32)])
+        w = np.concatenate(
+            [doc, np.asarray(stream[start : start + self.window - len(doc)], np.int32)]
+        )
         seg, pos = segments_and_positions(w, self.eos_id, self.window)
 
-        def mask(spans):   # targets[t] = w[t + 1]
+        def mask(spans):  # targets[t] = w[t + 1]
             m = np.zeros(self.seq_len, np.float32)
             for lo, hi in spans:
-                m[lo - 1:hi - 1] = 1.0
+                m[lo - 1 : hi - 1] = 1.0
             return m
 
-        return ({"inputs": w[:-1], "targets": w[1:], "segment_ids": seg[:-1],
-                 "positions": pos[:-1], "loss_mask": np.ones(self.seq_len, np.float32)},
-                mask(answer_spans), mask(needle_spans))
+        return (
+            {
+                "inputs": w[:-1],
+                "targets": w[1:],
+                "segment_ids": seg[:-1],
+                "positions": pos[:-1],
+                "loss_mask": np.ones(self.seq_len, np.float32),
+            },
+            mask(answer_spans),
+            mask(needle_spans),
+        )
 
     def __repr__(self):
-        return (f"RetrievalMix({self.num_text} text + {self.num_synthetic} synthetic retrieval "
-                f"x {self.seq_len}, share {self.share}, up to {self.max_needles} needles, answer "
-                f"weight {self.answer_weight})")
+        return (
+            f"RetrievalMix({self.num_text} text + {self.num_synthetic} synthetic retrieval "
+            f"x {self.seq_len}, share {self.share}, up to {self.max_needles} needles, answer "
+            f"weight {self.answer_weight})"
+        )

@@ -12,13 +12,15 @@ text? The special magic number for K mentioned in the provided text is". ``promp
 gives the template as RULER renders it for a number of asked values.
 """
 
-TEMPLATE = ("Some special magic {type_needle_v} are hidden within the following text. Make sure "
-            "to memorize it. I will quiz you about the {type_needle_v} afterwards.\n{context}\n"
-            "What are all the special magic {type_needle_v} for {query} mentioned in the "
-            "provided text?")
+TEMPLATE = (
+    "Some special magic {type_needle_v} are hidden within the following text. Make sure "
+    "to memorize it. I will quiz you about the {type_needle_v} afterwards.\n{context}\n"
+    "What are all the special magic {type_needle_v} for {query} mentioned in the "
+    "provided text?"
+)
 ANSWER_PREFIX = " The special magic {type_needle_v} for {query} mentioned in the provided text are"
 NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
-TOKENS_TO_GENERATE = 128   # RULER's generation budget for NIAH (synthetic.yaml), kept free when
+TOKENS_TO_GENERATE = 128  # RULER's generation budget for NIAH (synthetic.yaml), kept free when
 #                            sizing a haystack
 
 
@@ -39,6 +41,8 @@ def value_type(kind: str, values: int = 1) -> str:
     """The word for the value type ("numbers", "uuids") as the template takes it: singular
     for one asked value. The needles always use the plural, as RULER's do."""
     return kind[:-1] if values == 1 else kind
+
+
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 
 

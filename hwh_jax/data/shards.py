@@ -34,6 +34,7 @@ process reads it (``verified_shard``: a few seconds a GB); a mismatch ends with 
 naming the shard and how to rebuild it. Folders prepared before the hashes were recorded are
 checked by size only.
 """
+
 from __future__ import annotations
 
 import collections
@@ -55,9 +56,9 @@ from hwh_jax import storage
 from hwh_jax.data.tokenizers import bpe_file
 
 log = logging.getLogger(__name__)
-BLOCK = 65536                  # tokens a record
-SHARD_BLOCKS = 2048            # records a file: 134M tokens, 512 MiB
-CHUNK_CHARS = 4 << 20          # characters of text a worker tokenises at a time
+BLOCK = 65536  # tokens a record
+SHARD_BLOCKS = 2048  # records a file: 134M tokens, 512 MiB
+CHUNK_CHARS = 4 << 20  # characters of text a worker tokenises at a time
 
 
 def _shard_name(i: int) -> str:
@@ -80,12 +81,17 @@ class TokenStream:
         self.dtype = np.dtype(np.uint32)
         self._first_block = np.cumsum([0] + [s["blocks"] for s in self.manifest["shards"]])
         self._sources = {}
-        if not storage.is_remote(self.folder):      # sizes: cheap, at once (a bucket's: on copy)
+        if not storage.is_remote(self.folder):  # sizes: cheap, at once (a bucket's: on copy)
             for shard in self.manifest["shards"]:
-                _check_size(self.folder, shard, (self.folder / shard["file"]).stat().st_size
-                            if (self.folder / shard["file"]).exists() else -1)
+                _check_size(
+                    self.folder,
+                    shard,
+                    (self.folder / shard["file"]).stat().st_size
+                    if (self.folder / shard["file"]).exists()
+                    else -1,
+                )
 
-    def __getstate__(self):                     # readers are reopened in each process
+    def __getstate__(self):  # readers are reopened in each process
         return {k: v for k, v in self.__dict__.items() if k != "_sources"}
 
     def __setstate__(self, state):
@@ -99,6 +105,7 @@ class TokenStream:
         source = self._sources.get(i)
         if source is None:
             from array_record.python.array_record_data_source import ArrayRecordDataSource
+
             local = verified_shard(self.folder, self.manifest["shards"][i])
             source = self._sources[i] = ArrayRecordDataSource([str(local)])
         return source[r - int(self._first_block[i])]
@@ -118,7 +125,7 @@ class TokenStream:
             i = int(key) + (len(self) if key < 0 else 0)
             if not 0 <= i < len(self):
                 raise IndexError(f"token {key} outside a stream of {len(self)}")
-            return self[i:i + 1][0]
+            return self[i : i + 1][0]
         if not isinstance(key, slice) or key.step not in (None, 1):
             raise TypeError("TokenStream takes an index or a contiguous slice (stream[a:b])")
         a, b, _ = key.indices(len(self))
@@ -128,15 +135,15 @@ class TokenStream:
         first, last = a // self.block, (b - 1) // self.block
         blocks = [np.frombuffer(self._record(r), dtype="<u4") for r in range(first, last + 1)]
         data = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
-        return data[a - first * self.block:b - first * self.block].astype(np.uint32)
+        return data[a - first * self.block : b - first * self.block].astype(np.uint32)
 
     def __iter__(self):
         step = self.block * 16
         for a in range(0, len(self), step):
-            yield from self[a:a + step]
+            yield from self[a : a + step]
 
     def __array__(self, dtype=None, copy=None):
-        out = self[0:len(self)]
+        out = self[0 : len(self)]
         return out if dtype is None else out.astype(dtype)
 
     def counts(self) -> np.ndarray:
@@ -158,13 +165,15 @@ class ShardDamaged(ValueError):
     """A token shard whose bytes are not those its manifest records."""
 
 
-_VERIFIED: set = set()          # (path, size, mtime) of shards hashed in this process
+_VERIFIED: set = set()  # (path, size, mtime) of shards hashed in this process
 
 
 def _damaged(folder, shard: dict, what: str) -> ShardDamaged:
-    return ShardDamaged(f"token shard {storage.path(folder) / shard['file']} is damaged ({what}); "
-                        f"its records cannot be trusted. Delete {folder} and prepare it again "
-                        f"with python -m launch.prepare_data (or restore the shard from a copy)")
+    return ShardDamaged(
+        f"token shard {storage.path(folder) / shard['file']} is damaged ({what}); "
+        f"its records cannot be trusted. Delete {folder} and prepare it again "
+        f"with python -m launch.prepare_data (or restore the shard from a copy)"
+    )
 
 
 def _check_size(folder, shard: dict, got: int) -> None:
@@ -172,8 +181,11 @@ def _check_size(folder, shard: dict, got: int) -> None:
     if got < 0:
         raise _damaged(folder, shard, "missing")
     if want is not None and got != want:
-        raise _damaged(folder, shard, f"{got:,} bytes where its manifest records {want:,}: "
-                                      f"truncated or replaced")
+        raise _damaged(
+            folder,
+            shard,
+            f"{got:,} bytes where its manifest records {want:,}: truncated or replaced",
+        )
 
 
 def file_sha256(path) -> str:
@@ -190,8 +202,9 @@ def verified_shard(folder, shard: dict) -> Path:
     otherwise. The check comes before ArrayRecord's native reader sees the bytes: a damaged
     record can crash that reader (a segfault), not raise."""
     try:
-        local = storage.local_copy(storage.path(folder) / shard["file"],
-                                   expected_size=shard.get("bytes"))
+        local = storage.local_copy(
+            storage.path(folder) / shard["file"], expected_size=shard.get("bytes")
+        )
     except OSError as e:
         raise _damaged(folder, shard, str(e)) from None
     stat = local.stat() if local.exists() else None
@@ -199,8 +212,7 @@ def verified_shard(folder, shard: dict) -> Path:
     key = (str(local), stat.st_size, stat.st_mtime_ns)
     if shard.get("sha256") and key not in _VERIFIED:
         if file_sha256(local) != shard["sha256"]:
-            raise _damaged(folder, shard, "its SHA-256 differs from the manifest's: bytes "
-                                          "changed")
+            raise _damaged(folder, shard, "its SHA-256 differs from the manifest's: bytes changed")
         _VERIFIED.add(key)
     return local
 
@@ -208,8 +220,10 @@ def verified_shard(folder, shard: dict) -> Path:
 def read_manifest(folder: storage.PathLike) -> dict:
     path = storage.path(folder) / "manifest.json"
     if not path.exists():
-        raise FileNotFoundError(f"{folder}: no manifest.json (not a prepared token folder; "
-                                f"python -m launch.prepare_data makes one)")
+        raise FileNotFoundError(
+            f"{folder}: no manifest.json (not a prepared token folder; "
+            f"python -m launch.prepare_data makes one)"
+        )
     manifest = json.loads(path.read_text())
     if not manifest.get("complete"):
         raise ValueError(f"{folder}: its preparation did not finish (run it again to resume)")
@@ -224,13 +238,17 @@ def is_prepared(folder: storage.PathLike) -> bool:
 def tokenizer_fingerprint(tokenizer) -> dict:
     """What identifies a tokenizer's ids: name, vocabulary, EOS, and the SHA-256 of its files."""
     h = hashlib.sha256()
-    if hasattr(tokenizer, "folder"):             # the files' contents, shipped gzipped or not
+    if hasattr(tokenizer, "folder"):  # the files' contents, shipped gzipped or not
         for name in ("encoder.json", "vocab.bpe"):
             h.update(bpe_file(storage.path(tokenizer.folder), name).encode("utf-8"))
     elif hasattr(tokenizer, "model_path"):
         h.update(storage.path(tokenizer.model_path).read_bytes())
-    return {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size,
-            "eos_id": tokenizer.eos_id, "sha256": h.hexdigest()}
+    return {
+        "name": tokenizer.name,
+        "vocab_size": tokenizer.vocab_size,
+        "eos_id": tokenizer.eos_id,
+        "sha256": h.hexdigest(),
+    }
 
 
 def _upload(local: Path, remote, echo) -> None:
@@ -254,13 +272,13 @@ _WORKER_TOKENIZER = None
 
 def _init_worker(tokenizer):
     global _WORKER_TOKENIZER
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")   # one process, one core
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one process, one core
     _WORKER_TOKENIZER = tokenizer
 
 
 def _tokenize(texts: list[str]) -> list[np.ndarray]:
     tok = _WORKER_TOKENIZER
-    if hasattr(tok, "encode_arrays"):                  # GPT2BPE: no Python lists on the way
+    if hasattr(tok, "encode_arrays"):  # GPT2BPE: no Python lists on the way
         return tok.encode_arrays(texts)
     return [np.asarray(ids, np.uint32) for ids in tok.encode_batch(texts)]
 
@@ -300,7 +318,7 @@ class _Writer:
         data = np.concatenate([self.pending, ids])
         full = len(data) // self.block * self.block
         for a in range(0, full, self.block):
-            self._write_block(data[a:a + self.block])
+            self._write_block(data[a : a + self.block])
         self.pending = data[full:]
         if self.blocks_in_shard >= self.shard_blocks:
             self._close_shard()
@@ -315,6 +333,7 @@ class _Writer:
     def _write_block(self, block: np.ndarray):
         if self.writer is None:
             from array_record.python.array_record_module import ArrayRecordWriter
+
             self.current = _shard_name(len(self.shards))
             self.writer = ArrayRecordWriter(str(self.folder / self.current), "group_size:1")
         self.writer.write(block.astype("<u4").tobytes())
@@ -324,25 +343,45 @@ class _Writer:
         if self.writer is None:
             return
         self.writer.close()
-        self.shards.append({"file": self.current, "blocks": self.blocks_in_shard,
-                            "bytes": (self.folder / self.current).stat().st_size,
-                            "sha256": file_sha256(self.folder / self.current)})
+        self.shards.append(
+            {
+                "file": self.current,
+                "blocks": self.blocks_in_shard,
+                "bytes": (self.folder / self.current).stat().st_size,
+                "sha256": file_sha256(self.folder / self.current),
+            }
+        )
         self.writer, self.blocks_in_shard = None, 0
 
     def save_progress(self):
         """The resume point: finished shards, documents and tokens consumed, the tokens not yet
         in a written block, the histogram so far."""
         np.save(self.folder / "progress_counts.npy", self.counts)
-        state = {"shards": self.shards, "documents": self.documents, "tokens": self.tokens,
-                 "pending": self.pending.tolist()}
+        state = {
+            "shards": self.shards,
+            "documents": self.documents,
+            "tokens": self.tokens,
+            "pending": self.pending.tolist(),
+        }
         tmp = self.folder / "progress.json.tmp"
         tmp.write_text(json.dumps(state))
         tmp.replace(self.folder / "progress.json")
 
 
-def prepare(documents, tokenizer, out: storage.PathLike, *, source: dict, workers: int = 0,
-            block: int = BLOCK, shard_blocks: int = SHARD_BLOCKS, chunk_chars: int = CHUNK_CHARS,
-            total_chars: int | None = None, log_every_s: float = 10.0, echo=print):
+def prepare(
+    documents,
+    tokenizer,
+    out: storage.PathLike,
+    *,
+    source: dict,
+    workers: int = 0,
+    block: int = BLOCK,
+    shard_blocks: int = SHARD_BLOCKS,
+    chunk_chars: int = CHUNK_CHARS,
+    total_chars: int | None = None,
+    log_every_s: float = 10.0,
+    echo=print,
+):
     """Tokenise ``documents`` (an iterable of str, in a fixed order) into a prepared folder
     ``out`` (module docstring; a local path or a bucket URL) on ``workers`` processes (0: this
     one); resumes a stopped preparation of the same source and tokenizer. ``total_chars`` (the
@@ -351,13 +390,23 @@ def prepare(documents, tokenizer, out: storage.PathLike, *, source: dict, worker
         remote = storage.path(out)
         if is_prepared(remote):
             return remote
-        staging = storage.staging_folder(remote)    # prepared here, then uploaded
-        prepare(documents, tokenizer, staging, source=source, workers=workers, block=block,
-                shard_blocks=shard_blocks, chunk_chars=chunk_chars, total_chars=total_chars,
-                log_every_s=log_every_s, echo=echo)
+        staging = storage.staging_folder(remote)  # prepared here, then uploaded
+        prepare(
+            documents,
+            tokenizer,
+            staging,
+            source=source,
+            workers=workers,
+            block=block,
+            shard_blocks=shard_blocks,
+            chunk_chars=chunk_chars,
+            total_chars=total_chars,
+            log_every_s=log_every_s,
+            echo=echo,
+        )
         _upload(staging, remote, echo)
         return remote
-    out = Path(out)                    # local path: a URL took the branch above
+    out = Path(out)  # local path: a URL took the branch above
     if is_prepared(out):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -370,36 +419,61 @@ def prepare(documents, tokenizer, out: storage.PathLike, *, source: dict, worker
             fcntl.flock(lock, fcntl.LOCK_EX)
         if is_prepared(out):
             return out
-        return _prepare(documents, tokenizer, out, source=source, workers=workers, block=block,
-                        shard_blocks=shard_blocks, chunk_chars=chunk_chars,
-                        total_chars=total_chars, log_every_s=log_every_s, echo=echo)
+        return _prepare(
+            documents,
+            tokenizer,
+            out,
+            source=source,
+            workers=workers,
+            block=block,
+            shard_blocks=shard_blocks,
+            chunk_chars=chunk_chars,
+            total_chars=total_chars,
+            log_every_s=log_every_s,
+            echo=echo,
+        )
 
 
-def _prepare(documents, tokenizer, out: Path, *, source, workers, block, shard_blocks,
-             chunk_chars, total_chars, log_every_s, echo) -> Path:
+def _prepare(
+    documents,
+    tokenizer,
+    out: Path,
+    *,
+    source,
+    workers,
+    block,
+    shard_blocks,
+    chunk_chars,
+    total_chars,
+    log_every_s,
+    echo,
+) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"tokenizer": tokenizer_fingerprint(tokenizer), "source": source}
     started = out / "started.json"
     if started.exists() and json.loads(started.read_text()) != meta:
-        raise ValueError(f"{out} holds an unfinished preparation of another source or tokenizer "
-                         f"({started}); remove the folder or choose another --out")
+        raise ValueError(
+            f"{out} holds an unfinished preparation of another source or tokenizer "
+            f"({started}); remove the folder or choose another --out"
+        )
     started.write_text(json.dumps(meta))
     state = {}
     if (out / "progress.json").exists():
         state = json.loads((out / "progress.json").read_text())
         state["counts"] = np.load(out / "progress_counts.npy")
-        echo(f"resuming {out}: {len(state['shards'])} shards, {state['documents']:,} documents "
-             f"done")
+        echo(
+            f"resuming {out}: {len(state['shards'])} shards, {state['documents']:,} documents done"
+        )
     for f in out.glob("tokens-*.array_record"):
         if f.name not in {s["file"] for s in state.get("shards", [])}:
-            f.unlink()                          # a shard cut off before it finished
+            f.unlink()  # a shard cut off before it finished
     writer = _Writer(out, block, shard_blocks, state)
     if writer.counts is None:
         writer.counts = np.zeros(tokenizer.vocab_size, np.int64)
     skip = writer.documents
     eos = np.array([tokenizer.eos_id], np.uint32)
     t0 = t_log = time.time()
-    chars = chars_skipped = 0                   # characters read: tokenised, and skipped over
+    chars = chars_skipped = 0  # characters read: tokenised, and skipped over
 
     def docs():
         nonlocal chars, chars_skipped
@@ -420,7 +494,7 @@ def _prepare(documents, tokenizer, out: Path, *, source, workers, block, shard_b
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer,)) as pool:
             inflight = collections.deque()
-            for chunk in chunks:                   # at most 2 x workers chunks in flight
+            for chunk in chunks:  # at most 2 x workers chunks in flight
                 inflight.append(pool.apply_async(_tokenize, (chunk,)))
                 if len(inflight) >= 2 * workers:
                     yield inflight.popleft().get()
@@ -430,34 +504,50 @@ def _prepare(documents, tokenizer, out: Path, *, source, workers, block, shard_b
     tokens_at_start = writer.tokens
     for encoded in results():
         if encoded:
-            writer.counts += np.bincount(np.concatenate(encoded).astype(np.int64),
-                                         minlength=len(writer.counts))[:len(writer.counts)]
+            writer.counts += np.bincount(
+                np.concatenate(encoded).astype(np.int64), minlength=len(writer.counts)
+            )[: len(writer.counts)]
         writer.counts[tokenizer.eos_id] += len(encoded)
-        writer.add_chunk(np.concatenate([x for ids in encoded for x in (ids, eos)] or [eos[:0]]),
-                         len(encoded))
+        writer.add_chunk(
+            np.concatenate([x for ids in encoded for x in (ids, eos)] or [eos[:0]]), len(encoded)
+        )
         now = time.time()
         if now - t_log >= log_every_s:
             t_log = now
             rate = (writer.tokens - tokens_at_start) / max(now - t0, 1e-9)
             speed = chars / max(now - t0, 1e-9)
             left = max(total_chars - chars - chars_skipped, 0) if total_chars else 0
-            eta = (f", ETA {datetime.timedelta(seconds=int(left / speed))}"
-                   if total_chars and speed else "")
-            echo(f"prepare: {writer.documents:,} documents, {writer.tokens:,} tokens, "
-                 f"{rate / 1e3:,.0f}k tokens/s, {speed / 2**20:.1f} MiB/s of text{eta}")
+            eta = (
+                f", ETA {datetime.timedelta(seconds=int(left / speed))}"
+                if total_chars and speed
+                else ""
+            )
+            echo(
+                f"prepare: {writer.documents:,} documents, {writer.tokens:,} tokens, "
+                f"{rate / 1e3:,.0f}k tokens/s, {speed / 2**20:.1f} MiB/s of text{eta}"
+            )
     writer.finish()
     if not writer.tokens:
         raise ValueError(f"{source}: holds no text (0 documents)")
     np.save(out / "counts.npy", writer.counts)
     elapsed = time.time() - t0
-    manifest = {**meta, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                "documents": writer.documents, "tokens": writer.tokens, "block": block,
-                "shards": writer.shards, "workers": workers, "seconds": round(elapsed, 1),
-                "complete": True}
+    manifest = {
+        **meta,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "documents": writer.documents,
+        "tokens": writer.tokens,
+        "block": block,
+        "shards": writer.shards,
+        "workers": workers,
+        "seconds": round(elapsed, 1),
+        "complete": True,
+    }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     for f in ("progress.json", "progress_counts.npy", "started.json"):
         (out / f).unlink(missing_ok=True)
-    echo(f"prepared {out}: {writer.documents:,} documents, {writer.tokens:,} tokens in "
-         f"{len(writer.shards)} shard(s), {elapsed:.1f}s "
-         f"({(writer.tokens - tokens_at_start) / max(elapsed, 1e-9) / 1e3:,.0f}k tokens/s)")
+    echo(
+        f"prepared {out}: {writer.documents:,} documents, {writer.tokens:,} tokens in "
+        f"{len(writer.shards)} shard(s), {elapsed:.1f}s "
+        f"({(writer.tokens - tokens_at_start) / max(elapsed, 1e-9) / 1e3:,.0f}k tokens/s)"
+    )
     return out

@@ -9,6 +9,7 @@ line and column with ``errors="strict"``, or are read as U+FFFD with a warning t
 (``"replace"``, the default: the shipped Dickens corpus has 8 such bytes); a file holding NUL
 bytes is refused as not text.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -39,8 +40,15 @@ def _replaced(where: str, count: int, line: int, col: int) -> None:
         return
     _SAID.add(where)
     level = logging.DEBUG if where.startswith(str(ASSETS)) else logging.WARNING
-    log.log(level, "%s: %d invalid UTF-8 byte sequence(s) read as U+FFFD, the first at line %d, "
-                "column %d (data.decode_errors='strict' stops instead)", where, count, line, col)
+    log.log(
+        level,
+        "%s: %d invalid UTF-8 byte sequence(s) read as U+FFFD, the first at line %d, "
+        "column %d (data.decode_errors='strict' stops instead)",
+        where,
+        count,
+        line,
+        col,
+    )
 
 
 def decode(data: bytes, where: str, errors: str = "replace") -> str:
@@ -51,20 +59,28 @@ def decode(data: bytes, where: str, errors: str = "replace") -> str:
     nul = data.find(b"\x00")
     if nul >= 0:
         line = data.count(b"\n", 0, nul) + 1
-        raise ValueError(f"{where}:{line}: not text (a NUL byte at offset {nul}: binary data); "
-                         f"remove it from data.paths")
+        raise ValueError(
+            f"{where}:{line}: not text (a NUL byte at offset {nul}: binary data); "
+            f"remove it from data.paths"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         if errors == "strict":
-            raise ValueError(f"{where}:{line}:{col}: invalid UTF-8 (byte 0x{data[e.start]:02x}); "
-                             f"fix the file, or set data.decode_errors='replace' to read such "
-                             f"bytes as U+FFFD") from None
+            raise ValueError(
+                f"{where}:{line}:{col}: invalid UTF-8 (byte 0x{data[e.start]:02x}); "
+                f"fix the file, or set data.decode_errors='replace' to read such "
+                f"bytes as U+FFFD"
+            ) from None
         text = data.decode("utf-8", errors="replace")
-        _replaced(where, text.count("\ufffd") - data.decode("utf-8", errors="ignore")
-                  .count("\ufffd"), line, col)
+        _replaced(
+            where,
+            text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd"),
+            line,
+            col,
+        )
         return text
 
 
@@ -79,16 +95,19 @@ def _decoded_lines(f, where: str, errors: str) -> Iterator[str]:
     for n, raw in enumerate(f, 1):
         nul = raw.find(b"\x00")
         if nul >= 0:
-            raise ValueError(f"{where}:{n}: not text (a NUL byte at column {nul + 1}: binary "
-                             f"data); remove it from data.paths")
+            raise ValueError(
+                f"{where}:{n}: not text (a NUL byte at column {nul + 1}: binary "
+                f"data); remove it from data.paths"
+            )
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             if errors == "strict":
-                raise ValueError(f"{where}:{n}:{e.start + 1}: invalid UTF-8 (byte "
-                                 f"0x{raw[e.start]:02x}); fix the file, or set "
-                                 f"data.decode_errors='replace' to read such bytes as U+FFFD") \
-                    from None
+                raise ValueError(
+                    f"{where}:{n}:{e.start + 1}: invalid UTF-8 (byte "
+                    f"0x{raw[e.start]:02x}); fix the file, or set "
+                    f"data.decode_errors='replace' to read such bytes as U+FFFD"
+                ) from None
             line = raw.decode("utf-8", errors="replace")
             replaced += line.count("\ufffd") - raw.decode("utf-8", "ignore").count("\ufffd")
             first = first or (n, e.start + 1)
@@ -118,17 +137,18 @@ def _jsonl_documents(lines, text_field: str, where: str) -> Iterator[str]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{where}:{n}: not a JSON object ({e.msg}, column {e.colno})") \
-                from None
+            raise ValueError(
+                f"{where}:{n}: not a JSON object ({e.msg}, column {e.colno})"
+            ) from None
         if not isinstance(row, dict) or text_field not in row:
             fields = sorted(row) if isinstance(row, dict) else type(row).__name__
-            raise KeyError(f"{where}:{n}: no field {text_field!r} (fields: {fields}); set "
-                           f"data.text_field")
+            raise KeyError(
+                f"{where}:{n}: no field {text_field!r} (fields: {fields}); set data.text_field"
+            )
         yield row[text_field]
 
 
-def text_documents(path: Path, text_field: str = "text",
-                   errors: str = "replace") -> Iterator[str]:
+def text_documents(path: Path, text_field: str = "text", errors: str = "replace") -> Iterator[str]:
     """Documents of one local file, by suffix (module docstring)."""
     name = path.name
     if not path.exists():
@@ -146,7 +166,7 @@ def text_documents(path: Path, text_field: str = "text",
                     yield from _split_documents(data)
     elif name.endswith((".jsonl", ".jsonl.gz", ".txt", ".txt.gz")):
         opener = gzip.open if name.endswith(".gz") else open
-        with opener(path, "rb") as f:                  # line by line: any size of file
+        with opener(path, "rb") as f:  # line by line: any size of file
             lines = _decoded_lines(f, str(path), errors)
             if name.endswith((".jsonl", ".jsonl.gz")):
                 yield from _jsonl_documents(lines, text_field, str(path))
@@ -166,8 +186,10 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
         raise ImportError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
     table = pq.ParquetFile(path)
     if text_field not in table.schema_arrow.names:
-        raise KeyError(f"{path}: no column {text_field!r} (columns: {table.schema_arrow.names}); "
-                       f"set data.text_field")
+        raise KeyError(
+            f"{path}: no column {text_field!r} (columns: {table.schema_arrow.names}); "
+            f"set data.text_field"
+        )
     for batch in table.iter_batches(columns=[text_field], batch_size=4096):
         yield from (t for t in batch.column(0).to_pylist() if t is not None)
 
@@ -185,8 +207,13 @@ def expand(paths: list) -> list[Path]:
     for p in paths:
         if storage.is_remote(p):
             p = storage.path(p)
-            found = sorted(f for f in p.glob("*") if f.name.endswith(TEXT_SUFFIXES)) \
-                if p.is_dir() else [p] if p.exists() else []
+            found = (
+                sorted(f for f in p.glob("*") if f.name.endswith(TEXT_SUFFIXES))
+                if p.is_dir()
+                else [p]
+                if p.exists()
+                else []
+            )
             if not found:
                 raise FileNotFoundError(f"no {TEXT_SUFFIXES} files at {p}")
             out.extend(storage.local_copy(f) for f in found)
@@ -202,11 +229,13 @@ def expand(paths: list) -> list[Path]:
     return out
 
 
-def tfds_documents(name: str, split: str, *, data_dir: str | None = None,
-                   text_field: str = "text") -> Iterator[str]:
+def tfds_documents(
+    name: str, split: str, *, data_dir: str | None = None, text_field: str = "text"
+) -> Iterator[str]:
     """Documents of a TFDS dataset read through ``tfds.data_source`` (random access, no TF
     graph): the route to FineWeb-Edu, C4 etc. on hosts that have them prepared."""
     import tensorflow_datasets as tfds
+
     source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
     for i in range(len(source)):
         text = source[i][text_field]
@@ -218,6 +247,7 @@ def arrayrecord_tokens(paths: list[Path]) -> Iterator:
     little-endian uint32 bytes (``write_arrayrecord_tokens`` writes this format)."""
     import numpy as np
     from array_record.python.array_record_data_source import ArrayRecordDataSource
+
     for p in paths:
         if not p.exists():
             raise FileNotFoundError(f"ArrayRecord file not found: {p}")
@@ -230,6 +260,7 @@ def write_arrayrecord_tokens(path: Path, documents) -> None:
     """Write token-id documents (iterables of ints) as one ArrayRecord file."""
     import numpy as np
     from array_record.python.array_record_module import ArrayRecordWriter
+
     writer = ArrayRecordWriter(str(path), "group_size:1")
     for doc in documents:
         writer.write(np.asarray(doc, dtype="<u4").tobytes())

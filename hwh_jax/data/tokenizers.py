@@ -7,6 +7,7 @@ token caches). ``GPT2BPE`` runs on tiktoken's BPE (Rust) with GPT-2's pre-tokeni
 operations (``bpe_pieces``); ``GPT2BPEReference`` is the same algorithm in plain Python
 (Radford et al.'s ``encoder.py``), the specification the fast one is tested against.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -29,11 +30,15 @@ from hwh_jax.data import bpe_pieces
 
 log = logging.getLogger(__name__)
 
+
 @functools.lru_cache()
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from bytes to printable unicode characters."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -48,6 +53,7 @@ def bpe_file(folder: Path, name: str) -> str:
     """The text of a GPT-2 BPE file ``name`` in ``folder``, plain or gzipped (``name.gz``, as
     the project ships them)."""
     import gzip
+
     if (folder / name).exists():
         return (folder / name).read_bytes().decode("utf-8")
     if (folder / f"{name}.gz").exists():
@@ -129,24 +135,27 @@ class GPT2BPE:
 
     def __init__(self, folder: str | Path):
         import tiktoken
+
         folder = storage.path(folder)
-        bpe_file(folder, "vocab.bpe")                   # both files must be there
+        bpe_file(folder, "vocab.bpe")  # both files must be there
         encoder = json.loads(bpe_file(folder, "encoder.json"))
         to_byte = {c: b for b, c in _bytes_to_unicode().items()}
         self.eos_id = encoder["<|endoftext|>"]
-        ranks = {bytes(to_byte[c] for c in piece): i for piece, i in encoder.items()
-                 if i != self.eos_id}
+        ranks = {
+            bytes(to_byte[c] for c in piece): i for piece, i in encoder.items() if i != self.eos_id
+        }
         special = {"<|endoftext|>": self.eos_id}
-        self.enc = tiktoken.Encoding("gpt2_bpe", pat_str=_TIKTOKEN_PATTERN, mergeable_ranks=ranks,
-                                     special_tokens=special)
-        self._table = None                   # bpe_pieces.PieceTable, built on first use
-        self._lock = threading.Lock()        # the table is filled in place: one encoder at a time
+        self.enc = tiktoken.Encoding(
+            "gpt2_bpe", pat_str=_TIKTOKEN_PATTERN, mergeable_ranks=ranks, special_tokens=special
+        )
+        self._table = None  # bpe_pieces.PieceTable, built on first use
+        self._lock = threading.Lock()  # the table is filled in place: one encoder at a time
         self.pad_id = self.eos_id
         self.vocab_size = len(encoder)
         self.name = "gpt2_bpe"
         self.folder = folder
 
-    def __reduce__(self):            # worker processes rebuild it from its files
+    def __reduce__(self):  # worker processes rebuild it from its files
         return GPT2BPE, (self.folder,)
 
     def encode_array(self, text: str) -> np.ndarray:
@@ -173,15 +182,18 @@ class GPT2BPE:
             self._table = bpe_pieces.PieceTable(self.enc)
         try:
             return bpe_pieces.encode_documents(texts, self._table)
-        except UnicodeEncodeError:          # lone surrogates somewhere: those texts go
-            pass                            # tiktoken's own way
+        except UnicodeEncodeError:  # lone surrogates somewhere: those texts go
+            pass  # tiktoken's own way
         plain = [i for i, t in enumerate(texts) if _encodable(t)]
         out = [None] * len(texts)
-        for i, ids in zip(plain, bpe_pieces.encode_documents([texts[i] for i in plain],
-                                                             self._table)):
+        for i, ids in zip(
+            plain, bpe_pieces.encode_documents([texts[i] for i in plain], self._table)
+        ):
             out[i] = ids
-        return [np.asarray(self.encode_exact(t), np.uint32) if ids is None else ids
-                for t, ids in zip(texts, out)]
+        return [
+            np.asarray(self.encode_exact(t), np.uint32) if ids is None else ids
+            for t, ids in zip(texts, out)
+        ]
 
     def decode(self, ids) -> str:
         return self.enc.decode([int(i) for i in ids], errors="replace")
@@ -206,16 +218,18 @@ class SentencePieceTokenizer:
     def __init__(self, model_path: str | Path, *, use_seqio: bool | None = None):
         if not storage.path(model_path).exists():
             raise FileNotFoundError(f"SentencePiece model not found: {model_path}")
-        model_path = storage.local_copy(model_path)   # a bucket's model: read from a copy
+        model_path = storage.local_copy(model_path)  # a bucket's model: read from a copy
         if use_seqio is None:
             use_seqio = importlib.util.find_spec("seqio") is not None
         self.backend = "seqio" if use_seqio else "sentencepiece"
         if use_seqio:
             import seqio
+
             self.vocab = seqio.SentencePieceVocabulary(str(model_path))
             self.sp = self.vocab.tokenizer
         else:
             import sentencepiece as spm
+
             self.vocab = None
             self.sp = spm.SentencePieceProcessor(model_file=str(model_path))
         self.eos_id = int(self.sp.eos_id())
@@ -225,7 +239,7 @@ class SentencePieceTokenizer:
         self.name = f"sp_{digest}"
         self.model_path, self.use_seqio = model_path, use_seqio
 
-    def __reduce__(self):            # worker processes reload it from its file
+    def __reduce__(self):  # worker processes reload it from its file
         return _sentencepiece, (self.model_path, self.use_seqio)
 
     def encode(self, text: str) -> list[int]:
@@ -248,8 +262,15 @@ def _sentencepiece(model_path, use_seqio):
     return SentencePieceTokenizer(model_path, use_seqio=use_seqio)
 
 
-def train_sentencepiece(documents, vocab_size: int, out_dir: Path, *, key: str,
-                        max_sentences: int = 300_000, where: str = "the corpus") -> Path:
+def train_sentencepiece(
+    documents,
+    vocab_size: int,
+    out_dir: Path,
+    *,
+    key: str,
+    max_sentences: int = 300_000,
+    where: str = "the corpus",
+) -> Path:
     """Train (once, then cached under ``out_dir/key``) a BPE SentencePiece model with byte
     fallback, pad=0, eos=1, unk=2, bos=3, on lines of ``documents`` (an iterable of str).
     A corpus too small for ``vocab_size`` pieces is refused naming ``data.sp_vocab_size``."""
@@ -262,8 +283,12 @@ def train_sentencepiece(documents, vocab_size: int, out_dir: Path, *, key: str,
     with open(prefix.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not model.exists():
-            log.info("training a SentencePiece vocabulary of %d pieces on %s (once: cached "
-                     "as %s)", vocab_size, where, model)
+            log.info(
+                "training a SentencePiece vocabulary of %d pieces on %s (once: cached as %s)",
+                vocab_size,
+                where,
+                model,
+            )
             t = time.time()
             _train_sentencepiece(documents, vocab_size, prefix, max_sentences, where)
             log.info("trained the SentencePiece vocabulary in %.1fs", time.time() - t)
@@ -272,6 +297,7 @@ def train_sentencepiece(documents, vocab_size: int, out_dir: Path, *, key: str,
 
 def _train_sentencepiece(documents, vocab_size, prefix: Path, max_sentences, where):
     import sentencepiece as spm
+
     lines = (line for doc in documents for line in doc.splitlines() if line.strip())
     first = next(lines, None)
     if first is None:
@@ -279,15 +305,28 @@ def _train_sentencepiece(documents, vocab_size, prefix: Path, max_sentences, whe
     tmp = prefix.with_suffix(".partial")
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=itertools.chain([first], lines), model_prefix=str(tmp),
-            vocab_size=vocab_size, model_type="bpe", byte_fallback=True, character_coverage=1.0,
-            input_sentence_size=max_sentences, shuffle_input_sentence=True,
-            pad_id=0, eos_id=1, unk_id=2, bos_id=3, num_threads=2, minloglevel=2)
+            sentence_iterator=itertools.chain([first], lines),
+            model_prefix=str(tmp),
+            vocab_size=vocab_size,
+            model_type="bpe",
+            byte_fallback=True,
+            character_coverage=1.0,
+            input_sentence_size=max_sentences,
+            shuffle_input_sentence=True,
+            pad_id=0,
+            eos_id=1,
+            unk_id=2,
+            bos_id=3,
+            num_threads=2,
+            minloglevel=2,
+        )
     except RuntimeError as e:
         most = re.search(r"<= (\d+)", str(e))
         hint = f" (at most {most.group(1)} here)" if most else ""
-        raise ValueError(f"{where}: too little text for a SentencePiece vocabulary of "
-                         f"data.sp_vocab_size={vocab_size} pieces{hint}; set a smaller "
-                         f"--config.data.sp_vocab_size or give more text") from None
+        raise ValueError(
+            f"{where}: too little text for a SentencePiece vocabulary of "
+            f"data.sp_vocab_size={vocab_size} pieces{hint}; set a smaller "
+            f"--config.data.sp_vocab_size or give more text"
+        ) from None
     tmp.with_suffix(".partial.vocab").rename(prefix.with_suffix(".vocab"))
-    tmp.with_suffix(".partial.model").rename(prefix.with_suffix(".model"))   # the marker: last
+    tmp.with_suffix(".partial.model").rename(prefix.with_suffix(".model"))  # the marker: last

@@ -18,6 +18,7 @@ HellaSwag's 6-line text form). The HellaSwag context is the file's (its second s
 re-capitalised as the harness does from the raw ctx_a / ctx_b fields, which this file no longer
 separates).
 """
+
 from __future__ import annotations
 
 import bz2
@@ -31,8 +32,15 @@ from hwh_jax import storage
 from hwh_jax.data.paths import resolve
 from hwh_jax.progress import Progress
 
-TASKS = ("arc_easy", "arc_challenge", "piqa", "openbook_qa", "hellaswag", "winogrande",
-         "lambada_openai")
+TASKS = (
+    "arc_easy",
+    "arc_challenge",
+    "piqa",
+    "openbook_qa",
+    "hellaswag",
+    "winogrande",
+    "lambada_openai",
+)
 
 
 def _jsonl(root: storage.PathLike, task: str):
@@ -41,8 +49,9 @@ def _jsonl(root: storage.PathLike, task: str):
     if not path.exists() and path.with_suffix(".jsonl.gz").exists():
         path = path.with_suffix(".jsonl.gz")
     if not path.exists():
-        raise FileNotFoundError(f"commonsense task {task!r}: neither {path.name} nor "
-                                f"{path.name}.gz in {root}")
+        raise FileNotFoundError(
+            f"commonsense task {task!r}: neither {path.name} nor {path.name}.gz in {root}"
+        )
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -64,31 +73,47 @@ def load_task(task: str, folder: storage.PathLike | None = None, limit: int | No
             q = r["query"]
             if task != "openbook_qa":
                 q = q.rstrip() + "\nAnswer:"
-            out.append({"context": q, "choices": [" " + c for c in r["choices"]],
-                        "gold": int(r["gold"])})
+            out.append(
+                {"context": q, "choices": [" " + c for c in r["choices"]], "gold": int(r["gold"])}
+            )
     elif task == "hellaswag":
-        with bz2.open(root / "hellaswag" / "hellaswag_val_full.txt.bz2", "rt",
-                      encoding="utf-8") as f:
+        with bz2.open(
+            root / "hellaswag" / "hellaswag_val_full.txt.bz2", "rt", encoding="utf-8"
+        ) as f:
             lines = f.read().split("\n")
         if lines and lines[-1] == "":
             lines = lines[:-1]
         if len(lines) % 6:
             raise ValueError(f"hellaswag: {len(lines)} lines is not 6 per task")
-        out = [{"context": _hellaswag_preprocess(lines[i]),
-                "choices": [" " + _hellaswag_preprocess(e) for e in lines[i + 2:i + 6]],
-                "gold": int(lines[i + 1])} for i in range(0, len(lines), 6)]
+        out = [
+            {
+                "context": _hellaswag_preprocess(lines[i]),
+                "choices": [" " + _hellaswag_preprocess(e) for e in lines[i + 2 : i + 6]],
+                "gold": int(lines[i + 1]),
+            }
+            for i in range(0, len(lines), 6)
+        ]
     elif task == "winogrande":
-        out = [{"contexts": r["context_options"], "continuation": " " + r["continuation"],
-                "gold": int(r["gold"])} for r in _jsonl(root, "winogrande")]
+        out = [
+            {
+                "contexts": r["context_options"],
+                "continuation": " " + r["continuation"],
+                "gold": int(r["gold"]),
+            }
+            for r in _jsonl(root, "winogrande")
+        ]
     elif task == "lambada_openai":
-        out = [{"context": r["context"], "continuation": " " + r["continuation"].strip()}
-               for r in _jsonl(root, "lambada_openai")]
+        out = [
+            {"context": r["context"], "continuation": " " + r["continuation"].strip()}
+            for r in _jsonl(root, "lambada_openai")
+        ]
     else:
         raise ValueError(f"unknown commonsense task {task!r}; known: {list(TASKS)}")
     for i, ex in enumerate(out):
         if "choices" in ex and not 0 <= ex["gold"] < len(ex["choices"]):
-            raise ValueError(f"{task} example {i}: gold {ex['gold']} outside its "
-                             f"{len(ex['choices'])} choices")
+            raise ValueError(
+                f"{task} example {i}: gold {ex['gold']} outside its {len(ex['choices'])} choices"
+            )
     return out[:limit] if limit else out
 
 
@@ -98,7 +123,7 @@ def split_encode(tokenizer, context: str, continuation: str):
     whole = tokenizer.encode(context + continuation)
     ctx = tokenizer.encode(context)
     n = len(ctx)
-    while n > 0 and whole[:n] != ctx[:n]:   # merges across the boundary: shorten the context
+    while n > 0 and whole[:n] != ctx[:n]:  # merges across the boundary: shorten the context
         n -= 1
     return whole[:n], whole[n:]
 
@@ -124,8 +149,10 @@ def evaluate_task(scorer, tokenizer, task: str, *, limit: int | None = None, log
     if task == "lambada_openai":
         lp = np.array([s for s, _ in scores])
         n_tok = np.array([len(c) for _, c in requests])
-        result = {"acc": float(np.mean([g for _, g in scores])),
-                  "ppl": float(np.exp(-lp.sum() / n_tok.sum()))}
+        result = {
+            "acc": float(np.mean([g for _, g in scores])),
+            "ppl": float(np.exp(-lp.sum() / n_tok.sum())),
+        }
     else:
         per = {}
         for (lp, _), i, (_, cont) in zip(scores, owners, requests):
@@ -141,6 +168,10 @@ def evaluate_task(scorer, tokenizer, task: str, *, limit: int | None = None, log
         if acc_norm:
             result["acc_norm"] = float(np.mean(acc_norm))
     result["examples"] = len(examples)
-    log(f"{task}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                                for k, v in result.items()))
+    log(
+        f"{task}: "
+        + ", ".join(
+            f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()
+        )
+    )
     return result

@@ -31,6 +31,7 @@ pairs from short lists (``hwh_jax.data.ruler``) rather than wonderwords' full li
 are split by a regular expression rather than NLTK's punkt; the noise haystack puts the needle
 at the requested depth (RULER picks a random slot), so that depth can be swept for it too.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,9 +58,10 @@ TASKS = {  # name -> (haystack, value type)
 class NiahSample:
     """One rendered NIAH prompt: its task, requested length and needle depth, the text, the
     values the answer must contain, and the prompt's length in the model's tokens."""
+
     task: str
-    length: int          # requested length in tokens (prompt + answer budget)
-    depth: int           # percent
+    length: int  # requested length in tokens (prompt + answer budget)
+    depth: int  # percent
     prompt: str
     expected: list[str]
     prompt_tokens: int
@@ -68,13 +70,22 @@ class NiahSample:
 @functools.lru_cache(maxsize=4)
 def essay_words(folder: str | None = None) -> tuple[str, ...]:
     root = storage.path(folder) if folder else resolve("pg_essays/PaulGrahamEssays")
-    files = sorted((p for p in [*root.glob("*.txt"), *root.glob("*.txt.gz")]
-                    if p.name not in ("rss.txt", "rss.txt.gz")),
-                   key=lambda p: p.name.removesuffix(".gz"))
+    files = sorted(
+        (
+            p
+            for p in [*root.glob("*.txt"), *root.glob("*.txt.gz")]
+            if p.name not in ("rss.txt", "rss.txt.gz")
+        ),
+        key=lambda p: p.name.removesuffix(".gz"),
+    )
     if not files:
         raise FileNotFoundError(f"no Paul Graham essays (*.txt, *.txt.gz) in {root}")
-    text = " ".join((gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes())
-                    .decode("utf-8", errors="replace") for p in files)
+    text = " ".join(
+        (gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()).decode(
+            "utf-8", errors="replace"
+        )
+        for p in files
+    )
     return tuple(re.sub(r"\s+", " ", text).strip().split(" "))
 
 
@@ -112,28 +123,44 @@ def _repeat(words, size: int):
 def render(task: str, context: str, key: str) -> str:
     """The prompt as RULER renders it for one key and one value."""
     kind = TASKS[task][1]
-    return prompt_template(1).format(type_needle_v=value_type(kind, 1), context=context,
-                                     query=key)
+    return prompt_template(1).format(type_needle_v=value_type(kind, 1), context=context, query=key)
 
 
 class TooShort(ValueError):
     """A NIAH length too short for a task's template and its answer."""
 
 
-def check_lengths(tasks, lengths, tokenizer, *, max_new_tokens: int | None = None,
-                  essay_folder: str | None = None) -> None:
+def check_lengths(
+    tasks, lengths, tokenizer, *, max_new_tokens: int | None = None, essay_folder: str | None = None
+) -> None:
     """Raises ``TooShort`` for the first (task, length) whose template and answer do not fit
     (what ``make_sample`` would raise mid-evaluation), cheaply: one empty haystack each."""
     new = max_new_tokens or answer_budget(tasks)
     for task in tasks:
         for length in sorted(set(lengths)):
-            make_sample(task, length, 0, tokenizer, max_new_tokens=new,
-                        essay_folder=essay_folder, fits_only=True)
+            make_sample(
+                task,
+                length,
+                0,
+                tokenizer,
+                max_new_tokens=new,
+                essay_folder=essay_folder,
+                fits_only=True,
+            )
 
 
-def make_sample(task: str, length: int, depth: int, tokenizer, *, max_new_tokens: int,
-                seed: int = 0, essay_folder: str | None = None,
-                reserve: int = TOKENS_TO_GENERATE, fits_only: bool = False) -> NiahSample | None:
+def make_sample(
+    task: str,
+    length: int,
+    depth: int,
+    tokenizer,
+    *,
+    max_new_tokens: int,
+    seed: int = 0,
+    essay_folder: str | None = None,
+    reserve: int = TOKENS_TO_GENERATE,
+    fits_only: bool = False,
+) -> NiahSample | None:
     """One prompt of at most ``length - max(kept, max_new_tokens)`` tokens with its expected
     answer, ``kept`` = ``reserve`` (RULER's generation budget) but at most a quarter of
     ``length`` (the tiny models' contexts of a few hundred tokens); ``reserve=0`` fills
@@ -152,12 +179,15 @@ def make_sample(task: str, length: int, depth: int, tokenizer, *, max_new_tokens
     budget = length - kept
 
     def n_tokens(size):
-        return len(tokenizer.encode(render(task, build_context(haystack, size, needle, depth,
-                                                              essay), key)))
+        return len(
+            tokenizer.encode(render(task, build_context(haystack, size, needle, depth, essay), key))
+        )
 
     if n_tokens(0) > budget:
-        raise TooShort(f"{task}: length {length} leaves no room for a haystack (the template "
-                       f"alone is {n_tokens(0)} tokens + {kept} kept for the answer)")
+        raise TooShort(
+            f"{task}: length {length} leaves no room for a haystack (the template "
+            f"alone is {n_tokens(0)} tokens + {kept} kept for the answer)"
+        )
     if fits_only:
         return None
     # every word / sentence costs at least one token: ``budget`` units is an upper bound
@@ -179,11 +209,18 @@ def needle_prompts(tokenizer, length: int, count: int, *, task: str = "niah_sing
     value's first token may merge with the space before it)."""
     prompts, spans = [], []
     for s in range(count):
-        smp = make_sample(task, length, round(100 * s / max(count - 1, 1)), tokenizer,
-                          max_new_tokens=0, seed=s, reserve=0)
+        smp = make_sample(
+            task,
+            length,
+            round(100 * s / max(count - 1, 1)),
+            tokenizer,
+            max_new_tokens=0,
+            seed=s,
+            reserve=0,
+        )
         at = smp.prompt.index(smp.expected[0])
         lo = len(tokenizer.encode(smp.prompt[:at]))
-        hi = len(tokenizer.encode(smp.prompt[:at + len(smp.expected[0])]))
+        hi = len(tokenizer.encode(smp.prompt[: at + len(smp.expected[0])]))
         prompts.append(tokenizer.encode(smp.prompt))
         spans.append((max(lo - 1, 0), hi))
     return prompts, spans
@@ -200,9 +237,19 @@ def answer_budget(tasks) -> int:
     return 48 if any(TASKS[t][1] == "uuids" for t in tasks) else 16
 
 
-def run_niah(generator, tokenizer, *, tasks, lengths, depths, samples: int = 1,
-             max_new_tokens: int | None = None, batch_size: int = 8, log=print,
-             on_length=None):
+def run_niah(
+    generator,
+    tokenizer,
+    *,
+    tasks,
+    lengths,
+    depths,
+    samples: int = 1,
+    max_new_tokens: int | None = None,
+    batch_size: int = 8,
+    log=print,
+    on_length=None,
+):
     """Generate, answer greedily and score every (task, length, depth, sample).
 
     All tasks of one length share one batch shape (short batches are filled with copies), and
@@ -212,28 +259,41 @@ def run_niah(generator, tokenizer, *, tasks, lengths, depths, samples: int = 1,
     prompt_tokens}."""
     new = max_new_tokens or answer_budget(tasks)
     rows = []
-    progress = Progress(len(lengths) * len(tasks) * len(depths) * samples, "niah",
-                        unit="prompt")
+    progress = Progress(len(lengths) * len(tasks) * len(depths) * samples, "niah", unit="prompt")
     for length in lengths:
-        batch = [make_sample(t, length, d, tokenizer, max_new_tokens=new, seed=s)
-                 for t in tasks for d in depths for s in range(samples)]
+        batch = [
+            make_sample(t, length, d, tokenizer, max_new_tokens=new, seed=s)
+            for t in tasks
+            for d in depths
+            for s in range(samples)
+        ]
         sample_ids = [s for t in tasks for d in depths for s in range(samples)]
         for i in range(0, len(batch), batch_size):
-            part = batch[i:i + batch_size]
+            part = batch[i : i + batch_size]
             prompts = [tokenizer.encode(b.prompt) for b in part]
-            prompts += [prompts[-1]] * (batch_size - len(prompts))   # one shape per length
+            prompts += [prompts[-1]] * (batch_size - len(prompts))  # one shape per length
             outs, _ = generator.generate(prompts, new)
             for j, (b, out) in enumerate(zip(part, outs)):
                 pred = tokenizer.decode(out)
-                rows.append({"task": b.task, "length": length, "depth": b.depth,
-                             "sample": sample_ids[i + j],
-                             "score": string_match_all(pred, b.expected), "prediction": pred,
-                             "expected": b.expected, "prompt_tokens": b.prompt_tokens})
+                rows.append(
+                    {
+                        "task": b.task,
+                        "length": length,
+                        "depth": b.depth,
+                        "sample": sample_ids[i + j],
+                        "score": string_match_all(pred, b.expected),
+                        "prediction": pred,
+                        "expected": b.expected,
+                        "prompt_tokens": b.prompt_tokens,
+                    }
+                )
             progress.update(len(part))
         for t in tasks:
             cell = share([r["score"] for r in rows if r["task"] == t and r["length"] == length])
-            log(f"niah {t} @ {length}: {cell['mean']:.1f} over {cell['n']} prompts ({cell['right']} "
-                f"right, 95% interval {cell['lo']:.0f}-{cell['hi']:.0f}%)")
+            log(
+                f"niah {t} @ {length}: {cell['mean']:.1f} over {cell['n']} prompts ({cell['right']} "
+                f"right, 95% interval {cell['lo']:.0f}-{cell['hi']:.0f}%)"
+            )
         if on_length is not None:
             on_length(list(rows))
     progress.close()

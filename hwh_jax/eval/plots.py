@@ -1,4 +1,5 @@
 """Figures of the evaluation suite: NIAH heatmaps, extrapolation lines, perplexity by position."""
+
 from __future__ import annotations
 
 import re
@@ -23,8 +24,9 @@ def niah_heatmap(rows, task: str, title: str, path: storage.PathLike, train_len:
             grid[i, j] = np.mean(s) if s else np.nan
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 1.5 + 0.25 * len(depths)))
     im = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=100, aspect="auto")
-    ax.set_xticks(range(len(lengths)), [f"{L:,}" + ("*" if L == train_len else "")
-                                        for L in lengths])
+    ax.set_xticks(
+        range(len(lengths)), [f"{L:,}" + ("*" if L == train_len else "") for L in lengths]
+    )
     ax.set_yticks(range(len(depths)), [f"{d}%" for d in depths])
     ax.set_xlabel("context length (tokens; * = training length)")
     ax.set_ylabel("needle depth")
@@ -58,8 +60,9 @@ def extrapolation_chart(per_model: dict, path: storage.PathLike, train_len: int 
     tasks = sorted({r["task"] for rows in per_model.values() for r in rows})
     lengths = sorted({r["length"] for rows in per_model.values() for r in rows})
     groups = seed_groups(per_model)
-    fig, axes = plt.subplots(1, len(tasks) + 1, figsize=(3.2 * (len(tasks) + 1), 3.6),
-                             sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(tasks) + 1, figsize=(3.2 * (len(tasks) + 1), 3.6), sharey=True, squeeze=False
+    )
     axes = axes[0]
 
     def cell(rows, task, L):
@@ -71,17 +74,31 @@ def extrapolation_chart(per_model: dict, path: storage.PathLike, train_len: int 
 
     for i, (group, names) in enumerate(groups.items()):
         colour = f"C{i % 10}"
-        x = np.array(lengths) * 1.03 ** (i - (len(groups) - 1) / 2)       # bars side by side
+        x = np.array(lengths) * 1.03 ** (i - (len(groups) - 1) / 2)  # bars side by side
         pooled = [r for name in names for r in per_model[name]]
         label = group if len(names) == 1 else f"{group} ({len(names)} seeds)"
         for ax, task in zip(axes, tasks + [None]):
             if len(names) > 1:
                 for name in names:
-                    ax.plot(x, [cell(per_model[name], task, L)[0] for L in lengths],
-                            color=colour, lw=0.7, alpha=0.35)
+                    ax.plot(
+                        x,
+                        [cell(per_model[name], task, L)[0] for L in lengths],
+                        color=colour,
+                        lw=0.7,
+                        alpha=0.35,
+                    )
             mean, below, above = np.array([cell(pooled, task, L) for L in lengths]).T
-            ax.errorbar(x, mean, yerr=[below, above], marker="o", color=colour, label=label,
-                        capsize=2, lw=1.2 if len(names) == 1 else 2.0, elinewidth=0.8)
+            ax.errorbar(
+                x,
+                mean,
+                yerr=[below, above],
+                marker="o",
+                color=colour,
+                label=label,
+                capsize=2,
+                lw=1.2 if len(names) == 1 else 2.0,
+                elinewidth=0.8,
+            )
     for ax, task in zip(axes, tasks + ["mean of the tasks"]):
         if train_len:
             ax.axvline(train_len, color="grey", ls="--", lw=1)
@@ -106,10 +123,16 @@ def ppl_chart(per_model: dict, path: storage.PathLike, train_len: int | None = N
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, rows in per_model.items():
         mids = [(r["start"] + r["end"]) / 2 for r in rows]
-        line, = ax.plot(mids, [r["ppl"] for r in rows], marker=".", label=name)
+        (line,) = ax.plot(mids, [r["ppl"] for r in rows], marker=".", label=name)
         if all(r.get("ppl_lo") is not None for r in rows):
-            ax.fill_between(mids, [r["ppl_lo"] for r in rows], [r["ppl_hi"] for r in rows],
-                            color=line.get_color(), alpha=0.2, lw=0)
+            ax.fill_between(
+                mids,
+                [r["ppl_lo"] for r in rows],
+                [r["ppl_hi"] for r in rows],
+                color=line.get_color(),
+                alpha=0.2,
+                lw=0,
+            )
     if train_len:
         ax.axvline(train_len, color="grey", ls="--", lw=1, label="training length")
     ax.set_yscale("log")
@@ -125,18 +148,28 @@ def longppl_chart(result: dict, path: storage.PathLike, title: str, train_len: i
     rows = result["by_position"]
     mids = [(r["start"] + r["end"]) / 2 for r in rows]
     ax.plot(mids, [r["loss"] for r in rows], marker=".", label="all tokens")
-    ax.plot(mids, [np.nan if r["key_loss"] is None else r["key_loss"] for r in rows],
-            marker=".", label=f"key tokens ({result['key_tokens']} of {result['tokens']})")
+    ax.plot(
+        mids,
+        [np.nan if r["key_loss"] is None else r["key_loss"] for r in rows],
+        marker=".",
+        label=f"key tokens ({result['key_tokens']} of {result['tokens']})",
+    )
     if train_len:
         ax.axvline(train_len, color="grey", ls="--", lw=1, label="training length")
     share_ax = ax.twinx()
     width = 0.8 * (rows[0]["end"] - rows[0]["start"])
-    share_ax.bar(mids, [100 * r["key_tokens"] / r["tokens"] for r in rows], width=width,
-                 color="tab:green", alpha=0.2)
+    share_ax.bar(
+        mids,
+        [100 * r["key_tokens"] / r["tokens"] for r in rows],
+        width=width,
+        color="tab:green",
+        alpha=0.2,
+    )
     share_ax.set_ylabel("key tokens (%)", color="tab:green")
     share_ax.set_ylim(bottom=0)
     ax.set_zorder(share_ax.get_zorder() + 1)
     ax.patch.set_visible(False)
-    ax.set_title(f"{title}: LongPPL {result['longppl']:.2f}" if result["longppl"] else title,
-                 fontsize=9)
+    ax.set_title(
+        f"{title}: LongPPL {result['longppl']:.2f}" if result["longppl"] else title, fontsize=9
+    )
     finish_line_chart(fig, ax, path, xlabel="position (tokens)", ylabel="loss (nats/token)")

@@ -6,6 +6,7 @@ An experiment is one ``launch.train`` workdir whose closing evaluation ran (``co
 one dict (written as ``experiment.json``); ``report`` turns several into markdown tables and the
 cross-model NIAH and perplexity figures.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,24 +25,32 @@ def summarize(workdir: storage.PathLike) -> dict:
     workdir = storage.path(workdir)
     for need in ("summary.json", "metrics.jsonl", "eval/results.json"):
         if not (workdir / need).exists():
-            raise FileNotFoundError(f"{workdir} has no {need}: not a finished run with its "
-                                    f"closing evaluation (config.eval.at_end)")
+            raise FileNotFoundError(
+                f"{workdir} has no {need}: not a finished run with its "
+                f"closing evaluation (config.eval.at_end)"
+            )
     summary = json.loads((workdir / "summary.json").read_text())
     results = json.loads((workdir / "eval" / "results.json").read_text())
     tps, mfu = _steady(read_metrics(workdir / "metrics.jsonl"))
     out = {
-        "name": run_name(workdir), "arch": summary["arch"], "params": summary["params"],
-        "train_len": results["train_len"], "steps": summary["steps"],
-        "tokens": summary["tokens"], "wall_s": summary["wall_s"],
-        "devices": summary["devices"], "heldout_loss": summary["final_heldout_loss"],
+        "name": run_name(workdir),
+        "arch": summary["arch"],
+        "params": summary["params"],
+        "train_len": results["train_len"],
+        "steps": summary["steps"],
+        "tokens": summary["tokens"],
+        "wall_s": summary["wall_s"],
+        "devices": summary["devices"],
+        "heldout_loss": summary["final_heldout_loss"],
         "tokens_per_s": statistics.median(tps) if tps else None,
         "mfu": statistics.median(mfu) if mfu else None,
         "niah": results.get("niah_summary", {}),
         "niah_intervals": results.get("niah_intervals", {}),
-        "mqar": {f"{r['seq_len']}x{r['num_kv_pairs']}": r["accuracy"]
-                 for r in results.get("mqar", [])},
+        "mqar": {
+            f"{r['seq_len']}x{r['num_kv_pairs']}": r["accuracy"] for r in results.get("mqar", [])
+        },
         "retrieval": results.get("retrieval"),
-        "eval_finished": results.get("finished", True),   # False: cut during the evaluation
+        "eval_finished": results.get("finished", True),  # False: cut during the evaluation
         "results": results,
     }
     return out
@@ -53,15 +62,26 @@ def over_seeds(exps: list[dict]) -> dict:
     and the share right pooled over all seeds' prompts (n, 95% Wilson interval; prompts of
     different seeds are treated as one sample, so the seeds' spread is the figure to read for
     the variation between trainings); MQAR mean accuracy and held-out loss the same way."""
+
     def spread(values):
         values = [v for v in values if v is not None]
         if not values:
             return None
-        return {"values": values, "mean": statistics.mean(values),
-                "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                "min": min(values), "max": max(values)}
-    out = {"seeds": len(exps), "names": [e["name"] for e in exps], "arch": exps[0]["arch"],
-           "train_len": exps[0]["train_len"], "niah": {}}
+        return {
+            "values": values,
+            "mean": statistics.mean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values),
+            "max": max(values),
+        }
+
+    out = {
+        "seeds": len(exps),
+        "names": [e["name"] for e in exps],
+        "arch": exps[0]["arch"],
+        "train_len": exps[0]["train_len"],
+        "niah": {},
+    }
     for k in sorted({k for e in exps for k in e["niah"]}):
         cell = spread([e["niah"].get(k) for e in exps])
         ivs = [e["niah_intervals"][k] for e in exps if k in e.get("niah_intervals", {})]
@@ -69,19 +89,21 @@ def over_seeds(exps: list[dict]) -> dict:
             cell["pooled"] = _pooled(sum(i["right"] for i in ivs), sum(i["n"] for i in ivs))
         out["niah"][k] = cell
     lengths = sorted({int(k.split("@")[1]) for e in exps for k in e.get("niah_intervals", {})})
-    out["niah_by_length"] = {}                   # all tasks of a length together
+    out["niah_by_length"] = {}  # all tasks of a length together
     for length in lengths:
         per_seed = []
         for e in exps:
-            ivs = [iv for k, iv in e.get("niah_intervals", {}).items()
-                   if int(k.split("@")[1]) == length]
+            ivs = [
+                iv
+                for k, iv in e.get("niah_intervals", {}).items()
+                if int(k.split("@")[1]) == length
+            ]
             if ivs:
                 per_seed.append((sum(i["right"] for i in ivs), sum(i["n"] for i in ivs)))
         cell = spread([100 * r / n for r, n in per_seed])
         cell["pooled"] = _pooled(sum(r for r, _ in per_seed), sum(n for _, n in per_seed))
         out["niah_by_length"][str(length)] = cell
-    out["mqar"] = spread([statistics.mean(e["mqar"].values()) if e["mqar"] else None
-                          for e in exps])
+    out["mqar"] = spread([statistics.mean(e["mqar"].values()) if e["mqar"] else None for e in exps])
     out["heldout_loss"] = spread([e["heldout_loss"] for e in exps])
     return out
 
@@ -93,11 +115,12 @@ def _pooled(right: int, n: int) -> dict:
 
 
 def fmt_spread(cell: dict | None, spec: str = ".0f") -> str:
-    """"73 +- 6 (66-79) [70-76] n=300": mean +- sd over seeds (min-max), pooled interval, n."""
+    """ "73 +- 6 (66-79) [70-76] n=300": mean +- sd over seeds (min-max), pooled interval, n."""
     if cell is None:
         return "-"
-    text = (f"{cell['mean']:{spec}} +- {cell['std']:{spec}} ({cell['min']:{spec}}-"
-            f"{cell['max']:{spec}})")
+    text = (
+        f"{cell['mean']:{spec}} +- {cell['std']:{spec}} ({cell['min']:{spec}}-{cell['max']:{spec}})"
+    )
     if "pooled" in cell:
         p = cell["pooled"]
         text += f" [{p['lo']:.0f}-{p['hi']:.0f}] n={p['n']}"
@@ -107,17 +130,23 @@ def fmt_spread(cell: dict | None, spec: str = ".0f") -> str:
 def seeds_table(groups: list[dict]) -> str:
     """Rows: configurations trained with several seeds (``over_seeds`` dicts); columns: NIAH
     cells, MQAR mean accuracy and held-out loss."""
-    keys = sorted({k for g in groups for k in g["niah"]},
-                  key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
-    lines = ["| configuration | arch | seeds | "
-             + " | ".join(k.replace("niah_single_", "S-NIAH-") for k in keys)
-             + " | MQAR acc | held-out loss |",
-             "|---|---|---:|" + "---:|" * (len(keys) + 2)]
+    keys = sorted(
+        {k for g in groups for k in g["niah"]},
+        key=lambda k: (k.split("@")[0], int(k.split("@")[1])),
+    )
+    lines = [
+        "| configuration | arch | seeds | "
+        + " | ".join(k.replace("niah_single_", "S-NIAH-") for k in keys)
+        + " | MQAR acc | held-out loss |",
+        "|---|---|---:|" + "---:|" * (len(keys) + 2),
+    ]
     for g in groups:
-        lines.append(f"| {g['name']} | {g['arch']} | {g['seeds']} | "
-                     + " | ".join(fmt_spread(g["niah"].get(k)) for k in keys)
-                     + f" | {fmt_spread(g['mqar'], '.3f')} | "
-                     f"{fmt_spread(g['heldout_loss'], '.3f')} |")
+        lines.append(
+            f"| {g['name']} | {g['arch']} | {g['seeds']} | "
+            + " | ".join(fmt_spread(g["niah"].get(k)) for k in keys)
+            + f" | {fmt_spread(g['mqar'], '.3f')} | "
+            f"{fmt_spread(g['heldout_loss'], '.3f')} |"
+        )
     return "\n".join(lines)
 
 
@@ -125,8 +154,10 @@ def seeds_length_table(groups: list[dict]) -> str:
     """Rows: configurations trained with several seeds; columns: NIAH lengths, all tasks of a
     length together: right/n = share [pooled 95% interval] (the seeds' own shares min-max)."""
     lengths = sorted({int(k) for g in groups for k in g.get("niah_by_length", {})})
-    lines = ["| configuration | arch | seeds | " + " | ".join(f"NIAH@{n}" for n in lengths)
-             + " |", "|---|---|---:|" + "---|" * len(lengths)]
+    lines = [
+        "| configuration | arch | seeds | " + " | ".join(f"NIAH@{n}" for n in lengths) + " |",
+        "|---|---|---:|" + "---|" * len(lengths),
+    ]
     for g in groups:
         cells = []
         for length in lengths:
@@ -135,8 +166,10 @@ def seeds_length_table(groups: list[dict]) -> str:
                 cells.append("-")
                 continue
             p = c["pooled"]
-            cells.append(f"{p['right']}/{p['n']} = {100 * p['right'] / p['n']:.0f}% "
-                         f"[{p['lo']:.0f}, {p['hi']:.0f}] (seeds {c['min']:.0f}-{c['max']:.0f})")
+            cells.append(
+                f"{p['right']}/{p['n']} = {100 * p['right'] / p['n']:.0f}% "
+                f"[{p['lo']:.0f}, {p['hi']:.0f}] (seeds {c['min']:.0f}-{c['max']:.0f})"
+            )
         lines.append(f"| {g['name']} | {g['arch']} | {g['seeds']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -168,33 +201,42 @@ def _fmt(x, spec=".2f"):
 def niah_table(exps: list[dict]) -> str:
     """Rows: experiments; columns: task x length (score 0-100, mean over depths; with the 95%
     Wilson interval of the share right and n where the results have them)."""
-    keys = sorted({k for e in exps for k in e["niah"]},
-                  key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
-    head = "| model | arch | " + " | ".join(k.replace("niah_single_", "S-NIAH-")
-                                            for k in keys) + " |"
+    keys = sorted(
+        {k for e in exps for k in e["niah"]}, key=lambda k: (k.split("@")[0], int(k.split("@")[1]))
+    )
+    head = (
+        "| model | arch | " + " | ".join(k.replace("niah_single_", "S-NIAH-") for k in keys) + " |"
+    )
     lines = [head, "|---|---|" + "---:|" * len(keys)]
     for e in exps:
         iv = e.get("niah_intervals", {})
-        lines.append(f"| {e['name']} | {e['arch']} | "
-                     + " | ".join(stats.fmt_share(iv[k]) if k in iv else
-                                  _fmt(e["niah"].get(k), ".0f") for k in keys) + " |")
+        lines.append(
+            f"| {e['name']} | {e['arch']} | "
+            + " | ".join(
+                stats.fmt_share(iv[k]) if k in iv else _fmt(e["niah"].get(k), ".0f") for k in keys
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def run_table(exps: list[dict]) -> str:
     """Params, tokens, held-out loss, MQAR accuracy and throughput per experiment."""
-    lines = ["| model | arch | params | tokens | held-out loss | MQAR acc (mean) | retrieval "
-             "probe: answer / chance acc | tokens/s | MFU | wall |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| model | arch | params | tokens | held-out loss | MQAR acc (mean) | retrieval "
+        "probe: answer / chance acc | tokens/s | MFU | wall |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for e in exps:
         mq = statistics.mean(e["mqar"].values()) if e["mqar"] else None
         rp = e.get("retrieval")
-        probe = (f"{rp['answer_accuracy']:.3f} / {rp['needle_accuracy']:.3f}" if rp else "-")
+        probe = f"{rp['answer_accuracy']:.3f} / {rp['needle_accuracy']:.3f}" if rp else "-"
         lines.append(
             f"| {e['name']} | {e['arch']} | {e['params'] / 1e6:.1f}M | {e['tokens'] / 1e6:.1f}M | "
             f"{_fmt(e['heldout_loss'], '.3f')} | {_fmt(mq, '.3f')} | {probe} | "
             f"{_fmt(e['tokens_per_s'], ',.0f')} | {_fmt(e['mfu'], '.1%')} | "
-            f"{e['wall_s']:.0f} s |")
+            f"{e['wall_s']:.0f} s |"
+        )
     return "\n".join(lines)
 
 
@@ -212,10 +254,15 @@ def training_row(workdir: storage.PathLike, last: int = 50) -> dict:
     held = [r["loss"] for r in rows if r["split"] == "heldout"]
     tps, _ = _steady(rows)
     tail = sorted(train)[-last:]
-    return {"name": run_name(workdir), "steps": max(train),
-            "train_loss_tail": statistics.mean(train[s] for s in tail), "tail": len(tail),
-            "heldout_loss": held[-1] if held else None,
-            "tokens_per_s": statistics.median(tps) if tps else None, "train": train}
+    return {
+        "name": run_name(workdir),
+        "steps": max(train),
+        "train_loss_tail": statistics.mean(train[s] for s in tail),
+        "tail": len(tail),
+        "heldout_loss": held[-1] if held else None,
+        "tokens_per_s": statistics.median(tps) if tps else None,
+        "train": train,
+    }
 
 
 def _eval_state(exp: dict | None) -> str:
@@ -227,13 +274,14 @@ def _eval_state(exp: dict | None) -> str:
 def loss_figure(rows: list[dict], path: storage.PathLike, smooth: int = 25):
     """Training loss (running mean over ``smooth`` steps) of several runs against step."""
     import numpy as np
+
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in rows:
         steps = sorted(r["train"])
-        n = min(smooth, len(steps))   # a short run: the mean of all its steps
+        n = min(smooth, len(steps))  # a short run: the mean of all its steps
         loss = np.convolve([r["train"][s] for s in steps], np.ones(n) / n, "valid")
-        ax.plot(steps[n - 1:], loss, label=r["name"], lw=1.2, marker="." if n < smooth else None)
+        ax.plot(steps[n - 1 :], loss, label=r["name"], lw=1.2, marker="." if n < smooth else None)
     ax.set_title(f"training loss (running mean of {smooth} steps)")
     finish_line_chart(fig, ax, path, xlabel="step", ylabel="loss (nats/token)")
 
@@ -246,7 +294,7 @@ def report(workdirs: list[storage.PathLike], out_dir: storage.PathLike) -> str:
     its evaluation shows the cells it measured ("-" for the others) and is marked "partial"."""
     out_dir = storage.path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    groups = {}                      # a folder of seed runs: its runs, and their row over seeds
+    groups = {}  # a folder of seed runs: its runs, and their row over seeds
     expanded = []
     for w in workdirs:
         seeds = seed_dirs(w) if not (storage.path(w) / "summary.json").exists() else []
@@ -254,47 +302,68 @@ def report(workdirs: list[storage.PathLike], out_dir: storage.PathLike) -> str:
             groups[storage.path(w).name] = seeds
         expanded += seeds or [w]
     workdirs = expanded
-    finished = [w for w in workdirs if (storage.path(w) / "eval" / "results.json").exists()
-                and (storage.path(w) / "summary.json").exists()]
+    finished = [
+        w
+        for w in workdirs
+        if (storage.path(w) / "eval" / "results.json").exists()
+        and (storage.path(w) / "summary.json").exists()
+    ]
     cut = [w for w in workdirs if w not in finished]
     exps = [summarize(w) for w in finished]
     by_dir = dict(zip(finished, exps))
     rows = [training_row(w) for w in workdirs]
     lens = {e["train_len"] for e in exps}
     if len(lens) > 1:
-        raise ValueError(f"experiments trained at different lengths {sorted(lens)}: report "
-                         f"them separately")
+        raise ValueError(
+            f"experiments trained at different lengths {sorted(lens)}: report them separately"
+        )
     text = ""
     if exps:
         params = [e["params"] for e in exps]
         spread = (max(params) - min(params)) / min(params)
-        text += (f"Training length L = {lens.pop()}; parameter spread {spread:.1%} "
-                 f"(max vs min).\n\nNIAH (RULER single 1/2/3, string match, % over depths):\n\n"
-                 f"{niah_table(exps)}\n\nRuns:\n\n{run_table(exps)}\n")
+        text += (
+            f"Training length L = {lens.pop()}; parameter spread {spread:.1%} "
+            f"(max vs min).\n\nNIAH (RULER single 1/2/3, string match, % over depths):\n\n"
+            f"{niah_table(exps)}\n\nRuns:\n\n{run_table(exps)}\n"
+        )
     over = []
     for name, dirs in groups.items():
         done = [by_dir[d] for d in dirs if d in by_dir]
         if done:
             over.append({"name": name, **over_seeds(done)})
     if over:
-        text += ("\nOver seeds (NIAH score: mean +- sd over seeds (min-max) [95% interval of "
-                 "the share right, prompts of all seeds pooled] n prompts):\n\n"
-                 f"{seeds_table(over)}\n\nAll tasks of a length together (prompts right over "
-                 f"the seeds [95% interval] (each seed's own share, min-max)):\n\n"
-                 f"{seeds_length_table(over)}\n")
-    text += "\nTraining (every run; loss = mean of the last logged steps):\n\n" + \
-        "| run | steps | train loss | held-out loss | median tokens/s | closing evaluation |\n" \
-        "|---|---:|---:|---:|---:|---|\n" + "".join(
+        text += (
+            "\nOver seeds (NIAH score: mean +- sd over seeds (min-max) [95% interval of "
+            "the share right, prompts of all seeds pooled] n prompts):\n\n"
+            f"{seeds_table(over)}\n\nAll tasks of a length together (prompts right over "
+            f"the seeds [95% interval] (each seed's own share, min-max)):\n\n"
+            f"{seeds_length_table(over)}\n"
+        )
+    text += (
+        "\nTraining (every run; loss = mean of the last logged steps):\n\n"
+        + "| run | steps | train loss | held-out loss | median tokens/s | closing evaluation |\n"
+        "|---|---:|---:|---:|---:|---|\n"
+        + "".join(
             f"| {r['name']} | {r['steps']} | {r['train_loss_tail']:.4f} (last {r['tail']}) | "
             f"{_fmt(r['heldout_loss'], '.4f')} | {_fmt(r['tokens_per_s'], ',.0f')} | "
-            f"{_eval_state(by_dir.get(w))} |\n" for w, r in zip(workdirs, rows))
+            f"{_eval_state(by_dir.get(w))} |\n"
+            for w, r in zip(workdirs, rows)
+        )
+    )
     (out_dir / "report.md").write_text(text)
     if over:
         (out_dir / "seeds.json").write_text(json.dumps(over, indent=2))
-    (out_dir / "experiments.json").write_text(json.dumps(
-        [{k: v for k, v in e.items() if k != "results"} for e in exps]
-        + [{k: v for k, v in r.items() if k != "train"} | {"closing_eval": False}
-           for w, r in zip(workdirs, rows) if w in cut], indent=2))
+    (out_dir / "experiments.json").write_text(
+        json.dumps(
+            [{k: v for k, v in e.items() if k != "results"} for e in exps]
+            + [
+                {k: v for k, v in r.items() if k != "train"} | {"closing_eval": False}
+                for w, r in zip(workdirs, rows)
+                if w in cut
+            ],
+            indent=2,
+        )
+    )
     if exps:
         compare([e["results"] for e in exps], out_dir)
     loss_figure(rows, out_dir / "train_loss.png")

@@ -9,6 +9,7 @@ and, as the chance baseline, for the same values' tokens in the needles: mean lo
 and teacher-forced greedy accuracy; and the share of answers whose every value token is the
 model's argmax ("exact").
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,12 +24,12 @@ def _runs(mask: np.ndarray):
     return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)))
 
 
-def retrieval_probe(scorer, tokenizer, stream: np.ndarray, seq_len: int, *, num: int = 64,
-                    log=print) -> dict:
+def retrieval_probe(
+    scorer, tokenizer, stream: np.ndarray, seq_len: int, *, num: int = 64, log=print
+) -> dict:
     if num < 1:
         raise ValueError(f"retrieval probe: num must be >= 1, got {num}")
-    text = PackedSequences(stream, seq_len, eos_id=tokenizer.eos_id,
-                           pad_id=tokenizer.pad_id)
+    text = PackedSequences(stream, seq_len, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
     mix = RetrievalMix(text, tokenizer, 0.5)
     nll = {"answer": [], "needle": []}
     hit = {"answer": [], "needle": []}
@@ -36,7 +37,7 @@ def retrieval_probe(scorer, tokenizer, stream: np.ndarray, seq_len: int, *, num:
     for lo in range(0, num, scorer.batch_size):
         docs = [mix.probe(j) for j in range(lo, min(lo + scorer.batch_size, num))]
         n = len(docs)
-        docs += [docs[-1]] * (scorer.batch_size - n)       # one batch shape
+        docs += [docs[-1]] * (scorer.batch_size - n)  # one batch shape
         tokens = np.stack([np.concatenate([x["inputs"], x["targets"][-1:]]) for x, _, _ in docs])
         lp, greedy = scorer.token_logprobs(tokens)
         for (x, answer, needle), l, g in zip(docs[:n], lp[:n], greedy[:n]):
@@ -48,8 +49,10 @@ def retrieval_probe(scorer, tokenizer, stream: np.ndarray, seq_len: int, *, num:
     for name in nll:
         out[f"{name}_nll"] = float(np.concatenate(nll[name]).mean())
         out[f"{name}_accuracy"] = float(np.concatenate(hit[name]).mean())
-    log(f"retrieval probe ({num} documents, {len(exact)} answers): answer tokens loss "
+    log(
+        f"retrieval probe ({num} documents, {len(exact)} answers): answer tokens loss "
         f"{out['answer_nll']:.3f} / accuracy {out['answer_accuracy']:.3f} vs needle tokens "
         f"(chance) {out['needle_nll']:.3f} / {out['needle_accuracy']:.3f}; exact answers "
-        f"{out['exact']:.3f}")
+        f"{out['exact']:.3f}"
+    )
     return out

@@ -5,6 +5,7 @@ in one causal pass (left-truncated to ``max_len``); the score is the summed log-
 the continuation tokens and whether each of them is the argmax (``is_greedy``). Requests are
 sorted by length and padded on the right to a few bucket lengths, so few shapes compile.
 """
+
 from __future__ import annotations
 
 import jax
@@ -48,16 +49,16 @@ class Scorer:
         for ctx, cont in requests:
             if not cont:
                 raise ValueError("loglikelihood: an empty continuation cannot be scored")
-            whole = (list(ctx) + list(cont))[-(self.max_len + 1):]
+            whole = (list(ctx) + list(cont))[-(self.max_len + 1) :]
             seqs.append((whole, len(cont)))
         order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i][0]))
         results = [None] * len(seqs)
         for n, s in enumerate(range(0, len(order), self.batch_size)):
-            idx = order[s:s + self.batch_size]
+            idx = order[s : s + self.batch_size]
             L = -(-len(seqs[idx[0]][0]) // self.bucket) * self.bucket
             tokens = np.zeros((self.batch_size, L + 1), np.int32)  # fixed batch: one shape per L
             for r, i in enumerate(idx):
-                tokens[r, :len(seqs[i][0])] = seqs[i][0]
+                tokens[r, : len(seqs[i][0])] = seqs[i][0]
             lp, greedy = self.token_logprobs(tokens)
             for r, i in enumerate(idx):
                 whole, n_cont = seqs[i]

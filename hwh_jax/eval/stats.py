@@ -1,6 +1,7 @@
 """Intervals for the evaluation's accuracies: Wilson's score interval for a share of n prompts
 answered right (exact enough at any n, never outside [0, 1], unlike the normal approximation
 at 0 or n correct), and a percentile bootstrap for a mean over seeds or runs."""
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ def wilson(correct: float, n: int, z: float = Z95) -> tuple[float, float]:
     """95% (default ``z``) Wilson score interval of the share ``correct / n``, as fractions."""
     if n <= 0:
         return (float("nan"), float("nan"))
-    if correct <= 0:                  # the bounds the formula reaches up to rounding (5.6e-15)
+    if correct <= 0:  # the bounds the formula reaches up to rounding (5.6e-15)
         return (0.0, wilson_upper_at_zero(n, z))
     if correct >= n:
         return (1.0 - wilson_upper_at_zero(n, z), 1.0)
@@ -36,12 +37,18 @@ def share(scores: list[float]) -> dict:
     n = len(scores)
     right = sum(1 for s in scores if s >= 100.0)
     lo, hi = wilson(right, n)
-    return {"n": n, "right": right, "mean": float(np.mean(scores)) if n else float("nan"),
-            "lo": 100 * lo, "hi": 100 * hi}
+    return {
+        "n": n,
+        "right": right,
+        "mean": float(np.mean(scores)) if n else float("nan"),
+        "lo": 100 * lo,
+        "hi": 100 * hi,
+    }
 
 
-def bootstrap_mean(values, *, samples: int = 10_000, level: float = 0.95,
-                   seed: int = 0) -> tuple[float, float, float]:
+def bootstrap_mean(
+    values, *, samples: int = 10_000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
     """(mean, lo, hi): the mean of ``values`` and its percentile bootstrap interval."""
     x = np.asarray(values, np.float64)
     if x.size == 0:
@@ -53,5 +60,5 @@ def bootstrap_mean(values, *, samples: int = 10_000, level: float = 0.95,
 
 
 def fmt_share(cell: dict) -> str:
-    """"40 [25-56] n=40": the mean score, the interval of the share right, n."""
+    """ "40 [25-56] n=40": the mean score, the interval of the share right, n."""
     return f"{cell['mean']:.0f} [{cell['lo']:.0f}-{cell['hi']:.0f}] n={cell['n']}"

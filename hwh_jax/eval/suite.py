@@ -8,6 +8,7 @@ results; ``compare`` draws the cross-model figures (extrapolation chart, perplex
 position). ``EvalSpec`` holds every setting and its default (run configs' ``eval`` section and
 ``launch.eval``'s flags are built from it).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,7 +33,8 @@ class EvalModel:
     """What the suite evaluates: a model with its tokenizer, its training length (NIAH and
     perplexity lengths are multiples of it), a name for tables and plots, and its held-out
     token stream (an array, or a function that builds it on first use)."""
-    model: object                       # a HybridLM
+
+    model: object  # a HybridLM
     tokenizer: object
     train_len: int
     name: str
@@ -54,27 +56,28 @@ class EvalModel:
 @dataclasses.dataclass
 class EvalSpec:
     """Which suites run and how; the one place the evaluation's defaults live."""
+
     suites: tuple = ("niah", "ppl")
     batch_size: int = 8
     niah_tasks: tuple = tuple(niah.TASKS)
-    niah_factors: tuple = (1, 2, 4)     # lengths = factor x the run's training length
-    niah_depths: int = 5                # evenly spaced in [0, 100] (RULER: 40)
-    niah_samples: int = 20              # prompts per (task, length, depth): cells of
+    niah_factors: tuple = (1, 2, 4)  # lengths = factor x the run's training length
+    niah_depths: int = 5  # evenly spaced in [0, 100] (RULER: 40)
+    niah_samples: int = 20  # prompts per (task, length, depth): cells of
     #                                     depths x samples prompts (100 at 5 depths)
-    ppl_factor: int = 4                 # windows of factor x training length
+    ppl_factor: int = 4  # windows of factor x training length
     ppl_buckets_per_train_len: int = 4
     ppl_windows: int = 64
-    ppl_text: str = ""                  # a text file; default the run's held-out split
-    mqar_vocab: int = 0                 # 0: the model's vocabulary (capped at 8192)
+    ppl_text: str = ""  # a text file; default the run's held-out split
+    mqar_vocab: int = 0  # 0: the model's vocabulary (capped at 8192)
     mqar_settings: tuple = ((64, 4), (128, 8), (256, 16))
     mqar_examples: int = 64
-    retrieval_documents: int = 64       # synthetic NIAH-format documents from held-out text
+    retrieval_documents: int = 64  # synthetic NIAH-format documents from held-out text
     commonsense_tasks: tuple = commonsense.TASKS
-    commonsense_limit: int = 0          # first N examples per task; 0 = all
-    longppl_factor: int = 4             # LongPPL windows of factor x training length
-    longppl_short: int = 0              # the evaluator's short context; 0 = the training length
-    longppl_alpha: float = 2.0          # key tokens: long - short log-prob > alpha ...
-    longppl_beta: float = -2.0          # ... and long-context log-prob > beta
+    commonsense_limit: int = 0  # first N examples per task; 0 = all
+    longppl_factor: int = 4  # LongPPL windows of factor x training length
+    longppl_short: int = 0  # the evaluator's short context; 0 = the training length
+    longppl_alpha: float = 2.0  # key tokens: long - short log-prob > alpha ...
+    longppl_beta: float = -2.0  # ... and long-context log-prob > beta
     longppl_windows: int = 16
 
     def validate(self):
@@ -88,8 +91,10 @@ class EvalSpec:
         if bad:
             raise ValueError(f"unknown commonsense task(s) {bad}; known: {list(commonsense.TASKS)}")
         if self.niah_depths < 1 or any(f <= 0 for f in self.niah_factors):
-            raise ValueError(f"niah_depths={self.niah_depths} and niah_factors="
-                             f"{self.niah_factors} must be positive")
+            raise ValueError(
+                f"niah_depths={self.niah_depths} and niah_factors="
+                f"{self.niah_factors} must be positive"
+            )
 
 
 def check_for_run(spec: EvalSpec, tokenizer, train_len: int) -> None:
@@ -101,9 +106,11 @@ def check_for_run(spec: EvalSpec, tokenizer, train_len: int) -> None:
     try:
         niah.check_lengths(spec.niah_tasks, lengths, tokenizer)
     except niah.TooShort as e:
-        raise ValueError(f"eval: {e}; raise seq_len or eval.niah_factors "
-                         f"({list(spec.niah_factors)} x {train_len}), or drop the task from "
-                         f"eval.niah_tasks") from None
+        raise ValueError(
+            f"eval: {e}; raise seq_len or eval.niah_factors "
+            f"({list(spec.niah_factors)} x {train_len}), or drop the task from "
+            f"eval.niah_tasks"
+        ) from None
 
 
 def depth_grid(n: int) -> list[int]:
@@ -112,7 +119,9 @@ def depth_grid(n: int) -> list[int]:
 
 def _heldout_stream(subject: EvalModel, spec: EvalSpec) -> np.ndarray:
     if spec.ppl_text:
-        return np.asarray(subject.tokenizer.encode(read_text(storage.path(spec.ppl_text))), np.int32)
+        return np.asarray(
+            subject.tokenizer.encode(read_text(storage.path(spec.ppl_text))), np.int32
+        )
     return subject.heldout_stream()
 
 
@@ -126,8 +135,13 @@ def spec_from_config(e) -> EvalSpec:
     return EvalSpec(**{k: _tupled(v) for k, v in e.items() if k in fields})
 
 
-def run_suite(subject: EvalModel, spec: EvalSpec, out_dir: storage.PathLike, log=print,
-              evaluator: EvalModel | None = None) -> dict:
+def run_suite(
+    subject: EvalModel,
+    spec: EvalSpec,
+    out_dir: storage.PathLike,
+    log=print,
+    evaluator: EvalModel | None = None,
+) -> dict:
     """Every suite of ``spec`` on ``subject``; ``results.json`` is rewritten after each.
     ``evaluator``: the model choosing LongPPL's key tokens (default ``subject`` itself; it must
     share its tokenizer)."""
@@ -136,9 +150,14 @@ def run_suite(subject: EvalModel, spec: EvalSpec, out_dir: storage.PathLike, log
     out_dir.mkdir(parents=True, exist_ok=True)
     L = int(subject.train_len)
     tok = subject.tokenizer
-    results = {"model": subject.name, "arch": subject.arch, "step": subject.step,
-               "workdir": str(subject.workdir), "train_len": L,
-               "spec": dataclasses.asdict(spec)}
+    results = {
+        "model": subject.name,
+        "arch": subject.arch,
+        "step": subject.step,
+        "workdir": str(subject.workdir),
+        "train_len": L,
+        "spec": dataclasses.asdict(spec),
+    }
     max_len = int(L * max(max(spec.niah_factors), spec.ppl_factor, spec.longppl_factor))
     scorer = Scorer(subject.model, batch_size=spec.batch_size, max_len=max_len)
     t0 = time.time()
@@ -151,14 +170,22 @@ def run_suite(subject: EvalModel, spec: EvalSpec, out_dir: storage.PathLike, log
         (out_dir / "results.json").write_text(json.dumps(results, indent=2))
 
     def niah_summary(rows):
-        return {f"{t}@{n}": float(np.mean([r["score"] for r in rows if r["task"] == t
-                                           and r["length"] == n]))
-                for t in spec.niah_tasks for n in sorted({r["length"] for r in rows})}
+        return {
+            f"{t}@{n}": float(
+                np.mean([r["score"] for r in rows if r["task"] == t and r["length"] == n])
+            )
+            for t in spec.niah_tasks
+            for n in sorted({r["length"] for r in rows})
+        }
 
     def niah_intervals(rows):
-        return {f"{t}@{n}": stats.share([r["score"] for r in rows if r["task"] == t
-                                         and r["length"] == n])
-                for t in spec.niah_tasks for n in sorted({r["length"] for r in rows})}
+        return {
+            f"{t}@{n}": stats.share(
+                [r["score"] for r in rows if r["task"] == t and r["length"] == n]
+            )
+            for t in spec.niah_tasks
+            for n in sorted({r["length"] for r in rows})
+        }
 
     def niah_partial(rows):
         results["niah"], results["niah_summary"] = rows, niah_summary(rows)
@@ -168,56 +195,90 @@ def run_suite(subject: EvalModel, spec: EvalSpec, out_dir: storage.PathLike, log
     try:
         if {"ppl", "longppl", "retrieval"} & set(spec.suites):
             stream = _heldout_stream(subject, spec)
-        if "retrieval" in spec.suites:   # first: one forward pass per batch, in the log at once
-            results["retrieval"] = retrieval_probe(scorer, tok, stream, L,
-                                                   num=spec.retrieval_documents, log=log)
+        if "retrieval" in spec.suites:  # first: one forward pass per batch, in the log at once
+            results["retrieval"] = retrieval_probe(
+                scorer, tok, stream, L, num=spec.retrieval_documents, log=log
+            )
             save(False)
         if "niah" in spec.suites:
             lengths = [int(f * L) for f in spec.niah_factors]
             # prompts padded to multiples of L, prefilled in chunks of L, one cache size for all
             # lengths: one compiled init, prefill and decode for the whole sweep
-            gen = Generator(subject.model, eos_id=tok.eos_id, vocab=tok.vocab_size,
-                            pad_id=tok.pad_id, prefill_chunk=L, length_multiple=L,
-                            cache_len=-(-max(lengths) // L) * L
-                            + niah.answer_budget(spec.niah_tasks))
-            rows = niah.run_niah(gen, tok, tasks=spec.niah_tasks, lengths=lengths,
-                                 depths=depth_grid(spec.niah_depths), samples=spec.niah_samples,
-                                 batch_size=spec.batch_size, log=log, on_length=niah_partial)
+            gen = Generator(
+                subject.model,
+                eos_id=tok.eos_id,
+                vocab=tok.vocab_size,
+                pad_id=tok.pad_id,
+                prefill_chunk=L,
+                length_multiple=L,
+                cache_len=-(-max(lengths) // L) * L + niah.answer_budget(spec.niah_tasks),
+            )
+            rows = niah.run_niah(
+                gen,
+                tok,
+                tasks=spec.niah_tasks,
+                lengths=lengths,
+                depths=depth_grid(spec.niah_depths),
+                samples=spec.niah_samples,
+                batch_size=spec.batch_size,
+                log=log,
+                on_length=niah_partial,
+            )
             for t in spec.niah_tasks:
                 plots.niah_heatmap(rows, t, f"{subject.name}: {t}", out_dir / f"niah_{t}.png", L)
         if "ppl" in spec.suites:
             bucket = max(L // spec.ppl_buckets_per_train_len, 1)
             results["ppl"] = perplexity.ppl_by_position(
-                scorer, stream, max_len=spec.ppl_factor * L, bucket=bucket,
-                max_windows=spec.ppl_windows, log=log)
+                scorer,
+                stream,
+                max_len=spec.ppl_factor * L,
+                bucket=bucket,
+                max_windows=spec.ppl_windows,
+                log=log,
+            )
             plots.ppl_chart({subject.name: results["ppl"]}, out_dir / "ppl_by_position.png", L)
             save(False)
         if "longppl" in spec.suites:
             judge = scorer
             if evaluator is not None:
                 if evaluator.tokenizer.name != tok.name:
-                    raise ValueError(f"LongPPL evaluator {evaluator.name} has tokenizer "
-                                     f"{evaluator.tokenizer.name}, {subject.name} {tok.name}")
+                    raise ValueError(
+                        f"LongPPL evaluator {evaluator.name} has tokenizer "
+                        f"{evaluator.tokenizer.name}, {subject.name} {tok.name}"
+                    )
                 judge = Scorer(evaluator.model, batch_size=spec.batch_size, max_len=max_len)
             short = spec.longppl_short or L
             results["longppl"] = longppl.evaluate_longppl(
-                scorer, judge, stream, length=spec.longppl_factor * L, short=short,
-                stride=max(short // 2, 1), alpha=spec.longppl_alpha, beta=spec.longppl_beta,
-                max_windows=spec.longppl_windows, log=log)
+                scorer,
+                judge,
+                stream,
+                length=spec.longppl_factor * L,
+                short=short,
+                stride=max(short // 2, 1),
+                alpha=spec.longppl_alpha,
+                beta=spec.longppl_beta,
+                max_windows=spec.longppl_windows,
+                log=log,
+            )
             results["longppl"]["evaluator"] = subject.name if evaluator is None else evaluator.name
             plots.longppl_chart(results["longppl"], out_dir / "longppl.png", subject.name, L)
             save(False)
         if "mqar" in spec.suites:
             vocab = spec.mqar_vocab or min(tok.vocab_size, 8192)
-            results["mqar"] = mqar.evaluate_mqar(scorer, vocab_size=vocab,
-                                                 settings=spec.mqar_settings,
-                                                 num_examples=spec.mqar_examples, log=log)
+            results["mqar"] = mqar.evaluate_mqar(
+                scorer,
+                vocab_size=vocab,
+                settings=spec.mqar_settings,
+                num_examples=spec.mqar_examples,
+                log=log,
+            )
             save(False)
         if "commonsense" in spec.suites:
             results["commonsense"] = {}
             for t in spec.commonsense_tasks:
                 results["commonsense"][t] = commonsense.evaluate_task(
-                    scorer, tok, t, limit=spec.commonsense_limit or None, log=log)
+                    scorer, tok, t, limit=spec.commonsense_limit or None, log=log
+                )
                 save(False)
     except BaseException as e:
         # a signal, a time limit, an error: what was measured stays, marked unfinished

@@ -4,6 +4,7 @@
 what ``generate`` would hold: KV slots for FA heads (a ring of ``window`` slots for SWA heads),
 fp32 state and short-conv tails for GDN heads.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,8 +39,10 @@ def _layer_cache(cfg: ModelConfig, spec, batch: int, context: int, dtype: str):
     """(FA bytes, linear-head bytes) of one layer's decode cache (its mixer's ``init_cache``)."""
     mixer = _abstract_mixer(cfg, spec)
     shapes = jax.eval_shape(lambda: mixer.init_cache(batch, context, jnp.dtype(dtype)))
-    return tuple(sum(int(np.prod(x.shape)) * x.dtype.itemsize
-                     for x in jax.tree.leaves(shapes[kind])) for kind in ("fa", "la"))
+    return tuple(
+        sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(shapes[kind]))
+        for kind in ("fa", "la")
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -57,7 +60,7 @@ def cache_table(configs: dict[str, ModelConfig], contexts, batch: int = 1, dtype
     return "\n".join(lines)
 
 
-ZOO_ARCHS = ("gdn", "layerwise", "hwh")   # every head linear; 1 FA layer in 4; head-wise
+ZOO_ARCHS = ("gdn", "layerwise", "hwh")  # every head linear; 1 FA layer in 4; head-wise
 
 
 def zoo_table(sizes=("small", "380m", "1b4"), context: int = 32768) -> str:
@@ -65,15 +68,20 @@ def zoo_table(sizes=("small", "380m", "1b4"), context: int = 32768) -> str:
     head linear), in the layer-wise 1:3 hybrid and as HwH's linear heads, at each size: total
     parameters, their difference from the Transformer's, the MLP width that matches them, and
     the decode cache at ``context`` tokens (batch 1, bf16 KV, fp32 states)."""
-    lines = [f"| size | arch | linear heads | params | vs transformer | mlp hidden | "
-             f"cache MiB at {context:,} |", "|---|---|---|---:|---:|---:|---:|"]
+    lines = [
+        f"| size | arch | linear heads | params | vs transformer | mlp hidden | "
+        f"cache MiB at {context:,} |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
     for size in sizes:
         base = param_table(model_config("transformer", size))["total"]
         for kind in LA_KINDS:
             for arch in ZOO_ARCHS:
                 cfg = model_config(arch, size, la_kind=kind)
                 total = param_table(cfg)["total"]
-                mib = cache_bytes(cfg, 1, context, "bfloat16")["total"] / 2 ** 20
-                lines.append(f"| {size} | {arch} | {kind} | {total / 1e6:.2f}M | "
-                             f"{100 * (total / base - 1):+.2f}% | {cfg.mlp_hidden} | {mib:,.1f} |")
+                mib = cache_bytes(cfg, 1, context, "bfloat16")["total"] / 2**20
+                lines.append(
+                    f"| {size} | {arch} | {kind} | {total / 1e6:.2f}M | "
+                    f"{100 * (total / base - 1):+.2f}% | {cfg.mlp_hidden} | {mib:,.1f} |"
+                )
     return "\n".join(lines)

@@ -8,6 +8,7 @@ it, and reads and rewrites every linear-attention state. No implementation moves
 so ``bytes / bandwidth`` bounds the step's time from below; a step near it is bound by memory,
 one far above it by launches or compute (``bench/decode.py`` prints the ratio).
 """
+
 from __future__ import annotations
 
 import jax
@@ -22,10 +23,19 @@ from hwh_jax.models.lm import HybridLM
 # Peak memory bandwidth (bytes/s) by device kind prefix: the vendors' figures. A copy kernel
 # reaches about 90% of it on an H200 (4.27 of 4.8 TB/s).
 PEAK_MEMORY_BANDWIDTH = {
-    "NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12, "NVIDIA H100": 3.35e12,
-    "NVIDIA A100-SXM4-80GB": 2.039e12, "NVIDIA A100-SXM4-40GB": 1.555e12,
-    "TPU v4": 1.2e12, "TPU v5 lite": 0.819e12, "TPU v5e": 0.819e12, "TPU v5p": 2.765e12,
-    "TPU v5": 2.765e12, "TPU v6 lite": 1.64e12, "TPU v6e": 1.64e12}
+    "NVIDIA H200": 4.8e12,
+    "NVIDIA H100 80GB HBM3": 3.35e12,
+    "NVIDIA H100": 3.35e12,
+    "NVIDIA A100-SXM4-80GB": 2.039e12,
+    "NVIDIA A100-SXM4-40GB": 1.555e12,
+    "TPU v4": 1.2e12,
+    "TPU v5 lite": 0.819e12,
+    "TPU v5e": 0.819e12,
+    "TPU v5p": 2.765e12,
+    "TPU v5": 2.765e12,
+    "TPU v6 lite": 1.64e12,
+    "TPU v6e": 1.64e12,
+}
 
 
 def peak_memory_bandwidth(device_kind: str) -> float | None:
@@ -42,13 +52,16 @@ def decode_step_bytes(state, cfg: ModelConfig, batch: int, context: int) -> dict
     holds them) and a cache of ``context`` slots (``cache_bytes``)."""
     leaves = jax.tree.leaves(state)
     weights = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves)
-    if not cfg.tie_embeddings:          # the table is only looked up: B rows, not all of it
+    if not cfg.tie_embeddings:  # the table is only looked up: B rows, not all of it
         weights -= (cfg.vocab_size - batch) * cfg.d_model * np.dtype(cfg.compute_dtype).itemsize
     cache = cache_bytes(cfg, batch, context)
     one_slot = cache["fa"] // context
-    return {"weights": weights, "cache_read": cache["total"],
-            "cache_written": one_slot + cache["la"],
-            "total": weights + cache["total"] + one_slot + cache["la"]}
+    return {
+        "weights": weights,
+        "cache_read": cache["total"],
+        "cache_written": one_slot + cache["la"],
+        "total": weights + cache["total"] + one_slot + cache["la"],
+    }
 
 
 def floor_ms(step_bytes: float, bandwidth: float | None) -> float | None:

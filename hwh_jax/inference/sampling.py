@@ -1,4 +1,5 @@
 """Next-token choice from fp32 logits: greedy, or temperature with nucleus (top-p) filtering."""
+
 from __future__ import annotations
 
 import jax
@@ -23,8 +24,11 @@ def sample(logits, key, *, temperature: float = 0.0, top_p: float = 1.0, vocab: 
         order = jnp.argsort(-logits, axis=-1)
         sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
         probs = jax.nn.softmax(sorted_logits, axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs     # mass of strictly more likely tokens
+        before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly more likely tokens
         sorted_logits = jnp.where(before < top_p, sorted_logits, -jnp.inf)
-        logits = jnp.full_like(logits, -jnp.inf).at[
-            jnp.arange(logits.shape[0])[:, None], order].set(sorted_logits)
+        logits = (
+            jnp.full_like(logits, -jnp.inf)
+            .at[jnp.arange(logits.shape[0])[:, None], order]
+            .set(sorted_logits)
+        )
     return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)

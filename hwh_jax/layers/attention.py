@@ -11,6 +11,7 @@ cache whose slots are indexed by absolute time t (rows are left-padded to a comm
 tokens start at ``start[b]``). Global heads keep every slot; sliding-window heads keep a ring of
 ``window`` slots (slot = t mod window), each slot tagged with the time it holds.
 """
+
 from __future__ import annotations
 
 import jax
@@ -37,22 +38,36 @@ class FullAttentionHeads(nnx.Module):
        through ``kernels_pallas.attention`` -> [B, T, n*D].
     """
 
-    def __init__(self, d_model: int, num_heads: int, head_dim: int, *, q_per_kv: int = 1,
-                 rope: bool, rope_theta: float = 10000.0, rope_pairing: str = "half",
-                 rope_scaling: tuple = (),
-                 window: int | None = None, qk_norm: bool = False, norm_eps: float = 1e-6,
-                 settings: AttentionSettings | None = None,
-                 decode_settings: DecodeAttentionSettings | None = None,
-                 norm_settings: RMSNormSettings | None = None, dtype, param_dtype,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        head_dim: int,
+        *,
+        q_per_kv: int = 1,
+        rope: bool,
+        rope_theta: float = 10000.0,
+        rope_pairing: str = "half",
+        rope_scaling: tuple = (),
+        window: int | None = None,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
+        settings: AttentionSettings | None = None,
+        decode_settings: DecodeAttentionSettings | None = None,
+        norm_settings: RMSNormSettings | None = None,
+        dtype,
+        param_dtype,
+        rngs: nnx.Rngs,
+    ):
         self.num_heads, self.head_dim = num_heads, head_dim
         self.num_kv = num_heads // q_per_kv
         self.rope, self.rope_theta, self.rope_pairing = rope, rope_theta, rope_pairing
         self.rope_scaling = tuple(rope_scaling)
         self.window, self.dtype = window, dtype
         self.settings = AttentionSettings() if settings is None else settings
-        self.decode_settings = (DecodeAttentionSettings() if decode_settings is None
-                                else decode_settings)
+        self.decode_settings = (
+            DecodeAttentionSettings() if decode_settings is None else decode_settings
+        )
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.q_proj = dense(d_model, num_heads * head_dim, ("embed", "heads"), **kw)
         self.k_proj = dense(d_model, self.num_kv * head_dim, ("embed", "kv_heads"), **kw)
@@ -93,8 +108,15 @@ class FullAttentionHeads(nnx.Module):
         if self.rope:
             kw = dict(pairing=self.rope_pairing, frequencies=self.frequencies())
             q, k = apply_rope(q, positions, **kw), apply_rope(k, positions, **kw)
-        o = kernels_pallas.attention(q, k, v, causal=True, window=self.window,
-                                     segment_ids=segment_ids, settings=self.settings)
+        o = kernels_pallas.attention(
+            q,
+            k,
+            v,
+            causal=True,
+            window=self.window,
+            segment_ids=segment_ids,
+            settings=self.settings,
+        )
         return o.reshape(B, T, self.num_heads * self.head_dim)
 
     # ------------------------------------------------------------ inference
@@ -134,19 +156,22 @@ class FullAttentionHeads(nnx.Module):
             k_time = jnp.concatenate([cache["time"], times])
             m = min(Tn, size)
             slot = times[-m:] % size
-            new = {"k": cache["k"].at[:, slot].set(k[:, -m:]),
-                   "v": cache["v"].at[:, slot].set(v[:, -m:]),
-                   "time": cache["time"].at[slot].set(times[-m:])}
+            new = {
+                "k": cache["k"].at[:, slot].set(k[:, -m:]),
+                "v": cache["v"].at[:, slot].set(v[:, -m:]),
+                "time": cache["time"].at[slot].set(times[-m:]),
+            }
         if fresh:
             o = self._fresh_attention(q, k, v, start)
-        else:   # prefill chunks: blockwise over the cache (O(Tn x block) memory, the cache's
+        else:  # prefill chunks: blockwise over the cache (O(Tn x block) memory, the cache's
             # dtype in the products); a decode step (Tn = 1): decode_attention (its settings)
             kw = dict(q_time=times, k_time=k_time, k_start=start, window=self.window)
             if Tn > 1:
                 o = kernels_pallas.cached_attention_blockwise(q, keys, vals, **kw)
             else:
-                o = kernels_pallas.decode_attention(q, keys, vals, settings=self.decode_settings,
-                                                    **kw)
+                o = kernels_pallas.decode_attention(
+                    q, keys, vals, settings=self.decode_settings, **kw
+                )
         return o.reshape(B, Tn, self.num_heads * self.head_dim), new
 
     def _fresh_attention(self, q, k, v, start):
@@ -159,8 +184,13 @@ class FullAttentionHeads(nnx.Module):
         t = jnp.arange(Tn, dtype=jnp.int32)[None]
         roll = lambda x, i: jnp.take_along_axis(x, i[:, :, None, None], axis=1)
         front = jnp.minimum(t + start[:, None], Tn - 1)
-        o = kernels_pallas.attention(roll(q.astype(k.dtype), front), roll(k, front),
-                                     roll(v, front), causal=True, window=self.window,
-                                     settings=self.settings)
+        o = kernels_pallas.attention(
+            roll(q.astype(k.dtype), front),
+            roll(k, front),
+            roll(v, front),
+            causal=True,
+            window=self.window,
+            settings=self.settings,
+        )
         o = roll(o, jnp.maximum(t - start[:, None], 0))
         return jnp.where((t >= start[:, None])[..., None, None], o, 0).astype(q.dtype)

@@ -6,6 +6,7 @@ Gated DeltaNet (LA) heads layer l has, whether its FA heads use RoPE, and their 
 schedules that build these tuples live in ``hwh_jax.models.schedules``; sizes in
 ``hwh_jax.models.variants``. It sits below the layers that read it (the mixer, the blocks).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,8 @@ from kernels_pallas import (
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 LA_KINDS = ("gdn", "deltanet", "lightning", "retnet", "mamba2", "gla", "hgrn", "hgrn2")
-LA_CONV_OPTIONAL = ("lightning", "retnet", "gla", "hgrn2")   # la_short_conv adds a convolution
-REMAT = ("none", "block")   # activations kept for the backward pass: all; each block's input only
+LA_CONV_OPTIONAL = ("lightning", "retnet", "gla", "hgrn2")  # la_short_conv adds a convolution
+REMAT = ("none", "block")  # activations kept for the backward pass: all; each block's input only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,15 +36,18 @@ class LayerSpec:
     """One layer's token mixer: ``num_fa`` full-attention query heads beside ``num_la`` Gated
     DeltaNet heads (either may be 0, not both), RoPE or NoPE on the FA heads, and their sliding
     window (None: global)."""
-    num_fa: int              # full-attention query heads in this layer
-    num_la: int              # Gated DeltaNet heads in this layer
-    fa_rope: bool = False    # RoPE on this layer's FA heads (False = NoPE)
+
+    num_fa: int  # full-attention query heads in this layer
+    num_la: int  # Gated DeltaNet heads in this layer
+    fa_rope: bool = False  # RoPE on this layer's FA heads (False = NoPE)
     window: int | None = None  # sliding window of the FA heads (None = global)
 
     def __post_init__(self):
         if self.num_fa < 0 or self.num_la < 0 or self.num_fa + self.num_la == 0:
-            raise ValueError(f"LayerSpec needs num_fa, num_la >= 0 and at least one head, got "
-                             f"num_fa={self.num_fa}, num_la={self.num_la}")
+            raise ValueError(
+                f"LayerSpec needs num_fa, num_la >= 0 and at least one head, got "
+                f"num_fa={self.num_fa}, num_la={self.num_la}"
+            )
         if self.window is not None and self.window < 1:
             raise ValueError(f"LayerSpec.window must be >= 1 or None, got {self.window}")
 
@@ -54,60 +58,79 @@ class ModelConfig:
     (``layers``), FA head options (GQA, q/k norm, RoPE), dtypes and the kernel implementations
     (``*_impl``: each op's ``impl`` setting, checked here, turned into the op's settings value
     by ``*_settings()``). Values are checked when it is built; errors name the field."""
+
     vocab_size: int
     d_model: int
-    num_heads: int                     # head slots per layer (FA + LA) of the named size
-    head_dim: int                      # FA head dim D
-    la_key_dim: int                    # GDN key/query dim K
-    la_value_dim: int                  # GDN value dim V (= width of its slot in o_proj)
-    mlp_hidden: int                    # SwiGLU hidden width
+    num_heads: int  # head slots per layer (FA + LA) of the named size
+    head_dim: int  # FA head dim D
+    la_key_dim: int  # GDN key/query dim K
+    la_value_dim: int  # GDN value dim V (= width of its slot in o_proj)
+    mlp_hidden: int  # SwiGLU hidden width
     layers: tuple[LayerSpec, ...]
-    arch: str = "custom"               # schedule name, for display only
-    q_per_kv: int = 1                  # GQA: FA query heads per kv head (1 = MHA)
-    qk_norm: bool = False              # per-head RMSNorm on FA q and k (Qwen3)
+    arch: str = "custom"  # schedule name, for display only
+    q_per_kv: int = 1  # GQA: FA query heads per kv head (1 = MHA)
+    qk_norm: bool = False  # per-head RMSNorm on FA q and k (Qwen3)
     rope_theta: float = 10000.0
-    rope_pairing: str = "half"         # "half" (HF Llama/Qwen) or "interleaved"
-    rope_scaling: tuple = ()           # ((key, value), ...), e.g. Llama 3.1's rope_type "llama3"
-    conv_size: int = 4                 # GDN short causal convolution width
+    rope_pairing: str = "half"  # "half" (HF Llama/Qwen) or "interleaved"
+    rope_scaling: tuple = ()  # ((key, value), ...), e.g. Llama 3.1's rope_type "llama3"
+    conv_size: int = 4  # GDN short causal convolution width
     tie_embeddings: bool = True
     norm_eps: float = 1e-6
-    dtype: str = "bfloat16"            # compute dtype of matmuls and activations
+    dtype: str = "bfloat16"  # compute dtype of matmuls and activations
     param_dtype: str = "float32"
-    attn_impl: str = "auto"            # kernels_pallas.attention impl
-    decode_attn_impl: str = "auto"     # kernels_pallas.decode_attention impl (a decode step)
-    gdn_impl: str = "auto"             # kernels_pallas.gated_delta_rule impl
-    decay_impl: str = "auto"           # kernels_pallas.gated_linear_attention impl (Lightning,
-                                       # RetNet, Mamba-2, GLA and HGRN-2 heads)
-    hgrn_impl: str = "auto"            # kernels_pallas.gated_recurrence impl (HGRN heads)
-    conv_impl: str = "auto"            # kernels_pallas.short_conv impl (GDN conv, SiLU, norm)
-    norm_impl: str = "auto"            # kernels_pallas.rms_norm impl (RMSNorms, residual adds)
-    matmul_impl: str = "auto"          # kernels_pallas.skinny_matmul impl (a decode step's
-                                       # projections of a few rows; the LM head excepted)
-    gdn_chunk_size: int = 64          # chunk of every linear-head kind's chunked form
-    la_kind: str = "gdn"               # the linear heads: gdn, deltanet, lightning, retnet,
-                                       # mamba2, gla, hgrn, hgrn2 (layers/decay_heads.py,
-                                       # layers/hgrn_heads.py)
-    la_short_conv: bool = False        # a short convolution on q, k, v of the kinds without
-                                       # one (LA_CONV_OPTIONAL; layers/decay_heads.py)
-    remat: str = "none"                # "block": recompute each block's activations in the
-                                       # backward pass (less memory, ~1/3 more compute)
-    kernel_platform: str = ""          # platform the kernels are chosen and lowered for
-                                       # ("cpu" | "gpu" | "tpu"); "" = the default backend
+    attn_impl: str = "auto"  # kernels_pallas.attention impl
+    decode_attn_impl: str = "auto"  # kernels_pallas.decode_attention impl (a decode step)
+    gdn_impl: str = "auto"  # kernels_pallas.gated_delta_rule impl
+    decay_impl: str = "auto"  # kernels_pallas.gated_linear_attention impl (Lightning,
+    # RetNet, Mamba-2, GLA and HGRN-2 heads)
+    hgrn_impl: str = "auto"  # kernels_pallas.gated_recurrence impl (HGRN heads)
+    conv_impl: str = "auto"  # kernels_pallas.short_conv impl (GDN conv, SiLU, norm)
+    norm_impl: str = "auto"  # kernels_pallas.rms_norm impl (RMSNorms, residual adds)
+    matmul_impl: str = "auto"  # kernels_pallas.skinny_matmul impl (a decode step's
+    # projections of a few rows; the LM head excepted)
+    gdn_chunk_size: int = 64  # chunk of every linear-head kind's chunked form
+    la_kind: str = "gdn"  # the linear heads: gdn, deltanet, lightning, retnet,
+    # mamba2, gla, hgrn, hgrn2 (layers/decay_heads.py,
+    # layers/hgrn_heads.py)
+    la_short_conv: bool = False  # a short convolution on q, k, v of the kinds without
+    # one (LA_CONV_OPTIONAL; layers/decay_heads.py)
+    remat: str = "none"  # "block": recompute each block's activations in the
+    # backward pass (less memory, ~1/3 more compute)
+    kernel_platform: str = ""  # platform the kernels are chosen and lowered for
+    # ("cpu" | "gpu" | "tpu"); "" = the default backend
 
     def __post_init__(self):
         if not self.layers:
             raise ValueError("ModelConfig.layers is empty")
-        for name in ("vocab_size", "d_model", "num_heads", "head_dim", "la_key_dim",
-                     "la_value_dim", "mlp_hidden", "q_per_kv", "conv_size", "gdn_chunk_size"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "num_heads",
+            "head_dim",
+            "la_key_dim",
+            "la_value_dim",
+            "mlp_hidden",
+            "q_per_kv",
+            "conv_size",
+            "gdn_chunk_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
         for l, spec in enumerate(self.layers):
             if spec.num_fa % self.q_per_kv:
-                raise ValueError(f"layer {l}: {spec.num_fa} FA heads not divisible by "
-                                 f"q_per_kv={self.q_per_kv}")
-        for name in ("attention_settings", "decode_attention_settings", "gdn_settings",
-                     "decay_settings", "hgrn_settings", "conv_settings", "norm_settings",
-                     "matmul_settings"):
+                raise ValueError(
+                    f"layer {l}: {spec.num_fa} FA heads not divisible by q_per_kv={self.q_per_kv}"
+                )
+        for name in (
+            "attention_settings",
+            "decode_attention_settings",
+            "gdn_settings",
+            "decay_settings",
+            "hgrn_settings",
+            "conv_settings",
+            "norm_settings",
+            "matmul_settings",
+        ):
             try:
                 getattr(self, name)()
             except ValueError as e:
@@ -117,20 +140,23 @@ class ModelConfig:
         if any(s.fa_rope for s in self.layers) and self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
         if self.la_kind not in LA_KINDS:
-            raise ValueError(f"ModelConfig.la_kind must be one of {list(LA_KINDS)}, got "
-                             f"{self.la_kind!r}")
+            raise ValueError(
+                f"ModelConfig.la_kind must be one of {list(LA_KINDS)}, got {self.la_kind!r}"
+            )
         if self.la_short_conv and self.la_kind not in LA_CONV_OPTIONAL:
-            raise ValueError(f"ModelConfig.la_short_conv adds a short convolution to the kinds "
-                             f"{list(LA_CONV_OPTIONAL)}; la_kind={self.la_kind!r} "
-                             f"{'has no q, k' if self.la_kind == 'hgrn' else 'has one already'}: "
-                             f"set model.la_short_conv=False")
+            raise ValueError(
+                f"ModelConfig.la_short_conv adds a short convolution to the kinds "
+                f"{list(LA_CONV_OPTIONAL)}; la_kind={self.la_kind!r} "
+                f"{'has no q, k' if self.la_kind == 'hgrn' else 'has one already'}: "
+                f"set model.la_short_conv=False"
+            )
         if self.remat not in REMAT:
-            raise ValueError(f"ModelConfig.remat must be one of {list(REMAT)}, got "
-                             f"{self.remat!r}")
+            raise ValueError(f"ModelConfig.remat must be one of {list(REMAT)}, got {self.remat!r}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
-                raise ValueError(f"ModelConfig.{name} must be one of {list(DTYPES)}, "
-                                 f"got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"ModelConfig.{name} must be one of {list(DTYPES)}, got {getattr(self, name)!r}"
+                )
 
     def _kernel(self, cls, impl: str, **kw):
         return cls(impl=impl, platform=self.kernel_platform or None, **kw)

@@ -30,6 +30,7 @@ convolution reaches across documents. Inference (``init_cache`` / ``extend``): t
 state, and with a convolution the last W-1 inputs of it; left padding (``valid`` False)
 writes nothing (k, v and g zeroed).
 """
+
 from __future__ import annotations
 
 import jax
@@ -65,22 +66,40 @@ def fixed_log_decay(kind: str, num_heads: int):
 class DecayLinearHeads(nnx.Module):
     """``num_heads`` heads of one ``kind`` (module docstring) over the normalised input."""
 
-    def __init__(self, kind: str, d_model: int, num_heads: int, key_dim: int, value_dim: int, *,
-                 layer: int = 0, num_layers: int = 1, conv_size: int = 4,
-                 short_conv: bool = False, norm_eps: float = 1e-6, rope_theta: float = 10000.0,
-                 settings: DecaySettings | None = None,
-                 conv_settings: ShortConvSettings | None = None, dtype, param_dtype,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        kind: str,
+        d_model: int,
+        num_heads: int,
+        key_dim: int,
+        value_dim: int,
+        *,
+        layer: int = 0,
+        num_layers: int = 1,
+        conv_size: int = 4,
+        short_conv: bool = False,
+        norm_eps: float = 1e-6,
+        rope_theta: float = 10000.0,
+        settings: DecaySettings | None = None,
+        conv_settings: ShortConvSettings | None = None,
+        dtype,
+        param_dtype,
+        rngs: nnx.Rngs,
+    ):
         if kind not in KINDS:
             raise ValueError(f"linear-head kind must be one of {KINDS}, got {kind!r}")
         if short_conv and kind not in LA_CONV_OPTIONAL:
-            raise ValueError(f"short_conv adds a convolution to {LA_CONV_OPTIONAL}; {kind!r} has "
-                             f"one already")
+            raise ValueError(
+                f"short_conv adds a convolution to {LA_CONV_OPTIONAL}; {kind!r} has one already"
+            )
         if kind == "retnet" and key_dim % 2:
-            raise ValueError(f"retnet heads rotate q and k: la_key_dim must be even, got "
-                             f"{key_dim}")
-        self.kind, self.num_heads, self.key_dim, self.value_dim = kind, num_heads, key_dim, \
-            value_dim
+            raise ValueError(f"retnet heads rotate q and k: la_key_dim must be even, got {key_dim}")
+        self.kind, self.num_heads, self.key_dim, self.value_dim = (
+            kind,
+            num_heads,
+            key_dim,
+            value_dim,
+        )
         self.settings = DecaySettings() if settings is None else settings
         self.rope_theta, self.dtype = rope_theta, dtype
         self.lower_bound = layer / num_layers if kind == "hgrn2" else 0.0
@@ -88,31 +107,40 @@ class DecayLinearHeads(nnx.Module):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         names = ("embed", "heads")
         self.q_proj = dense(d_model, n * K, names, **kw)
-        self.k_proj = dense(d_model, n * K, names, **kw)     # hgrn2: the forget gate f
+        self.k_proj = dense(d_model, n * K, names, **kw)  # hgrn2: the forget gate f
         self.v_proj = dense(d_model, n * V, names, **kw)
         self.g_proj = data_or_none(kind != "hgrn2", lambda: dense(d_model, n * V, names, **kw))
-        self.gk_down = data_or_none(kind == "gla", lambda: dense(
-            d_model, GLA_RANK, ("embed", None), **kw))
-        self.gk_up = data_or_none(kind == "gla", lambda: dense(
-            GLA_RANK, n * K, (None, "heads"), use_bias=True, **kw))
+        self.gk_down = data_or_none(
+            kind == "gla", lambda: dense(d_model, GLA_RANK, ("embed", None), **kw)
+        )
+        self.gk_up = data_or_none(
+            kind == "gla", lambda: dense(GLA_RANK, n * K, (None, "heads"), use_bias=True, **kw)
+        )
         mamba = kind == "mamba2"
         self.dt_proj = data_or_none(mamba, lambda: dense(d_model, n, names, **kw))
         conv_kw = dict(settings=conv_settings, param_dtype=param_dtype, rngs=rngs)
         self.has_conv = mamba or short_conv
         self.q_conv = data_or_none(self.has_conv, lambda: ShortConv(n * K, conv_size, **conv_kw))
-        self.k_conv = data_or_none(self.has_conv and kind != "hgrn2",
-                                   lambda: ShortConv(n * K, conv_size, **conv_kw))
+        self.k_conv = data_or_none(
+            self.has_conv and kind != "hgrn2", lambda: ShortConv(n * K, conv_size, **conv_kw)
+        )
         self.v_conv = data_or_none(self.has_conv, lambda: ShortConv(n * V, conv_size, **conv_kw))
         if mamba:
-            self.A_log = nnx.Param(partitioned(_a_log_init, ("heads",))(
-                rngs.params(), (n,), param_dtype))
-            self.dt_bias = nnx.Param(partitioned(_dt_bias_init, ("heads",))(
-                rngs.params(), (n,), param_dtype))
-            self.D = nnx.Param(partitioned(nnx.initializers.ones_init(), ("heads",))(
-                rngs.params(), (n,), param_dtype))
+            self.A_log = nnx.Param(
+                partitioned(_a_log_init, ("heads",))(rngs.params(), (n,), param_dtype)
+            )
+            self.dt_bias = nnx.Param(
+                partitioned(_dt_bias_init, ("heads",))(rngs.params(), (n,), param_dtype)
+            )
+            self.D = nnx.Param(
+                partitioned(nnx.initializers.ones_init(), ("heads",))(
+                    rngs.params(), (n,), param_dtype
+                )
+            )
         if kind == "hgrn2":
-            self.o_norm = RMSNorm(n * V, eps=norm_eps, dtype=jnp.float32,
-                                  param_dtype=param_dtype, axis_name="heads")
+            self.o_norm = RMSNorm(
+                n * V, eps=norm_eps, dtype=jnp.float32, param_dtype=param_dtype, axis_name="heads"
+            )
         elif mamba:
             self.o_norm = RMSNorm(V, eps=norm_eps, dtype=jnp.float32, param_dtype=param_dtype)
         else:
@@ -130,8 +158,9 @@ class DecayLinearHeads(nnx.Module):
         return [n if p is not self.gk_down else None for p in self.projections()]
 
     def __call__(self, x, positions=None, segment_ids=None):
-        return self.mix(*(p(x) for p in self.projections()), segment_ids=segment_ids,
-                        positions=positions)
+        return self.mix(
+            *(p(x) for p in self.projections()), segment_ids=segment_ids, positions=positions
+        )
 
     # ------------------------------------------------------------ the pieces
     def _unpack(self, proj):
@@ -152,7 +181,7 @@ class DecayLinearHeads(nnx.Module):
         if kind == "mamba2":
             q, k, v = convs
             dt = jax.nn.softplus(extra.astype(f32) + self.dt_bias[...].astype(f32))
-            g = -jnp.exp(self.A_log[...].astype(f32)) * dt                   # [B, T, n]
+            g = -jnp.exp(self.A_log[...].astype(f32)) * dt  # [B, T, n]
             q, k = q.reshape(B, T, n, K), k.reshape(B, T, n, K)
             x = v.reshape(B, T, n, V)
             return q, k, (x.astype(f32) * dt[..., None]).astype(x.dtype), g, x
@@ -171,7 +200,7 @@ class DecayLinearHeads(nnx.Module):
         elif kind == "gla":
             low = self.gk_up(extra).reshape(B, T, n, K).astype(f32)
             g = jax.nn.log_sigmoid(low) / GLA_NORMALIZER
-        else:                                                             # hgrn2
+        else:  # hgrn2
             f = jax.nn.sigmoid(k.astype(f32))
             f = self.lower_bound + (1.0 - self.lower_bound) * f
             q = q if conv else jax.nn.silu(q)
@@ -183,8 +212,9 @@ class DecayLinearHeads(nnx.Module):
         B, T = o.shape[:2]
         n, V = self.num_heads, self.value_dim
         if self.kind == "mamba2":
-            o = o.astype(jnp.float32) + self.D[...].astype(jnp.float32)[:, None] * \
-                skip.astype(jnp.float32)
+            o = o.astype(jnp.float32) + self.D[...].astype(jnp.float32)[:, None] * skip.astype(
+                jnp.float32
+            )
             o = o * jax.nn.silu(gate.reshape(B, T, n, V).astype(jnp.float32))
             return self.o_norm(o).astype(self.dtype).reshape(B, T, n * V)
         if self.kind == "hgrn2":
@@ -193,7 +223,7 @@ class DecayLinearHeads(nnx.Module):
 
     @property
     def scale(self) -> float:
-        return 1.0 if self.kind == "mamba2" else self.key_dim ** -0.5
+        return 1.0 if self.kind == "mamba2" else self.key_dim**-0.5
 
     # ------------------------------------------------------------ training / prefill
     def mix(self, *proj, segment_ids=None, positions=None):
@@ -204,14 +234,19 @@ class DecayLinearHeads(nnx.Module):
             positions = jnp.arange(T)[None]
         convs = None
         if self.has_conv:
-            convs = tuple(x if c is None else c(x, segment_ids)
-                          for x, c in zip((q, k, v), self._convs()))
+            convs = tuple(
+                x if c is None else c(x, segment_ids) for x, c in zip((q, k, v), self._convs())
+            )
         q, k, v, g, skip = self._heads(q, k, v, extra, positions, convs)
         if segment_ids is not None:
-            start = jnp.concatenate([jnp.zeros_like(segment_ids[:, :1], bool),
-                                     segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
-            g = jnp.where(start.reshape(*start.shape, *([1] * (g.ndim - 2))),
-                          RESET_LOG_DECAY, g)
+            start = jnp.concatenate(
+                [
+                    jnp.zeros_like(segment_ids[:, :1], bool),
+                    segment_ids[:, 1:] != segment_ids[:, :-1],
+                ],
+                axis=1,
+            )
+            g = jnp.where(start.reshape(*start.shape, *([1] * (g.ndim - 2))), RESET_LOG_DECAY, g)
         o, _ = gated_linear_attention(q, k, v, g, scale=self.scale, settings=self.settings)
         return self._out(o, gate, skip)
 
@@ -238,28 +273,36 @@ class DecayLinearHeads(nnx.Module):
         positions = jnp.maximum(t0 + jnp.arange(Tn, dtype=jnp.int32)[None] - start[:, None], 0)
         new = {}
         convs = None
-        if self.has_conv:                  # every convolution as one, over its inputs side by side
+        if self.has_conv:  # every convolution as one, over its inputs side by side
             ins = [x for x, c in zip((q, k, v), self._convs()) if c is not None]
             x = jnp.concatenate(ins, axis=-1) * valid[..., None].astype(q.dtype)
             window = cache["conv"]
             xp = jnp.concatenate([window.astype(x.dtype), x], axis=1)
             w = jnp.concatenate([c.kernel[...] for c in self._convs() if c is not None], axis=1)
-            z = silu_norm(causal_conv1d(xp, w)[:, window.shape[1]:])
+            z = silu_norm(causal_conv1d(xp, w)[:, window.shape[1] :])
             outs = iter(jnp.split(z, np.cumsum([a.shape[-1] for a in ins])[:-1], axis=-1))
             convs = tuple(x if c is None else next(outs) for x, c in zip((q, k, v), self._convs()))
-            new["conv"] = xp[:, xp.shape[1] - window.shape[1]:]
+            new["conv"] = xp[:, xp.shape[1] - window.shape[1] :]
         q, k, v, g, skip = self._heads(q, k, v, extra, positions, convs)
         keep = valid[..., None, None]
         k, v = jnp.where(keep, k, 0).astype(k.dtype), jnp.where(keep, v, 0).astype(v.dtype)
         g = jnp.where(valid.reshape(*valid.shape, *([1] * (g.ndim - 2))), g, 0.0)
         if Tn == 1:
-            o, state = gated_linear_attention_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0],
-                                                   cache["state"], scale=self.scale)
+            o, state = gated_linear_attention_step(
+                q[:, 0], k[:, 0], v[:, 0], g[:, 0], cache["state"], scale=self.scale
+            )
             o = o[:, None]
         else:
             o, state = gated_linear_attention(
-                q, k, v, g, scale=self.scale, settings=self.settings,
-                initial_state=cache["state"], output_final_state=True)
+                q,
+                k,
+                v,
+                g,
+                scale=self.scale,
+                settings=self.settings,
+                initial_state=cache["state"],
+                output_final_state=True,
+            )
         new["state"] = state
         return self._out(o, gate, skip), new
 

@@ -19,6 +19,7 @@ With the vocabulary over tensor each tensor device looks up the ids in its range
 are summed over tensor (Megatron's vocabulary-parallel embedding). Without a mesh, with one
 fsdp device, or where the batch or the model dimension does not split, it is ``jnp.take``.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,17 +47,21 @@ def lookup(table, tokens):
     lead = tokens.shape[1:]
     flat = tokens.reshape(tokens.shape[0], math.prod(lead))
 
-    def per_device(t, ids):                          # t [V / tensor, d / fsdp], ids [b, L]
-        ids = jax.lax.all_gather(ids, "fsdp", axis=0, tiled=True)           # [fsdp * b, L]
+    def per_device(t, ids):  # t [V / tensor, d / fsdp], ids [b, L]
+        ids = jax.lax.all_gather(ids, "fsdp", axis=0, tiled=True)  # [fsdp * b, L]
         if vocab:
             local = ids - jax.lax.axis_index("tensor") * t.shape[0]
             inside = (local >= 0) & (local < t.shape[0])
             rows = jnp.take(t, jnp.where(inside, local, 0), axis=0)
             rows = jax.lax.psum(jnp.where(inside[..., None], rows, 0), "tensor")
         else:
-            rows = jnp.take(t, ids, axis=0)                                  # [fsdp b, L, d/f]
-        return jax.lax.all_to_all(rows, "fsdp", 0, 2, tiled=True)            # [b, L, d]
+            rows = jnp.take(t, ids, axis=0)  # [fsdp b, L, d/f]
+        return jax.lax.all_to_all(rows, "fsdp", 0, 2, tiled=True)  # [b, L, d]
 
-    rows = jax.shard_map(per_device, mesh=km.mesh, in_specs=(P(vocab, "fsdp"), P(batch, None)),
-                         out_specs=P(batch, None, None))(table, flat)
+    rows = jax.shard_map(
+        per_device,
+        mesh=km.mesh,
+        in_specs=(P(vocab, "fsdp"), P(batch, None)),
+        out_specs=P(batch, None, None),
+    )(table, flat)
     return rows.reshape(*tokens.shape, d)

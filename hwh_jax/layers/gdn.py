@@ -19,6 +19,7 @@ inputs of q, k and v (one window for the three convolutions). Left padding (``va
 made invisible: the padded inputs are zeroed before the convolution and their beta and g are 0,
 so the state stays at zero.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,18 +43,34 @@ class ShortConv(nnx.Module):
     and k, the per-head L2 norm: one ``kernels_pallas.short_conv`` op, weight [width, channels].
     """
 
-    def __init__(self, channels: int, width: int, *, settings: ShortConvSettings | None = None,
-                 param_dtype, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        channels: int,
+        width: int,
+        *,
+        settings: ShortConvSettings | None = None,
+        param_dtype,
+        rngs: nnx.Rngs,
+    ):
         init = partitioned(_conv_init, ("conv", "heads"))
         self.kernel = nnx.Param(init(rngs.params(), (width, channels), param_dtype))
         self.settings = ShortConvSettings() if settings is None else settings
 
-    def __call__(self, x, segment_ids=None, *, heads: int = 1, normalize: bool = False,
-                 scale: float = 1.0):
+    def __call__(
+        self, x, segment_ids=None, *, heads: int = 1, normalize: bool = False, scale: float = 1.0
+    ):
         """SiLU(conv(x)) [B, T, C], L2-normalised per head and times ``scale`` if ``normalize``
         (``kernels_pallas.short_conv``)."""
-        return short_conv(x, self.kernel[...], segment_ids, heads=heads, normalize=normalize,
-                          scale=scale, settings=self.settings)
+        return short_conv(
+            x,
+            self.kernel[...],
+            segment_ids,
+            heads=heads,
+            normalize=normalize,
+            scale=scale,
+            settings=self.settings,
+        )
+
 
 def _conv_init(key, shape, dtype):
     bound = 1.0 / math.sqrt(shape[0])  # PyTorch Conv1d default for a depthwise kernel
@@ -87,11 +104,22 @@ class GatedDeltaNetHeads(nnx.Module):
     5. Gated norm: RMSNorm(o) * SiLU(gate) per head over V -> [B, T, n*V].
     """
 
-    def __init__(self, d_model: int, num_heads: int, key_dim: int, value_dim: int, *,
-                 conv_size: int = 4, norm_eps: float = 1e-6, decay: bool = True,
-                 settings: GDNSettings | None = None,
-                 conv_settings: ShortConvSettings | None = None, dtype, param_dtype,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        key_dim: int,
+        value_dim: int,
+        *,
+        conv_size: int = 4,
+        norm_eps: float = 1e-6,
+        decay: bool = True,
+        settings: GDNSettings | None = None,
+        conv_settings: ShortConvSettings | None = None,
+        dtype,
+        param_dtype,
+        rngs: nnx.Rngs,
+    ):
         self.num_heads, self.key_dim, self.value_dim = num_heads, key_dim, value_dim
         self.decay = decay
         self.settings = GDNSettings() if settings is None else settings
@@ -101,8 +129,7 @@ class GatedDeltaNetHeads(nnx.Module):
         self.k_proj = dense(d_model, num_heads * key_dim, ("embed", "heads"), **kw)
         self.v_proj = dense(d_model, num_heads * value_dim, ("embed", "heads"), **kw)
         self.g_proj = dense(d_model, num_heads * value_dim, ("embed", "heads"), **kw)
-        self.a_proj = data(dense(d_model, num_heads, ("embed", "heads"), **kw) if decay
-                           else None)
+        self.a_proj = data(dense(d_model, num_heads, ("embed", "heads"), **kw) if decay else None)
         self.b_proj = dense(d_model, num_heads, ("embed", "heads"), **kw)
         conv_kw = dict(settings=conv_settings, param_dtype=param_dtype, rngs=rngs)
         self.q_conv = ShortConv(num_heads * key_dim, conv_size, **conv_kw)
@@ -147,8 +174,13 @@ class GatedDeltaNetHeads(nnx.Module):
             a = a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
             g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
         if segment_ids is not None:
-            start = jnp.concatenate([jnp.zeros_like(segment_ids[:, :1], bool),
-                                     segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+            start = jnp.concatenate(
+                [
+                    jnp.zeros_like(segment_ids[:, :1], bool),
+                    segment_ids[:, 1:] != segment_ids[:, :-1],
+                ],
+                axis=1,
+            )
             g = jnp.where(start[..., None], RESET_LOG_DECAY, g)
         return beta, g
 
@@ -164,21 +196,22 @@ class GatedDeltaNetHeads(nnx.Module):
         n, K, V = self.num_heads, self.key_dim, self.value_dim
         # the query scale K**-0.5 is applied by q's normalising pass, not by a pass of its own
         # in the GDN op
-        q = self.q_conv(q, segment_ids, heads=n, normalize=True, scale=K ** -0.5)
+        q = self.q_conv(q, segment_ids, heads=n, normalize=True, scale=K**-0.5)
         q = q.reshape(B, T, n, K)
         k = self.k_conv(k, segment_ids, heads=n, normalize=True).reshape(B, T, n, K)
         v = self.v_conv(v, segment_ids, heads=n).reshape(B, T, n, V)
         beta, g = self.gates(a, b, segment_ids)
-        o, _ = kernels_pallas.gated_delta_rule(q, k, v, g, beta, scale=1.0,
-                                               settings=self.settings)
+        o, _ = kernels_pallas.gated_delta_rule(q, k, v, g, beta, scale=1.0, settings=self.settings)
         return self.o_norm(o, gate.reshape(B, T, n, V)).reshape(B, T, n * V)
 
     # ------------------------------------------------------------ inference
     def init_cache(self, batch: int, dtype):
         n, K, V = self.num_heads, self.key_dim, self.value_dim
         W = self.q_conv.kernel.shape[0]
-        return {"state": jnp.zeros((batch, n, K, V), jnp.float32),
-                "conv": jnp.zeros((batch, W - 1, n * (2 * K + V)), dtype)}
+        return {
+            "state": jnp.zeros((batch, n, K, V), jnp.float32),
+            "conv": jnp.zeros((batch, W - 1, n * (2 * K + V)), dtype),
+        }
 
     def extend(self, proj, valid, cache, *, t0=0, start=None):
         """proj: the input's projections (in the order of ``projections()``) [B, Tn, width],
@@ -189,7 +222,7 @@ class GatedDeltaNetHeads(nnx.Module):
         so the values are those of three). The barrier keeps XLA from fusing the projection
         into the window's concatenation, which at one token it does as a slow reduction of one
         thread per column (docs/benchmarks.md)."""
-        del t0, start                  # position-free
+        del t0, start  # position-free
         q, k, v, b, a, gate = self._unpack(proj)
         B, Tn, _ = q.shape
         n, K, V = self.num_heads, self.key_dim, self.value_dim
@@ -197,23 +230,37 @@ class GatedDeltaNetHeads(nnx.Module):
         x = jax.lax.optimization_barrier(x)
         window = cache["conv"]
         xp = jnp.concatenate([window.astype(x.dtype), x], axis=1)
-        w = jnp.concatenate([c.kernel[...] for c in (self.q_conv, self.k_conv, self.v_conv)],
-                            axis=1)
-        z = causal_conv1d(xp, w)[:, window.shape[1]:]
-        q = silu_norm(z[..., :n * K], heads=n, normalize=True).reshape(B, Tn, n, K)
-        k = silu_norm(z[..., n * K:2 * n * K], heads=n, normalize=True).reshape(B, Tn, n, K)
-        v = silu_norm(z[..., 2 * n * K:]).reshape(B, Tn, n, V)
+        w = jnp.concatenate(
+            [c.kernel[...] for c in (self.q_conv, self.k_conv, self.v_conv)], axis=1
+        )
+        z = causal_conv1d(xp, w)[:, window.shape[1] :]
+        q = silu_norm(z[..., : n * K], heads=n, normalize=True).reshape(B, Tn, n, K)
+        k = silu_norm(z[..., n * K : 2 * n * K], heads=n, normalize=True).reshape(B, Tn, n, K)
+        v = silu_norm(z[..., 2 * n * K :]).reshape(B, Tn, n, V)
         beta, g = self.gates(a, b)
         g = jnp.zeros_like(beta) if g is None else g
         beta, g = jnp.where(valid[..., None], beta, 0.0), jnp.where(valid[..., None], g, 0.0)
         if Tn == 1:
             o, state = kernels_pallas.gated_delta_rule_step(
-                q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], cache["state"],
-                settings=self.settings)
+                q[:, 0],
+                k[:, 0],
+                v[:, 0],
+                g[:, 0],
+                beta[:, 0],
+                cache["state"],
+                settings=self.settings,
+            )
             o = o[:, None]
         else:
             o, state = kernels_pallas.gated_delta_rule(
-                q, k, v, g, beta, initial_state=cache["state"], output_final_state=True,
-                settings=self.settings)
+                q,
+                k,
+                v,
+                g,
+                beta,
+                initial_state=cache["state"],
+                output_final_state=True,
+                settings=self.settings,
+            )
         out = self.o_norm(o, gate.reshape(B, Tn, n, V)).reshape(B, Tn, n * V)
-        return out, {"state": state, "conv": xp[:, xp.shape[1] - window.shape[1]:]}
+        return out, {"state": state, "conv": xp[:, xp.shape[1] - window.shape[1] :]}

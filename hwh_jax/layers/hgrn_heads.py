@@ -13,6 +13,7 @@ V numbers a head, and ``model.la_key_dim`` is unused. The recurrence runs as
 the associative scan elsewhere). With segment ids the gate at a document's first token is 0
 (the state restarts). Inference: the fp32 state; left padding (``valid`` False) keeps it.
 """
+
 from __future__ import annotations
 
 import jax
@@ -31,10 +32,20 @@ from kernels_pallas.gated_recurrence import (
 class HGRNHeads(nnx.Module):
     """``num_heads`` HGRN heads of ``value_dim`` channels over the normalised input."""
 
-    def __init__(self, d_model: int, num_heads: int, value_dim: int, *, layer: int = 0,
-                 num_layers: int = 1, norm_eps: float = 1e-6,
-                 settings: GatedRecurrenceSettings | None = None, dtype, param_dtype,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        value_dim: int,
+        *,
+        layer: int = 0,
+        num_layers: int = 1,
+        norm_eps: float = 1e-6,
+        settings: GatedRecurrenceSettings | None = None,
+        dtype,
+        param_dtype,
+        rngs: nnx.Rngs,
+    ):
         self.num_heads, self.value_dim, self.dtype = num_heads, value_dim, dtype
         self.settings = GatedRecurrenceSettings() if settings is None else settings
         self.lower_bound = layer / num_layers
@@ -55,8 +66,9 @@ class HGRNHeads(nnx.Module):
         return [self.num_heads] * 3
 
     def __call__(self, x, positions=None, segment_ids=None):
-        return self.mix(*(p(x) for p in self.projections()), segment_ids=segment_ids,
-                        positions=positions)
+        return self.mix(
+            *(p(x) for p in self.projections()), segment_ids=segment_ids, positions=positions
+        )
 
     def _gates(self, i, f):
         """(a, b) [B, T, n*V] fp32 of the recurrence h = a h + b."""
@@ -72,17 +84,22 @@ class HGRNHeads(nnx.Module):
 
     def mix(self, i, f, g, segment_ids=None, positions=None):
         """The heads' outputs [B, T, n*V] from the input's projections (``projections()``)."""
-        del positions                                  # HGRN has no positions
+        del positions  # HGRN has no positions
         a, b = self._gates(i, f)
         if segment_ids is not None:
-            start = jnp.concatenate([jnp.zeros_like(segment_ids[:, :1], bool),
-                                     segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+            start = jnp.concatenate(
+                [
+                    jnp.zeros_like(segment_ids[:, :1], bool),
+                    segment_ids[:, 1:] != segment_ids[:, :-1],
+                ],
+                axis=1,
+            )
             a = jnp.where(start[..., None], 0.0, a)
         h, _ = gated_recurrence(a, b, settings=self.settings)
         return self._out(h, g)
 
     def init_cache(self, batch: int, dtype):
-        del dtype                                      # the state is fp32
+        del dtype  # the state is fp32
         return {"state": jnp.zeros((batch, self.num_heads * self.value_dim), jnp.float32)}
 
     def extend(self, proj, valid, cache, *, t0=0, start=None):
@@ -98,6 +115,7 @@ class HGRNHeads(nnx.Module):
             state = gated_recurrence_step(a[:, 0], b[:, 0], cache["state"])
             h = state[:, None]
         else:
-            h, state = gated_recurrence(a, b, initial_state=cache["state"],
-                                        output_final_state=True, settings=self.settings)
+            h, state = gated_recurrence(
+                a, b, initial_state=cache["state"], output_final_state=True, settings=self.settings
+            )
         return self._out(h, g), {"state": state}

@@ -1,5 +1,6 @@
 """The one way this project makes a bias-free projection with logical axis names, and the
 projections of one input as a group (``project``)."""
+
 from __future__ import annotations
 
 import functools
@@ -16,16 +17,31 @@ from kernels_pallas.skinny_matmul import SkinnyMatmulSettings, skinny_matmul
 from kernels_pallas.skinny_matmul.op import runs_kernel
 
 INIT_STD = 0.02  # GPT-2 / Llama-style init; output projections get INIT_STD / sqrt(2 L)
-GEMM_ALIGN = 8   # XLA pads a bf16 GEMM's dimension that is not a multiple of this (``project``)
+GEMM_ALIGN = 8  # XLA pads a bf16 GEMM's dimension that is not a multiple of this (``project``)
 
 
-def dense(d_in: int, d_out: int, names: tuple[str, str], *, std: float = INIT_STD,
-          use_bias: bool = False, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Linear:
+def dense(
+    d_in: int,
+    d_out: int,
+    names: tuple[str, str],
+    *,
+    std: float = INIT_STD,
+    use_bias: bool = False,
+    dtype,
+    param_dtype,
+    rngs: nnx.Rngs,
+) -> nnx.Linear:
     """nnx.Linear [d_in, d_out] with normal(std) init and logical axis names ``names``."""
     return nnx.Linear(
-        d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+        d_in,
+        d_out,
+        use_bias=use_bias,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        rngs=rngs,
         kernel_init=partitioned(nnx.initializers.normal(std), names),
-        bias_init=partitioned(nnx.initializers.zeros_init(), (names[1],)))
+        bias_init=partitioned(nnx.initializers.zeros_init(), (names[1],)),
+    )
 
 
 def project(x, layers) -> list:
@@ -46,8 +62,10 @@ def project(x, layers) -> list:
     CPU); otherwise the narrow products' sum is taken in the GEMM's fp32 accumulator."""
     dtype = layers[0].dtype
     if any(layer.dtype != dtype or layer.bias is not None for layer in layers):
-        raise ValueError("project: the layers must be bias-free and share one compute dtype, "
-                         f"got {[(layer.dtype, layer.bias is not None) for layer in layers]}")
+        raise ValueError(
+            "project: the layers must be bias-free and share one compute dtype, "
+            f"got {[(layer.dtype, layer.bias is not None) for layer in layers]}"
+        )
     ws = tuple(layer.kernel[...].astype(dtype) for layer in layers)
     narrow = tuple(i for i, w in enumerate(ws) if w.shape[1] % GEMM_ALIGN)
     return list(_project(x.astype(dtype), ws, narrow if len(narrow) > 1 else ()))
@@ -74,7 +92,7 @@ def matmul(x, w, settings: SkinnyMatmulSettings | None = None):
     if settings is not None:
         if runs_kernel(settings, rows, x.shape[-1], w.shape[1]):
             return skinny_matmul(x, w, settings=settings)
-        dispatch.record(settings, "reference")         # what ran, for kernels_pallas.chosen()
+        dispatch.record(settings, "reference")  # what ran, for kernels_pallas.chosen()
     if rows != 1:
         return dot_last(x, w)
     two = jax.lax.optimization_barrier(jnp.pad(x.reshape(1, x.shape[-1]), ((0, 1), (0, 0))))
@@ -114,7 +132,7 @@ def _project_bwd(narrow, res, dys):
     rows = tuple(range(x.ndim - 1))
     dws = [None] * len(ws)
     dx = None
-    if narrow:                                  # one product, the start of the sum (docstring)
+    if narrow:  # one product, the start of the sum (docstring)
         dy = jnp.concatenate([dys[i] for i in narrow], axis=-1)
         w = jnp.concatenate([ws[i] for i in narrow], axis=1)
         dx = jax.lax.dot_general(dy, w, (((dy.ndim - 1,), (1,)), ((), ())))
@@ -125,7 +143,7 @@ def _project_bwd(narrow, res, dys):
         if i in narrow:
             continue
         d = jax.lax.dot_general(dys[i], ws[i], (((dys[i].ndim - 1,), (1,)), ((), ())))
-        dx = d if dx is None else d + dx        # the new product first (docstring)
+        dx = d if dx is None else d + dx  # the new product first (docstring)
         dws[i] = jax.lax.dot_general(x, dys[i], ((rows, rows), ((), ())))
     return dx, tuple(dws)
 

@@ -19,6 +19,7 @@ dh = d W^T and dW = h^T d, and the backward only scales those two by the cotange
 ``total`` is differentiable there: the per-token nll and logZ come back through
 ``stop_gradient`` (metrics), so the VJP never sees their cotangents.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 
 from kernels_pallas.softmax_xent import SoftmaxXentSettings, softmax_xent, xent_grad, xent_stats
 
-LOSS_IMPLS = ("unfused",) + SoftmaxXentSettings.IMPLS   # "unfused" or head_loss's kernel impl
+LOSS_IMPLS = ("unfused",) + SoftmaxXentSettings.IMPLS  # "unfused" or head_loss's kernel impl
 
 
 @jax.custom_vjp
@@ -61,23 +62,26 @@ def cross_entropy(logits, targets, mask, z_loss: float = 0.0):
     nll, logz = token_nll(logits, targets)
     count = jnp.maximum(mask.sum(), 1.0)
     loss = (nll * mask).sum() / count
-    zl = z_loss * ((logz ** 2) * mask).sum() / count if z_loss else 0.0
+    zl = z_loss * ((logz**2) * mask).sum() / count if z_loss else 0.0
     return loss, zl, mask.sum()
 
 
 f32 = jnp.float32
 
 
-def head_loss(h, w, targets, mask, *, z_loss: float = 0.0,
-              settings: SoftmaxXentSettings | None = None):
+def head_loss(
+    h, w, targets, mask, *, z_loss: float = 0.0, settings: SoftmaxXentSettings | None = None
+):
     """h [..., d] and w [d, V] in the compute dtype, int targets [...], mask [...] ->
     (total, loss, zl, tokens): ``total = loss + zl`` is the differentiable training loss,
     ``loss`` the mean masked nll and ``zl`` the z-loss term (both stop_gradient'ed), ``tokens``
     the mask's sum. The same values as ``cross_entropy(h @ w, targets, mask, z_loss)``.
     ``settings``: the ``softmax_xent`` kernel's."""
     if h.shape[-1] != w.shape[0] or h.shape[:-1] != targets.shape or mask.shape != targets.shape:
-        raise ValueError(f"head_loss: h [..., d], w [d, V], targets and mask [...], got "
-                         f"{h.shape}, {w.shape}, {targets.shape}, {mask.shape}")
+        raise ValueError(
+            f"head_loss: h [..., d], w [d, V], targets and mask [...], got "
+            f"{h.shape}, {w.shape}, {targets.shape}, {mask.shape}"
+        )
     count = jnp.maximum(mask.sum(), 1.0)
     a = mask.reshape(-1).astype(f32) / count
     b = (2.0 * z_loss) * a
@@ -100,19 +104,24 @@ def _fused(h, w, targets, a, b, settings):
 
 
 def _fused_fwd(h, w, targets, a, b, settings):
-    logits = _dot(h, w, ((1,), (0,)))                       # [N, V] in the compute dtype
+    logits = _dot(h, w, ((1,), (0,)))  # [N, V] in the compute dtype
     nll, logz, d = softmax_xent(logits, targets, a, b, settings=settings)
-    dh = _dot(d, w, ((1,), (1,)))                            # [N, d]
-    dw = _dot(h, d, ((0,), (0,)))                            # [d, V]
+    dh = _dot(d, w, ((1,), (1,)))  # [N, d]
+    dw = _dot(h, d, ((0,), (0,)))  # [d, V]
     total = jnp.sum(a * nll) + 0.5 * jnp.sum(b * logz * logz)
     return (total, nll, logz), (dh, dw, nll, logz)
 
 
 def _fused_bwd(settings, res, cts):
     dh, dw, nll, logz = res
-    g = cts[0]                      # nll's and logZ's cotangents are zero (stop_gradient above)
-    return ((g * dh).astype(dh.dtype), (g * dw).astype(dw.dtype), None, g * nll,
-            0.5 * g * logz * logz)
+    g = cts[0]  # nll's and logZ's cotangents are zero (stop_gradient above)
+    return (
+        (g * dh).astype(dh.dtype),
+        (g * dw).astype(dw.dtype),
+        None,
+        g * nll,
+        0.5 * g * logz * logz,
+    )
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)

@@ -15,6 +15,7 @@ there were up to nine shortens it. Training keeps one matmul per projection
 (``linear.project``): fused there, the concatenated widths get slower GEMM kernels and the
 output gradients have to be concatenated again (docs/benchmarks.md has both timings).
 """
+
 from __future__ import annotations
 
 import math
@@ -47,25 +48,45 @@ class HeadwiseMixer(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, layer: int = 0, rngs: nnx.Rngs):
         kw = dict(dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, rngs=rngs)
-        self.fa = data(None if not spec.num_fa else FullAttentionHeads(
-                cfg.d_model, spec.num_fa, cfg.head_dim, q_per_kv=cfg.q_per_kv,
-                rope=spec.fa_rope, rope_theta=cfg.rope_theta, rope_pairing=cfg.rope_pairing,
+        self.fa = data(
+            None
+            if not spec.num_fa
+            else FullAttentionHeads(
+                cfg.d_model,
+                spec.num_fa,
+                cfg.head_dim,
+                q_per_kv=cfg.q_per_kv,
+                rope=spec.fa_rope,
+                rope_theta=cfg.rope_theta,
+                rope_pairing=cfg.rope_pairing,
                 rope_scaling=cfg.rope_scaling,
-                window=spec.window, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
+                window=spec.window,
+                qk_norm=cfg.qk_norm,
+                norm_eps=cfg.norm_eps,
                 settings=cfg.attention_settings(),
                 decode_settings=cfg.decode_attention_settings(),
-                norm_settings=cfg.norm_settings(), **kw))
+                norm_settings=cfg.norm_settings(),
+                **kw,
+            )
+        )
         self.la = data(None if not spec.num_la else _linear_heads(cfg, spec, layer, kw))
         self.dtype = cfg.compute_dtype
         self.matmul_settings = cfg.matmul_settings()
         width = spec.num_fa * cfg.head_dim + spec.num_la * cfg.la_value_dim
-        self.o_proj = dense(width, cfg.d_model, ("heads", "embed"),
-                            std=INIT_STD / math.sqrt(2 * cfg.num_layers), **kw)
+        self.o_proj = dense(
+            width,
+            cfg.d_model,
+            ("heads", "embed"),
+            std=INIT_STD / math.sqrt(2 * cfg.num_layers),
+            **kw,
+        )
 
     def input_projections(self):
         """The input projections of both branches, FA's first, each in its branch's order."""
-        return ((list(self.fa.projections()) if self.fa is not None else []),
-                (list(self.la.projections()) if self.la is not None else []))
+        return (
+            (list(self.fa.projections()) if self.fa is not None else []),
+            (list(self.la.projections()) if self.la is not None else []),
+        )
 
     def input_weight(self):
         """The input projections' weights concatenated, [d, width of all], in the compute
@@ -84,11 +105,12 @@ class HeadwiseMixer(nnx.Module):
             w = self.input_weight() if weight is None else weight
             y = matmul(x.astype(self.dtype), w, self.matmul_settings)
             ys = jnp.split(y, np.cumsum([p.kernel.shape[1] for p in fa + la])[:-1], axis=-1)
-        else:   # under a mesh: rows stay over the batch axes, heads over tensor where they divide
-            heads = ([self.fa.num_heads, self.fa.num_kv, self.fa.num_kv] if fa else []) + \
-                    (self.la.projection_heads() if la else [])
+        else:  # under a mesh: rows stay over the batch axes, heads over tensor where they divide
+            heads = ([self.fa.num_heads, self.fa.num_kv, self.fa.num_kv] if fa else []) + (
+                self.la.projection_heads() if la else []
+            )
             ys = [constrain(y, n) for y, n in zip(project(x, fa + la), heads)]
-        return (ys[:len(fa)] or None), (ys[len(fa):] or None)
+        return (ys[: len(fa)] or None), (ys[len(fa) :] or None)
 
     def __call__(self, x, positions, segment_ids=None):  # [B,T,d] -> [B,T,d]
         fa, la = self.project(x)
@@ -102,8 +124,10 @@ class HeadwiseMixer(nnx.Module):
 
     # ------------------------------------------------------------ inference
     def init_cache(self, batch: int, max_len: int, dtype):
-        return {"fa": None if self.fa is None else self.fa.init_cache(batch, max_len, dtype),
-                "la": None if self.la is None else self.la.init_cache(batch, dtype)}
+        return {
+            "fa": None if self.fa is None else self.fa.init_cache(batch, max_len, dtype),
+            "la": None if self.la is None else self.la.init_cache(batch, dtype),
+        }
 
     def extend(self, x, t0, start, valid, cache, fresh: bool = False, weight=None):
         """One chunk (or token) over the cache; ``weight``: ``input_weight()`` if already
@@ -124,17 +148,42 @@ def _linear_heads(cfg: ModelConfig, spec: LayerSpec, layer: int, kw: dict):
     """The layer's linear heads of ``cfg.la_kind``: GDN or DeltaNet (``gdn.py``), HGRN
     (``hgrn_heads.py``), or one of the decaying-state kinds (``decay_heads.py``)."""
     if cfg.la_kind == "hgrn":
-        return HGRNHeads(cfg.d_model, spec.num_la, cfg.la_value_dim, layer=layer,
-                         num_layers=cfg.num_layers, norm_eps=cfg.norm_eps,
-                         settings=cfg.hgrn_settings(), **kw)
+        return HGRNHeads(
+            cfg.d_model,
+            spec.num_la,
+            cfg.la_value_dim,
+            layer=layer,
+            num_layers=cfg.num_layers,
+            norm_eps=cfg.norm_eps,
+            settings=cfg.hgrn_settings(),
+            **kw,
+        )
     if cfg.la_kind in ("gdn", "deltanet"):
-        return GatedDeltaNetHeads(cfg.d_model, spec.num_la, cfg.la_key_dim, cfg.la_value_dim,
-                                  conv_size=cfg.conv_size, norm_eps=cfg.norm_eps,
-                                  decay=cfg.la_kind == "gdn", settings=cfg.gdn_settings(),
-                                  conv_settings=cfg.conv_settings(), **kw)
-    return DecayLinearHeads(cfg.la_kind, cfg.d_model, spec.num_la, cfg.la_key_dim,
-                            cfg.la_value_dim, layer=layer, num_layers=cfg.num_layers,
-                            conv_size=cfg.conv_size, short_conv=cfg.la_short_conv,
-                            norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
-                            settings=cfg.decay_settings(), conv_settings=cfg.conv_settings(),
-                            **kw)
+        return GatedDeltaNetHeads(
+            cfg.d_model,
+            spec.num_la,
+            cfg.la_key_dim,
+            cfg.la_value_dim,
+            conv_size=cfg.conv_size,
+            norm_eps=cfg.norm_eps,
+            decay=cfg.la_kind == "gdn",
+            settings=cfg.gdn_settings(),
+            conv_settings=cfg.conv_settings(),
+            **kw,
+        )
+    return DecayLinearHeads(
+        cfg.la_kind,
+        cfg.d_model,
+        spec.num_la,
+        cfg.la_key_dim,
+        cfg.la_value_dim,
+        layer=layer,
+        num_layers=cfg.num_layers,
+        conv_size=cfg.conv_size,
+        short_conv=cfg.la_short_conv,
+        norm_eps=cfg.norm_eps,
+        rope_theta=cfg.rope_theta,
+        settings=cfg.decay_settings(),
+        conv_settings=cfg.conv_settings(),
+        **kw,
+    )

@@ -1,4 +1,5 @@
 """SwiGLU feed-forward (Shazeer, 2020): down(SiLU(gate(x)) * up(x))."""
+
 from __future__ import annotations
 
 import jax
@@ -15,8 +16,17 @@ class SwiGLU(nnx.Module):
     (sharded over the tensor axis as "mlp"); ``matmul_settings``: how a decode step's
     products run (``extend``, through ``linear.matmul``)."""
 
-    def __init__(self, d_model: int, hidden: int, *, out_std: float, dtype, param_dtype,
-                 matmul_settings: SkinnyMatmulSettings | None = None, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        d_model: int,
+        hidden: int,
+        *,
+        out_std: float,
+        dtype,
+        param_dtype,
+        matmul_settings: SkinnyMatmulSettings | None = None,
+        rngs: nnx.Rngs,
+    ):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.gate = dense(d_model, hidden, ("embed", "mlp"), **kw)
         self.up = dense(d_model, hidden, ("embed", "mlp"), **kw)
@@ -30,8 +40,13 @@ class SwiGLU(nnx.Module):
     def input_weight(self):
         """gate's and up's weights concatenated, [d, 2 hidden] in the compute dtype: what
         ``extend`` multiplies by (``Generator``'s decode loop forms it once)."""
-        return jnp.concatenate([self.gate.kernel[...].astype(self.gate.dtype),
-                                self.up.kernel[...].astype(self.up.dtype)], axis=1)
+        return jnp.concatenate(
+            [
+                self.gate.kernel[...].astype(self.gate.dtype),
+                self.up.kernel[...].astype(self.up.dtype),
+            ],
+            axis=1,
+        )
 
     def extend(self, x, weight=None):
         """``__call__`` as a decode step runs it: gate and up as one product (one kernel

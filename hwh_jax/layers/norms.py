@@ -8,6 +8,7 @@ training) and the fp32 reciprocal rms r [..., 1], and with e = dy SiLU(gate), x^
 
 where autodiff of the forward formula stores fp32 copies of o, o r and the gated product.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,9 +26,16 @@ f32 = jnp.float32
 class RMSNorm(nnx.Module):
     """y = x / rms(x) * weight, over the last axis; statistics in fp32 (Zhang & Sennrich 2019)."""
 
-    def __init__(self, dim: int, *, eps: float = 1e-6, dtype=jnp.float32,
-                 param_dtype=jnp.float32, axis_name: str = "norm",
-                 settings: RMSNormSettings | None = None):
+    def __init__(
+        self,
+        dim: int,
+        *,
+        eps: float = 1e-6,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        axis_name: str = "norm",
+        settings: RMSNormSettings | None = None,
+    ):
         ones = partitioned(nnx.initializers.ones_init(), (axis_name,))
         self.weight = nnx.Param(ones(jax.random.key(0), (dim,), param_dtype))
         self.eps = eps
@@ -35,15 +43,15 @@ class RMSNorm(nnx.Module):
         self.settings = RMSNormSettings() if settings is None else settings
 
     def __call__(self, x):
-        return rms_norm(x, self.weight[...], eps=self.eps, dtype=self.dtype,
-                        settings=self.settings)
+        return rms_norm(x, self.weight[...], eps=self.eps, dtype=self.dtype, settings=self.settings)
 
     def add(self, x, delta):
         """(h, self(h)) with h = x + delta (x's dtype), in one pass; delta None: (x, self(x))."""
         if delta is None:
             return x, self(x)
-        return rms_norm(x, self.weight[...], delta, eps=self.eps, dtype=self.dtype,
-                        settings=self.settings)
+        return rms_norm(
+            x, self.weight[...], delta, eps=self.eps, dtype=self.dtype, settings=self.settings
+        )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
@@ -74,11 +82,9 @@ gated_rms_norm.defvjp(_gated_fwd, _gated_bwd)
 class GatedRMSNorm(nnx.Module):
     """GDN output norm: RMSNorm(o) * SiLU(gate), per head over V, weight shared across heads."""
 
-    def __init__(self, dim: int, *, eps: float = 1e-6, dtype=jnp.float32,
-                 param_dtype=jnp.float32):
+    def __init__(self, dim: int, *, eps: float = 1e-6, dtype=jnp.float32, param_dtype=jnp.float32):
         self.norm = RMSNorm(dim, eps=eps, dtype=jnp.float32, param_dtype=param_dtype)
         self.dtype = dtype
 
     def __call__(self, o, gate):
-        return gated_rms_norm(o, gate, self.norm.weight[...], self.norm.eps,
-                              jnp.dtype(self.dtype))
+        return gated_rms_norm(o, gate, self.norm.weight[...], self.norm.eps, jnp.dtype(self.dtype))

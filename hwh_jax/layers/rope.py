@@ -6,6 +6,7 @@ w_r = theta^(-2r/D) (r = 0 is the highest frequency). Pairings:
   "interleaved"  group r = dims (2r, 2r + 1) (original RoFormer, GPT-J)
 Either way q~_t . k~_s = sum_r q_t^(r)^T R((s - t) w_r) k_s^(r): logits depend on s - t only.
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -30,7 +31,11 @@ def scaled_frequencies(head_dim: int, theta: float, scaling=()):
         return w
     if kind != "llama3":
         raise ValueError(f"rope scaling {kind!r} is not supported (only 'llama3' and 'default')")
-    factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    factor, low, high = (
+        float(s["factor"]),
+        float(s["low_freq_factor"]),
+        float(s["high_freq_factor"]),
+    )
     old = float(s["original_max_position_embeddings"])
     wavelen = 2 * jnp.pi / w
     scaled = jnp.where(wavelen > old / low, w / factor, w)
@@ -56,8 +61,7 @@ def merge_pairs(x1, x2, pairing: str):
     return jnp.stack([x1, x2], axis=-1).reshape(*x1.shape[:-1], 2 * x1.shape[-1])
 
 
-def apply_rope(x, positions, *, theta: float = 10000.0, pairing: str = "half",
-               frequencies=None):
+def apply_rope(x, positions, *, theta: float = 10000.0, pairing: str = "half", frequencies=None):
     """Rotate x [B, T, H, D] by positions [B, T] (or [T]); math in fp32, result in x's dtype.
 
     ``frequencies`` overrides theta (e.g. Llama 3.1's rescaled frequencies)."""
@@ -65,7 +69,7 @@ def apply_rope(x, positions, *, theta: float = 10000.0, pairing: str = "half",
     positions = jnp.asarray(positions, jnp.float32)
     if positions.ndim == 1:
         positions = positions[None]
-    angle = positions[:, :, None, None] * w                      # [B, T, 1, F]
+    angle = positions[:, :, None, None] * w  # [B, T, 1, F]
     cos, sin = jnp.cos(angle), jnp.sin(angle)
     x1, x2 = split_pairs(x.astype(jnp.float32), pairing)
     out = merge_pairs(x1 * cos - x2 * sin, x2 * cos + x1 * sin, pairing)

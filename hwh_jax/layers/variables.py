@@ -8,6 +8,7 @@ eagerly at creation and demand a mesh even on one CPU.
 ``data(x)``: marks an attribute that may be None as a (possibly absent) submodule: Flax >= 0.12
 treats an attribute first assigned None as static.
 """
+
 from flax import nnx
 
 data = getattr(nnx, "data", lambda value: value)

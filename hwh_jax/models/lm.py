@@ -14,6 +14,7 @@ Inference: ``init_cache(batch, max_len)`` then ``extend(tokens, cache)`` any num
 (a prompt, a chunk of one, or one token): the cache holds the time ``t`` of the next token, the
 per-row first time ``start`` (rows are left-padded to a common length) and one entry per layer.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,15 +38,24 @@ class Block(nnx.Module):
     head-wise mixer. ``residual`` defers each add to the norm after it (one pass on a GPU)."""
 
     def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, layer: int = 0, rngs: nnx.Rngs):
-        norm_kw = dict(eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
-                       settings=cfg.norm_settings())
+        norm_kw = dict(
+            eps=cfg.norm_eps,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.weight_dtype,
+            settings=cfg.norm_settings(),
+        )
         self.mixer_norm = RMSNorm(cfg.d_model, **norm_kw)
         self.mixer = HeadwiseMixer(cfg, spec, layer=layer, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg.d_model, **norm_kw)
-        self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden,
-                          out_std=INIT_STD / math.sqrt(2 * cfg.num_layers),
-                          dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
-                          matmul_settings=cfg.matmul_settings(), rngs=rngs)
+        self.mlp = SwiGLU(
+            cfg.d_model,
+            cfg.mlp_hidden,
+            out_std=INIT_STD / math.sqrt(2 * cfg.num_layers),
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.weight_dtype,
+            matmul_settings=cfg.matmul_settings(),
+            rngs=rngs,
+        )
 
     def __call__(self, x, positions, segment_ids=None):
         x, delta = self.residual(x, None, positions, segment_ids)
@@ -89,15 +99,36 @@ class HybridLM(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         init = partitioned(nnx.initializers.normal(INIT_STD), ("vocab", "embed"))
-        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype,
-                               param_dtype=cfg.weight_dtype, embedding_init=init, rngs=rngs)
-        self.blocks = nnx.List([Block(cfg, spec, layer=l, rngs=rngs)
-                                for l, spec in enumerate(cfg.layers)])
-        self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=cfg.compute_dtype,
-                                  param_dtype=cfg.weight_dtype, settings=cfg.norm_settings())
-        self.lm_head = data(None if cfg.tie_embeddings else dense(
-            cfg.d_model, cfg.vocab_size, ("embed", "vocab"), dtype=cfg.compute_dtype,
-            param_dtype=cfg.weight_dtype, rngs=rngs))
+        self.embed = nnx.Embed(
+            cfg.vocab_size,
+            cfg.d_model,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.weight_dtype,
+            embedding_init=init,
+            rngs=rngs,
+        )
+        self.blocks = nnx.List(
+            [Block(cfg, spec, layer=l, rngs=rngs) for l, spec in enumerate(cfg.layers)]
+        )
+        self.final_norm = RMSNorm(
+            cfg.d_model,
+            eps=cfg.norm_eps,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.weight_dtype,
+            settings=cfg.norm_settings(),
+        )
+        self.lm_head = data(
+            None
+            if cfg.tie_embeddings
+            else dense(
+                cfg.d_model,
+                cfg.vocab_size,
+                ("embed", "vocab"),
+                dtype=cfg.compute_dtype,
+                param_dtype=cfg.weight_dtype,
+                rngs=rngs,
+            )
+        )
 
     def embed_tokens(self, tokens):
         """tokens [...] int -> their rows of the embedding table [..., d] in the compute dtype,
@@ -114,7 +145,7 @@ class HybridLM(nnx.Module):
         """tokens [B, T] int -> final hidden states [B, T, d] (after the final norm)."""
         if positions is None:
             positions = jnp.arange(tokens.shape[1])[None]
-        x, delta = constrain(self.embed_tokens(tokens)), None   # rows over the batch axes
+        x, delta = constrain(self.embed_tokens(tokens)), None  # rows over the batch axes
         residual = nnx.remat(_residual) if self.cfg.remat == "block" else _residual
         for block in self.blocks:
             x, delta = residual(block, x, delta, positions, segment_ids)
@@ -141,8 +172,11 @@ class HybridLM(nnx.Module):
         the number of left-padding slots of each row (default none)."""
         dtype = self.cfg.compute_dtype if dtype is None else dtype
         start = jnp.zeros((batch,), jnp.int32) if start is None else jnp.asarray(start, jnp.int32)
-        return {"t": jnp.int32(0), "start": start,
-                "layers": [b.mixer.init_cache(batch, max_len, dtype) for b in self.blocks]}
+        return {
+            "t": jnp.int32(0),
+            "start": start,
+            "layers": [b.mixer.init_cache(batch, max_len, dtype) for b in self.blocks],
+        }
 
     def input_weights(self):
         """Each block's input weights concatenated (``Block.input_weights``: the mixer's
@@ -150,8 +184,9 @@ class HybridLM(nnx.Module):
         forms them once, not once a token."""
         return [b.input_weights() for b in self.blocks]
 
-    def extend(self, tokens, cache, *, fresh: bool = False, last_only: bool = False,
-               input_weights=None):
+    def extend(
+        self, tokens, cache, *, fresh: bool = False, last_only: bool = False, input_weights=None
+    ):
         """tokens [B, Tn] at times cache["t"] ... -> (fp32 logits [B, Tn, vocab], new cache).
 
         ``fresh``: the cache is as ``init_cache`` made it (nothing written, t = 0): the FA

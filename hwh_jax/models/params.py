@@ -3,6 +3,7 @@
 A model is counted block by block, each distinct LayerSpec once, so that counting the 1.4B
 configs takes well under a second; tests check the sum against the whole model's eval_shape.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,8 +26,9 @@ def mixer_params(cfg: ModelConfig, spec: LayerSpec) -> int:
     """Parameters of one layer's token mixer (FA heads, GDN heads, output projection)."""
     # a mixer reads neither the other layers (only their number), nor the name, the MLP or the
     # vocabulary: configs that differ only there share one count
-    return _mixer_params(cfg.replace(layers=(spec,) * cfg.num_layers, arch="",
-                                     mlp_hidden=1, vocab_size=1), spec)
+    return _mixer_params(
+        cfg.replace(layers=(spec,) * cfg.num_layers, arch="", mlp_hidden=1, vocab_size=1), spec
+    )
 
 
 @functools.lru_cache(maxsize=512)
@@ -52,5 +54,11 @@ def param_table(cfg: ModelConfig) -> dict[str, int]:
     mlp = 3 * d * cfg.mlp_hidden * cfg.num_layers
     norms = d * (2 * cfg.num_layers + 1)
     total = emb + mix + mlp + norms
-    return {"embedding": emb, "mixers": mix, "mlps": mlp, "norms": norms, "total": total,
-            "non_embedding": total - emb}
+    return {
+        "embedding": emb,
+        "mixers": mix,
+        "mlps": mlp,
+        "norms": norms,
+        "total": total,
+        "non_embedding": total - emb,
+    }

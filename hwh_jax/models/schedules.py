@@ -1,13 +1,14 @@
 """Named per-layer head allocations: every architecture of the study as a tuple of LayerSpec.
 
-  transformer  all heads RoPE FA
-  gdn          all heads GDN
-  layerwise    whole layers alternate, ratio FA:GDN (default 1:3: layers 3, 7, 11, ... are FA)
-  swa          layer-wise, the GDN layers replaced by sliding-window RoPE FA (Qiao et al.)
-  hwh          in every layer n_fa(l) NoPE FA heads + (H - n_fa(l)) GDN heads; FA heads
-               concentrated in the middle layers (a half-sine bump over depth, zero in the first
-               and last layer), FA share < 25% (Shi, Yin, Li 2026, principles i and ii)
+transformer  all heads RoPE FA
+gdn          all heads GDN
+layerwise    whole layers alternate, ratio FA:GDN (default 1:3: layers 3, 7, 11, ... are FA)
+swa          layer-wise, the GDN layers replaced by sliding-window RoPE FA (Qiao et al.)
+hwh          in every layer n_fa(l) NoPE FA heads + (H - n_fa(l)) GDN heads; FA heads
+             concentrated in the middle layers (a half-sine bump over depth, zero in the first
+             and last layer), FA share < 25% (Shi, Yin, Li 2026, principles i and ii)
 """
+
 from __future__ import annotations
 
 import json
@@ -34,26 +35,35 @@ def _is_fa_layer(l: int, ratio: tuple[int, int]) -> bool:
 
 def layerwise(num_layers: int, num_heads: int, ratio=(1, 3), fa_rope: bool = True):
     _check_ratio(ratio, num_layers)
-    return tuple(LayerSpec(num_heads, 0, fa_rope=fa_rope) if _is_fa_layer(l, ratio)
-                 else LayerSpec(0, num_heads) for l in range(num_layers))
+    return tuple(
+        LayerSpec(num_heads, 0, fa_rope=fa_rope)
+        if _is_fa_layer(l, ratio)
+        else LayerSpec(0, num_heads)
+        for l in range(num_layers)
+    )
 
 
 def swa(num_layers: int, num_heads: int, window: int, ratio=(1, 3), fa_rope: bool = True):
     """Global FA layers (RoPE or NoPE) interleaved with RoPE sliding-window layers."""
     _check_ratio(ratio, num_layers)
-    return tuple(LayerSpec(num_heads, 0, fa_rope=fa_rope) if _is_fa_layer(l, ratio)
-                 else LayerSpec(num_heads, 0, fa_rope=True, window=window)
-                 for l in range(num_layers))
+    return tuple(
+        LayerSpec(num_heads, 0, fa_rope=fa_rope)
+        if _is_fa_layer(l, ratio)
+        else LayerSpec(num_heads, 0, fa_rope=True, window=window)
+        for l in range(num_layers)
+    )
 
 
 def _check_ratio(ratio, num_layers: int):
     if len(ratio) != 2 or min(ratio) < 0 or sum(ratio) == 0:
         raise ValueError(f"ratio must be (n_fa_layers, n_la_layers) >= 0, got {ratio}")
     if ratio[0] and not any(_is_fa_layer(l, ratio) for l in range(num_layers)):
-        raise ValueError(f"model.ratio={tuple(ratio)} places its first FA layer after layer "
-                         f"{ratio[1]}, but the model has {num_layers} layers: no FA layer at "
-                         f"all; use a ratio with at most {num_layers - 1} other layers per FA "
-                         f"layer, or a size with more layers")
+        raise ValueError(
+            f"model.ratio={tuple(ratio)} places its first FA layer after layer "
+            f"{ratio[1]}, but the model has {num_layers} layers: no FA layer at "
+            f"all; use a ratio with at most {num_layers - 1} other layers per FA "
+            f"layer, or a size with more layers"
+        )
 
 
 def _largest_remainder(weights, total: int, unit: int, cap: int) -> list[int]:
@@ -62,8 +72,11 @@ def _largest_remainder(weights, total: int, unit: int, cap: int) -> list[int]:
     wsum = sum(weights)
     exact = [units * w / wsum for w in weights]
     counts = [min(math.floor(e), cap // unit) for e in exact]
-    order = sorted(range(len(weights)), key=lambda i: (exact[i] - math.floor(exact[i]), weights[i]),
-                   reverse=True)
+    order = sorted(
+        range(len(weights)),
+        key=lambda i: (exact[i] - math.floor(exact[i]), weights[i]),
+        reverse=True,
+    )
     left = units - sum(counts)
     while left > 0:
         moved = False
@@ -73,13 +86,20 @@ def _largest_remainder(weights, total: int, unit: int, cap: int) -> list[int]:
                 left -= 1
                 moved = True
         if not moved:
-            raise ValueError(f"cannot place {total} FA heads: every eligible layer is at its cap "
-                             f"of {cap}")
+            raise ValueError(
+                f"cannot place {total} FA heads: every eligible layer is at its cap of {cap}"
+            )
     return [c * unit for c in counts]
 
 
-def hwh_counts(num_layers: int, num_heads: int, *, fa_share: float = HWH_FA_SHARE,
-               placement: str = "middle", unit: int = 1) -> list[int]:
+def hwh_counts(
+    num_layers: int,
+    num_heads: int,
+    *,
+    fa_share: float = HWH_FA_SHARE,
+    placement: str = "middle",
+    unit: int = 1,
+) -> list[int]:
     """FA heads per layer. placement "middle": weight sin(pi l / (L-1)), zero at both ends;
     "uniform": equal weight on every layer (the paper's allocation ablation)."""
     if not 0 < fa_share < 1:
@@ -110,9 +130,17 @@ def load_counts(path: str) -> list[int]:
     return list(counts)
 
 
-def hwh(num_layers: int, num_heads: int, *, fa_share: float = HWH_FA_SHARE,
-        placement: str = "middle", counts=None, fa_rope: bool = False, unit: int = 1,
-        enforce_rules: bool = True) -> tuple[LayerSpec, ...]:
+def hwh(
+    num_layers: int,
+    num_heads: int,
+    *,
+    fa_share: float = HWH_FA_SHARE,
+    placement: str = "middle",
+    counts=None,
+    fa_rope: bool = False,
+    unit: int = 1,
+    enforce_rules: bool = True,
+) -> tuple[LayerSpec, ...]:
     """HwH layers. ``counts`` (list or JSON path) overrides the named placement.
 
     With ``enforce_rules`` the paper's rules are checked: FA share < 25% and no FA heads in the
@@ -120,8 +148,9 @@ def hwh(num_layers: int, num_heads: int, *, fa_share: float = HWH_FA_SHARE,
     if isinstance(counts, str):
         counts = load_counts(counts)
     if counts is None:
-        counts = hwh_counts(num_layers, num_heads, fa_share=fa_share, placement=placement,
-                            unit=unit)
+        counts = hwh_counts(
+            num_layers, num_heads, fa_share=fa_share, placement=placement, unit=unit
+        )
     counts = list(counts)
     if len(counts) != num_layers:
         raise ValueError(f"hwh: {len(counts)} per-layer FA counts for {num_layers} layers")

@@ -1,4 +1,5 @@
 """One jitted forward pass of a freshly initialised model: the cheapest end-to-end check."""
+
 from __future__ import annotations
 
 import math
@@ -30,6 +31,8 @@ def forward_once(cfg: ModelConfig, *, seq_len: int, batch: int = 2, seed: int = 
     t2 = time.time()
     if not math.isfinite(loss):
         raise FloatingPointError(f"forward pass gave a non-finite loss {loss}")
-    return (f"forward [B={batch}, T={seq_len}] on {jax.default_backend()}: loss at init "
-            f"{loss:.4f} (ln vocab = {math.log(cfg.vocab_size):.4f}); init+compile+run "
-            f"{t1 - t0:.1f}s, run {1e3 * (t2 - t1):.0f}ms; kernels {kernels_pallas.chosen()}")
+    return (
+        f"forward [B={batch}, T={seq_len}] on {jax.default_backend()}: loss at init "
+        f"{loss:.4f} (ln vocab = {math.log(cfg.vocab_size):.4f}); init+compile+run "
+        f"{t1 - t0:.1f}s, run {1e3 * (t2 - t1):.0f}ms; kernels {kernels_pallas.chosen()}"
+    )

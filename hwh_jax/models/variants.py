@@ -8,6 +8,7 @@ Transformer's gets a narrower SwiGLU: its hidden width is the Transformer's minu
 mixer parameters per layer over 3d, rounded to a multiple of 64. Total parameters then match the
 Transformer's to well under 1% (docs/models.md lists every count).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,31 +21,50 @@ from hwh_jax.models.params import mixer_params
 @dataclasses.dataclass(frozen=True)
 class Size:
     """One row of the sizes table: the widths every architecture of that size shares."""
+
     d_model: int
     num_layers: int
     num_heads: int
     head_dim: int
-    mlp_hidden: int     # the Transformer's SwiGLU width; other architectures are matched to it
+    mlp_hidden: int  # the Transformer's SwiGLU width; other architectures are matched to it
     vocab_size: int
-    swa_window: int     # default window of the SWA hybrid's local layers
+    swa_window: int  # default window of the SWA hybrid's local layers
 
 
 VOCAB_GPT2 = 50304  # GPT-2's 50257 tokens padded to a multiple of 64 for efficient matmuls
 
 SIZES = {
     #          d     L   H   D    mlp   vocab        window
-    "tiny": Size(128, 4, 8, 16, 384, 4096, 64),       # CPU: trains in minutes
-    "small": Size(640, 12, 10, 64, 1728, VOCAB_GPT2, 512),   # ~92M, single-GPU experiments
+    "tiny": Size(128, 4, 8, 16, 384, 4096, 64),  # CPU: trains in minutes
+    "small": Size(640, 12, 10, 64, 1728, VOCAB_GPT2, 512),  # ~92M, single-GPU experiments
     "380m": Size(1024, 24, 16, 64, 3072, VOCAB_GPT2, 512),
     "1b4": Size(2048, 24, 16, 128, 6144, VOCAB_GPT2, 512),
 }
 
-ARCHS = ("transformer", "gdn", "layerwise", "layerwise_nope", "swa", "swa_nope", "hwh",
-         "hwh_rope", "hwh_uniform")
+ARCHS = (
+    "transformer",
+    "gdn",
+    "layerwise",
+    "layerwise_nope",
+    "swa",
+    "swa_nope",
+    "hwh",
+    "hwh_rope",
+    "hwh_uniform",
+)
 
 
-def build_layers(arch: str, num_layers: int, num_heads: int, *, fa_share=None, counts=None,
-                 ratio=(1, 3), window=512, q_per_kv: int = 1):
+def build_layers(
+    arch: str,
+    num_layers: int,
+    num_heads: int,
+    *,
+    fa_share=None,
+    counts=None,
+    ratio=(1, 3),
+    window=512,
+    q_per_kv: int = 1,
+):
     fa_share = schedules.HWH_FA_SHARE if fa_share is None else fa_share
     if arch == "transformer":
         return schedules.transformer(num_layers, num_heads)
@@ -56,42 +76,75 @@ def build_layers(arch: str, num_layers: int, num_heads: int, *, fa_share=None, c
         return schedules.swa(num_layers, num_heads, window, ratio, fa_rope=arch == "swa")
     if arch in ("hwh", "hwh_rope", "hwh_uniform"):
         uniform = arch == "hwh_uniform"
-        return schedules.hwh(num_layers, num_heads, fa_share=fa_share, counts=counts,
-                             placement="uniform" if uniform else "middle",
-                             fa_rope=arch == "hwh_rope", unit=q_per_kv,
-                             enforce_rules=not uniform)
+        return schedules.hwh(
+            num_layers,
+            num_heads,
+            fa_share=fa_share,
+            counts=counts,
+            placement="uniform" if uniform else "middle",
+            fa_rope=arch == "hwh_rope",
+            unit=q_per_kv,
+            enforce_rules=not uniform,
+        )
     raise ValueError(f"unknown architecture {arch!r}; known: {ARCHS}")
 
 
 def matched_mlp_hidden(cfg: ModelConfig, base: ModelConfig, multiple: int = 64) -> int:
     """SwiGLU width that gives ``cfg`` the parameter count of ``base`` (same d and L)."""
-    extra = (sum(mixer_params(cfg, s) for s in cfg.layers)
-             - sum(mixer_params(base, s) for s in base.layers))
+    extra = sum(mixer_params(cfg, s) for s in cfg.layers) - sum(
+        mixer_params(base, s) for s in base.layers
+    )
     hidden = base.mlp_hidden - extra / (3 * cfg.d_model * cfg.num_layers)
     return max(multiple, int(round(hidden / multiple)) * multiple)
 
 
-def model_config(arch: str, size: str, *, fa_share=None, counts=None, ratio=(1, 3),
-                 window=None, match_params: bool = True, **overrides) -> ModelConfig:
+def model_config(
+    arch: str,
+    size: str,
+    *,
+    fa_share=None,
+    counts=None,
+    ratio=(1, 3),
+    window=None,
+    match_params: bool = True,
+    **overrides,
+) -> ModelConfig:
     """ModelConfig of architecture ``arch`` at size ``size``; ``overrides`` replace fields
     (dtype, q_per_kv, qk_norm, rope_theta, vocab_size, gdn_impl, ...)."""
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; known: {list(SIZES)}")
     s = SIZES[size]
     q_per_kv = overrides.get("q_per_kv", 1)
-    layers = build_layers(arch, s.num_layers, s.num_heads, fa_share=fa_share, counts=counts,
-                          ratio=tuple(ratio), window=window or s.swa_window, q_per_kv=q_per_kv)
-    fields = dict(vocab_size=s.vocab_size, d_model=s.d_model, num_heads=s.num_heads,
-                  head_dim=s.head_dim, la_key_dim=s.head_dim, la_value_dim=s.head_dim,
-                  mlp_hidden=s.mlp_hidden, layers=layers, arch=arch)
+    layers = build_layers(
+        arch,
+        s.num_layers,
+        s.num_heads,
+        fa_share=fa_share,
+        counts=counts,
+        ratio=tuple(ratio),
+        window=window or s.swa_window,
+        q_per_kv=q_per_kv,
+    )
+    fields = dict(
+        vocab_size=s.vocab_size,
+        d_model=s.d_model,
+        num_heads=s.num_heads,
+        head_dim=s.head_dim,
+        la_key_dim=s.head_dim,
+        la_value_dim=s.head_dim,
+        mlp_hidden=s.mlp_hidden,
+        layers=layers,
+        arch=arch,
+    )
     fields.update(overrides)
     cfg = ModelConfig(**fields)
     if match_params and "mlp_hidden" not in overrides and arch != "transformer":
-        base = cfg.replace(layers=schedules.transformer(s.num_layers, s.num_heads),
-                           mlp_hidden=s.mlp_hidden)
+        base = cfg.replace(
+            layers=schedules.transformer(s.num_layers, s.num_heads), mlp_hidden=s.mlp_hidden
+        )
         cfg = cfg.replace(mlp_hidden=matched_mlp_hidden(cfg, base))
-    if cfg.la_kind != "gdn" and sum(cfg.la_heads):     # the name shown: "gla", "hwh/gla",
-        kind = cfg.la_kind + ("+conv" if cfg.la_short_conv else "")   # "hwh/gla+conv"
+    if cfg.la_kind != "gdn" and sum(cfg.la_heads):  # the name shown: "gla", "hwh/gla",
+        kind = cfg.la_kind + ("+conv" if cfg.la_short_conv else "")  # "hwh/gla+conv"
         cfg = cfg.replace(arch=kind if arch == "gdn" else f"{arch}/{kind}")
     return cfg
 
@@ -104,11 +157,16 @@ def model_config_from_dict(m) -> ModelConfig:
         try:
             counts = [int(c) for c in counts.split(",")]
         except ValueError:
-            raise ValueError(f"model.counts must be comma-separated ints or a .json path, "
-                             f"got {counts!r}") from None
+            raise ValueError(
+                f"model.counts must be comma-separated ints or a .json path, got {counts!r}"
+            ) from None
     arch, size = m.pop("arch"), m.pop("size")
-    kw = dict(fa_share=m.pop("fa_share", None), counts=counts, ratio=tuple(m.pop("ratio", (1, 3))),
-              window=m.pop("window", 0) or None)
+    kw = dict(
+        fa_share=m.pop("fa_share", None),
+        counts=counts,
+        ratio=tuple(m.pop("ratio", (1, 3))),
+        window=m.pop("window", 0) or None,
+    )
     if not m.get("vocab_size"):
         m.pop("vocab_size", None)
     return model_config(arch, size, **kw, **m)

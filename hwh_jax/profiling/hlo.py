@@ -2,6 +2,7 @@
 ``profile.hlo_bytes`` uses for what a kernel moves, and ``collectives``: what a compiled step
 sends between devices, read from the module's computations (each collective once, loops'
 trip counts applied)."""
+
 from __future__ import annotations
 
 import collections
@@ -9,15 +10,30 @@ import dataclasses
 import math
 import re
 
-DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
-               "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "bf16": 2,
+    "f16": 2,
+    "s16": 2,
+    "u16": 2,
+    "f32": 4,
+    "s32": 4,
+    "u32": 4,
+    "f64": 8,
+    "s64": 8,
+    "u64": 8,
+}
 _ARRAY = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
 
 
 def arrays(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
     """(dtype, shape) of each array in an HLO type, e.g. "(bf16[8,64]{1,0}, f32[])"."""
-    return [(dtype, tuple(int(d) for d in dims.split(",") if d))
-            for dtype, dims in _ARRAY.findall(type_text)]
+    return [
+        (dtype, tuple(int(d) for d in dims.split(",") if d))
+        for dtype, dims in _ARRAY.findall(type_text)
+    ]
 
 
 def nbytes(type_text: str) -> int:
@@ -26,13 +42,19 @@ def nbytes(type_text: str) -> int:
 
 
 KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
-_COLLECTIVE = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*?) (all-gather|all-reduce|reduce-scatter|"
-                         r"all-to-all|collective-permute)(-start)?\((.*)$")
-_DONE = re.compile(r"= (.*?) (?:all-gather|all-reduce|reduce-scatter|all-to-all|"
-                   r"collective-permute)-done\(%([\w.\-]+)")
+_COLLECTIVE = re.compile(
+    r"^\s*(?:ROOT )?%([\w.\-]+) = (.*?) (all-gather|all-reduce|reduce-scatter|"
+    r"all-to-all|collective-permute)(-start)?\((.*)$"
+)
+_DONE = re.compile(
+    r"= (.*?) (?:all-gather|all-reduce|reduce-scatter|all-to-all|"
+    r"collective-permute)-done\(%([\w.\-]+)"
+)
 _HEADER = re.compile(r"^(ENTRY )?%([\w.\-]+) .*\{\s*$")
-_CALLS = re.compile(r"\b(calls|body|condition|to_apply|true_computation|false_computation)="
-                    r"%([\w.\-]+)")
+_CALLS = re.compile(
+    r"\b(calls|body|condition|to_apply|true_computation|false_computation)="
+    r"%([\w.\-]+)"
+)
 _CALL_LISTS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}")
@@ -44,13 +66,14 @@ _IOTA_GROUPS = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=")
 class Collective:
     """One collective of a compiled program: what its result holds on one device, how many
     devices take part, and how often one run of the program executes it."""
-    op: str                  # one of KINDS
-    shapes: tuple            # the result's array shapes (several for a combined collective)
-    bytes: int               # the result's bytes on one device: the whole array of an
+
+    op: str  # one of KINDS
+    shapes: tuple  # the result's array shapes (several for a combined collective)
+    bytes: int  # the result's bytes on one device: the whole array of an
     #                          all-gather or all-reduce, the shard of a reduce-scatter
-    source: str              # the jax operation it came from (HLO metadata op_name)
-    group: int = 0           # devices in each replica group (0: not stated in the text)
-    times: int = 1           # executions per run of the program (loop trip counts multiplied)
+    source: str  # the jax operation it came from (HLO metadata op_name)
+    group: int = 0  # devices in each replica group (0: not stated in the text)
+    times: int = 1  # executions per run of the program (loop trip counts multiplied)
 
     @property
     def wire_bytes(self) -> float:
@@ -62,8 +85,12 @@ class Collective:
             return float(self.bytes)
         if g <= 1:
             return 0.0 if g == 1 else float(self.bytes)
-        share = {"all-gather": (g - 1) / g, "all-to-all": (g - 1) / g,
-                 "reduce-scatter": float(g - 1), "all-reduce": 2 * (g - 1) / g}[self.op]
+        share = {
+            "all-gather": (g - 1) / g,
+            "all-to-all": (g - 1) / g,
+            "reduce-scatter": float(g - 1),
+            "all-reduce": 2 * (g - 1) / g,
+        }[self.op]
         return self.bytes * share
 
 
@@ -85,8 +112,7 @@ def _loop_trips(line: str, comps: dict) -> int:
         return int(m.group(1))
     cond = re.search(r"condition=%([\w.\-]+)", line)
     lines = comps.get(cond.group(1), []) if cond else []
-    constants = dict(re.findall(r"%([\w.\-]+) = s32\[\][^ ]* constant\((\d+)\)",
-                                "\n".join(lines)))
+    constants = dict(re.findall(r"%([\w.\-]+) = s32\[\][^ ]* constant\((\d+)\)", "\n".join(lines)))
     for line in lines:
         if line.lstrip().startswith("ROOT") and "direction=LT" in line:
             m = re.search(r"compare\(%[\w.\-]+, %([\w.\-]+)\)", line)
@@ -114,7 +140,7 @@ def _multiplicities(comps: dict, entry: str | None) -> dict:
         if name not in memo:
             if name == entry:
                 memo[name] = 1
-            elif name in seen:          # a cycle: not an HLO module; count it once
+            elif name in seen:  # a cycle: not an HLO module; count it once
                 return 1
             else:
                 memo[name] = sum(mult(c, seen + (name,)) * f for c, f in callers.get(name, ()))
@@ -146,10 +172,19 @@ def collectives(hlo_text: str) -> list[Collective]:
     if "<top>" in comps and entry:
         del comps["<top>"]
     times = _multiplicities(comps, entry)
-    fused = {callee for lines in comps.values() for line in lines if " fusion(" in line
-             for callee in re.findall(r"calls=%([\w.\-]+)", line)}
-    done_types = {m.group(2): m.group(1) for lines in comps.values() for line in lines
-                  if (m := _DONE.search(line))}
+    fused = {
+        callee
+        for lines in comps.values()
+        for line in lines
+        if " fusion(" in line
+        for callee in re.findall(r"calls=%([\w.\-]+)", line)
+    }
+    done_types = {
+        m.group(2): m.group(1)
+        for lines in comps.values()
+        for line in lines
+        if (m := _DONE.search(line))
+    }
     found: dict = {}
     for comp, lines in comps.items():
         if not times[comp]:
@@ -160,11 +195,15 @@ def collectives(hlo_text: str) -> list[Collective]:
                 continue
             name, type_text, op, start, _ = m.groups()
             channel = re.search(r"channel_id=(\d+)", line)
-            key = ((op, channel.group(1), tuple(arrays(type_text))) if channel and comp in fused
-                   else (comp, name))
+            key = (
+                (op, channel.group(1), tuple(arrays(type_text)))
+                if channel and comp in fused
+                else (comp, name)
+            )
             if key in found:
-                found[key] = dataclasses.replace(found[key],
-                                                 times=max(found[key].times, times[comp]))
+                found[key] = dataclasses.replace(
+                    found[key], times=max(found[key].times, times[comp])
+                )
                 continue
             if start and name in done_types:
                 type_text = done_types[name]
@@ -174,8 +213,7 @@ def collectives(hlo_text: str) -> list[Collective]:
             if op == "all-reduce" and comp.startswith("all-reduce-scatter") and group:
                 op, n = "reduce-scatter", n // group
             src = re.search(r'op_name="([^"]*)"', line)
-            found[key] = Collective(op, shapes, n, src.group(1) if src else "", group,
-                                    times[comp])
+            found[key] = Collective(op, shapes, n, src.group(1) if src else "", group, times[comp])
     return list(found.values())
 
 

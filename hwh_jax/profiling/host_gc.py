@@ -18,6 +18,7 @@ collected as before, so nothing accumulates. A frozen object that becomes unreac
 freed by its reference count, but a frozen reference cycle is not until ``unfreeze`` (the trainer
 calls it when its loop ends, so a process that runs several trainings does not keep each one's).
 """
+
 from __future__ import annotations
 
 import gc

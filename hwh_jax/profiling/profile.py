@@ -24,6 +24,7 @@ is (``tb_per_s``: near the device's copy rate a kernel is bound by memory, far b
 room; for matmuls, which reuse their operands, the rate says little). On the CPU backend there
 are no device events: the summary is empty.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,13 +60,13 @@ def category(name: str) -> str:
 def capture(out_dir: str | Path):
     """jax.profiler.trace into ``out_dir`` (created), with the Perfetto JSON trace that
     ``summarize`` reads."""
-    Path(out_dir).mkdir(parents=True, exist_ok=True)   # local path: the profiler's own folder
+    Path(out_dir).mkdir(parents=True, exist_ok=True)  # local path: the profiler's own folder
     with jax.profiler.trace(str(out_dir), create_perfetto_trace=True):
         yield
 
 
 def _trace_file(out_dir: Path) -> Path:
-    found = sorted(Path(out_dir).glob("**/perfetto_trace.json.gz"))   # local path
+    found = sorted(Path(out_dir).glob("**/perfetto_trace.json.gz"))  # local path
     if not found:
         raise FileNotFoundError(f"no perfetto_trace.json.gz under {out_dir}: capture() first")
     return found[-1]
@@ -86,8 +87,10 @@ def _union_and_gaps(intervals: list[tuple[float, float, object]]):
 
 _INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = ")
 _CALLS = re.compile(r"calls=%([\w.\-]+)")
-_META = re.compile(r'op_name="([^"]*)"(?:.*?source_file="([^"]*)")?(?:.*?source_line=(\d+))?'
-                   r'(?:.*?stack_frame_id=(\d+))?')
+_META = re.compile(
+    r'op_name="([^"]*)"(?:.*?source_file="([^"]*)")?(?:.*?source_line=(\d+))?'
+    r"(?:.*?stack_frame_id=(\d+))?"
+)
 
 
 def _stack_frames(hlo_text: str) -> dict[str, str]:
@@ -107,11 +110,15 @@ def _stack_frames(hlo_text: str) -> dict[str, str]:
     locs = {}
     for key, rest in tables.get("FileLocations", {}).items():
         f = dict(re.findall(r"(\w+)=(\d+)", rest))
-        locs[key] = (f"{funcs.get(f.get('function_name_id'), '?')} "
-                     f"{files.get(f.get('file_name_id'), '?').rsplit('/', 1)[-1]}:"
-                     f"{f.get('line', '?')}")
-    return {key: locs.get(dict(re.findall(r"(\w+)=(\d+)", rest)).get("file_location_id"), "?")
-            for key, rest in tables.get("StackFrames", {}).items()}
+        locs[key] = (
+            f"{funcs.get(f.get('function_name_id'), '?')} "
+            f"{files.get(f.get('file_name_id'), '?').rsplit('/', 1)[-1]}:"
+            f"{f.get('line', '?')}"
+        )
+    return {
+        key: locs.get(dict(re.findall(r"(\w+)=(\d+)", rest)).get("file_location_id"), "?")
+        for key, rest in tables.get("StackFrames", {}).items()
+    }
 
 
 _TYPED = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\([^=]*?\)|\S+) ([\w\-]+)\((.*?)\)(?:, |$)")
@@ -130,9 +137,11 @@ def hlo_bytes(hlo_text: str) -> dict[str, int]:
         shapes[name] = shape
         if opcode in ("fusion", "custom-call"):
             ops[name] = (shape, re.findall(r"%([\w.\-]+)", operands))
-    return {name.replace(".", "_"): hlo.nbytes(shape) +
-            sum(hlo.nbytes(shapes.get(o, "")) for o in operands)
-            for name, (shape, operands) in ops.items()}
+    return {
+        name.replace(".", "_"): hlo.nbytes(shape)
+        + sum(hlo.nbytes(shapes.get(o, "")) for o in operands)
+        for name, (shape, operands) in ops.items()
+    }
 
 
 def hlo_sources(hlo_text: str) -> dict[str, str]:
@@ -175,14 +184,19 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20, hlo_text: str | No
     ``out_dir``; with ``hlo_text`` (``compiled.as_text()``) each kernel names its source."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    data = json.loads(gzip.open(_trace_file(Path(out_dir))).read())   # local path
+    data = json.loads(gzip.open(_trace_file(Path(out_dir))).read())  # local path
     events = data["traceEvents"] if isinstance(data, dict) else data
-    device_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") ==
-                   "process_name" and str(e.get("args", {}).get("name", "")).startswith("/device:")}
+    device_pids = {
+        e["pid"]
+        for e in events
+        if e.get("ph") == "M"
+        and e.get("name") == "process_name"
+        and str(e.get("args", {}).get("name", "")).startswith("/device:")
+    }
     sources = hlo_sources(hlo_text) if hlo_text else {}
     nbytes = hlo_bytes(hlo_text) if hlo_text else {}
 
-    def source(name, op):   # the kernel is named after its fusion, else the trace's hlo_op
+    def source(name, op):  # the kernel is named after its fusion, else the trace's hlo_op
         return sources.get(name) or sources.get(op.replace(".", "_")) or ""
 
     # (kernel, its source) -> [ms, launches, bytes, launches the HLO sized]: one cuBLAS kernel
@@ -220,33 +234,44 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20, hlo_text: str | No
         r = {"name": key[0], "category": category(key[0]), **kw}
         return {**r, "source": key[1]} if key[1] else r
 
-    where: dict[str, float] = {}   # device time by source location (file:line), if known
+    where: dict[str, float] = {}  # device time by source location (file:line), if known
     if sources:
         for (name, src), (ms, *_) in kernels.items():
             loc = src.split(" @ ", 1)[1] if " @ " in src else f"({category(name)})"
             where[loc] = where.get(loc, 0.0) + ms
 
-    def rates(ms, n, b, sized):   # where the HLO sized every launch: MB per launch, TB/s
-        return ({"mb_per_launch": b / n / 1e6, "tb_per_s": b / ms / 1e9}
-                if sized == n and b and ms > 0 else {})
+    def rates(ms, n, b, sized):  # where the HLO sized every launch: MB per launch, TB/s
+        return (
+            {"mb_per_launch": b / n / 1e6, "tb_per_s": b / ms / 1e9}
+            if sized == n and b and ms > 0
+            else {}
+        )
 
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
-    return {"steps": steps,
-            "kernel_ms": sum(k[0] for k in kernels.values()) / steps,
-            "busy_ms": busy / 1e3 / steps,
-            "kernels_per_step": len(intervals) / steps,
-            "idle_between_kernels_ms": sum(g[0] for g in gaps) / 1e3 / steps,
-            "span_ms": (max(e for _, e, _ in intervals) - t0) / 1e3 / steps if intervals else 0.0,
-            "longest_gaps": [row(key, ms=us / 1e3, at_ms=(at - t0) / 1e3)
-                             for us, key, at in sorted(gaps, key=lambda g: -g[0])[:5]],
-            "by_category_ms": {c: ms / steps
-                               for c, ms in sorted(cats.items(), key=lambda kv: -kv[1])},
-            "top_kernels_ms": [row(k, ms=ms / steps, launches=n / steps, **rates(ms, n, b, sized))
-                               for k, (ms, n, b, sized) in ranked[:top]],
-            "gaps_after": [row(k, ms=us / 1e3 / steps, count=c / steps) for k, (us, c) in
-                           sorted(after.items(), key=lambda kv: -kv[1][0])[:top // 2]],
-            "by_source_ms": {k: ms / steps for k, ms in
-                             sorted(where.items(), key=lambda kv: -kv[1])[:top]}}
+    return {
+        "steps": steps,
+        "kernel_ms": sum(k[0] for k in kernels.values()) / steps,
+        "busy_ms": busy / 1e3 / steps,
+        "kernels_per_step": len(intervals) / steps,
+        "idle_between_kernels_ms": sum(g[0] for g in gaps) / 1e3 / steps,
+        "span_ms": (max(e for _, e, _ in intervals) - t0) / 1e3 / steps if intervals else 0.0,
+        "longest_gaps": [
+            row(key, ms=us / 1e3, at_ms=(at - t0) / 1e3)
+            for us, key, at in sorted(gaps, key=lambda g: -g[0])[:5]
+        ],
+        "by_category_ms": {c: ms / steps for c, ms in sorted(cats.items(), key=lambda kv: -kv[1])},
+        "top_kernels_ms": [
+            row(k, ms=ms / steps, launches=n / steps, **rates(ms, n, b, sized))
+            for k, (ms, n, b, sized) in ranked[:top]
+        ],
+        "gaps_after": [
+            row(k, ms=us / 1e3 / steps, count=c / steps)
+            for k, (us, c) in sorted(after.items(), key=lambda kv: -kv[1][0])[: top // 2]
+        ],
+        "by_source_ms": {
+            k: ms / steps for k, ms in sorted(where.items(), key=lambda kv: -kv[1])[:top]
+        },
+    }
 
 
 def format_summary(s: dict, step_ms: float | None = None) -> str:
@@ -256,21 +281,30 @@ def format_summary(s: dict, step_ms: float | None = None) -> str:
     head = f"device per step: kernels {s['kernel_ms']:.2f} ms, busy {s['busy_ms']:.2f} ms"
     if step_ms:
         head += f" of a {step_ms:.2f} ms step ({s['busy_ms'] / step_ms:.0%} busy)"
-    lines = [head, "  " + ", ".join(f"{c} {ms:.2f}" for c, ms in s["by_category_ms"].items()),
-             f"  {s['kernels_per_step']:.0f} kernels per step; idle between them "
-             f"{s['idle_between_kernels_ms']:.2f} ms; first kernel to last "
-             f"{s['span_ms']:.2f} ms per step"]
+    lines = [
+        head,
+        "  " + ", ".join(f"{c} {ms:.2f}" for c, ms in s["by_category_ms"].items()),
+        f"  {s['kernels_per_step']:.0f} kernels per step; idle between them "
+        f"{s['idle_between_kernels_ms']:.2f} ms; first kernel to last "
+        f"{s['span_ms']:.2f} ms per step",
+    ]
     src = lambda k: f"  <- {k['source'][:120]}" if "source" in k else ""
     rate = lambda k: f"{k['tb_per_s']:5.2f} TB/s" if "tb_per_s" in k else " " * 10
-    lines += [f"  {k['ms']:8.3f} ms {k['launches']:4.0f}x {rate(k)} {k['category']:12s} "
-              f"{k['name'][:60]}{src(k)}" for k in s["top_kernels_ms"]]
+    lines += [
+        f"  {k['ms']:8.3f} ms {k['launches']:4.0f}x {rate(k)} {k['category']:12s} "
+        f"{k['name'][:60]}{src(k)}"
+        for k in s["top_kernels_ms"]
+    ]
     if s.get("by_source_ms"):
         lines += ["  by source line (kernels without one: by category):"]
         lines += [f"  {ms:8.3f} ms  {k[:110]}" for k, ms in s["by_source_ms"].items()]
     lines += ["  longest idle gaps (ms, ms into the trace, after):"]
-    lines += [f"  {g['ms']:8.3f} ms at {g['at_ms']:9.2f}  {g['name'][:70]}{src(g)}"
-              for g in s.get("longest_gaps", [])]
+    lines += [
+        f"  {g['ms']:8.3f} ms at {g['at_ms']:9.2f}  {g['name'][:70]}{src(g)}"
+        for g in s.get("longest_gaps", [])
+    ]
     lines += ["  idle after (ms, gaps per step):"]
-    lines += [f"  {k['ms']:8.3f} ms {k['count']:6.0f}  {k['name'][:70]}{src(k)}"
-              for k in s["gaps_after"]]
+    lines += [
+        f"  {k['ms']:8.3f} ms {k['count']:6.0f}  {k['name'][:70]}{src(k)}" for k in s["gaps_after"]
+    ]
     return "\n".join(lines)

@@ -29,6 +29,7 @@ changes it. Restore walks back from the newest step and tries each in turn:
 each with one log line (the library's traceback goes to the debug log), and the next older step
 is tried.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,7 +49,7 @@ import orbax.checkpoint as ocp
 from hwh_jax import storage
 
 log = logging.getLogger(__name__)
-_GOLDEN = np.uint32(2654435761)          # Knuth's multiplicative hash constant (odd)
+_GOLDEN = np.uint32(2654435761)  # Knuth's multiplicative hash constant (odd)
 
 
 class CheckpointWriteError(RuntimeError):
@@ -81,9 +82,11 @@ def _fingerprints(leaves):
 def fingerprint(state) -> dict[str, int]:
     """{path of each array: its 32-bit fingerprint} of a state tree (see the module docstring)."""
     paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(state)[0])
-    values = _fingerprints(list(leaves))     # replicated scalars: any local copy is the value
-    return {jax.tree_util.keystr(p): int(np.asarray(v.addressable_data(0)))
-            for p, v in zip(paths, values)}
+    values = _fingerprints(list(leaves))  # replicated scalars: any local copy is the value
+    return {
+        jax.tree_util.keystr(p): int(np.asarray(v.addressable_data(0)))
+        for p, v in zip(paths, values)
+    }
 
 
 class Checkpointer:
@@ -91,18 +94,21 @@ class Checkpointer:
     ``asynchronous=False``, with the state's fingerprint), ``wait``, ``restore`` of the newest
     step that proves itself (module docstring), and ``mark_suspect``."""
 
-    def __init__(self, workdir, *, keep: int = 3, writer: bool = True,
-                 asynchronous: bool = True):
+    def __init__(self, workdir, *, keep: int = 3, writer: bool = True, asynchronous: bool = True):
         """``writer``: the training run's own (it clears the temporary folders a save cut off
         by a crash left); False for readers (eval, generate), which must leave a running
         training's writes alone."""
         self.directory = storage.absolute(workdir) / "checkpoints"
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=writer,
-                                               enable_async_checkpointing=asynchronous,
-                                               cleanup_tmp_directories=writer)
-        self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                             item_names=("state", "data", "meta"))
-        self.in_flight: int | None = None        # the step an asynchronous save is writing
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep,
+            create=writer,
+            enable_async_checkpointing=asynchronous,
+            cleanup_tmp_directories=writer,
+        )
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=("state", "data", "meta")
+        )
+        self.in_flight: int | None = None  # the step an asynchronous save is writing
 
     def save(self, step: int, state, data_state: dict, meta: dict) -> bool:
         """Start writing the checkpoint of ``step`` (waiting first for the previous save);
@@ -112,16 +118,26 @@ class Checkpointer:
         if step in self.steps():
             if not self.suspect(step).exists():
                 return False
-            self._set_aside(step, "replaced", "marked suspect by an earlier run; this run "
-                            "reached the step again", level=logging.WARNING,
-                            then="writing this run's")
+            self._set_aside(
+                step,
+                "replaced",
+                "marked suspect by an earlier run; this run reached the step again",
+                level=logging.WARNING,
+                then="writing this run's",
+            )
             self.suspect(step).unlink()
         meta = {**meta, "fingerprint": fingerprint(state), "data_digest": digest(data_state)}
         meta["meta_digest"] = digest(meta)
         with self._write_errors(step):
-            self.manager.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(dict(data_state)),
-                meta=ocp.args.JsonSave(meta)), force=True)
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state),
+                    data=ocp.args.JsonSave(dict(data_state)),
+                    meta=ocp.args.JsonSave(meta),
+                ),
+                force=True,
+            )
             self.in_flight = step
         return True
 
@@ -148,8 +164,12 @@ class Checkpointer:
             raise CheckpointWriteError(
                 f"cannot write the checkpoint of step {step} to {self.directory}: "
                 f"{os_error.strerror or os_error}; "
-                + (f"the checkpoint of step {previous[-1]} stays" if previous
-                   else "no earlier checkpoint exists")) from None
+                + (
+                    f"the checkpoint of step {previous[-1]} stays"
+                    if previous
+                    else "no earlier checkpoint exists"
+                )
+            ) from None
 
     def steps(self) -> list[int]:
         """The committed steps (an asynchronous save still being written is not among them)."""
@@ -165,8 +185,9 @@ class Checkpointer:
         return marker
 
     def read_meta(self, step: int) -> dict:
-        return self.manager.restore(step, args=ocp.args.Composite(
-            meta=ocp.args.JsonRestore()))["meta"]
+        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
+            "meta"
+        ]
 
     def restore(self, abstract_state, *, step: int | None = None, with_data: bool = True):
         """(step, state, data_state, meta) of the newest checkpoint that reads, matches its
@@ -174,11 +195,16 @@ class Checkpointer:
         candidates = [step] if step is not None else list(reversed(self.steps()))
         for s in candidates:
             if self.suspect(s).exists():
-                log.warning("skipping the checkpoint of step %d: marked suspect (%s; delete that "
-                            "file to use it again)", s, self.suspect(s))
+                log.warning(
+                    "skipping the checkpoint of step %d: marked suspect (%s; delete that "
+                    "file to use it again)",
+                    s,
+                    self.suspect(s),
+                )
                 continue
-            items = dict(state=ocp.args.StandardRestore(abstract_state),
-                         meta=ocp.args.JsonRestore())
+            items = dict(
+                state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()
+            )
             if with_data:
                 items["data"] = ocp.args.JsonRestore()
             try:
@@ -193,15 +219,23 @@ class Checkpointer:
                 continue
             saved = out["meta"].get("fingerprint")
             if saved is None:
-                log.warning("the checkpoint of step %d has no fingerprint (written by an older "
-                            "version): restored unverified", s)
+                log.warning(
+                    "the checkpoint of step %d has no fingerprint (written by an older "
+                    "version): restored unverified",
+                    s,
+                )
             else:
                 got = fingerprint(out["state"])
-                differ = [k for k in saved if got.get(k) != saved[k]] + \
-                         [k for k in got if k not in saved]
+                differ = [k for k in saved if got.get(k) != saved[k]] + [
+                    k for k in got if k not in saved
+                ]
                 if differ:
-                    self._set_aside(s, "corrupt", f"{len(differ)} of {len(got)} arrays differ "
-                                    f"from what was saved, e.g. {differ[0]}")
+                    self._set_aside(
+                        s,
+                        "corrupt",
+                        f"{len(differ)} of {len(got)} arrays differ "
+                        f"from what was saved, e.g. {differ[0]}",
+                    )
                     continue
             return s, out["state"], out.get("data"), out["meta"]
         return None
@@ -218,13 +252,27 @@ class Checkpointer:
             return "its data position differs from what was saved"
         return None
 
-    def _set_aside(self, step: int, why: str, detail: str, *, level: int = logging.ERROR,
-                   then: str = "trying the previous one"):
+    def _set_aside(
+        self,
+        step: int,
+        why: str,
+        detail: str,
+        *,
+        level: int = logging.ERROR,
+        then: str = "trying the previous one",
+    ):
         aside = self.directory / f"{step}.{why}.{int(time.time())}"
         (self.directory / str(step)).rename(aside)
         self.manager.reload()
-        log.log(level, "the checkpoint of step %d is %s (%s): moved to %s; %s", step, why,
-                detail, aside, then)
+        log.log(
+            level,
+            "the checkpoint of step %d is %s (%s): moved to %s; %s",
+            step,
+            why,
+            detail,
+            aside,
+            then,
+        )
 
     def close(self):
         """Wait for an asynchronous save (its errors raised), then release the manager."""
@@ -240,8 +288,15 @@ def digest(value) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-_STORAGE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EIO,
-                   errno.EPERM, errno.EFBIG)
+_STORAGE_ERRNOS = (
+    errno.ENOSPC,
+    errno.EROFS,
+    errno.EACCES,
+    errno.EDQUOT,
+    errno.EIO,
+    errno.EPERM,
+    errno.EFBIG,
+)
 _TS_OS_ERROR = re.compile(r"os_error_code='?(\d+)")
 
 
@@ -268,5 +323,6 @@ def _first_line(e: BaseException) -> str:
 
 def abstract_with_shardings(state, shardings):
     """ShapeDtypeStructs carrying the target shardings (restore reshards onto them)."""
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        state, shardings)
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
+    )

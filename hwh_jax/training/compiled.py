@@ -7,6 +7,7 @@ with the state's shardings (``state.jit_step``; the state donated), lowered for 
 state and batch given (their shardings place it: real devices, or a TPU topology's
 compile-only devices) and compiled. ``memory.plan`` calls it at the micro-batches it probes.
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,21 +21,44 @@ from hwh_jax.training.steps import make_train_step
 log = logging.getLogger(__name__)
 
 
-def train_step_compiler(graphdef, tx, schedule, mesh, state_sh, state, batch, *,
-                        batch_size: int, z_loss: float, document_mask: bool, loss_impl: str):
+def train_step_compiler(
+    graphdef,
+    tx,
+    schedule,
+    mesh,
+    state_sh,
+    state,
+    batch,
+    *,
+    batch_size: int,
+    z_loss: float,
+    document_mask: bool,
+    loss_impl: str,
+):
     """``compile_at(micro_batch)`` for the global batch ``batch_size`` (module docstring).
     ``state`` and ``batch``: arrays or ShapeDtypeStructs carrying their shardings."""
     dp = shd.data_parallel_size(mesh)
 
     def compile_at(micro: int):
         n, _ = memory.accumulation(batch_size, micro)
-        step_fn = make_train_step(graphdef, tx, schedule, grad_accum=n, micro_batch=micro,
-                                  shards=dp, z_loss=z_loss, document_mask=document_mask,
-                                  loss_impl=loss_impl)
+        step_fn = make_train_step(
+            graphdef,
+            tx,
+            schedule,
+            grad_accum=n,
+            micro_batch=micro,
+            shards=dp,
+            z_loss=z_loss,
+            document_mask=document_mask,
+            loss_impl=loss_impl,
+        )
         log.info("compiling the train step at micro-batch %d ...", micro)
         t = time.time()
-        out = jit_step(step_fn, mesh, state_sh, out_shardings=(state_sh, None),
-                       donate_argnums=(0,)).lower(state, batch).compile()
+        out = (
+            jit_step(step_fn, mesh, state_sh, out_shardings=(state_sh, None), donate_argnums=(0,))
+            .lower(state, batch)
+            .compile()
+        )
         log.info("compiled the train step at micro-batch %d in %.1fs", micro, time.time() - t)
         return out
 

@@ -10,6 +10,7 @@ Triton's for GPU) and needs only as many devices of any kind as the mesh has: on
 lowered program holds: its size, its custom calls (the Pallas kernels by name, cuDNN's
 attention) and its input shardings.
 """
+
 from __future__ import annotations
 
 import collections
@@ -29,7 +30,7 @@ from hwh_jax.training.specs import model_config, run_specs
 from hwh_jax.training.state import jit_step, train_state_shardings
 from hwh_jax.training.steps import make_train_step
 
-PLATFORMS = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}   # ours -> jax.export's names
+PLATFORMS = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}  # ours -> jax.export's names
 # Custom calls jax.export keeps no compatibility promise for: allowed here, since the programs
 # are lowered to be inspected and run by this JAX version, not stored for later ones.
 UNVERSIONED = ("__gpu$xla.gpu.triton", "cu_threefry2x32")
@@ -51,8 +52,9 @@ def run_model_config(config, platform: str):
     return model_config(config, vocab)
 
 
-def export_train_step(config, *, platform: str, mesh: tuple[int, int, int],
-                      devices=None) -> jax_export.Exported:
+def export_train_step(
+    config, *, platform: str, mesh: tuple[int, int, int], devices=None
+) -> jax_export.Exported:
     """The training step of ``config`` lowered for ``platform`` over a (data, fsdp, tensor)
     mesh of that many devices (``devices``, default all of this host's). ``train.grad_accum``
     0 (the trainer plans it from the devices' memory) lowers the batch as one micro-batch."""
@@ -62,22 +64,38 @@ def export_train_step(config, *, platform: str, mesh: tuple[int, int, int],
     tx, schedule = make_optimizer(specs.optimizer)
     mesh = shd.make_mesh(tuple(mesh), devices)
     graphdef, abstract_state, state_sh = train_state_shardings(cfg, tx, mesh)
-    step = jit_step(make_train_step(graphdef, tx, schedule, grad_accum=c.grad_accum or 1,
-                                    z_loss=c.z_loss, document_mask=c.document_mask,
-                                    loss_impl=c.loss_impl),
-                    mesh, state_sh, out_shardings=(state_sh, None), donate_argnums=(0,))
-    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                         abstract_state, state_sh)
+    step = jit_step(
+        make_train_step(
+            graphdef,
+            tx,
+            schedule,
+            grad_accum=c.grad_accum or 1,
+            z_loss=c.z_loss,
+            document_mask=c.document_mask,
+            loss_impl=c.loss_impl,
+        ),
+        mesh,
+        state_sh,
+        out_shardings=(state_sh, None),
+        donate_argnums=(0,),
+    )
+    state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sh
+    )
     rows = shd.batch_sharding(mesh)
     shape = (c.batch_size, config.seq_len)
-    batch = {k: jax.ShapeDtypeStruct(shape, jnp.float32 if k == "loss_mask" else jnp.int32,
-                                     sharding=rows)
-             for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask")}
+    batch = {
+        k: jax.ShapeDtypeStruct(
+            shape, jnp.float32 if k == "loss_mask" else jnp.int32, sharding=rows
+        )
+        for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask")
+    }
     return _export(step, platform)(state, batch)
 
 
-def inference_programs(cfg, *, batch: int, context: int, prompt: int | None = None,
-                       sharding=None, mesh=None) -> dict[str, tuple]:
+def inference_programs(
+    cfg, *, batch: int, context: int, prompt: int | None = None, sharding=None, mesh=None
+) -> dict[str, tuple]:
     """{"prefill": (fn, args), "decode": (fn, args)}: a prompt of ``prompt`` tokens (default
     ``context // 2``) into an empty cache of ``context`` slots, and one token over it, with
     abstract arguments (parameters in the compute dtype as ``Generator`` holds them). Placed
@@ -86,15 +104,18 @@ def inference_programs(cfg, *, batch: int, context: int, prompt: int | None = No
     as in training (fsdp, tensor), the functions tracing their kernels per shard."""
     graphdef, state = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))
     weight_sh = shd.state_shardings(state, mesh) if mesh is not None else None
-    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-        x.shape, cfg.compute_dtype if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating)
-        else x.dtype), state)
+    state = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(
+            x.shape,
+            cfg.compute_dtype if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating) else x.dtype,
+        ),
+        state,
+    )
     cache = jax.eval_shape(lambda s: nnx.merge(graphdef, s).init_cache(batch, context), state)
     prompt = prompt or context // 2
 
     def prefill(state, tokens, cache):
-        logits, cache = nnx.merge(graphdef, state).extend(tokens, cache, fresh=True,
-                                                          last_only=True)
+        logits, cache = nnx.merge(graphdef, state).extend(tokens, cache, fresh=True, last_only=True)
         return logits[:, -1], cache
 
     def decode(state, token, cache):
@@ -108,48 +129,68 @@ def inference_programs(cfg, *, batch: int, context: int, prompt: int | None = No
         place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
         args = {k: jax.tree.map(place, v) for k, v in args.items()}
     if mesh is not None:
-        rows = shd.batch_sharding(mesh) if batch % shd.data_parallel_size(mesh) == 0 else \
-            jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        rows = (
+            shd.batch_sharding(mesh)
+            if batch % shd.data_parallel_size(mesh) == 0
+            else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        )
 
-        def by_rows(x):              # a request's arrays: rows over the batch axes
-            row_sh = rows if x.ndim and x.shape[0] == batch else \
-                jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        def by_rows(x):  # a request's arrays: rows over the batch axes
+            row_sh = (
+                rows
+                if x.ndim and x.shape[0] == batch
+                else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+            )
             return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=row_sh)
 
-        weights = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                               state, weight_sh)
+        weights = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, weight_sh
+        )
         args = {k: (weights, *jax.tree.map(by_rows, v[1:])) for k, v in args.items()}
         prefill, decode = (kernels_pallas.kernel_mesh(mesh)(f) for f in (prefill, decode))
     return {"prefill": (prefill, args["prefill"]), "decode": (decode, args["decode"])}
 
 
-def export_inference_steps(cfg, *, platform: str, batch: int, context: int,
-                           prompt: int | None = None) -> dict[str, jax_export.Exported]:
+def export_inference_steps(
+    cfg, *, platform: str, batch: int, context: int, prompt: int | None = None
+) -> dict[str, jax_export.Exported]:
     """The programs of ``inference_programs`` lowered for ``platform`` on one device."""
     cfg = cfg.replace(kernel_platform=platform)
-    return {name: _export(jax.jit(fn), platform)(*args) for name, (fn, args) in
-            inference_programs(cfg, batch=batch, context=context, prompt=prompt).items()}
+    return {
+        name: _export(jax.jit(fn), platform)(*args)
+        for name, (fn, args) in inference_programs(
+            cfg, batch=batch, context=context, prompt=prompt
+        ).items()
+    }
 
 
 _CALL = re.compile(r"stablehlo\.custom_call @([\w$.\-]+)\(")
-_KERNEL = re.compile(r'kernel_name = "([^"]+)"'           # Mosaic (TPU)
-                     r'|name = "([\w\-]+)", num_stages')   # Triton (GPU)
+_KERNEL = re.compile(
+    r'kernel_name = "([^"]+)"'  # Mosaic (TPU)
+    r'|name = "([\w\-]+)", num_stages'
+)  # Triton (GPU)
 _MESH = re.compile(r"sdy\.mesh @\w+ = <\[([^\]]*)\]>")
-_ARG = re.compile(r"%arg\d+: tensor<[^>]*> \{[^}]*?sdy\.sharding = #sdy\.sharding<@\w+, (\[[^>]*\])")
+_ARG = re.compile(
+    r"%arg\d+: tensor<[^>]*> \{[^}]*?sdy\.sharding = #sdy\.sharding<@\w+, (\[[^>]*\])"
+)
 
 
 def summarize(exported: jax_export.Exported) -> dict:
     """Size, custom calls (the Pallas kernels by name, Mosaic or Triton) and the mesh and input
     shardings of a lowered program."""
     text = exported.mlir_module()
-    main = text[text.find("func.func public @main"):]
-    main = main[:main.find("\n")]
+    main = text[text.find("func.func public @main") :]
+    main = main[: main.find("\n")]
     mesh = _MESH.search(text)
     shardings = collections.Counter(_ARG.findall(main)) or collections.Counter(
-        str(s) for s in exported.in_shardings_hlo)
-    return {"platforms": list(exported.platforms), "devices": exported.nr_devices,
-            "module_bytes": len(text),
-            "mesh": mesh.group(1) if mesh else None,
-            "custom_calls": dict(collections.Counter(_CALL.findall(text))),
-            "kernels": dict(collections.Counter(a or b for a, b in _KERNEL.findall(text))),
-            "input_shardings": dict(shardings.most_common())}
+        str(s) for s in exported.in_shardings_hlo
+    )
+    return {
+        "platforms": list(exported.platforms),
+        "devices": exported.nr_devices,
+        "module_bytes": len(text),
+        "mesh": mesh.group(1) if mesh else None,
+        "custom_calls": dict(collections.Counter(_CALL.findall(text))),
+        "kernels": dict(collections.Counter(a or b for a, b in _KERNEL.findall(text))),
+        "input_shardings": dict(shardings.most_common()),
+    }

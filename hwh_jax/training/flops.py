@@ -13,16 +13,27 @@ for the backward), min(window, T) for a sliding window; the GDN term is the forw
 chunked WY form per token and head (ANCHORS.md: 8CD + 6D^2 for K = V = D) times 3.
 MFU = FLOPs/token * tokens/s / (peak FLOP/s of all devices).
 """
+
 from __future__ import annotations
 
 from hwh_jax.layers.config import ModelConfig
 from hwh_jax.models.params import param_table
 
 # Dense bf16 peak per device, FLOP/s (datasheets). Unknown kinds (CPU) report no MFU.
-PEAK_FLOPS = {"NVIDIA H200": 989e12, "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100": 989e12,
-              "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A100-SXM4-40GB": 312e12,
-              "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
-              "TPU v5": 459e12, "TPU v6 lite": 918e12, "TPU v6e": 918e12}
+PEAK_FLOPS = {
+    "NVIDIA H200": 989e12,
+    "NVIDIA H100 80GB HBM3": 989e12,
+    "NVIDIA H100": 989e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v5": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+}
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
@@ -36,7 +47,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
         total += 6.0 * s.num_fa * cfg.head_dim * t_eff
         if cfg.la_kind in ("gdn", "deltanet"):
             total += 3.0 * s.num_la * (4 * C * (K + V) + 6 * K * V)
-        elif cfg.la_kind == "hgrn":                  # element-wise: a few FLOPs a channel
+        elif cfg.la_kind == "hgrn":  # element-wise: a few FLOPs a channel
             total += 3.0 * s.num_la * 4 * V
         else:
             total += 3.0 * s.num_la * (2 * C * (K + V) + 4 * K * V)

@@ -15,6 +15,7 @@ A job of several processes: process 0 holds the lease for all (``trainer``); a k
 lease goes stale after ``stale_after`` (``train.lease_seconds``, default 120 s), sooner on the
 same host.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:       # another user's process: alive
+    except PermissionError:  # another user's process: alive
         return True
     return True
 
@@ -51,7 +52,7 @@ def _read(path) -> dict | None:
     except FileNotFoundError:
         return None
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return {}                 # half-written or damaged: nobody's
+        return {}  # half-written or damaged: nobody's
 
 
 class Lease:
@@ -60,8 +61,9 @@ class Lease:
     def __init__(self, path, record: dict, interval: float):
         self.path, self.record = path, record
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True,
-                                        name="workdir-lease")
+        self._thread = threading.Thread(
+            target=self._beat, args=(interval,), daemon=True, name="workdir-lease"
+        )
         self._thread.start()
 
     def _beat(self, interval: float):
@@ -69,12 +71,16 @@ class Lease:
             try:
                 now = _read(self.path)
                 if now and now.get("token") != self.record["token"]:
-                    log.error("the workdir lease %s was taken by host %s pid %s while this run "
-                              "held it", self.path, now.get("host"), now.get("pid"))
+                    log.error(
+                        "the workdir lease %s was taken by host %s pid %s while this run held it",
+                        self.path,
+                        now.get("host"),
+                        now.get("pid"),
+                    )
                     return
                 self.record["heartbeat"] = time.time()
                 storage.write_text(self.path, json.dumps(self.record))
-            except OSError as e:      # a storage hiccup: the next beat tries again
+            except OSError as e:  # a storage hiccup: the next beat tries again
                 log.warning("could not renew the workdir lease %s: %s", self.path, e)
 
     def release(self):
@@ -90,9 +96,11 @@ class Lease:
 
 def describe(record: dict, now: float) -> str:
     age = now - record.get("heartbeat", 0)
-    return (f"host {record.get('host', '?')} pid {record.get('pid', '?')}, taken "
-            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(record.get('taken', 0)))}, "
-            f"last heartbeat {age:.0f} s ago")
+    return (
+        f"host {record.get('host', '?')} pid {record.get('pid', '?')}, taken "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(record.get('taken', 0)))}, "
+        f"last heartbeat {age:.0f} s ago"
+    )
 
 
 def _create_local(path, record: dict) -> bool:
@@ -113,8 +121,13 @@ def acquire(workdir, *, stale_after: float = 120.0, settle: float = 1.0) -> Leas
     path = storage.path(workdir) / FILE
     host, pid = socket.gethostname(), os.getpid()
     now = time.time()
-    record = {"host": host, "pid": pid, "token": secrets.token_hex(8), "taken": now,
-              "heartbeat": now}
+    record = {
+        "host": host,
+        "pid": pid,
+        "token": secrets.token_hex(8),
+        "taken": now,
+        "heartbeat": now,
+    }
     if not storage.is_remote(path) and _create_local(path, record):
         return Lease(path, record, interval=stale_after / 4)
     held = _read(path)
@@ -126,13 +139,19 @@ def acquire(workdir, *, stale_after: float = 120.0, settle: float = 1.0) -> Leas
                 f"workdir {workdir} is in use by another run ({describe(held, now)}): two "
                 f"trainers would interleave their metrics and checkpoints. Wait for it to end, "
                 f"use another --workdir, or, if that run is dead, remove {path} (a lease "
-                f"without heartbeat is taken over {stale_after:.0f} s after its last one)")
-        log.warning("taking over the workdir lease of %s (%s)", describe(held, now),
-                    "its process is gone" if same_host_dead else "stale")
+                f"without heartbeat is taken over {stale_after:.0f} s after its last one)"
+            )
+        log.warning(
+            "taking over the workdir lease of %s (%s)",
+            describe(held, now),
+            "its process is gone" if same_host_dead else "stale",
+        )
     storage.write_text(path, json.dumps(record))
-    time.sleep(settle)                          # a racing start writes in this window
+    time.sleep(settle)  # a racing start writes in this window
     back = _read(path)
     if not back or back.get("token") != record["token"]:
-        raise WorkdirBusy(f"workdir {workdir} was taken by another run starting at the same "
-                          f"time ({describe(back or {}, time.time())}); use another --workdir")
+        raise WorkdirBusy(
+            f"workdir {workdir} was taken by another run starting at the same "
+            f"time ({describe(back or {}, time.time())}); use another --workdir"
+        )
     return Lease(path, record, interval=stale_after / 4)

@@ -25,6 +25,7 @@ limit (the CPU backend reports none and ``train.device_memory_gb`` is 0) the who
 one micro-batch, compiled once. A plan is remembered in the workdir (``memory_plan.json``)
 under a key of everything it depends on, so a resumed run compiles once.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,8 +41,8 @@ from hwh_jax import storage
 
 log = logging.getLogger(__name__)
 
-GiB = 2 ** 30
-HEADROOM = 0.9   # share of the limit a plan fills: allocator fragmentation, library workspaces
+GiB = 2**30
+HEADROOM = 0.9  # share of the limit a plan fills: allocator fragmentation, library workspaces
 PLAN_FILE = "memory_plan.json"
 
 
@@ -53,40 +54,53 @@ class MemoryPlanError(ValueError):
 class Plan:
     """How a step runs its global batch: ``grad_accum`` micro-batches of ``micro_batch``
     sequences, the compiled step's memory per device, the limit, and how it was chosen."""
-    micro_batch: int              # sequences per micro-batch (global, over all devices)
-    grad_accum: int               # micro-batches per step: ceil(batch / micro_batch)
-    step_bytes: int               # per device, of the compiled step
-    limit_bytes: int | None       # per device; None: not known (CPU)
-    how: str                      # "planned" | "set by train.grad_accum" | "no limit known" | "remembered"
-    probes: tuple = ()            # ((micro_batch, step_bytes), ...) compiled on the way
 
-    last: int = 0                 # rows of the last micro-batch when fewer than micro_batch
+    micro_batch: int  # sequences per micro-batch (global, over all devices)
+    grad_accum: int  # micro-batches per step: ceil(batch / micro_batch)
+    step_bytes: int  # per device, of the compiled step
+    limit_bytes: int | None  # per device; None: not known (CPU)
+    how: str  # "planned" | "set by train.grad_accum" | "no limit known" | "remembered"
+    probes: tuple = ()  # ((micro_batch, step_bytes), ...) compiled on the way
+
+    last: int = 0  # rows of the last micro-batch when fewer than micro_batch
 
     def describe(self) -> str:
         lim = f" of {size(self.limit_bytes)}" if self.limit_bytes else ""
         last = f" (the last of {self.last})" if self.last else ""
-        return (f"micro-batch {self.micro_batch} x {self.grad_accum} accumulated{last}; step "
-                f"memory {size(self.step_bytes)}{lim} per device ({self.how})")
+        return (
+            f"micro-batch {self.micro_batch} x {self.grad_accum} accumulated{last}; step "
+            f"memory {size(self.step_bytes)}{lim} per device ({self.how})"
+        )
 
     def to_json(self) -> dict:
-        return {"micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
-                "last": self.last,
-                "step_bytes": self.step_bytes, "step_gib": round(self.step_bytes / GiB, 3),
-                "limit_gib": None if self.limit_bytes is None else round(self.limit_bytes / GiB, 3),
-                "how": self.how, "probes": [list(p) for p in self.probes]}
+        return {
+            "micro_batch": self.micro_batch,
+            "grad_accum": self.grad_accum,
+            "last": self.last,
+            "step_bytes": self.step_bytes,
+            "step_gib": round(self.step_bytes / GiB, 3),
+            "limit_gib": None if self.limit_bytes is None else round(self.limit_bytes / GiB, 3),
+            "how": self.how,
+            "probes": [list(p) for p in self.probes],
+        }
 
 
 def size(nbytes: float) -> str:
     """Bytes as GiB, or MiB below a tenth of a GiB."""
-    return f"{nbytes / GiB:.2f} GiB" if nbytes >= GiB / 10 else f"{nbytes / 2 ** 20:.1f} MiB"
+    return f"{nbytes / GiB:.2f} GiB" if nbytes >= GiB / 10 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def step_bytes(compiled) -> int:
     """Per-device bytes of a compiled program by XLA's buffer assignment: arguments + outputs
     - outputs aliased to donated arguments + temporaries + generated code."""
     m = compiled.memory_analysis()
-    return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-               + m.temp_size_in_bytes + m.generated_code_size_in_bytes)
+    return int(
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        - m.alias_size_in_bytes
+        + m.temp_size_in_bytes
+        + m.generated_code_size_in_bytes
+    )
 
 
 def device_limit(memory_gb: float = 0.0) -> int | None:
@@ -112,7 +126,7 @@ def candidates(batch: int, dp: int) -> list[int]:
     smallest multiple of the data-parallel size ``dp`` that holds ``batch`` in that many."""
     if batch < dp or batch % dp:
         return []
-    per = [-(-batch // n) for n in range(1, batch // dp + 1)]     # ceil(batch / n)
+    per = [-(-batch // n) for n in range(1, batch // dp + 1)]  # ceil(batch / n)
     return sorted({-(-m // dp) * dp for m in per}, reverse=True)
 
 
@@ -123,32 +137,50 @@ def cost(batch: int, micro: int) -> int:
     return accumulation(batch, micro)[0]
 
 
-def plan(compile_at: Callable[[int], object], *, batch: int, dp: int, limit: int | None,
-         grad_accum: int = 0, advice: Callable[[], str] = lambda: "") -> tuple[Plan, object]:
+def plan(
+    compile_at: Callable[[int], object],
+    *,
+    batch: int,
+    dp: int,
+    limit: int | None,
+    grad_accum: int = 0,
+    advice: Callable[[], str] = lambda: "",
+) -> tuple[Plan, object]:
     """(plan, compiled step) for a global ``batch`` over ``dp`` data-parallel devices.
     ``compile_at(micro_batch)`` compiles the train step at that micro-batch. ``grad_accum`` > 0
     is the user's choice, only checked; ``advice()`` words what would make a config fit."""
     cands = candidates(batch, dp)
     if not cands:
-        raise ValueError(f"train.batch_size={batch} cannot be split over the data-parallel size "
-                         f"{dp}: make it a multiple of {dp}, or change train.mesh")
+        raise ValueError(
+            f"train.batch_size={batch} cannot be split over the data-parallel size "
+            f"{dp}: make it a multiple of {dp}, or change train.mesh"
+        )
     if grad_accum:
-        micro = -(-batch // grad_accum)                  # the last micro-batch may be smaller
+        micro = -(-batch // grad_accum)  # the last micro-batch may be smaller
         micro = -(-micro // dp) * dp
         if accumulation(batch, micro)[0] != grad_accum:
             counts = sorted({accumulation(batch, m)[0] for m in cands})
-            raise ValueError(f"train.batch_size={batch} cannot run as train.grad_accum="
-                             f"{grad_accum} micro-batches over the data-parallel size {dp} (each a "
-                             f"multiple of {dp}); possible: {counts}, or train.grad_accum=0 to let "
-                             f"the trainer choose")
+            raise ValueError(
+                f"train.batch_size={batch} cannot run as train.grad_accum="
+                f"{grad_accum} micro-batches over the data-parallel size {dp} (each a "
+                f"multiple of {dp}); possible: {counts}, or train.grad_accum=0 to let "
+                f"the trainer choose"
+            )
         compiled = compile_at(micro)
-        got = Plan(micro, grad_accum, step_bytes(compiled), limit, "set by train.grad_accum",
-                   last=accumulation(batch, micro)[1])
+        got = Plan(
+            micro,
+            grad_accum,
+            step_bytes(compiled),
+            limit,
+            "set by train.grad_accum",
+            last=accumulation(batch, micro)[1],
+        )
         if limit is not None and got.step_bytes > limit:
             raise MemoryPlanError(
                 f"the train step at train.grad_accum={grad_accum} (micro-batch {micro}) needs "
                 f"{size(got.step_bytes)} per device, more than its {size(limit)}; "
-                f"set train.grad_accum=0 to let the trainer choose the micro-batch")
+                f"set train.grad_accum=0 to let the trainer choose the micro-batch"
+            )
         return got, compiled
     if limit is None:
         compiled = compile_at(batch)
@@ -166,7 +198,7 @@ def plan(compile_at: Callable[[int], object], *, batch: int, dp: int, limit: int
                 need = compile_oom_bytes(e)
                 if need is None:
                     raise
-                probes[m] = need          # the TPU compiler refuses what exceeds the HBM
+                probes[m] = need  # the TPU compiler refuses what exceeds the HBM
             log.info("memory plan: micro-batch %d -> %.2f GiB per device", m, probes[m] / GiB)
         return probes[m]
 
@@ -175,7 +207,8 @@ def plan(compile_at: Callable[[int], object], *, batch: int, dp: int, limit: int
         raise MemoryPlanError(
             f"the train step does not fit even at {smallest // dp} sequence(s) per device: it "
             f"needs {size(probes[smallest])} per device, and {size(budget)} ({HEADROOM:.0%} of "
-            f"the device's {size(limit)}) is there. " + advice())
+            f"the device's {size(limit)}) is there. " + advice()
+        )
     chosen = smallest
     if len(cands) > 1:
         # the second point a few times the first: the line's slope is then that of the
@@ -184,16 +217,18 @@ def plan(compile_at: Callable[[int], object], *, batch: int, dp: int, limit: int
         while True:
             known = sorted(probes)
             fits = [m for m in known if probes[m] <= budget]
-            lo = fits[-1]                                        # largest that fits
+            lo = fits[-1]  # largest that fits
             hi = min((m for m in known if m > lo), default=None)  # smallest that does not
             a, b = (fits[-2], lo) if len(fits) >= 2 else (lo, hi)
             per_seq = max((probes[b] - probes[a]) / (b - a), 1.0)
 
-            def fits_(m):      # compiled: its own figure; else below lo, or on the line below hi
+            def fits_(m):  # compiled: its own figure; else below lo, or on the line below hi
                 if m in probes:
                     return probes[m] <= budget
-                return m < lo or ((hi is None or m < hi)
-                                  and probes[lo] + (m - lo) * per_seq <= budget)
+                return m < lo or (
+                    (hi is None or m < hi) and probes[lo] + (m - lo) * per_seq <= budget
+                )
+
             best = min((m for m in cands if fits_(m)), key=lambda m: (cost(batch, m), -m))
             if best in probes:
                 chosen = best
@@ -216,8 +251,8 @@ def compile_oom_bytes(e: BaseException) -> int | None:
         return None
     m = _OOM_NEED.search(text)
     if not m:
-        return 2 ** 62                    # over any limit, amount not said
-    scale = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40, "P": 2 ** 50}
+        return 2**62  # over any limit, amount not said
+    scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
     return int(float(m.group(1)) * scale[m.group(2)])
 
 
@@ -237,5 +272,6 @@ def remembered(workdir, key: str) -> int | None:
 
 
 def remember(workdir, key: str, got: Plan) -> None:
-    storage.write_text(storage.path(workdir) / PLAN_FILE,
-                       json.dumps({"key": key, **got.to_json()}, indent=1))
+    storage.write_text(
+        storage.path(workdir) / PLAN_FILE, json.dumps({"key": key, **got.to_json()}, indent=1)
+    )

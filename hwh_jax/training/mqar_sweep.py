@@ -17,6 +17,7 @@ validation set of other sequences and reported on a test set; a cell is the mean
 their standard deviation, and the share of test queries answered right pooled over the seeds
 with its 95% Wilson interval.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,18 +50,19 @@ ARCHS = ("transformer", "gdn", "layerwise", "hwh", "hwh_rope")
 @dataclasses.dataclass(frozen=True)
 class SweepSpec:
     """What the sweep trains and scores (defaults: Zoology's settings of its width figure)."""
+
     archs: tuple = ("transformer", "gdn", "layerwise", "hwh", "hwh_rope")
     widths: tuple = (64, 128, 256, 512)
-    settings: tuple = ((64, 4), (128, 8), (256, 16), (512, 64))   # (sequence length, pairs)
+    settings: tuple = ((64, 4), (128, 8), (256, 16), (512, 64))  # (sequence length, pairs)
     vocab: int = 8192
-    heads: int = 4                  # heads a layer; HwH: 1 FA + 3 GDN in each of its 2 layers
+    heads: int = 4  # heads a layer; HwH: 1 FA + 3 GDN in each of its 2 layers
     steps: int = 6000
     batch_size: int = 64
     lrs: tuple = (1e-3, 3e-3, 1e-2)
     seeds: tuple = (0, 1, 2)
     warmup_steps: int = 100
     weight_decay: float = 0.1
-    eval_examples: int = 256        # per setting, validation and test each
+    eval_examples: int = 256  # per setting, validation and test each
     dtype: str = "bfloat16"
 
     def validate(self):
@@ -69,18 +71,20 @@ class SweepSpec:
                 raise ValueError(f"--archs: {arch!r} is not one of {ARCHS}")
         for w in self.widths:
             if w < self.heads or w % self.heads or (w // self.heads) % 2:
-                raise ValueError(f"--widths: {w} must split into --heads={self.heads} heads of "
-                                 f"an even dimension")
+                raise ValueError(
+                    f"--widths: {w} must split into --heads={self.heads} heads of an even dimension"
+                )
         for length, pairs in self.settings:
             if pairs * 4 > length or length >= self.vocab:
-                raise ValueError(f"--settings: {pairs} pairs in {length} tokens (need 4 x pairs "
-                                 f"<= length < --vocab={self.vocab})")
+                raise ValueError(
+                    f"--settings: {pairs} pairs in {length} tokens (need 4 x pairs "
+                    f"<= length < --vocab={self.vocab})"
+                )
         for name in ("steps", "batch_size", "eval_examples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if not self.lrs or not self.seeds or min(self.lrs) <= 0:
-            raise ValueError(f"--lrs (> 0) and --seeds must be non-empty: {self.lrs}, "
-                             f"{self.seeds}")
+            raise ValueError(f"--lrs (> 0) and --seeds must be non-empty: {self.lrs}, {self.seeds}")
 
     @property
     def max_len(self) -> int:
@@ -97,10 +101,19 @@ def sweep_config(arch: str, width: int, spec: SweepSpec) -> ModelConfig:
         layers = tuple(LayerSpec(1, h - 1, fa_rope=arch == "hwh_rope") for _ in range(2))
     else:
         layers = build_layers(arch, 2, h, ratio=(1, 1))
-    return ModelConfig(vocab_size=spec.vocab, d_model=width, num_heads=h, head_dim=width // h,
-                       la_key_dim=width // h, la_value_dim=width // h,
-                       mlp_hidden=-(-2 * width // 64) * 64, layers=layers, arch=arch,
-                       dtype=spec.dtype, gdn_chunk_size=min(64, spec.max_len))
+    return ModelConfig(
+        vocab_size=spec.vocab,
+        d_model=width,
+        num_heads=h,
+        head_dim=width // h,
+        la_key_dim=width // h,
+        la_value_dim=width // h,
+        mlp_hidden=-(-2 * width // 64) * 64,
+        layers=layers,
+        arch=arch,
+        dtype=spec.dtype,
+        gdn_chunk_size=min(64, spec.max_len),
+    )
 
 
 def _setting_rows(spec: SweepSpec, i: int, n: int, seed: int):
@@ -108,10 +121,11 @@ def _setting_rows(spec: SweepSpec, i: int, n: int, seed: int):
     positions and answers [n, pairs_i] (int32)."""
     length, pairs = spec.settings[i]
     b = multiquery_ar(spec.vocab, n, length, pairs, seed=seed * 1009 + i)
-    rows, where = np.nonzero(b.labels != IGNORE)        # row-major: each row's in order
+    rows, where = np.nonzero(b.labels != IGNORE)  # row-major: each row's in order
     if len(rows) != n * pairs:
-        raise AssertionError(f"MQAR rows of {pairs} pairs hold {len(rows)} queries, not "
-                             f"{n * pairs}")
+        raise AssertionError(
+            f"MQAR rows of {pairs} pairs hold {len(rows)} queries, not {n * pairs}"
+        )
     where = where.reshape(n, pairs).astype(np.int32)
     return b.inputs, where, np.take_along_axis(b.labels, where, axis=1)
 
@@ -123,15 +137,17 @@ def train_batch(spec: SweepSpec, step: int, data_seed: int = 0) -> tuple:
     the padding after it, so the loss is the same, at about half the tokens)."""
     k, r = divmod(spec.batch_size, len(spec.settings))
     seed = 1_000_000 * (data_seed + 1) + step
-    return tuple(_setting_rows(spec, i, k + (i < r), seed)
-                 for i in range(len(spec.settings)) if k + (i < r))
+    return tuple(
+        _setting_rows(spec, i, k + (i < r), seed) for i in range(len(spec.settings)) if k + (i < r)
+    )
 
 
 def eval_set(spec: SweepSpec, split: str) -> tuple:
     """The validation or test sequences: ``eval_examples`` of every setting, a group each."""
-    seed = {"validation": 1, "test": 2}[split]     # training batches use seeds >= 1,000,000
-    return tuple(_setting_rows(spec, i, spec.eval_examples, seed)
-                 for i in range(len(spec.settings)))
+    seed = {"validation": 1, "test": 2}[split]  # training batches use seeds >= 1,000,000
+    return tuple(
+        _setting_rows(spec, i, spec.eval_examples, seed) for i in range(len(spec.settings))
+    )
 
 
 def _trial_steps(cfg: ModelConfig, spec: SweepSpec):
@@ -139,9 +155,14 @@ def _trial_steps(cfg: ModelConfig, spec: SweepSpec):
     inputs, where, answers) -> [trials, N] correct queries a row): every function over a leading
     trial axis; ``groups`` a tuple of (inputs, where, answers) of any lengths, the loss the mean
     over all their queries."""
-    opt = OptimizerSpec(lr=1.0, min_lr_ratio=0.1, warmup_steps=spec.warmup_steps,
-                        total_steps=spec.steps, weight_decay=spec.weight_decay)
-    tx, schedule = make_optimizer(opt)       # unit peak: each trial scales by its own lr
+    opt = OptimizerSpec(
+        lr=1.0,
+        min_lr_ratio=0.1,
+        warmup_steps=spec.warmup_steps,
+        total_steps=spec.steps,
+        weight_decay=spec.weight_decay,
+    )
+    tx, schedule = make_optimizer(opt)  # unit peak: each trial scales by its own lr
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))), nnx.Param)
 
     def init(seed):
@@ -165,17 +186,22 @@ def _trial_steps(cfg: ModelConfig, spec: SweepSpec):
         loss, grads = jax.value_and_grad(loss_fn)(state["params"], groups)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         updates = jax.tree.map(lambda u: u * lr, updates)
-        return {"params": optax.apply_updates(state["params"], updates),
-                "opt_state": opt_state}, loss
+        return {
+            "params": optax.apply_updates(state["params"], updates),
+            "opt_state": opt_state,
+        }, loss
 
     def hits(state, x, where, answers):
         model = nnx.merge(graphdef, state["params"])
         pred = jnp.argmax(model.logits(at_queries(model, x, where), dtype=jnp.float32), -1)
         return (pred == answers).sum(-1)
 
-    return (jax.jit(jax.vmap(init)),
-            jax.jit(jax.vmap(step, in_axes=(0, 0, None)), donate_argnums=0),
-            jax.jit(jax.vmap(hits, in_axes=(0, None, None, None))), schedule)
+    return (
+        jax.jit(jax.vmap(init)),
+        jax.jit(jax.vmap(step, in_axes=(0, 0, None)), donate_argnums=0),
+        jax.jit(jax.vmap(hits, in_axes=(0, None, None, None))),
+        schedule,
+    )
 
 
 def _score(hits_fn, states, groups, spec, batch):
@@ -183,7 +209,7 @@ def _score(hits_fn, states, groups, spec, batch):
     right = np.zeros((len(spec.seeds) * len(spec.lrs), len(spec.settings)), np.int64)
     for s, group in enumerate(groups):
         for i in range(0, len(group[0]), batch):
-            right[:, s] += np.asarray(hits_fn(states, *(a[i:i + batch] for a in group))).sum(-1)
+            right[:, s] += np.asarray(hits_fn(states, *(a[i : i + batch] for a in group))).sum(-1)
     return right, np.array([g[2].size for g in groups])
 
 
@@ -194,8 +220,14 @@ class Stopped(Exception):
 def _save_partial(path: storage.PathLike, states, step: int, seconds: float):
     """The trials' parameters and optimizer states after ``step`` steps, written atomically
     (floats narrower than fp32 stored as fp32: exact)."""
-    leaves = [np.asarray(x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating)
-                         and x.dtype.itemsize < 4 else x) for x in jax.tree.leaves(states)]
+    leaves = [
+        np.asarray(
+            x.astype(jnp.float32)
+            if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize < 4
+            else x
+        )
+        for x in jax.tree.leaves(states)
+    ]
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         np.savez(f, step=step, seconds=seconds, **{f"leaf{i}": x for i, x in enumerate(leaves)})
@@ -207,17 +239,26 @@ def _load_partial(path: storage.PathLike, states):
     freshly initialised ``states`` (another spec's file is an error naming it)."""
     with np.load(path) as f:
         leaves, tree = jax.tree.flatten(states)
-        saved = [f[f"leaf{i}"] for i in range(len(leaves))] if len(f.files) == len(leaves) + 2 \
-            else None
+        saved = (
+            [f[f"leaf{i}"] for i in range(len(leaves))] if len(f.files) == len(leaves) + 2 else None
+        )
         if saved is None or any(x.shape != y.shape for x, y in zip(saved, leaves)):
-            raise ValueError(f"{path} holds the trials of another sweep spec; delete it or use "
-                             f"another --out")
+            raise ValueError(
+                f"{path} holds the trials of another sweep spec; delete it or use another --out"
+            )
         restored = [jnp.asarray(x).astype(y.dtype) for x, y in zip(saved, leaves)]
         return jax.tree.unflatten(tree, restored), int(f["step"]), float(f["seconds"])
 
 
-def run_cell(arch: str, width: int, spec: SweepSpec, log=print, partial: storage.PathLike | None = None,
-             save_every: int = 1000, stop=None) -> dict:
+def run_cell(
+    arch: str,
+    width: int,
+    spec: SweepSpec,
+    log=print,
+    partial: storage.PathLike | None = None,
+    save_every: int = 1000,
+    stop=None,
+) -> dict:
     """Train every (seed, lr) trial of ``arch`` at ``width`` as one program; score them.
     ``partial``: a file the trials' state is saved to every ``save_every`` steps and when
     ``stop.signal`` is set (then ``Stopped`` is raised), and continued from when it exists
@@ -238,16 +279,20 @@ def run_cell(arch: str, width: int, spec: SweepSpec, log=print, partial: storage
         done = t + 1
         if stop is not None and stop.signal and done < spec.steps:
             _save_partial(partial, states, done, time.time() - t0)
-            raise Stopped(f"stopped by {stop.signal} at step {done}/{spec.steps} of {arch} "
-                          f"d={width}; its trials are saved in {partial}: the same command "
-                          f"continues the sweep")
+            raise Stopped(
+                f"stopped by {stop.signal} at step {done}/{spec.steps} of {arch} "
+                f"d={width}; its trials are saved in {partial}: the same command "
+                f"continues the sweep"
+            )
         if partial is not None and done % save_every == 0 and done < spec.steps:
             _save_partial(partial, states, done, time.time() - t0)
         if done % every == 0 or done == spec.steps:
             loss = np.asarray(losses)
-            log(f"  {arch} d={width}: step {done}/{spec.steps}, loss "
+            log(
+                f"  {arch} d={width}: step {done}/{spec.steps}, loss "
                 f"{loss.min():.3f}-{loss.max():.3f} over {len(trials)} trials "
-                f"({time.time() - t0:.0f}s)")
+                f"({time.time() - t0:.0f}s)"
+            )
     if losses is None:
         raise ValueError(f"{partial} is at step {start}, not before the sweep's {spec.steps}")
     if not np.all(np.isfinite(np.asarray(losses))):
@@ -260,13 +305,27 @@ def run_cell(arch: str, width: int, spec: SweepSpec, log=print, partial: storage
         idx = [si * len(spec.lrs) + li for li in range(len(spec.lrs))]
         best = max(idx, key=lambda i: val[i].sum())
         for s, (length, pairs) in enumerate(spec.settings):
-            rows.append({"arch": arch, "width": width, "seq_len": length, "pairs": pairs,
-                         "seed": seed, "lr": trials[best][1], "right": int(test[best, s]),
-                         "queries": int(queries[s]),
-                         "accuracy": float(test[best, s] / queries[s]),
-                         "final_loss": float(np.asarray(losses)[best])})
-    return {"arch": arch, "width": width, "params": int(count_params(cfg)), "rows": rows,
-            "seconds": time.time() - t0}
+            rows.append(
+                {
+                    "arch": arch,
+                    "width": width,
+                    "seq_len": length,
+                    "pairs": pairs,
+                    "seed": seed,
+                    "lr": trials[best][1],
+                    "right": int(test[best, s]),
+                    "queries": int(queries[s]),
+                    "accuracy": float(test[best, s] / queries[s]),
+                    "final_loss": float(np.asarray(losses)[best]),
+                }
+            )
+    return {
+        "arch": arch,
+        "width": width,
+        "params": int(count_params(cfg)),
+        "rows": rows,
+        "seconds": time.time() - t0,
+    }
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -280,10 +339,22 @@ def summarize(rows: list[dict]) -> list[dict]:
         acc = [r["accuracy"] for r in rs]
         right, n = sum(r["right"] for r in rs), sum(r["queries"] for r in rs)
         lo, hi = stats.wilson(right, n)
-        out.append({"arch": arch, "width": width, "seq_len": length, "pairs": pairs,
-                    "seeds": len(rs), "accuracies": acc, "mean": statistics.mean(acc),
-                    "std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
-                    "queries": n, "lo": lo, "hi": hi, "lrs": [r["lr"] for r in rs]})
+        out.append(
+            {
+                "arch": arch,
+                "width": width,
+                "seq_len": length,
+                "pairs": pairs,
+                "seeds": len(rs),
+                "accuracies": acc,
+                "mean": statistics.mean(acc),
+                "std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
+                "queries": n,
+                "lo": lo,
+                "hi": hi,
+                "lrs": [r["lr"] for r in rs],
+            }
+        )
     return out
 
 
@@ -292,13 +363,23 @@ def table(cells: list[dict]) -> str:
     settings = sorted({(c["seq_len"], c["pairs"]) for c in cells})
     by = {(c["arch"], c["width"], c["seq_len"], c["pairs"]): c for c in cells}
     rows = sorted({(c["arch"], c["width"]) for c in cells}, key=lambda k: (k[0], k[1]))
-    lines = ["| arch | width | " + " | ".join(f"T={t}, {p} pairs" for t, p in settings) + " |",
-             "|---|---:|" + "---:|" * len(settings)]
+    lines = [
+        "| arch | width | " + " | ".join(f"T={t}, {p} pairs" for t, p in settings) + " |",
+        "|---|---:|" + "---:|" * len(settings),
+    ]
     for arch, width in rows:
         cells_ = [by.get((arch, width, t, p)) for t, p in settings]
-        lines.append(f"| {arch} | {width} | " + " | ".join(
-            "-" if c is None else f"{100 * c['mean']:.1f} +- {100 * c['std']:.1f} "
-            f"[{100 * c['lo']:.1f}-{100 * c['hi']:.1f}]" for c in cells_) + " |")
+        lines.append(
+            f"| {arch} | {width} | "
+            + " | ".join(
+                "-"
+                if c is None
+                else f"{100 * c['mean']:.1f} +- {100 * c['std']:.1f} "
+                f"[{100 * c['lo']:.1f}-{100 * c['hi']:.1f}]"
+                for c in cells_
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -309,23 +390,41 @@ def figure(cells: list[dict], path: storage.PathLike):
     plt = pyplot()
     settings = sorted({(c["seq_len"], c["pairs"]) for c in cells})
     archs = sorted({c["arch"] for c in cells})
-    fig, axes = plt.subplots(1, len(settings), figsize=(3.2 * len(settings), 3.2), sharey=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(settings), figsize=(3.2 * len(settings), 3.2), sharey=True, squeeze=False
+    )
     for ax, (length, pairs) in zip(axes[0], settings):
         for i, arch in enumerate(archs):
-            cs = sorted((c for c in cells if c["arch"] == arch and c["seq_len"] == length
-                         and c["pairs"] == pairs), key=lambda c: c["width"])
-            shift = 2 ** (0.06 * (i - (len(archs) - 1) / 2))    # apart on the log axis
-            line, = ax.plot([c["width"] * shift for c in cs], [c["mean"] for c in cs],
-                            marker="o", ms=3, label=arch)
-            ax.plot([c["width"] * shift for c in cs for _ in c["accuracies"]],
-                    [a for c in cs for a in c["accuracies"]], ls="none", marker=".", ms=4,
-                    alpha=0.5, color=line.get_color())
+            cs = sorted(
+                (
+                    c
+                    for c in cells
+                    if c["arch"] == arch and c["seq_len"] == length and c["pairs"] == pairs
+                ),
+                key=lambda c: c["width"],
+            )
+            shift = 2 ** (0.06 * (i - (len(archs) - 1) / 2))  # apart on the log axis
+            (line,) = ax.plot(
+                [c["width"] * shift for c in cs],
+                [c["mean"] for c in cs],
+                marker="o",
+                ms=3,
+                label=arch,
+            )
+            ax.plot(
+                [c["width"] * shift for c in cs for _ in c["accuracies"]],
+                [a for c in cs for a in c["accuracies"]],
+                ls="none",
+                marker=".",
+                ms=4,
+                alpha=0.5,
+                color=line.get_color(),
+            )
         ax.set_xscale("log", base=2)
         widths = sorted({c["width"] for c in cells})
-        ax.set_xticks(widths, [str(w) for w in widths])     # the widths trained, at their ticks
+        ax.set_xticks(widths, [str(w) for w in widths])  # the widths trained, at their ticks
         ax.minorticks_off()
-        ax.set_xlim(widths[0] / 1.6, widths[-1] * 1.6)      # points off the axis edges
+        ax.set_xlim(widths[0] / 1.6, widths[-1] * 1.6)  # points off the axis edges
         ax.set_title(f"T={length}, {pairs} pairs", fontsize=9)
         ax.set_xlabel("model width")
         ax.set_ylim(-0.02, 1.02)
@@ -339,8 +438,11 @@ def figure(cells: list[dict], path: storage.PathLike):
 def _differences(spec: dict, other: dict):
     """(key, value, other's value) for each field of two saved specs that differs, but the
     architectures and widths (sweeps of other cells of the same settings may be joined)."""
-    return [(k, v, other.get(k)) for k, v in spec.items()
-            if k not in ("archs", "widths") and v != other.get(k)]
+    return [
+        (k, v, other.get(k))
+        for k, v in spec.items()
+        if k not in ("archs", "widths") and v != other.get(k)
+    ]
 
 
 def sweep(spec: SweepSpec, out: storage.PathLike, log=print, save_every: int = 1000) -> list[dict]:
@@ -360,8 +462,10 @@ def sweep(spec: SweepSpec, out: storage.PathLike, log=print, save_every: int = 1
         before = json.loads((out / "results.json").read_text())
         mine = json.loads(json.dumps(dataclasses.asdict(spec)))
         for key, value, other in _differences(before["spec"], mine):
-            raise ValueError(f"{out} holds a sweep with {key}={value!r}, not {other!r}: use "
-                             f"another --out for other settings")
+            raise ValueError(
+                f"{out} holds a sweep with {key}={value!r}, not {other!r}: use "
+                f"another --out for other settings"
+            )
         cells_done, rows = before["runs"], before["rows"]
     kept = {(r["arch"], r["width"]) for r in cells_done}
     total = len(spec.archs) * len(spec.widths)
@@ -371,21 +475,29 @@ def sweep(spec: SweepSpec, out: storage.PathLike, log=print, save_every: int = 1
                 log(f"[{i + 1}/{total}] {arch} d={width}: in {out / 'results.json'} already")
                 continue
             if stop.signal:
-                raise Stopped(f"stopped by {stop.signal} before {arch} d={width}; the same "
-                              f"command continues the sweep")
-            log(f"[{i + 1}/{total}] {arch} d={width}: {len(spec.seeds)} seeds x "
-                f"{len(spec.lrs)} learning rates, {spec.steps} steps")
+                raise Stopped(
+                    f"stopped by {stop.signal} before {arch} d={width}; the same "
+                    f"command continues the sweep"
+                )
+            log(
+                f"[{i + 1}/{total}] {arch} d={width}: {len(spec.seeds)} seeds x "
+                f"{len(spec.lrs)} learning rates, {spec.steps} steps"
+            )
             partial = out / f"partial_{arch}_{width}.npz"
-            cell = run_cell(arch, width, spec, log=log, partial=partial,
-                            save_every=save_every, stop=stop)
+            cell = run_cell(
+                arch, width, spec, log=log, partial=partial, save_every=save_every, stop=stop
+            )
             rows += cell["rows"]
             cells_done.append({k: v for k, v in cell.items() if k != "rows"})
             cells = _write(out, dataclasses.asdict(spec), cells_done, rows)
             partial.unlink(missing_ok=True)
-            mean = statistics.mean(c["mean"] for c in cells if c["arch"] == arch
-                                   and c["width"] == width)
-            log(f"[{i + 1}/{total}] {arch} d={width}: mean accuracy {mean:.3f} over "
-                f"{len(spec.settings)} settings ({cell['seconds']:.0f}s)")
+            mean = statistics.mean(
+                c["mean"] for c in cells if c["arch"] == arch and c["width"] == width
+            )
+            log(
+                f"[{i + 1}/{total}] {arch} d={width}: mean accuracy {mean:.3f} over "
+                f"{len(spec.settings)} settings ({cell['seconds']:.0f}s)"
+            )
     return summarize(rows)
 
 
@@ -399,8 +511,9 @@ def merge(folders: list[storage.PathLike], out: storage.PathLike) -> list[dict]:
     for folder in folders:
         path = storage.path(folder) / "results.json"
         if not path.exists():
-            raise FileNotFoundError(f"--report: {path} does not exist (a sweep's --out folder "
-                                    f"holds it)")
+            raise FileNotFoundError(
+                f"--report: {path} does not exist (a sweep's --out folder holds it)"
+            )
         loaded.append((path, json.loads(path.read_text())))
     first_path, first = loaded[0]
     spec = dict(first["spec"])
@@ -408,8 +521,10 @@ def merge(folders: list[storage.PathLike], out: storage.PathLike) -> list[dict]:
     for (path, res), folder in zip(loaded, folders):
         sources += res.get("merged_from", [str(folder)])
         for key, value, other in _differences(res["spec"], first["spec"]):
-            raise ValueError(f"--report: {path} has {key}={value!r}, {first_path} "
-                             f"{other!r}: sweeps of other settings")
+            raise ValueError(
+                f"--report: {path} has {key}={value!r}, {first_path} "
+                f"{other!r}: sweeps of other settings"
+            )
         for run in res["runs"]:
             cell = (run["arch"], run["width"])
             if cell in seen:
@@ -422,15 +537,21 @@ def merge(folders: list[storage.PathLike], out: storage.PathLike) -> list[dict]:
     return _write(out, spec, runs, rows, merged_from=sources)
 
 
-def _write(out: storage.PathLike, spec: dict, runs: list[dict], rows: list[dict], **extra) -> list[dict]:
+def _write(
+    out: storage.PathLike, spec: dict, runs: list[dict], rows: list[dict], **extra
+) -> list[dict]:
     """results.json (the spec with the architectures and widths of ``runs``, the runs, the
     cells summarised from ``rows``, the rows and ``extra``), table.md and mqar_sweep.png into
     ``out``; the cells."""
-    spec = {**spec, "archs": list(dict.fromkeys(r["arch"] for r in runs)),
-            "widths": sorted({r["width"] for r in runs})}
+    spec = {
+        **spec,
+        "archs": list(dict.fromkeys(r["arch"] for r in runs)),
+        "widths": sorted({r["width"] for r in runs}),
+    }
     cells = summarize(rows)
-    (out / "results.json").write_text(json.dumps(
-        {"spec": spec, "runs": runs, "cells": cells, "rows": rows, **extra}, indent=1))
+    (out / "results.json").write_text(
+        json.dumps({"spec": spec, "runs": runs, "cells": cells, "rows": rows, **extra}, indent=1)
+    )
     (out / "table.md").write_text(table(cells) + "\n")
     figure(cells, out / "mqar_sweep.png")
     return cells

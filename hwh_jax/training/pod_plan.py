@@ -27,6 +27,7 @@ memory a device reports. It returns a JSON-able dict:
 A config that does not fit raises ``memory.MemoryPlanError`` naming the memory needed, the
 chip's HBM and the remedies.
 """
+
 from __future__ import annotations
 
 import collections
@@ -53,16 +54,23 @@ _KERNEL = re.compile(r"%([A-Za-z_][\w\-]*?)(?:\.\d+)? = .*custom_call_target=\"t
 
 def _memory(compiled) -> dict:
     m = compiled.memory_analysis()
-    return {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
-            "aliased": m.alias_size_in_bytes, "temporaries": m.temp_size_in_bytes,
-            "code": m.generated_code_size_in_bytes, "step_bytes": memory.step_bytes(compiled)}
+    return {
+        "arguments": m.argument_size_in_bytes,
+        "outputs": m.output_size_in_bytes,
+        "aliased": m.alias_size_in_bytes,
+        "temporaries": m.temp_size_in_bytes,
+        "code": m.generated_code_size_in_bytes,
+        "step_bytes": memory.step_bytes(compiled),
+    }
 
 
 def _cost(compiled) -> dict:
     c = compiled.cost_analysis()
     c = c[0] if isinstance(c, (list, tuple)) else (c or {})
-    return {"flops": float(c.get("flops", 0.0)),
-            "bytes_accessed": float(c.get("bytes accessed", 0.0))}
+    return {
+        "flops": float(c.get("flops", 0.0)),
+        "bytes_accessed": float(c.get("bytes accessed", 0.0)),
+    }
 
 
 def program_summary(compiled) -> dict:
@@ -70,19 +78,32 @@ def program_summary(compiled) -> dict:
     bytes, ring wire bytes a chip sends: ``profiling.hlo``) and its Mosaic kernels by name."""
     text = compiled.as_text()
     kernels = collections.Counter(m.group(1) for m in _KERNEL.finditer(text))
-    return {"collectives": hlo.summary(hlo.collectives(text)),
-            "kernels": dict(sorted(kernels.items()))}
+    return {
+        "collectives": hlo.summary(hlo.collectives(text)),
+        "kernels": dict(sorted(kernels.items())),
+    }
 
 
-def estimate(slice_: Slice, *, model_flops_step: float, bytes_step: float,
-             collective_bytes_step: float, tokens_step: int) -> dict:
+def estimate(
+    slice_: Slice,
+    *,
+    model_flops_step: float,
+    bytes_step: float,
+    collective_bytes_step: float,
+    tokens_step: int,
+) -> dict:
     """The roofline of the module docstring, per step."""
     chip = slice_.chip
     compute = model_flops_step / (chip.bf16_flops * slice_.chips)
     hbm = bytes_step / chip.hbm_bytes_per_s
     ici = collective_bytes_step / chip.ici_bytes_per_s
-    out = {"compute_s": compute, "hbm_s": hbm, "ici_s": ici,
-           "step_s_overlapped": max(compute, hbm, ici), "step_s_serial": compute + hbm + ici}
+    out = {
+        "compute_s": compute,
+        "hbm_s": hbm,
+        "ici_s": ici,
+        "step_s_overlapped": max(compute, hbm, ici),
+        "step_s_serial": compute + hbm + ici,
+    }
     for key in ("overlapped", "serial"):
         t = out[f"step_s_{key}"]
         out[f"tokens_per_s_{key}"] = tokens_step / t if t else None
@@ -90,8 +111,9 @@ def estimate(slice_: Slice, *, model_flops_step: float, bytes_step: float,
     return out
 
 
-def plan_inference(config, slice_: Slice, *, batch: int, context: int,
-                   serve_mesh: tuple | None = None) -> dict:
+def plan_inference(
+    config, slice_: Slice, *, batch: int, context: int, serve_mesh: tuple | None = None
+) -> dict:
     """The prefill of a ``context // 2``-token prompt and one decode step at a ``context``
     cache for ``batch`` requests, compiled on one chip of ``slice_``, or over the slice served
     by a (data, fsdp, tensor) ``serve_mesh`` (requests over data x fsdp, weights over fsdp and
@@ -101,23 +123,37 @@ def plan_inference(config, slice_: Slice, *, batch: int, context: int,
     if serve_mesh:
         mesh = shd.make_mesh(tuple(serve_mesh), devices)
         if batch % shd.data_parallel_size(mesh):
-            raise ValueError(f"--batch={batch} requests do not split over the serving mesh's "
-                             f"data x fsdp = {shd.data_parallel_size(mesh)} chips "
-                             f"(--serve_mesh={','.join(map(str, serve_mesh))})")
-        preflight.check_heads(cfg, dict(mesh.shape),
-                              allow_unsplit=config.train.get("allow_unsplit_heads", False))
+            raise ValueError(
+                f"--batch={batch} requests do not split over the serving mesh's "
+                f"data x fsdp = {shd.data_parallel_size(mesh)} chips "
+                f"(--serve_mesh={','.join(map(str, serve_mesh))})"
+            )
+        preflight.check_heads(
+            cfg, dict(mesh.shape), allow_unsplit=config.train.get("allow_unsplit_heads", False)
+        )
         programs = inference_programs(cfg, batch=batch, context=context, mesh=mesh)
     else:
-        programs = inference_programs(cfg, batch=batch, context=context,
-                                      sharding=jax.sharding.SingleDeviceSharding(devices[0]))
+        programs = inference_programs(
+            cfg,
+            batch=batch,
+            context=context,
+            sharding=jax.sharding.SingleDeviceSharding(devices[0]),
+        )
     out = {}
     for name, (fn, args) in programs.items():
         compiled = jax.jit(fn).lower(*args).compile()
-        out[name] = {"memory": {**_memory(compiled), "hbm": slice_.chip.hbm_bytes},
-                     "cost": _cost(compiled), **program_summary(compiled)}
+        out[name] = {
+            "memory": {**_memory(compiled), "hbm": slice_.chip.hbm_bytes},
+            "cost": _cost(compiled),
+            **program_summary(compiled),
+        }
         out[name]["fits"] = out[name]["memory"]["step_bytes"] <= slice_.chip.hbm_bytes
-    return {"batch": batch, "context": context,
-            "mesh": dict(mesh.shape) if serve_mesh else None, **out}
+    return {
+        "batch": batch,
+        "context": context,
+        "mesh": dict(mesh.shape) if serve_mesh else None,
+        **out,
+    }
 
 
 def plan_step(config, devices, *, platform: str, limit: int | None):
@@ -132,28 +168,51 @@ def plan_step(config, devices, *, platform: str, limit: int | None):
     mesh = shd.make_mesh(tuple(c.mesh), devices)
     preflight.check_run(config, dict(mesh.shape))
     graphdef, abstract_state, state_sh = train_state_shardings(cfg, tx, mesh)
-    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                         abstract_state, state_sh)
+    state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sh
+    )
     rows = shd.batch_sharding(mesh)
     shape = (c.batch_size, config.seq_len)
-    batch = {k: jax.ShapeDtypeStruct(shape, jnp.float32 if k == "loss_mask" else jnp.int32,
-                                     sharding=rows) for k in BATCH_KEYS}
-    compile_at = train_step_compiler(graphdef, tx, schedule, mesh, state_sh, state, batch,
-                                     batch_size=c.batch_size, z_loss=c.z_loss,
-                                     document_mask=c.document_mask, loss_impl=c.loss_impl)
+    batch = {
+        k: jax.ShapeDtypeStruct(
+            shape, jnp.float32 if k == "loss_mask" else jnp.int32, sharding=rows
+        )
+        for k in BATCH_KEYS
+    }
+    compile_at = train_step_compiler(
+        graphdef,
+        tx,
+        schedule,
+        mesh,
+        state_sh,
+        state,
+        batch,
+        batch_size=c.batch_size,
+        z_loss=c.z_loss,
+        document_mask=c.document_mask,
+        loss_impl=c.loss_impl,
+    )
     chips = len(devices)
 
     def advice() -> str:
         params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract_state))
-        return (f"The parameters and optimizer state alone are {memory.size(params)} before "
-                f"sharding (mesh {dict(mesh.shape)} on {chips} chips of "
-                f"{memory.size(limit or 0)}). To fit: a larger slice; more of the mesh on fsdp "
-                f"(train.mesh=1,{chips},1 shards parameters, optimizer state and "
-                f"gradients over every chip); recomputing activations (model.remat=block); a "
-                f"shorter context (seq_len={config.seq_len}); or a smaller model")
+        return (
+            f"The parameters and optimizer state alone are {memory.size(params)} before "
+            f"sharding (mesh {dict(mesh.shape)} on {chips} chips of "
+            f"{memory.size(limit or 0)}). To fit: a larger slice; more of the mesh on fsdp "
+            f"(train.mesh=1,{chips},1 shards parameters, optimizer state and "
+            f"gradients over every chip); recomputing activations (model.remat=block); a "
+            f"shorter context (seq_len={config.seq_len}); or a smaller model"
+        )
 
-    plan, compiled = memory.plan(compile_at, batch=c.batch_size, dp=shd.data_parallel_size(mesh),
-                                 limit=limit, grad_accum=c.grad_accum, advice=advice)
+    plan, compiled = memory.plan(
+        compile_at,
+        batch=c.batch_size,
+        dp=shd.data_parallel_size(mesh),
+        limit=limit,
+        grad_accum=c.grad_accum,
+        advice=advice,
+    )
     return plan, compiled, mesh, cfg
 
 
@@ -162,24 +221,36 @@ def plan_train(config, slice_: Slice, *, keep_hlo: bool = False) -> dict:
     ``keep_hlo`` the compiled program's HLO text under ``"hlo"``."""
     c = config.train
     hbm = slice_.chip.hbm_bytes
-    plan, compiled, mesh, cfg = plan_step(config, compile_only_devices(slice_), platform="tpu",
-                                          limit=hbm)
+    plan, compiled, mesh, cfg = plan_step(
+        config, compile_only_devices(slice_), platform="tpu", limit=hbm
+    )
     program = program_summary(compiled)
     cost = _cost(compiled)
     tokens = c.batch_size * config.seq_len
     n = plan.grad_accum
     wire_bytes = sum(v["wire_bytes"] for v in program["collectives"].values())
     out = {
-        "topology": slice_.name, "grid": "x".join(map(str, slice_.grid)),
-        "chips": slice_.chips, "chip": dataclasses.asdict(slice_.chip),
-        "mesh": dict(mesh.shape), "arch": cfg.arch, "seq_len": config.seq_len,
-        "batch_size": c.batch_size, "tokens_per_step": tokens,
+        "topology": slice_.name,
+        "grid": "x".join(map(str, slice_.grid)),
+        "chips": slice_.chips,
+        "chip": dataclasses.asdict(slice_.chip),
+        "mesh": dict(mesh.shape),
+        "arch": cfg.arch,
+        "seq_len": config.seq_len,
+        "batch_size": c.batch_size,
+        "tokens_per_step": tokens,
         "memory": {**_memory(compiled), "hbm": hbm},
         "fits": plan.step_bytes <= hbm,
-        "plan": plan.to_json(), "cost": cost, **program,
-        "estimate": estimate(slice_, model_flops_step=flops_per_token(cfg, config.seq_len)
-                             * tokens, bytes_step=cost["bytes_accessed"] * n,
-                             collective_bytes_step=wire_bytes, tokens_step=tokens),
+        "plan": plan.to_json(),
+        "cost": cost,
+        **program,
+        "estimate": estimate(
+            slice_,
+            model_flops_step=flops_per_token(cfg, config.seq_len) * tokens,
+            bytes_step=cost["bytes_accessed"] * n,
+            collective_bytes_step=wire_bytes,
+            tokens_step=tokens,
+        ),
     }
     if keep_hlo:
         out["hlo"] = compiled.as_text()

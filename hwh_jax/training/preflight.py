@@ -15,6 +15,7 @@ problem one line naming the values and the key that fixes it.
   would not be the architecture of the paper), the second needs kernels that take both kinds
   in one launch; fsdp alone fits HwH-1.4B on 16 chips (docs/tpu.md).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,8 +25,9 @@ from hwh_jax.training.specs import model_config
 log = logging.getLogger(__name__)
 
 
-def check_batch(batch_size: int, mesh_shape: dict, *, grad_accum: int = 0,
-                processes: int = 1) -> None:
+def check_batch(
+    batch_size: int, mesh_shape: dict, *, grad_accum: int = 0, processes: int = 1
+) -> None:
     """Raises ValueError (one line, the fix) where ``batch_size`` rows cannot split over the
     mesh's data x fsdp devices or the processes."""
     dp = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1)
@@ -35,15 +37,19 @@ def check_batch(batch_size: int, mesh_shape: dict, *, grad_accum: int = 0,
             f"train.batch_size={batch_size} does not split over data x fsdp = {dp} devices "
             f"(train.mesh={dims}): every row lives on one device. Set train.batch_size to a "
             f"multiple of {dp}, or a train.mesh whose data x fsdp divides {batch_size} (the rest "
-            f"on tensor, or fewer devices)")
+            f"on tensor, or fewer devices)"
+        )
     if grad_accum and (batch_size // grad_accum) % dp:
         raise ValueError(
             f"train.grad_accum={grad_accum} leaves micro-batches of {batch_size // grad_accum} "
             f"rows, which do not split over data x fsdp = {dp} devices (train.mesh={dims}). "
-            f"Set train.grad_accum to a divisor of {batch_size // dp}, or 0 (planned)")
+            f"Set train.grad_accum to a divisor of {batch_size // dp}, or 0 (planned)"
+        )
     if batch_size % processes:
-        raise ValueError(f"train.batch_size={batch_size} does not split over the {processes} "
-                         f"processes: set it to a multiple of {processes}")
+        raise ValueError(
+            f"train.batch_size={batch_size} does not split over the {processes} "
+            f"processes: set it to a multiple of {processes}"
+        )
 
 
 def unsplit_layers(cfg, tensor: int) -> list[tuple[int, dict]]:
@@ -62,8 +68,9 @@ def unsplit_layers(cfg, tensor: int) -> list[tuple[int, dict]]:
 
 
 def _describe(layers: list[tuple[int, dict]]) -> str:
-    shown = ", ".join(f"{i} (" + " ".join(f"{k} {n}" for k, n in c.items()) + ")"
-                      for i, c in layers[:8])
+    shown = ", ".join(
+        f"{i} (" + " ".join(f"{k} {n}" for k, n in c.items()) + ")" for i, c in layers[:8]
+    )
     return shown + (f" and {len(layers) - 8} more" if len(layers) > 8 else "")
 
 
@@ -75,14 +82,18 @@ def check_heads(cfg, mesh_shape: dict, *, allow_unsplit: bool = False) -> list[i
     if not layers:
         return []
     data, fsdp = mesh_shape.get("data", 1), mesh_shape.get("fsdp", 1)
-    what = (f"train.mesh puts {tensor} devices on tensor, which does not divide the head counts "
-            f"of {len(layers)} of the {len(cfg.layers)} layers of {cfg.arch}: "
-            f"{_describe(layers)}; those layers would run their kernels on every head on each "
-            f"tensor device and all-reduce their activation gradients over it")
+    what = (
+        f"train.mesh puts {tensor} devices on tensor, which does not divide the head counts "
+        f"of {len(layers)} of the {len(cfg.layers)} layers of {cfg.arch}: "
+        f"{_describe(layers)}; those layers would run their kernels on every head on each "
+        f"tensor device and all-reduce their activation gradients over it"
+    )
     if not allow_unsplit:
-        raise ValueError(f"{what}. Put those devices on fsdp instead "
-                         f"(train.mesh={data},{fsdp * tensor},1), or run it anyway with "
-                         f"train.allow_unsplit_heads=True")
+        raise ValueError(
+            f"{what}. Put those devices on fsdp instead "
+            f"(train.mesh={data},{fsdp * tensor},1), or run it anyway with "
+            f"train.allow_unsplit_heads=True"
+        )
     log.warning("%s (train.allow_unsplit_heads=True)", what)
     return [i for i, _ in layers]
 

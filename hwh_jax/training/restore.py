@@ -5,6 +5,7 @@ rebuilt from it (the corpus-trained SentencePiece comes from its cache, or is re
 identically), the model from its ModelConfig, and the parameters are restored onto one device
 of this process (in a job of several processes, each process restores its own copy).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,12 +34,13 @@ log = logging.getLogger(__name__)
 class LoadedRun:
     """A trained run read back from its workdir: the model with its restored parameters (on
     one device), its ModelConfig, the tokenizer, the run config and the checkpoint's step."""
+
     model: HybridLM
     model_cfg: ModelConfig
     tokenizer: object
     config: ml_collections.ConfigDict
     step: int
-    workdir: object                 # an epath.Path (a local folder or a URL)
+    workdir: object  # an epath.Path (a local folder or a URL)
 
     @property
     def name(self) -> str:
@@ -54,9 +56,16 @@ class LoadedRun:
 
     def eval_model(self) -> EvalModel:
         """The run as the evaluation suite takes it (held-out text built on first use)."""
-        return EvalModel(self.model, self.tokenizer, int(self.config.seq_len), self.name,
-                         arch=self.model_cfg.arch, step=self.step, workdir=str(self.workdir),
-                         heldout=self.heldout_stream)
+        return EvalModel(
+            self.model,
+            self.tokenizer,
+            int(self.config.seq_len),
+            self.name,
+            arch=self.model_cfg.arch,
+            step=self.step,
+            workdir=str(self.workdir),
+            heldout=self.heldout_stream,
+        )
 
 
 def load_run(workdir, step: int | None = None) -> LoadedRun:
@@ -75,7 +84,7 @@ def load_run(workdir, step: int | None = None) -> LoadedRun:
         if step is not None and step not in steps:
             raise ValueError(f"step {step} not in {directory} (have {steps})")
         meta = None
-        for s in ([step] if step is not None else reversed(steps)):
+        for s in [step] if step is not None else reversed(steps):
             try:
                 meta = ckpt.read_meta(s)
                 break
@@ -84,7 +93,7 @@ def load_run(workdir, step: int | None = None) -> LoadedRun:
         if meta is None:
             raise ValueError(f"no checkpoint in {directory} has readable metadata")
         config = ml_collections.ConfigDict(meta["config"])
-        specs = run_specs(config, data_files=False)   # the data is read only if asked for
+        specs = run_specs(config, data_files=False)  # the data is read only if asked for
         tokenizer = load_tokenizer(specs.data)
         cfg = model_config(config, tokenizer.vocab_size)
         tx, _ = make_optimizer(specs.optimizer)
@@ -95,9 +104,11 @@ def load_run(workdir, step: int | None = None) -> LoadedRun:
     finally:
         ckpt.close()
     if restored is None:
-        raise ValueError(f"no checkpoint in {directory} could be restored"
-                         + (f" at step {step}" if step is not None else "")
-                         + " (the lines above say why)")
+        raise ValueError(
+            f"no checkpoint in {directory} could be restored"
+            + (f" at step {step}" if step is not None else "")
+            + " (the lines above say why)"
+        )
     step, state = restored[0], restored[1]
     model = nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, _, rest = nnx.split(model, nnx.Param, ...)

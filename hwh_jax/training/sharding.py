@@ -5,6 +5,7 @@ name is split over. The mesh has axes (data, fsdp, tensor): batch over data x fs
 over fsdp (ZeRO-3 style: gathered per layer by XLA) and tensor (Megatron-style heads / MLP).
 A weight dimension that a mesh axis does not divide stays replicated along that axis.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,17 +44,17 @@ def mesh_shape(dims, num_devices: int) -> tuple[int, int, int]:
         raise ValueError(f"mesh {tuple(dims)} does not divide the {num_devices} devices")
     dims = [num_devices // known if d == -1 else d for d in dims]
     if math.prod(dims) != num_devices:
-        log.warning("mesh %s uses %d of the %d devices", tuple(dims), math.prod(dims),
-                    num_devices)
+        log.warning("mesh %s uses %d of the %d devices", tuple(dims), math.prod(dims), num_devices)
     return tuple(dims)
 
 
 def make_mesh(dims, devices=None) -> Mesh:
     devices = jax.devices() if devices is None else devices
     shape = mesh_shape(dims, len(devices))
-    devices = devices[:math.prod(shape)]
+    devices = devices[: math.prod(shape)]
     try:
         from jax.experimental import mesh_utils
+
         grid = mesh_utils.create_device_mesh(shape, devices=devices)
     except Exception:  # noqa: BLE001 - an unusual topology: plain order is correct, maybe slower
         grid = np.asarray(devices).reshape(shape)
@@ -83,10 +84,14 @@ def logical_to_mesh(names, shape=None, mesh: Mesh | None = None) -> P:
 def state_shardings(abstract_state, mesh: Mesh):
     """NamedSharding tree (same structure as the NNX state) from the weights' logical names."""
     from flax import nnx
+
     specs = nnx.get_partition_spec(abstract_state)
     return jax.tree.map(
         lambda x, spec: NamedSharding(mesh, logical_to_mesh(tuple(spec), x.shape, mesh)),
-        abstract_state, specs, is_leaf=lambda x: isinstance(x, P))
+        abstract_state,
+        specs,
+        is_leaf=lambda x: isinstance(x, P),
+    )
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

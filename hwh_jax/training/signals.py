@@ -1,5 +1,6 @@
 """Stopping a long loop cleanly: SIGTERM / SIGINT set a flag the loop reads between steps, so it
 can save what it has and return (a scheduler's preemption, ``timeout``, Ctrl-C)."""
+
 from __future__ import annotations
 
 import logging

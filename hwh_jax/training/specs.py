@@ -1,5 +1,6 @@
 """A run config read into the frozen specs the pieces of a run take, every field checked before
 anything is compiled or loaded (errors name the config key and the value)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,6 +20,7 @@ class RunSpecs:
     """What a run config asks for: data, optimizer and (when it evaluates at the end) the
     evaluation; the model is built by ``model_config`` once the tokenizer's vocabulary is
     known."""
+
     data: DataSpec
     optimizer: OptimizerSpec
     eval: EvalSpec | None
@@ -31,11 +33,14 @@ def model_config(config, tokenizer_vocab: int) -> ModelConfig:
         m["vocab_size"] = -(-tokenizer_vocab // 64) * 64
     cfg = model_config_from_dict(m)
     if cfg.vocab_size < tokenizer_vocab:
-        raise ValueError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's "
-                         f"vocabulary ({tokenizer_vocab})")
+        raise ValueError(
+            f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's "
+            f"vocabulary ({tokenizer_vocab})"
+        )
     if cfg.attn_impl == "splash" and config.seq_len % 128:
-        raise ValueError(f"seq_len={config.seq_len}: model.attn_impl='splash' needs a multiple "
-                         f"of 128")
+        raise ValueError(
+            f"seq_len={config.seq_len}: model.attn_impl='splash' needs a multiple of 128"
+        )
     return cfg
 
 
@@ -44,13 +49,26 @@ def run_specs(config, data_files: bool = True) -> RunSpecs:
     kernel choices and allocation), so a bad model field fails before the data is read. With
     ``data_files=False`` the data paths need not exist (programs lowered without data)."""
     c = config.train
-    data = DataSpec(**{k: (tuple(v) if isinstance(v, (list, tuple)) else v)
-                       for k, v in config.data.to_dict().items()})
+    data = DataSpec(
+        **{
+            k: (tuple(v) if isinstance(v, (list, tuple)) else v)
+            for k, v in config.data.to_dict().items()
+        }
+    )
     data.validate(files=data_files)
-    opt = OptimizerSpec(lr=c.lr, min_lr_ratio=c.min_lr_ratio, warmup_steps=c.warmup_steps,
-                        total_steps=c.steps, schedule=c.schedule, decay_fraction=c.decay_fraction,
-                        weight_decay=c.weight_decay, b1=c.b1, b2=c.b2, eps=c.eps,
-                        clip_norm=c.clip_norm)
+    opt = OptimizerSpec(
+        lr=c.lr,
+        min_lr_ratio=c.min_lr_ratio,
+        warmup_steps=c.warmup_steps,
+        total_steps=c.steps,
+        schedule=c.schedule,
+        decay_fraction=c.decay_fraction,
+        weight_decay=c.weight_decay,
+        b1=c.b1,
+        b2=c.b2,
+        eps=c.eps,
+        clip_norm=c.clip_norm,
+    )
     opt.validate()
     model_config(config, tokenizer_vocab=1)
     if c.loss_impl not in LOSS_IMPLS:
@@ -68,21 +86,30 @@ def run_specs(config, data_files: bool = True) -> RunSpecs:
     checks.number("train.peak_flops", c.peak_flops, lo=0)
     checks.number("train.device_memory_gb", c.device_memory_gb, lo=0)
     checks.number("train.checkpoint_minutes", c.get("checkpoint_minutes", 0.0), lo=0)
-    checks.number("train.stop_exit_status", c.get("stop_exit_status", 0), lo=0, hi=255,
-                  integer=True)
+    checks.number(
+        "train.stop_exit_status", c.get("stop_exit_status", 0), lo=0, hi=255, integer=True
+    )
     parse_loggers(c.get("loggers", ""))
     checks.number("seq_len", config.seq_len, lo=2, integer=True)
     checks.number("seed", config.seed, lo=0, integer=True)
     mesh = tuple(c.mesh)
-    if len(mesh) != 3 or any(not isinstance(d, int) or isinstance(d, bool) or (d < 1 and d != -1)
-                             for d in mesh) or mesh.count(-1) > 1:
-        raise ValueError(f"train.mesh must be three sizes (data, fsdp, tensor), each >= 1 or one "
-                         f"of them -1 (the remaining devices), got {mesh!r}")
+    if (
+        len(mesh) != 3
+        or any(not isinstance(d, int) or isinstance(d, bool) or (d < 1 and d != -1) for d in mesh)
+        or mesh.count(-1) > 1
+    ):
+        raise ValueError(
+            f"train.mesh must be three sizes (data, fsdp, tensor), each >= 1 or one "
+            f"of them -1 (the remaining devices), got {mesh!r}"
+        )
     if c.profile_at and c.profile_at + c.profile_steps > (c.stop_at_step or c.steps):
-        raise ValueError(f"train.profile_at={c.profile_at} + train.profile_steps="
-                         f"{c.profile_steps} runs past the last step "
-                         f"{c.stop_at_step or c.steps}")
+        raise ValueError(
+            f"train.profile_at={c.profile_at} + train.profile_steps="
+            f"{c.profile_steps} runs past the last step "
+            f"{c.stop_at_step or c.steps}"
+        )
     if c.grad_accum and c.batch_size % c.grad_accum:
-        raise ValueError(f"train.batch_size={c.batch_size} must be a multiple of "
-                         f"train.grad_accum={c.grad_accum}")
+        raise ValueError(
+            f"train.batch_size={c.batch_size} must be a multiple of train.grad_accum={c.grad_accum}"
+        )
     return RunSpecs(data, opt, evaluation)

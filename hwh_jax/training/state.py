@@ -1,5 +1,6 @@
 """The train state (params, optimizer state, step, rng, non-finite marker), its shardings on a
 mesh, and the steps jitted as the trainer runs them."""
+
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +23,13 @@ def init_train_state(cfg: ModelConfig, tx, seed) -> dict:
     for a 100M-parameter model on a GPU)."""
     key = jax.random.key(seed)
     params = nnx.state(HybridLM(cfg, rngs=nnx.Rngs(key)), nnx.Param)
-    return {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
-            "rng": jax.random.key_data(key), "bad_step": jnp.int32(-1)}
+    return {
+        "params": params,
+        "opt_state": tx.init(params),
+        "step": jnp.int32(0),
+        "rng": jax.random.key_data(key),
+        "bad_step": jnp.int32(-1),
+    }
 
 
 def train_state_shardings(cfg: ModelConfig, tx, mesh):
@@ -31,14 +37,18 @@ def train_state_shardings(cfg: ModelConfig, tx, mesh):
     their logical axis names (``sharding.RULES``), optimizer moments as their parameters,
     scalars replicated."""
     graphdef, abstract_params = nnx.split(
-        nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+        nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))), nnx.Param
+    )
     param_sh = shd.state_shardings(abstract_params, mesh)
     repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     abstract_state = jax.eval_shape(lambda s: init_train_state(cfg, tx, s), jnp.int32(0))
     # optimizer moments mirror the params' shardings (same tree under mu / nu)
     opt_sh = _mirror_shardings(abstract_state["opt_state"], abstract_params, param_sh, repl)
-    return graphdef, abstract_state, {"params": param_sh, "opt_state": opt_sh, "step": repl,
-                                      "rng": repl, "bad_step": repl}
+    return (
+        graphdef,
+        abstract_state,
+        {"params": param_sh, "opt_state": opt_sh, "step": repl, "rng": repl, "bad_step": repl},
+    )
 
 
 def jit_step(step_fn, mesh, first_sh, **jit_kw):
@@ -46,8 +56,11 @@ def jit_step(step_fn, mesh, first_sh, **jit_kw):
     per device shard (``kernel_mesh``), ``first`` (the train state, or the parameters for the
     eval step) in ``first_sh``, the batch's rows over the batch axes; ``jit_kw`` (out_shardings,
     donate_argnums) go to ``jax.jit``."""
-    return jax.jit(kernels_pallas.kernel_mesh(mesh)(step_fn),
-                   in_shardings=(first_sh, shd.batch_sharding(mesh)), **jit_kw)
+    return jax.jit(
+        kernels_pallas.kernel_mesh(mesh)(step_fn),
+        in_shardings=(first_sh, shd.batch_sharding(mesh)),
+        **jit_kw,
+    )
 
 
 @contextlib.contextmanager
@@ -66,10 +79,8 @@ def threefry_kernel():
 def _mirror_shardings(opt_state, params, param_sh, repl):
     """Shard every optimizer leaf whose path ends like a param path the way that param is;
     scalars (counts) and anything else are replicated."""
-    flat_p = {_suffix(path): sh for path, sh in
-              jax.tree_util.tree_flatten_with_path(param_sh)[0]}
-    shapes = {_suffix(path): x.shape for path, x in
-              jax.tree_util.tree_flatten_with_path(params)[0]}
+    flat_p = {_suffix(path): sh for path, sh in jax.tree_util.tree_flatten_with_path(param_sh)[0]}
+    shapes = {_suffix(path): x.shape for path, x in jax.tree_util.tree_flatten_with_path(params)[0]}
 
     def pick(path, leaf):
         key = _suffix(path)

@@ -4,6 +4,7 @@ The train state is a plain dict {params, opt_state, step, rng, bad_step} of arra
 Orbax saves it and shardings map onto it directly; the model is rebuilt inside the step from
 its graph definition (``nnx.merge``), which costs nothing at run time.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,8 +24,15 @@ def _hidden(model, batch, document_mask):
     return model.hidden(batch["inputs"], pos, seg)
 
 
-def train_loss(graphdef, params, batch, *, loss_impl: str = "auto", z_loss: float = 0.0,
-               document_mask: bool = False):
+def train_loss(
+    graphdef,
+    params,
+    batch,
+    *,
+    loss_impl: str = "auto",
+    z_loss: float = 0.0,
+    document_mask: bool = False,
+):
     """(loss + z-loss, (mean masked nll, tokens)) of a batch, as the training step takes it.
 
     ``loss_impl``: "unfused" takes the logits in the compute dtype (the step's largest tensor;
@@ -39,8 +47,14 @@ def train_loss(graphdef, params, batch, *, loss_impl: str = "auto", z_loss: floa
         loss, zl, count = cross_entropy(logits, batch["targets"], batch["loss_mask"], z_loss)
         return loss + zl, (loss, count)
     settings = SoftmaxXentSettings(impl=loss_impl, platform=model.cfg.kernel_platform or None)
-    total, loss, _, count = head_loss(h, model.head_weight(), batch["targets"],
-                                      batch["loss_mask"], z_loss=z_loss, settings=settings)
+    total, loss, _, count = head_loss(
+        h,
+        model.head_weight(),
+        batch["targets"],
+        batch["loss_mask"],
+        z_loss=z_loss,
+        settings=settings,
+    )
     return total, (loss, count)
 
 
@@ -64,20 +78,32 @@ def _split_micro(batch, n, micro, shards):
     per, md = rows // shards, micro // shards
 
     def head(x):
-        x = x.reshape(shards, per, *x.shape[1:])[:, :n * md]
+        x = x.reshape(shards, per, *x.shape[1:])[:, : n * md]
         x = x.reshape(shards, md, n, *x.shape[2:]).swapaxes(0, 2).swapaxes(1, 2)
         return x.reshape(n, micro, *x.shape[3:])
 
     def tail(x):
-        x = x.reshape(shards, per, *x.shape[1:])[:, n * md:]
+        x = x.reshape(shards, per, *x.shape[1:])[:, n * md :]
         return x.reshape(rows - n * micro, *x.shape[2:])
 
-    return (jax.tree.map(head, batch) if n else None,
-            jax.tree.map(tail, batch) if rows > n * micro else None)
+    return (
+        jax.tree.map(head, batch) if n else None,
+        jax.tree.map(tail, batch) if rows > n * micro else None,
+    )
 
 
-def make_train_step(graphdef, tx, schedule, *, grad_accum=1, micro_batch=None, shards=1,
-                    z_loss=0.0, document_mask=False, loss_impl: str = "auto"):
+def make_train_step(
+    graphdef,
+    tx,
+    schedule,
+    *,
+    grad_accum=1,
+    micro_batch=None,
+    shards=1,
+    z_loss=0.0,
+    document_mask=False,
+    loss_impl: str = "auto",
+):
     """train_step(state, batch) -> (state, metrics); batch leading dim = global batch B, run as
     ``grad_accum`` micro-batches of ``micro_batch`` rows (default B / grad_accum) whose
     gradients are summed weighted by their tokens: the update equals the whole batch's. When
@@ -87,8 +113,9 @@ def make_train_step(graphdef, tx, schedule, *, grad_accum=1, micro_batch=None, s
     does not divide B). ``shards``: the data-parallel devices, whose blocks of the batch are
     split each on its own (``_split_micro``). ``loss_impl``,
     ``z_loss``, ``document_mask``: see ``train_loss``."""
-    loss_fn = functools.partial(train_loss, graphdef, loss_impl=loss_impl, z_loss=z_loss,
-                                document_mask=document_mask)
+    loss_fn = functools.partial(
+        train_loss, graphdef, loss_impl=loss_impl, z_loss=z_loss, document_mask=document_mask
+    )
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def train_step(state, batch):
@@ -98,18 +125,21 @@ def make_train_step(graphdef, tx, schedule, *, grad_accum=1, micro_batch=None, s
         else:
             rows = jax.tree.leaves(batch)[0].shape[0]
             micro_rows = micro_batch or rows // grad_accum
-            full = rows // micro_rows                  # micro-batches of micro_rows rows
-            last = rows - full * micro_rows            # rows of one smaller last micro-batch
-            if (full + (last > 0) != grad_accum or micro_rows % shards or rows % shards):
-                raise ValueError(f"{grad_accum} micro-batches of {micro_rows} rows cannot split "
-                                 f"a batch of {rows} over {shards} data-parallel shards: they "
-                                 f"must hold it with at most one smaller last micro-batch")
+            full = rows // micro_rows  # micro-batches of micro_rows rows
+            last = rows - full * micro_rows  # rows of one smaller last micro-batch
+            if full + (last > 0) != grad_accum or micro_rows % shards or rows % shards:
+                raise ValueError(
+                    f"{grad_accum} micro-batches of {micro_rows} rows cannot split "
+                    f"a batch of {rows} over {shards} data-parallel shards: they "
+                    f"must hold it with at most one smaller last micro-batch"
+                )
 
             def micro(carry, mb):
                 g_sum, l_sum, n_sum = carry
                 (_, (l, n)), g = grad_fn(params, mb)
                 g_sum = jax.tree.map(lambda a, b: a + b * n, g_sum, g)
                 return (g_sum, l_sum + l * n, n_sum + n), None
+
             carry = (jax.tree.map(jnp.zeros_like, params), 0.0, 0.0)
             head, tail = _split_micro(batch, full, micro_rows, shards)
             if head is not None:
@@ -133,8 +163,13 @@ def make_train_step(graphdef, tx, schedule, *, grad_accum=1, micro_batch=None, s
             "rng": state["rng"],
             "bad_step": jnp.where(ok | (state["bad_step"] >= 0), state["bad_step"], step),
         }
-        metrics = {"loss": loss, "grad_norm": gnorm, "lr": schedule(step), "tokens": count,
-                   "bad_step": new_state["bad_step"]}
+        metrics = {
+            "loss": loss,
+            "grad_norm": gnorm,
+            "lr": schedule(step),
+            "tokens": count,
+            "bad_step": new_state["bad_step"],
+        }
         return new_state, metrics
 
     return train_step
@@ -142,7 +177,9 @@ def make_train_step(graphdef, tx, schedule, *, grad_accum=1, micro_batch=None, s
 
 def make_eval_step(graphdef, *, document_mask=False):
     """eval_step(params, batch) -> (summed nll, tokens)."""
+
     def eval_step(params, batch):
         loss, count = eval_loss(graphdef, params, batch, document_mask=document_mask)
         return loss * count, count
+
     return eval_step

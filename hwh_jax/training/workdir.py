@@ -7,6 +7,7 @@ else. Everything else (steps, learning rate, logging, evaluation, mesh, ...) may
 starts. ``train.accept_changes`` names bound keys a start may change anyway (comma-separated
 dotted keys, or ``all``); the file then records the new config.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,11 @@ def checkpoint_config(workdir) -> tuple[dict, str] | tuple[None, list[int]]:
     """(config, where) from the newest checkpoint whose metadata reads (each checkpoint's
     ``meta`` holds its run's config), or (None, the checkpoint steps found: none readable)."""
     folder = storage.path(workdir) / "checkpoints"
-    steps = sorted((int(p.name) for p in folder.iterdir() if p.name.isdigit()), reverse=True) \
-        if folder.exists() else []
+    steps = (
+        sorted((int(p.name) for p in folder.iterdir() if p.name.isdigit()), reverse=True)
+        if folder.exists()
+        else []
+    )
     for step in steps:
         meta = folder / str(step) / "meta" / "metadata"
         try:
@@ -72,8 +76,10 @@ def bind(workdir, config, *, write: bool = True) -> None:
         try:
             saved = json.loads(path.read_text())
         except json.JSONDecodeError as e:
-            raise WorkdirMismatch(f"{path} is not valid JSON ({e}); move it away to bind the "
-                                  f"workdir to this run's config") from None
+            raise WorkdirMismatch(
+                f"{path} is not valid JSON ({e}); move it away to bind the "
+                f"workdir to this run's config"
+            ) from None
     else:
         saved, where = checkpoint_config(workdir)
         if saved is None and where:
@@ -81,13 +87,18 @@ def bind(workdir, config, *, write: bool = True) -> None:
                 f"workdir {workdir} holds checkpoints (steps {where[:5]}) but no config.json and "
                 f"no checkpoint whose metadata reads, so this run cannot tell whether they are "
                 f"its own; move {storage.path(workdir) / 'checkpoints'} away to start over here, "
-                f"or use a new --workdir")
+                f"or use a new --workdir"
+            )
     if saved is not None:
-        accept = [k.strip() for k in str(config.train.get("accept_changes", "")).split(",")
-                  if k.strip()]
-        diffs = [d for d in differences(saved, current)
-                 if "all" not in accept and not any(d[0] == a or d[0].startswith(a + ".")
-                                                    for a in accept)]
+        accept = [
+            k.strip() for k in str(config.train.get("accept_changes", "")).split(",") if k.strip()
+        ]
+        diffs = [
+            d
+            for d in differences(saved, current)
+            if "all" not in accept
+            and not any(d[0] == a or d[0].startswith(a + ".") for a in accept)
+        ]
         if diffs:
             shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in diffs[:8])
             more = f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""
@@ -96,6 +107,7 @@ def bind(workdir, config, *, write: bool = True) -> None:
                 f"workdir {workdir} belongs to a run with another config ({where}): "
                 f"{shown}{more}. "
                 f"Use a new --workdir, or keep this one and accept the change with "
-                f"--config.train.accept_changes={keys}")
+                f"--config.train.accept_changes={keys}"
+            )
     if write:
         storage.write_text(path, json.dumps(current, indent=2))

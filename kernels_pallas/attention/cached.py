@@ -14,6 +14,7 @@ Used for the prefill chunks after a prompt's first (``FullAttentionHeads.extend`
 one new token; a first chunk, ``fresh``, attends over itself through the training attention); a
 decode step (one query) keeps the reference.
 """
+
 from __future__ import annotations
 
 import jax
@@ -37,8 +38,9 @@ def visible_blocks(k_time, q_time, window, bs: int):
     return jnp.nonzero(useful, size=kt.shape[0], fill_value=0)[0], jnp.sum(useful)
 
 
-def cached_attention_blockwise(q, k, v, *, q_time, k_time, k_start, window=None, scale=None,
-                               block: int = 512):
+def cached_attention_blockwise(
+    q, k, v, *, q_time, k_time, k_start, window=None, scale=None, block: int = 512
+):
     """q [B,T,H,D] at times ``q_time`` [T]; k/v [B,S,G,D] at times ``k_time`` [S] (-1 = empty
     slot); ``k_start`` [B]. Key s is visible to query t iff k_start <= k_time[s] <= q_time[t]
     (and, with a window, k_time[s] > q_time[t] - window). A query with no visible key returns
@@ -48,7 +50,7 @@ def cached_attention_blockwise(q, k, v, *, q_time, k_time, k_start, window=None,
     B, T, H, D = q.shape
     S, G = k.shape[1], k.shape[2]
     R = H // G
-    scale = D ** -0.5 if scale is None else scale
+    scale = D**-0.5 if scale is None else scale
     cd = k.dtype
     prec = jax.lax.Precision.HIGHEST if cd == f32 else None
     bs = min(block, S)
@@ -62,26 +64,32 @@ def cached_attention_blockwise(q, k, v, *, q_time, k_time, k_start, window=None,
     order, count = visible_blocks(k_time, q_time, window, bs)
 
     def body(i, carry):
-        m, l, acc = carry                      # [B,G,R,T], [B,G,R,T], [B,G,R,T,D]
+        m, l, acc = carry  # [B,G,R,T], [B,G,R,T], [B,G,R,T,D]
         n = order[i]
         kb = jax.lax.dynamic_slice_in_dim(k, n * bs, bs, axis=1)
         vb = jax.lax.dynamic_slice_in_dim(v, n * bs, bs, axis=1)
         kt = jax.lax.dynamic_slice_in_dim(k_time, n * bs, bs)
-        s = jnp.einsum("btgrd,bsgd->bgrts", qg, kb, precision=prec,
-                       preferred_element_type=f32) * scale
-        mask = cache_mask(q_time, kt, k_start, window)[:, None, None]         # [B,1,1,T,bs]
+        s = (
+            jnp.einsum("btgrd,bsgd->bgrts", qg, kb, precision=prec, preferred_element_type=f32)
+            * scale
+        )
+        mask = cache_mask(q_time, kt, k_start, window)[:, None, None]  # [B,1,1,T,bs]
         s = jnp.where(mask, s, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        base = jnp.where(jnp.isfinite(m_new), m_new, 0.0)      # no key seen yet: any finite base
-        p = jnp.exp(s - base[..., None])                        # masked entries: exp(-inf) = 0
-        corr = jnp.exp(m - base)                                # m = -inf (nothing before): 0
+        base = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # no key seen yet: any finite base
+        p = jnp.exp(s - base[..., None])  # masked entries: exp(-inf) = 0
+        corr = jnp.exp(m - base)  # m = -inf (nothing before): 0
         l = l * corr + jnp.sum(p, axis=-1)
-        pv = jnp.einsum("bgrts,bsgd->bgrtd", p.astype(v.dtype), vb, precision=prec,
-                        preferred_element_type=f32)
+        pv = jnp.einsum(
+            "bgrts,bsgd->bgrtd", p.astype(v.dtype), vb, precision=prec, preferred_element_type=f32
+        )
         return m_new, l, acc * corr[..., None] + pv
 
-    init = (jnp.full((B, G, R, T), -jnp.inf, f32), jnp.zeros((B, G, R, T), f32),
-            jnp.zeros((B, G, R, T, D), f32))
+    init = (
+        jnp.full((B, G, R, T), -jnp.inf, f32),
+        jnp.zeros((B, G, R, T), f32),
+        jnp.zeros((B, G, R, T, D), f32),
+    )
     _, l, acc = jax.lax.fori_loop(0, count, body, init)
     o = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
     return jnp.transpose(o, (0, 3, 1, 2, 4)).reshape(B, T, H, D).astype(q.dtype)

@@ -3,6 +3,7 @@
 (``shard_map``: batch rows over the batch axes, heads over the tensor axis): left to GSPMD,
 cuDNN's partitioner rejects an FSDP step ("Query, key and value should have same sharding").
 The reference is plain XLA and stays with GSPMD."""
+
 from __future__ import annotations
 
 import functools
@@ -16,8 +17,12 @@ from kernels_pallas.attention.settings import AttentionSettings
 
 
 def _cudnn_ok(q, window, segment_ids):
-    return (q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] <= 128
-            and q.shape[-1] % 8 == 0 and segment_ids is None)
+    return (
+        q.dtype in (jnp.bfloat16, jnp.float16)
+        and q.shape[-1] <= 128
+        and q.shape[-1] % 8 == 0
+        and segment_ids is None
+    )
 
 
 def choose(settings: AttentionSettings, q, *, window=None, segment_ids=None) -> str:
@@ -29,13 +34,23 @@ def choose(settings: AttentionSettings, q, *, window=None, segment_ids=None) -> 
         return "cudnn"
     if platform == "tpu" and segment_ids is None:
         from kernels_pallas.attention import tpu
+
         if tpu.supported(q.shape[1], q.shape[-1]):
             return "splash"
     return "reference"
 
 
-def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None,
-              settings: AttentionSettings | None = None):
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal=True,
+    window=None,
+    scale=None,
+    segment_ids=None,
+    settings: AttentionSettings | None = None,
+):
     """Multi-head attention with grouped kv heads.
 
     Args:
@@ -47,8 +62,9 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
     """
     settings = AttentionSettings() if settings is None else settings
     if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
-        raise ValueError(f"attention: need q [B,T,H,D], k=v [B,T,G,D]; got {q.shape}, "
-                         f"{k.shape}, {v.shape}")
+        raise ValueError(
+            f"attention: need q [B,T,H,D], k=v [B,T,G,D]; got {q.shape}, {k.shape}, {v.shape}"
+        )
     B, T, H, D = q.shape
     G = k.shape[2]
     if k.shape[0] != B or k.shape[3] != D or k.shape[1] != T:
@@ -57,20 +73,23 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
         raise ValueError(f"attention: {H} query heads not divisible by {G} kv heads")
     if window is not None and window < 1:
         raise ValueError(f"attention: window must be >= 1, got {window}")
-    impl = dispatch.record(settings, choose(settings, q, window=window,
-                                            segment_ids=segment_ids))
+    impl = dispatch.record(settings, choose(settings, q, window=window, segment_ids=segment_ids))
     if impl == "reference":
-        return attention_reference(q, k, v, causal=causal, window=window, scale=scale,
-                                   segment_ids=segment_ids)
+        return attention_reference(
+            q, k, v, causal=causal, window=window, scale=scale, segment_ids=segment_ids
+        )
     if segment_ids is not None:
-        raise ValueError(f"attention: impl={impl!r} does not take segment_ids here (auto picks "
-                         f"the reference for them)")
-    kernel = functools.partial(_kernel, impl, causal=causal, window=window, scale=scale,
-                               interpret=settings.interpret)
+        raise ValueError(
+            f"attention: impl={impl!r} does not take segment_ids here (auto picks "
+            f"the reference for them)"
+        )
+    kernel = functools.partial(
+        _kernel, impl, causal=causal, window=window, scale=scale, interpret=settings.interpret
+    )
     km = sharding.current()
     if km is None:
         return kernel(q, k, v)
-    h = km.head_spec(G) if km.head_spec(H) else None     # q and kv heads split alike or not at all
+    h = km.head_spec(G) if km.head_spec(H) else None  # q and kv heads split alike or not at all
     qkv = sharding.P(km.batch_spec(B), None, h, None)
     return sharding.per_shard(kernel, km, (qkv,) * 3, qkv)(q, k, v)
 
@@ -78,10 +97,14 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
 def _kernel(impl, q, k, v, *, causal, window, scale, interpret):
     if impl == "cudnn":
         return jax.nn.dot_product_attention(
-            q, k, v, scale=scale, is_causal=causal, implementation="cudnn",
-            local_window_size=None if window is None else (window - 1, 0))
+            q,
+            k,
+            v,
+            scale=scale,
+            is_causal=causal,
+            implementation="cudnn",
+            local_window_size=None if window is None else (window - 1, 0),
+        )
     from kernels_pallas.attention.tpu import splash_attention
-    return splash_attention(q, k, v, causal=causal, window=window, scale=scale,
-                            interpret=interpret)
 
-
+    return splash_attention(q, k, v, causal=causal, window=window, scale=scale, interpret=interpret)

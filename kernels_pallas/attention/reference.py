@@ -6,6 +6,7 @@ M masks keys after the query (causal), keys more than ``window - 1`` positions b
 window: keys in [t - w + 1, t]) and keys of another document (segment ids). Logits and softmax
 in fp32; a query row with no visible key (impossible when causal) would return zeros.
 """
+
 from __future__ import annotations
 
 import jax
@@ -30,7 +31,7 @@ def attention_reference(q, k, v, *, causal=True, window=None, scale=None, segmen
     """q [B,T,H,D], k/v [B,S,G,D] -> [B,T,H,D] in q's dtype; segment_ids [B,T] (T == S)."""
     B, T, H, D = q.shape
     S, G = k.shape[1], k.shape[2]
-    scale = D ** -0.5 if scale is None else scale
+    scale = D**-0.5 if scale is None else scale
     qg = q.reshape(B, T, G, H // G, D).astype(jnp.float32)
     logits = jnp.einsum("btgrd,bsgd->bgrts", qg, k.astype(jnp.float32), precision=_HI) * scale
     mask = attention_mask(T, S, causal=causal, window=window, q_offset=S - T)[None, None, None]
@@ -64,7 +65,7 @@ def cached_attention(q, k, v, *, q_time, k_time, k_start, window=None, scale=Non
     """
     B, T, H, D = q.shape
     G = k.shape[2]
-    scale = D ** -0.5 if scale is None else scale
+    scale = D**-0.5 if scale is None else scale
     qg = q.reshape(B, T, G, H // G, D).astype(jnp.float32)
     logits = jnp.einsum("btgrd,bsgd->bgrts", qg, k.astype(jnp.float32), precision=_HI) * scale
     mask = cache_mask(q_time, k_time, k_start, window)[:, None, None]

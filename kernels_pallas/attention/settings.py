@@ -1,5 +1,6 @@
 """``AttentionSettings``: how ``attention`` runs; ``DecodeAttentionSettings``: how
 ``decode_attention`` runs; each one frozen value."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,6 +15,7 @@ class AttentionSettings(KernelSettings):
     "auto" takes cuDNN on GPU for bf16/fp16 heads of at most 128 without segment ids, splash on
     TPU for lengths that are multiples of 128 without segment ids, else the reference.
     ``interpret`` runs splash in TPU interpret mode."""
+
     OP = "attention"
     IMPLS = ("auto", "reference", "cudnn", "splash")
 
@@ -29,6 +31,7 @@ class DecodeAttentionSettings(KernelSettings):
     many rows x kv heads the reference runs (at HwH-380m's batch 1, one to five kv heads a
     layer, the kernel gained nothing; at the Transformer's 16 it did: docs/benchmarks.md);
     ``num_warps`` / ``num_stages``: Triton's."""
+
     block: int = 128
     min_programs: int = 1024
     max_splits: int = 32
@@ -42,5 +45,6 @@ class DecodeAttentionSettings(KernelSettings):
 
     def __post_init__(self):
         super().__post_init__()
-        self.require_positive("block", "min_programs", "max_splits", "min_heads", "num_warps",
-                              "num_stages")
+        self.require_positive(
+            "block", "min_programs", "max_splits", "min_heads", "num_warps", "num_stages"
+        )

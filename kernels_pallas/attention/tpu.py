@@ -3,6 +3,7 @@
 Splash takes one sequence and [heads, T, D]; we vmap over batch and over kv groups (each group
 is an MQA problem: its H/G query heads share one k/v), and fold the scale into q.
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,9 +38,16 @@ def _build(T, heads, causal, window, interpret):
         one = sm.FullMask((T, T))
     mask = sm.MultiHeadMask([one] * heads)
     block = min(512, T)
-    sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
-                          block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
-                          block_q_dq=block, block_kv_dq=block)
+    sizes = sk.BlockSizes(
+        block_q=block,
+        block_kv=block,
+        block_kv_compute=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_kv_dkv_compute=block,
+        block_q_dq=block,
+        block_kv_dq=block,
+    )
     return sk.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
 
 
@@ -47,7 +55,7 @@ def splash_attention(q, k, v, *, causal=True, window=None, scale=None, interpret
     """q [B,T,H,D], k/v [B,T,G,D] -> [B,T,H,D]."""
     B, T, H, D = q.shape
     G = k.shape[2]
-    scale = D ** -0.5 if scale is None else scale
+    scale = D**-0.5 if scale is None else scale
     kernel = _kernel(T, H // G, causal, window, interpret)
     qg = jnp.transpose((q * scale).astype(q.dtype).reshape(B, T, G, H // G, D), (0, 2, 3, 1, 4))
     kg = jnp.transpose(k, (0, 2, 1, 3))  # [B, G, T, D]

@@ -13,16 +13,23 @@ GLA and HGRN-2 share (``gated_linear_attention``; decode ``gated_linear_attentio
 The decay is per head and token (scalar: Lightning, RetNet, Mamba-2) or per key dimension as
 well (GLA, HGRN-2); ``g`` is its logarithm, so g = 0 is plain linear attention.
 """
+
 from kernels_pallas.decay_attention.chunk_reference import gated_linear_attention_chunked
 from kernels_pallas.decay_attention.op import gated_linear_attention
 from kernels_pallas.decay_attention.pallas import gated_linear_attention_pallas
 from kernels_pallas.decay_attention.pallas_per_key import gated_linear_attention_per_key_pallas
 from kernels_pallas.decay_attention.reference import (
-                                                      gated_linear_attention_recurrent,
-                                                      gated_linear_attention_step,
+    gated_linear_attention_recurrent,
+    gated_linear_attention_step,
 )
 from kernels_pallas.decay_attention.settings import DecaySettings
 
-__all__ = ["DecaySettings", "gated_linear_attention", "gated_linear_attention_chunked",
-           "gated_linear_attention_pallas", "gated_linear_attention_per_key_pallas",
-           "gated_linear_attention_recurrent", "gated_linear_attention_step"]
+__all__ = [
+    "DecaySettings",
+    "gated_linear_attention",
+    "gated_linear_attention_chunked",
+    "gated_linear_attention_pallas",
+    "gated_linear_attention_per_key_pallas",
+    "gated_linear_attention_recurrent",
+    "gated_linear_attention_step",
+]

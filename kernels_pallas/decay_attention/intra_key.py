@@ -35,6 +35,7 @@ without a GPU. Both layouts of ``linear_scan.common`` ([B, T, H, X] with grid (B
 Triton, [B, H, T, X] for Mosaic TPU) are tested interpreted and lower for their compilers
 (``tests/test_export.py``); the Triton one runs on GPUs, the Mosaic one has not run on a TPU.
 """
+
 from __future__ import annotations
 
 import functools
@@ -45,9 +46,9 @@ from jax.experimental import pallas as pl
 
 from kernels_pallas.linear_scan.common import chunk_call, col_blocks, dot, dot_nt, f32
 
-SUB = 16                    # query rows of a sub-chunk
-BK = 16                     # key columns at a time (the exact kernels' [c, c, BK] weights)
-FACTOR_RANGE = 40.0         # log decay over half a sub-chunk the factored kernels take
+SUB = 16  # query rows of a sub-chunk
+BK = 16  # key columns at a time (the exact kernels' [c, c, BK] weights)
+FACTOR_RANGE = 40.0  # log decay over half a sub-chunk the factored kernels take
 
 
 def _masked_exp(x, keep):
@@ -79,6 +80,7 @@ def _diag_weights(Gr):
 
 # ---------------------------------------------------------------- factored kernels
 
+
 def _fwd_factored(q_ref, k_ref, g_ref, a_ref, *, chunk, sub, blk, fp32_dots):
     dt = q_ref.dtype
     pos = _iota((chunk, 1), 0)
@@ -93,8 +95,8 @@ def _fwd_factored(q_ref, k_ref, g_ref, a_ref, *, chunk, sub, blk, fp32_dots):
                 gm = g_ref[pl.ds(r + sub // 2, 1), ck]
                 qg = q_ref[rows, ck].astype(f32) * jnp.exp(g_ref[rows, ck] - gm)
                 kg = k_ref[:, ck].astype(f32) * _masked_exp(gm - g_ref[:, ck], pos < r + sub)
-                acc += dot_nt(qg.astype(dt), kg.astype(dt), fp32_dots)   # [c, C]
-            keep = _iota((sub, chunk), 1) <= _iota((sub, chunk), 0) + r     # j <= i
+                acc += dot_nt(qg.astype(dt), kg.astype(dt), fp32_dots)  # [c, C]
+            keep = _iota((sub, chunk), 1) <= _iota((sub, chunk), 0) + r  # j <= i
             a_ref[rows, :] = jnp.where(keep, acc, 0.0).astype(a_ref.dtype)
             return 0
 
@@ -112,13 +114,29 @@ def _tail(rows, ck, dq_in, dk_in, dG_in, below, refs, scale):
     dG = dgs_ref[rows, ck] + dG_in
     dq_ref[rows, ck] = ((dq_in + dqs_ref[rows, ck]) * scale).astype(dq_ref.dtype)
     dk_ref[rows, ck] = (dk_in + dks_ref[rows, ck]).astype(dk_ref.dtype)
-    upper = (_iota((c, c), 0) <= _iota((c, c), 1)).astype(f32)       # U @ x: sums over s >= t
+    upper = (_iota((c, c), 0) <= _iota((c, c), 1)).astype(f32)  # U @ x: sums over s >= t
     dg_ref[rows, ck] = (dot(upper, dG, fp32_dots="ieee") + below).astype(dg_ref.dtype)
     return below + jnp.sum(dG, axis=0, keepdims=True)
 
 
-def _bwd_factored(q_ref, k_ref, g_ref, da_ref, dqs_ref, dks_ref, dgs_ref, dq_ref, dk_ref,
-                  dg_ref, *, chunk, sub, blk, fp32_dots, scale):
+def _bwd_factored(
+    q_ref,
+    k_ref,
+    g_ref,
+    da_ref,
+    dqs_ref,
+    dks_ref,
+    dgs_ref,
+    dq_ref,
+    dk_ref,
+    dg_ref,
+    *,
+    chunk,
+    sub,
+    blk,
+    fp32_dots,
+    scale,
+):
     """dq = (dA kg) e^{G - G_m} and dk = (dA^T qg) e^{G_m - G} of each sub-chunk's rows, and
     dG = q dq - k dk formed as qg (dA kg) - kg (dA^T qg) from the same rounded factors qg, kg
     that went into the products: a pair (i, j) of the sub-chunk enters dG_i and dG_j as the same
@@ -133,24 +151,31 @@ def _bwd_factored(q_ref, k_ref, g_ref, da_ref, dqs_ref, dks_ref, dgs_ref, dq_ref
     @pl.when(_factored(g_ref, chunk, sub))
     def _():
         def body(i, below):
-            r = pl.multiple_of((n - 1 - i) * sub, sub)          # the last sub-chunk first
+            r = pl.multiple_of((n - 1 - i) * sub, sub)  # the last sub-chunk first
             rows = pl.ds(r, sub)
-            dA_rows = jnp.where(_iota((sub, chunk), 1) <= _iota((sub, chunk), 0) + r,
-                                da_ref[rows, :].astype(f32), 0.0).astype(dt)   # [c, C]
-            dA_cols = jnp.where(_iota((chunk, sub), 0) >= _iota((chunk, sub), 1) + r,
-                                da_ref[:, rows].astype(f32), 0.0).astype(dt)   # [C, c]
+            dA_rows = jnp.where(
+                _iota((sub, chunk), 1) <= _iota((sub, chunk), 0) + r,
+                da_ref[rows, :].astype(f32),
+                0.0,
+            ).astype(dt)  # [c, C]
+            dA_cols = jnp.where(
+                _iota((chunk, sub), 0) >= _iota((chunk, sub), 1) + r,
+                da_ref[:, rows].astype(f32),
+                0.0,
+            ).astype(dt)  # [C, c]
             out = []
             for ck, bl in zip(cks, below):
                 Gr, gm = g_ref[rows, ck], g_ref[pl.ds(r + sub // 2, 1), ck]
                 kg = k_ref[:, ck].astype(f32) * _masked_exp(gm - g_ref[:, ck], pos < r + sub)
                 qg = q_ref[:, ck].astype(f32) * _masked_exp(g_ref[:, ck] - gm, pos >= r)
-                dq = dot(dA_rows, kg.astype(dt), fp32_dots=fp32_dots)            # [c, ck]
+                dq = dot(dA_rows, kg.astype(dt), fp32_dots=fp32_dots)  # [c, ck]
                 dk = dot(dA_cols, qg.astype(dt), trans_a=True, fp32_dots=fp32_dots)
                 up, down = jnp.exp(Gr - gm), jnp.exp(gm - Gr)
                 qg_r = (q_ref[rows, ck].astype(f32) * up).astype(dt).astype(f32)
                 kg_r = (k_ref[rows, ck].astype(f32) * down).astype(dt).astype(f32)
-                out.append(_tail(rows, ck, dq * up, dk * down, qg_r * dq - kg_r * dk, bl, refs,
-                                 scale))
+                out.append(
+                    _tail(rows, ck, dq * up, dk * down, qg_r * dq - kg_r * dk, bl, refs, scale)
+                )
             return tuple(out)
 
         jax.lax.fori_loop(0, n, body, tuple(jnp.zeros((1, ck.size), f32) for ck in cks))
@@ -158,10 +183,12 @@ def _bwd_factored(q_ref, k_ref, g_ref, da_ref, dqs_ref, dks_ref, dgs_ref, dq_ref
 
 # ---------------------------------------------------------------- exact kernels
 
+
 def _keep_factored(factored, pairs):
     """On TPU an output block goes back to memory whether written or not: the programs of
     factored chunks copy the aliased input's block through (``pairs``: (input, output) refs).
     On GPU the refs are the memory itself and those programs do nothing."""
+
     @pl.when(factored)
     def _():
         for src, dst in pairs:
@@ -185,26 +212,48 @@ def _fwd_exact(q_ref, k_ref, g_ref, a_in, a_ref, *, chunk, sub, bk, fp32_dots, c
             def body(i, carry, r=r, rows=rows):
                 acc, diag = carry
                 ks = pl.ds(pl.multiple_of(i * bk, bk), bk)
-                qr, kr, Gr = (q_ref[rows, ks].astype(f32), k_ref[rows, ks].astype(f32),
-                              g_ref[rows, ks])
-                if r:                # keys before the sub-chunk: G_i <= G_r <= G_j
+                qr, kr, Gr = (
+                    q_ref[rows, ks].astype(f32),
+                    k_ref[rows, ks].astype(f32),
+                    g_ref[rows, ks],
+                )
+                if r:  # keys before the sub-chunk: G_i <= G_r <= G_j
                     g0 = g_ref[pl.ds(r, 1), ks]
                     kb = k_ref[:, ks].astype(f32) * _masked_exp(g0 - g_ref[:, ks], pos < r)
-                    acc = acc + dot_nt((qr * jnp.exp(Gr - g0)).astype(dt), kb.astype(dt),
-                                       fp32_dots)
-                diag = diag + jnp.sum(qr[:, None, :] * kr[None, :, :] * _diag_weights(Gr),
-                                      axis=2)
+                    acc = acc + dot_nt((qr * jnp.exp(Gr - g0)).astype(dt), kb.astype(dt), fp32_dots)
+                diag = diag + jnp.sum(qr[:, None, :] * kr[None, :, :] * _diag_weights(Gr), axis=2)
                 return acc, diag
 
-            acc, diag = jax.lax.fori_loop(0, K // bk, body, (jnp.zeros((sub, chunk), f32),
-                                                              jnp.zeros((sub, sub), f32)))
+            acc, diag = jax.lax.fori_loop(
+                0, K // bk, body, (jnp.zeros((sub, chunk), f32), jnp.zeros((sub, sub), f32))
+            )
             place = (cols == rows_c + r).astype(f32)  # [c, c] -> columns r.. of [c, C]
             acc = acc + dot(diag, place, fp32_dots="ieee")
             a_ref[rows, :] = acc.astype(a_ref.dtype)
 
 
-def _bwd_exact(q_ref, k_ref, g_ref, da_ref, dqs_ref, dks_ref, dgs_ref, dq_in, dk_in, dg_in,
-               dq_ref, dk_ref, dg_ref, *, chunk, sub, bk, fp32_dots, scale, copy):
+def _bwd_exact(
+    q_ref,
+    k_ref,
+    g_ref,
+    da_ref,
+    dqs_ref,
+    dks_ref,
+    dgs_ref,
+    dq_in,
+    dk_in,
+    dg_in,
+    dq_ref,
+    dk_ref,
+    dg_ref,
+    *,
+    chunk,
+    sub,
+    bk,
+    fp32_dots,
+    scale,
+    copy,
+):
     """BK key columns at a time, and in them each sub-chunk from the last up: its rows of dq
     (from its rows of dA) and of dk (from its columns of dA), the earlier keys (dq) or later
     queries (dk) by one matmul, its own block as the forward's; then ``_tail``."""
@@ -223,26 +272,31 @@ def _bwd_exact(q_ref, k_ref, g_ref, da_ref, dqs_ref, dks_ref, dgs_ref, dq_in, dk
             below = jnp.zeros((1, bk), f32)
             for r in reversed(range(0, chunk, sub)):
                 rows = slice(r, r + sub)
-                dA_diag = da_ref[rows, pl.ds(r, sub)].astype(f32)              # [c, c]
-                qr, kr, Gr = (q_ref[rows, ks].astype(f32), k_ref[rows, ks].astype(f32),
-                              g_ref[rows, ks])
+                dA_diag = da_ref[rows, pl.ds(r, sub)].astype(f32)  # [c, c]
+                qr, kr, Gr = (
+                    q_ref[rows, ks].astype(f32),
+                    k_ref[rows, ks].astype(f32),
+                    g_ref[rows, ks],
+                )
                 w = _diag_weights(Gr)
                 dq = jnp.sum(dA_diag[:, :, None] * kr[None, :, :] * w, axis=1)
                 dk = jnp.sum(dA_diag[:, :, None] * qr[:, None, :] * w, axis=0)
-                if r:                # dq from the keys before: as the forward's product
+                if r:  # dq from the keys before: as the forward's product
                     g0 = g_ref[pl.ds(r, 1), ks]
                     kb = k_ref[:, ks].astype(f32) * _masked_exp(g0 - g_ref[:, ks], pos < r)
-                    dAb = jnp.where(_iota((sub, chunk), 1) < r, da_ref[rows, :].astype(f32),
-                                    0.0).astype(dt)
+                    dAb = jnp.where(
+                        _iota((sub, chunk), 1) < r, da_ref[rows, :].astype(f32), 0.0
+                    ).astype(dt)
                     dq = dq + dot(dAb, kb.astype(dt), fp32_dots=fp32_dots) * jnp.exp(Gr - g0)
                 if r + sub < chunk:  # dk from the queries after, against the sub-chunk's last G
                     gl = g_ref[pl.ds(r + sub - 1, 1), ks]
-                    qa = q_ref[:, ks].astype(f32) * _masked_exp(g_ref[:, ks] - gl,
-                                                                pos >= r + sub)
-                    dAa = jnp.where(_iota((chunk, sub), 0) >= r + sub,
-                                    da_ref[:, pl.ds(r, sub)].astype(f32), 0.0).astype(dt)
-                    dk = dk + dot(dAa, qa.astype(dt), trans_a=True,
-                                  fp32_dots=fp32_dots) * jnp.exp(gl - Gr)
+                    qa = q_ref[:, ks].astype(f32) * _masked_exp(g_ref[:, ks] - gl, pos >= r + sub)
+                    dAa = jnp.where(
+                        _iota((chunk, sub), 0) >= r + sub, da_ref[:, pl.ds(r, sub)].astype(f32), 0.0
+                    ).astype(dt)
+                    dk = dk + dot(dAa, qa.astype(dt), trans_a=True, fp32_dots=fp32_dots) * jnp.exp(
+                        gl - Gr
+                    )
                 below = _tail(rows, ks, dq, dk, qr * dq - kr * dk, below, refs, scale)
             return 0
 
@@ -250,6 +304,7 @@ def _bwd_exact(q_ref, k_ref, g_ref, da_ref, dqs_ref, dks_ref, dgs_ref, dq_in, dk
 
 
 # ---------------------------------------------------------------- launchers
+
 
 def _sub(C):
     return SUB if C % SUB == 0 else C
@@ -268,11 +323,18 @@ def intra_scores(cfg, q, k, G):
     C = cfg.chunk
     kw = dict(chunk=C, sub=_sub(C), fp32_dots=cfg.fp32_dots)
     ins, out = [(q, K), (k, K), (G, K)], [(C, q.dtype)]
-    (a,) = chunk_call(cfg, functools.partial(_fwd_factored, blk=cfg.intra_block, **kw), ins,
-                      out, (B, T, H), name="gla_intra_fwd")
+    (a,) = chunk_call(
+        cfg,
+        functools.partial(_fwd_factored, blk=cfg.intra_block, **kw),
+        ins,
+        out,
+        (B, T, H),
+        name="gla_intra_fwd",
+    )
     exact = functools.partial(_fwd_exact, bk=_bk(K), copy=cfg.layout == "tpu", **kw)
-    return chunk_call(cfg, exact, ins + [(a, C)], out, (B, T, H), name="gla_intra_fwd_exact",
-                      aliases={3: 0})[0]
+    return chunk_call(
+        cfg, exact, ins + [(a, C)], out, (B, T, H), name="gla_intra_fwd_exact", aliases={3: 0}
+    )[0]
 
 
 def intra_grads(cfg, q, k, G, dA, dq_s, dk_s, dG_s, *, scale, dtypes):
@@ -286,8 +348,21 @@ def intra_grads(cfg, q, k, G, dA, dq_s, dk_s, dG_s, *, scale, dtypes):
     kw = dict(chunk=C, sub=_sub(C), fp32_dots=cfg.fp32_dots, scale=scale)
     ins = [(q, K), (k, K), (G, K), (dA, C), (dq_s, K), (dk_s, K), (dG_s, K)]
     outs = [(K, dt) for dt in dtypes]
-    dq, dk, dg = chunk_call(cfg, functools.partial(_bwd_factored, blk=cfg.intra_block, **kw),
-                            ins, outs, (B, T, H), name="gla_intra_bwd")
+    dq, dk, dg = chunk_call(
+        cfg,
+        functools.partial(_bwd_factored, blk=cfg.intra_block, **kw),
+        ins,
+        outs,
+        (B, T, H),
+        name="gla_intra_bwd",
+    )
     exact = functools.partial(_bwd_exact, bk=_bk(K), copy=cfg.layout == "tpu", **kw)
-    return chunk_call(cfg, exact, ins + [(dq, K), (dk, K), (dg, K)], outs, (B, T, H),
-                      name="gla_intra_bwd_exact", aliases={7: 0, 8: 1, 9: 2})
+    return chunk_call(
+        cfg,
+        exact,
+        ins + [(dq, K), (dk, K), (dg, K)],
+        outs,
+        (B, T, H),
+        name="gla_intra_bwd_exact",
+        aliases={7: 0, 8: 1, 9: 2},
+    )

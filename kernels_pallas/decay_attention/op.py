@@ -1,5 +1,6 @@
 """``gated_linear_attention``: the public entry, which checks shapes and runs the implementation
 its ``DecaySettings`` choose; under ``kernel_mesh`` the Pallas kernels run per device shard."""
+
 from __future__ import annotations
 
 from kernels_pallas import dispatch, sharding
@@ -18,18 +19,30 @@ def _check_shapes(q, k, v, g, initial_state):
     if k.shape != q.shape:
         raise ValueError(f"gated_linear_attention: k shape {k.shape} != q shape {q.shape}")
     if v.ndim != 4 or v.shape[:3] != (B, T, H):
-        raise ValueError(f"gated_linear_attention: v must be [B={B},T={T},H={H},V], got "
-                         f"{v.shape}")
+        raise ValueError(f"gated_linear_attention: v must be [B={B},T={T},H={H},V], got {v.shape}")
     if g.shape not in ((B, T, H), (B, T, H, K)):
-        raise ValueError(f"gated_linear_attention: g must be [B,T,H]={(B, T, H)} (a decay per "
-                         f"head) or [B,T,H,K]={(B, T, H, K)} (per key), got {g.shape}")
+        raise ValueError(
+            f"gated_linear_attention: g must be [B,T,H]={(B, T, H)} (a decay per "
+            f"head) or [B,T,H,K]={(B, T, H, K)} (per key), got {g.shape}"
+        )
     if initial_state is not None and initial_state.shape != (B, H, K, v.shape[-1]):
-        raise ValueError(f"gated_linear_attention: initial_state must be [B,H,K,V]="
-                         f"{(B, H, K, v.shape[-1])}, got {initial_state.shape}")
+        raise ValueError(
+            f"gated_linear_attention: initial_state must be [B,H,K,V]="
+            f"{(B, H, K, v.shape[-1])}, got {initial_state.shape}"
+        )
 
 
-def gated_linear_attention(q, k, v, g, *, scale=None, initial_state=None,
-                           output_final_state=False, settings: DecaySettings | None = None):
+def gated_linear_attention(
+    q,
+    k,
+    v,
+    g,
+    *,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    settings: DecaySettings | None = None,
+):
     """Linear attention with a decaying state over a sequence, fla layout.
 
     Args:
@@ -43,17 +56,22 @@ def gated_linear_attention(q, k, v, g, *, scale=None, initial_state=None,
     settings = DecaySettings() if settings is None else settings
     _check_shapes(q, k, v, g, initial_state)
     impl = settings.choose()
-    if (settings.impl == "auto" and impl == "pallas" and settings.target() == "gpu"
-            and not (triton_takes(q.shape[-1]) and triton_takes(settings.chunk_size))):
-        impl = settings.FALLBACK                 # a shape the Triton kernels refuse: the jnp form
+    if (
+        settings.impl == "auto"
+        and impl == "pallas"
+        and settings.target() == "gpu"
+        and not (triton_takes(q.shape[-1]) and triton_takes(settings.chunk_size))
+    ):
+        impl = settings.FALLBACK  # a shape the Triton kernels refuse: the jnp form
     impl = dispatch.record(settings, impl)
     kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state)
     if impl == "recurrent":
         return gated_linear_attention_recurrent(q, k, v, g, **kw)
     if impl == "chunk_reference":
         return gated_linear_attention_chunked(q, k, v, g, chunk_size=settings.chunk_size, **kw)
-    kernels = (gated_linear_attention_pallas if g.ndim == 3
-               else gated_linear_attention_per_key_pallas)
+    kernels = (
+        gated_linear_attention_pallas if g.ndim == 3 else gated_linear_attention_per_key_pallas
+    )
     km = sharding.current()
     if km is None:
         return kernels(q, k, v, g, settings=settings, **kw)
@@ -70,10 +88,8 @@ def _pallas_per_shard(km, kernels, q, k, v, g, *, initial_state, output_final_st
         specs.append(st)
 
     def local(q, k, v, g, h0=None):
-        o, s = kernels(q, k, v, g, initial_state=h0,
-                       output_final_state=output_final_state, **kw)
+        o, s = kernels(q, k, v, g, initial_state=h0, output_final_state=output_final_state, **kw)
         return (o, s) if output_final_state else o
 
-    out = sharding.per_shard(local, km, tuple(specs), (x4, st) if output_final_state else x4)(
-        *args)
+    out = sharding.per_shard(local, km, tuple(specs), (x4, st) if output_final_state else x4)(*args)
     return out if output_final_state else (out, None)

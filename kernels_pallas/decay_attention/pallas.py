@@ -28,6 +28,7 @@ S_n (``DecaySettings.recompute``: the inputs only, the state scan rerun in the b
 decay per key dimension (GLA, HGRN-2) does not factor into one E per chunk: its kernels are
 ``pallas_per_key.py``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -79,6 +80,7 @@ def prepare(q, k, v, g, C, scale):
 
 # ---------------------------------------------------------------- chunk-parallel forward
 
+
 def _outputs_kernel(q_ref, k_ref, g_ref, gr_ref, h_ref, v_ref, o_ref, *, blk):
     """o = (q e^G) S_n + QK v of one chunk, QK = (q k^T) * E formed here from G as a column
     (g_ref) and a row (gr_ref)."""
@@ -97,9 +99,14 @@ def chunk_outputs(cfg, q, k, G, h, v, *, dtype):
     kernel (never written)."""
     B, T, H, K = q.shape
     V, C = v.shape[-1], cfg.chunk
-    (o,) = chunk_call(cfg, functools.partial(_outputs_kernel, blk=cfg.chunk_block),
-                      [(q, K), (k, K), (G[..., None], 1), (chunk_rows(G, C), None), (h, None),
-                       (v, V)], [(V, dtype)], (B, T, H), name="linear_scan_out")
+    (o,) = chunk_call(
+        cfg,
+        functools.partial(_outputs_kernel, blk=cfg.chunk_block),
+        [(q, K), (k, K), (G[..., None], 1), (chunk_rows(G, C), None), (h, None), (v, V)],
+        [(V, dtype)],
+        (B, T, H),
+        name="linear_scan_out",
+    )
     return o
 
 
@@ -108,8 +115,8 @@ _chunk_outputs = _jit(chunk_outputs, "dtype")
 
 # ---------------------------------------------------------------- chunk-parallel backward
 
-def _state_path_kernel(k_ref, g_ref, h_ref, dh_ref, v_ref, do_ref, dq_ref, dk_ref, dl_ref, *,
-                       blk):
+
+def _state_path_kernel(k_ref, g_ref, h_ref, dh_ref, v_ref, do_ref, dq_ref, dk_ref, dl_ref, *, blk):
     """One chunk's gradients through the state from S_n (h), dS_{n+1} (dh) [K, V]: dq =
     (do S_n^T) e^G, dk = (v dS_{n+1}^T) e^{G_last - G}, and the G_last term of dG on the last
     row (0 elsewhere); K and V in blocks of ``blk``."""
@@ -127,8 +134,11 @@ def _state_path_kernel(k_ref, g_ref, h_ref, dh_ref, v_ref, do_ref, dq_ref, dk_re
             h, dh = h_ref[ck, cv], dh_ref[ck, cv]
             dqd += dot_nt(do_ref[:, cv], h.astype(cd))
             dkd += dot_nt(v_ref[:, cv], dh.astype(cd))
-            hdh += jnp.sum(jnp.sum(h.astype(f32) * dh.astype(f32), axis=1, keepdims=True),
-                           axis=0, keepdims=True)
+            hdh += jnp.sum(
+                jnp.sum(h.astype(f32) * dh.astype(f32), axis=1, keepdims=True),
+                axis=0,
+                keepdims=True,
+            )
         dk = dkd * jnp.exp(g_last - G)
         k_dk += jnp.sum(dk * k_ref[:, ck].astype(f32), axis=1, keepdims=True)
         dq_ref[:, ck] = (dqd * jnp.exp(G)).astype(dq_ref.dtype)
@@ -137,8 +147,25 @@ def _state_path_kernel(k_ref, g_ref, h_ref, dh_ref, v_ref, do_ref, dq_ref, dk_re
     dl_ref[...] = jnp.where(last, d_last, 0.0)
 
 
-def _score_path_kernel(q_ref, k_ref, g_ref, gr_ref, dh_ref, v_ref, do_ref, dqs_ref, dks_ref,
-                       dl_ref, dq_ref, dk_ref, dv_ref, dg_ref, *, blk, scale):
+def _score_path_kernel(
+    q_ref,
+    k_ref,
+    g_ref,
+    gr_ref,
+    dh_ref,
+    v_ref,
+    do_ref,
+    dqs_ref,
+    dks_ref,
+    dl_ref,
+    dq_ref,
+    dk_ref,
+    dv_ref,
+    dg_ref,
+    *,
+    blk,
+    scale,
+):
     """One chunk: adds the path through QK to the state path's dq, dk (dqs, dks) and forms dG
     (q.dq - k.dk + the G_last term dl) and dv = QK^T do + kd dS_{n+1}; stores dq times
     ``scale`` (q here is the scaled query)."""
@@ -180,15 +207,32 @@ def chunk_grads(cfg, q, k, G, h, dh, v, do, *, scale, dtypes):
     V, C, blk = v.shape[-1], cfg.chunk, cfg.chunk_block
     Gc = G[..., None]
     dqs, dks, dl = chunk_call(
-        cfg, functools.partial(_state_path_kernel, blk=blk),
+        cfg,
+        functools.partial(_state_path_kernel, blk=blk),
         [(k, K), (Gc, 1), (h, None), (dh, None), (v, V), (do, V)],
-        [(K, k.dtype), (K, k.dtype), (1, f32)], (B, T, H), name="linear_state_grads")
+        [(K, k.dtype), (K, k.dtype), (1, f32)],
+        (B, T, H),
+        name="linear_state_grads",
+    )
     dq, dk, dv, dG = chunk_call(
-        cfg, functools.partial(_score_path_kernel, blk=blk, scale=scale),
-        [(q, K), (k, K), (Gc, 1), (chunk_rows(G, C), None), (dh, None), (v, V), (do, V),
-         (dqs, K), (dks, K), (dl, 1)],
-        [(K, dtypes[0]), (K, dtypes[1]), (V, dtypes[2]), (1, f32)], (B, T, H),
-        name="linear_score_grads")
+        cfg,
+        functools.partial(_score_path_kernel, blk=blk, scale=scale),
+        [
+            (q, K),
+            (k, K),
+            (Gc, 1),
+            (chunk_rows(G, C), None),
+            (dh, None),
+            (v, V),
+            (do, V),
+            (dqs, K),
+            (dks, K),
+            (dl, 1),
+        ],
+        [(K, dtypes[0]), (K, dtypes[1]), (V, dtypes[2]), (1, f32)],
+        (B, T, H),
+        name="linear_score_grads",
+    )
     return dq, dk, dv, dG[..., 0]
 
 
@@ -196,6 +240,7 @@ _chunk_grads = _jit(chunk_grads, "scale", "dtypes")
 
 
 # ---------------------------------------------------------------- the op
+
 
 def _op(cfg, scale):
     """The custom_vjp op on padded inputs: (q, k, v, g [B, T, H], S0) -> (o, S_N)."""
@@ -222,32 +267,50 @@ def _op(cfg, scale):
             h = states(kc, vc, G, S0)[1]
         do = do.astype(qs.dtype)
         _, dh, dS0 = scan_backward(cfg, qs, None, None, None, G, do, dSN.astype(f32))
-        dq, dk, dv, dG = _chunk_grads(cfg, qs, kc, G, h, dh, vc, do, scale=scale,
-                                      dtypes=(q.dtype, k.dtype, v.dtype))
+        dq, dk, dv, dG = _chunk_grads(
+            cfg, qs, kc, G, h, dh, vc, do, scale=scale, dtypes=(q.dtype, k.dtype, v.dtype)
+        )
         return dq, dk, dv, reverse_chunk_cumsum(dG, C).astype(g.dtype), dS0
 
     op.defvjp(forward, bwd)
     return op
 
 
-def gated_linear_attention_pallas(q, k, v, g, *, scale=None, initial_state=None,
-                                  output_final_state=False,
-                                  settings: DecaySettings = DecaySettings()):
+def gated_linear_attention_pallas(
+    q,
+    k,
+    v,
+    g,
+    *,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    settings: DecaySettings = DecaySettings(),
+):
     """Same contract as ``gated_linear_attention`` for a decay per head (g [B, T, H]), as the
     kernels of the module docstring, launched as ``settings`` says (its ``impl`` is not read)."""
     if g.ndim != 3:
-        raise ValueError(f"gated_linear_attention_pallas takes a decay per head, g [B, T, H]; "
-                         f"got g of shape {g.shape} (a decay per key dimension: "
-                         f"gated_linear_attention_per_key_pallas)")
+        raise ValueError(
+            f"gated_linear_attention_pallas takes a decay per head, g [B, T, H]; "
+            f"got g of shape {g.shape} (a decay per key dimension: "
+            f"gated_linear_attention_per_key_pallas)"
+        )
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = settings.chunk_size
-    cfg = kernel_config(settings, B, H, K, V, num_warps=settings.num_warps,
-                        num_stages=settings.num_stages, chunk_warps=settings.chunk_warps,
-                        recompute=settings.recompute)
-    scale = K ** -0.5 if scale is None else float(scale)
+    cfg = kernel_config(
+        settings,
+        B,
+        H,
+        K,
+        V,
+        num_warps=settings.num_warps,
+        num_stages=settings.num_stages,
+        chunk_warps=settings.chunk_warps,
+        recompute=settings.recompute,
+    )
+    scale = K**-0.5 if scale is None else float(scale)
     pad = (-T) % C
-    S0 = (jnp.zeros((B, H, K, V), f32) if initial_state is None
-          else initial_state.astype(f32))
+    S0 = jnp.zeros((B, H, K, V), f32) if initial_state is None else initial_state.astype(f32)
     o, S = _op(cfg, scale)(*(pad_time(x, pad) for x in (q, k, v, g)), S0)
     return o[:, :T].astype(v.dtype), (S if output_final_state else None)

@@ -29,6 +29,7 @@ G is formed by one kernel (``common.chunk_local_cumsum_pallas``). Under one
 as ``kernels_pallas.linear_scan``: "triton" (grid (B, H, V/BV), a ``fori_loop`` over chunks)
 and "tpu" (grid (B, H, V/BV, N), the state in VMEM scratch, [B, H, T, X] arrays).
 """
+
 from __future__ import annotations
 
 import functools
@@ -58,6 +59,7 @@ from kernels_pallas.linear_scan.common import (
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
 
+
 def _decays(G):
     """e^G, e^{G_last - G} [C, K] and e^{G_last} [1, K] of a chunk's G [C, K] (fp32)."""
     last = jax.lax.broadcasted_iota(jnp.int32, G.shape, 0) == G.shape[0] - 1
@@ -75,8 +77,8 @@ def _fwd_chunk(ST, q, k, v, qk, G):
     eq, ek, a = _decays(G)
     o = None
     if q is not None:
-        o = dot_nt(_scaled(q, eq), ST.astype(k.dtype)) + dot(qk, v)      # [C, BV]
-    return o, a * ST + dot(v, _scaled(k, ek), trans_a=True)              # S^T [BV, K]
+        o = dot_nt(_scaled(q, eq), ST.astype(k.dtype)) + dot(qk, v)  # [C, BV]
+    return o, a * ST + dot(v, _scaled(k, ek), trans_a=True)  # S^T [BV, K]
 
 
 def _bwd_chunk(dST, q, G, do):
@@ -86,14 +88,15 @@ def _bwd_chunk(dST, q, G, do):
 
 # ---------------------------------------------------------------- sequential kernels
 
-def _fwd_loop(q_ref, k_ref, v_ref, qk_ref, g_ref, s0_ref, o_ref, sN_ref, *store, n_chunks,
-              chunk):
+
+def _fwd_loop(q_ref, k_ref, v_ref, qk_ref, g_ref, s0_ref, o_ref, sN_ref, *store, n_chunks, chunk):
     def body(n, ST):
         t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
         if store:
             store[0][n, :, :] = ST.astype(store[0].dtype)
-        o, ST = _fwd_chunk(ST, ref_rows(q_ref, t), k_ref[t, :], v_ref[t, :],
-                           ref_rows(qk_ref, t), g_ref[t, :])
+        o, ST = _fwd_chunk(
+            ST, ref_rows(q_ref, t), k_ref[t, :], v_ref[t, :], ref_rows(qk_ref, t), g_ref[t, :]
+        )
         if o_ref is not None:
             o_ref[t, :] = o.astype(o_ref.dtype)
         return ST
@@ -151,6 +154,7 @@ def _bwd_grid(q_ref, g_ref, do_ref, dsN_ref, dh_ref, ds0_ref, dS_scr, *, n_chunk
 
 # ---------------------------------------------------------------- chunk-parallel kernels
 
+
 def _outputs_kernel(q_ref, qk_ref, g_ref, h_ref, v_ref, o_ref, *, blk):
     """o = (q e^G) S_n + QK v of one chunk, from S_n^T (h) [V, K], ``blk`` value columns at a
     time."""
@@ -162,8 +166,9 @@ def _outputs_kernel(q_ref, qk_ref, g_ref, h_ref, v_ref, o_ref, *, blk):
         o_ref[:, cv] = o.astype(o_ref.dtype)
 
 
-def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, do_ref,
-                        dq_ref, dk_ref, dqk_ref, dg_ref, *, blk):
+def _state_grads_kernel(
+    q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, do_ref, dq_ref, dk_ref, dqk_ref, dg_ref, *, blk
+):
     """One chunk: dq, dk, dG through the state and dQK (lower triangle), from S_n^T (h) and
     dS_{n+1}^T (dh) [V, K], v and do; key and value columns in blocks of ``blk``:
 
@@ -174,9 +179,10 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, do_ref,
     cd = k_ref.dtype
     last = jax.lax.broadcasted_iota(jnp.int32, (C, 1), 0) == C - 1
     lower = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0) >= jax.lax.broadcasted_iota(
-        jnp.int32, (C, C), 1)
+        jnp.int32, (C, C), 1
+    )
     dqk = jnp.zeros((C, C), f32)
-    for cv in col_blocks(V, blk):               # first, so that dQK is not live in the rest
+    for cv in col_blocks(V, blk):  # first, so that dQK is not live in the rest
         dqk += dot_nt(do_ref[:, cv], v_ref[:, cv].astype(cd))
     dqk_ref[...] = jnp.where(lower, dqk, 0.0)
     for ck in col_blocks(K, blk):
@@ -209,6 +215,7 @@ def _values_grad_kernel(k_ref, qk_ref, g_ref, dh_ref, do_ref, dv_ref, *, blk):
 
 # ---------------------------------------------------------------- launchers
 
+
 def _per_token(cfg, xs):
     """[B, T, H, X] -> the kernels' layout ([B, H, T, X] for "tpu")."""
     return [jnp.swapaxes(x, 1, 2) if cfg.layout == "tpu" else x for x in xs]
@@ -238,25 +245,29 @@ def scan_forward(cfg, q, k, v, qk, G, S0T, *, store=False):
     out_shape = [jax.ShapeDtypeStruct((B, H, V, K), f32)]
     outs = [s["state"]]
     if outputs:
-        out_shape.insert(0, jax.ShapeDtypeStruct((B, H, T, V) if tpu else (B, T, H, V),
-                                                 v.dtype))
+        out_shape.insert(0, jax.ShapeDtypeStruct((B, H, T, V) if tpu else (B, T, H, V), v.dtype))
         outs.insert(0, s["seq_v"])
     if store:
         out_shape.append(_chunk_states(cfg, (B, N, H, V, K), k.dtype))
         outs.append(s["chunks"])
     if tpu:
         from jax.experimental.pallas import tpu as pltpu
+
         kernel = functools.partial(_fwd_grid, n_chunks=N, store=store)
         scratch = {"scratch_shapes": [pltpu.VMEM((cfg.block_v, K), f32)]}
     else:
         kernel, scratch = functools.partial(_fwd_loop, n_chunks=N, chunk=C), {}
-    ins = [(q, s["seq"](K)), (k, s["seq"](K)), (v, s["seq_v"]), (qk, s["seq"](C)),
-           (G, s["seq"](K))]
+    ins = [(q, s["seq"](K)), (k, s["seq"](K)), (v, s["seq_v"]), (qk, s["seq"](C)), (G, s["seq"](K))]
     res = pl.pallas_call(
-        with_absent(kernel, [x is not None for x, _ in ins] + [True, outputs]), grid=s["grid"],
+        with_absent(kernel, [x is not None for x, _ in ins] + [True, outputs]),
+        grid=s["grid"],
         in_specs=[sp for x, sp in ins if x is not None] + [s["state"]],
-        out_specs=outs, out_shape=out_shape, interpret=cfg.interpret,
-        name="gla_scan_fwd", **scratch, **compiler_params(cfg),
+        out_specs=outs,
+        out_shape=out_shape,
+        interpret=cfg.interpret,
+        name="gla_scan_fwd",
+        **scratch,
+        **compiler_params(cfg),
     )(*_per_token(cfg, [x for x, _ in ins if x is not None]), S0T)
     res = list(res)
     o = _per_token(cfg, [res.pop(0)])[0] if outputs else None
@@ -271,17 +282,24 @@ def scan_backward(cfg, q, G, do, dSNT):
     N, s = T // C, scan_specs(cfg, B, H, T, K, V, reverse=True, transposed=True)
     if cfg.layout == "tpu":
         from jax.experimental.pallas import tpu as pltpu
+
         kernel = functools.partial(_bwd_grid, n_chunks=N)
         scratch = {"scratch_shapes": [pltpu.VMEM((cfg.block_v, K), f32)]}
     else:
         kernel, scratch = functools.partial(_bwd_loop, n_chunks=N, chunk=C), {}
     dh, dS0 = pl.pallas_call(
-        kernel, grid=s["grid"],
+        kernel,
+        grid=s["grid"],
         in_specs=[s["seq"](K), s["seq"](K), s["seq_v"], s["state"]],
         out_specs=[s["chunks"], s["state"]],
-        out_shape=[_chunk_states(cfg, (B, N, H, V, K), f32),
-                   jax.ShapeDtypeStruct((B, H, V, K), f32)],
-        interpret=cfg.interpret, name="gla_scan_bwd", **scratch, **compiler_params(cfg),
+        out_shape=[
+            _chunk_states(cfg, (B, N, H, V, K), f32),
+            jax.ShapeDtypeStruct((B, H, V, K), f32),
+        ],
+        interpret=cfg.interpret,
+        name="gla_scan_bwd",
+        **scratch,
+        **compiler_params(cfg),
     )(*_per_token(cfg, (q, G, do)), dSNT)
     return _to_bnhvk(cfg, dh), dS0
 
@@ -291,9 +309,14 @@ def chunk_outputs(cfg, q, qk, G, hT, v):
     K])."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    (o,) = chunk_call(cfg, functools.partial(_outputs_kernel, blk=cfg.chunk_block),
-                      [(q, K), (qk, cfg.chunk), (G, K), (hT, None), (v, V)], [(V, v.dtype)],
-                      (B, T, H), name="gla_scan_out")
+    (o,) = chunk_call(
+        cfg,
+        functools.partial(_outputs_kernel, blk=cfg.chunk_block),
+        [(q, K), (qk, cfg.chunk), (G, K), (hT, None), (v, V)],
+        [(V, v.dtype)],
+        (B, T, H),
+        name="gla_scan_out",
+    )
     return o
 
 
@@ -304,16 +327,26 @@ def state_grads(cfg, q, k, G, hT, dhT, v, qk, do, dv_dtype):
     B, T, H, K = q.shape
     V, C, blk = v.shape[-1], cfg.chunk, cfg.chunk_block
     dq, dk, dqk, dG = chunk_call(
-        cfg, functools.partial(_state_grads_kernel, blk=blk),
+        cfg,
+        functools.partial(_state_grads_kernel, blk=blk),
         [(q, K), (k, K), (G, K), (hT, None), (dhT, None), (v, V), (do, V)],
-        [(K, f32), (K, f32), (C, f32), (K, f32)], (B, T, H), name="gla_state_grads")
-    (dv,) = chunk_call(cfg, functools.partial(_values_grad_kernel, blk=blk),
-                       [(k, K), (qk, C), (G, K), (dhT, None), (do, V)], [(V, dv_dtype)], (B, T, H),
-                       name="gla_values_grad")
+        [(K, f32), (K, f32), (C, f32), (K, f32)],
+        (B, T, H),
+        name="gla_state_grads",
+    )
+    (dv,) = chunk_call(
+        cfg,
+        functools.partial(_values_grad_kernel, blk=blk),
+        [(k, K), (qk, C), (G, K), (dhT, None), (do, V)],
+        [(V, dv_dtype)],
+        (B, T, H),
+        name="gla_values_grad",
+    )
     return dq, dk, dv, dG, dqk
 
 
 # ---------------------------------------------------------------- the op
+
 
 def _op(cfg, scale):
     """The custom_vjp op on padded inputs: (q, k, v, g [B, T, H, K], S0^T) -> (o, S_N^T)."""
@@ -351,34 +384,57 @@ def _op(cfg, scale):
         do = do.astype(qs.dtype)
         dhT, dS0T = scan_backward(cfg, qs, G, do, dSNT.astype(f32))
         dq, dk, dv, dG, dqk = state_grads(cfg, qs, kc, G, hT, dhT, vc, qk, do, v.dtype)
-        dq, dk, dg = intra_grads(cfg, qs, kc, G, dqk, dq, dk, dG, scale=scale,
-                                 dtypes=(q.dtype, k.dtype, g.dtype))
+        dq, dk, dg = intra_grads(
+            cfg, qs, kc, G, dqk, dq, dk, dG, scale=scale, dtypes=(q.dtype, k.dtype, g.dtype)
+        )
         return dq, dk, dv, dg, dS0T
 
     op.defvjp(forward, bwd)
     return op
 
 
-def gated_linear_attention_per_key_pallas(q, k, v, g, *, scale=None, initial_state=None,
-                                          output_final_state=False,
-                                          settings: DecaySettings = DecaySettings()):
+def gated_linear_attention_per_key_pallas(
+    q,
+    k,
+    v,
+    g,
+    *,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    settings: DecaySettings = DecaySettings(),
+):
     """Same contract as ``gated_linear_attention`` for a decay per key dimension (g [B, T, H,
     K]), as the kernels of the module docstring, launched as ``settings`` says."""
     B, T, H, K = q.shape
     if g.shape != (B, T, H, K):
-        raise ValueError(f"gated_linear_attention_per_key_pallas takes a decay per key "
-                         f"dimension, g [B, T, H, K] = {(B, T, H, K)}; got {g.shape}")
+        raise ValueError(
+            f"gated_linear_attention_per_key_pallas takes a decay per key "
+            f"dimension, g [B, T, H, K] = {(B, T, H, K)}; got {g.shape}"
+        )
     V = v.shape[-1]
     C = settings.chunk_size
     # num_stages None: 2, not the grid's rule of the scans with a decay per head (three
     # stages have not been timed on these kernels)
     stages = 2 if settings.num_stages is None else settings.num_stages
-    cfg = kernel_config(settings, B, H, K, V, num_warps=settings.num_warps,
-                        num_stages=stages, chunk_warps=settings.chunk_warps,
-                        intra_block=settings.intra_block, recompute=settings.recompute)
-    scale = K ** -0.5 if scale is None else float(scale)
+    cfg = kernel_config(
+        settings,
+        B,
+        H,
+        K,
+        V,
+        num_warps=settings.num_warps,
+        num_stages=stages,
+        chunk_warps=settings.chunk_warps,
+        intra_block=settings.intra_block,
+        recompute=settings.recompute,
+    )
+    scale = K**-0.5 if scale is None else float(scale)
     pad = (-T) % C
-    S0T = (jnp.zeros((B, H, V, K), f32) if initial_state is None
-           else jnp.swapaxes(initial_state.astype(f32), -1, -2))
+    S0T = (
+        jnp.zeros((B, H, V, K), f32)
+        if initial_state is None
+        else jnp.swapaxes(initial_state.astype(f32), -1, -2)
+    )
     o, SNT = _op(cfg, scale)(*(pad_time(x, pad) for x in (q, k, v, g)), S0T)
     return o[:, :T].astype(v.dtype), (jnp.swapaxes(SNT, -1, -2) if output_final_state else None)

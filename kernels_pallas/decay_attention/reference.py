@@ -7,6 +7,7 @@ against. For each token t of one head, with the state ``h`` [K, V] (fla's layout
 ``g_t`` is the log decay (<= 0): per key dimension, or one value per head (a scalar decay,
 the same in every key dimension). All arithmetic is fp32; outputs in v's dtype.
 """
+
 from __future__ import annotations
 
 import jax
@@ -32,7 +33,7 @@ def gated_linear_attention_step(q_t, k_t, v_t, g_t, state, *, scale=None):
       (o_t [B, H, V] in v_t's dtype, new state [B, H, K, V] fp32).
     """
     K = q_t.shape[-1]
-    scale = K ** -0.5 if scale is None else scale
+    scale = K**-0.5 if scale is None else scale
     f32 = jnp.float32
     g = per_key(g_t, K, token_axis=False)
     h = state.astype(f32) * jnp.exp(g)[..., None]
@@ -41,8 +42,9 @@ def gated_linear_attention_step(q_t, k_t, v_t, g_t, state, *, scale=None):
     return o.astype(v_t.dtype), h
 
 
-def gated_linear_attention_recurrent(q, k, v, g, *, scale=None, initial_state=None,
-                                     output_final_state=False):
+def gated_linear_attention_recurrent(
+    q, k, v, g, *, scale=None, initial_state=None, output_final_state=False
+):
     """``lax.scan`` over tokens of :func:`gated_linear_attention_step`.
 
     Shapes as fla: q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H] or [B, T, H, K]; state
@@ -50,8 +52,11 @@ def gated_linear_attention_recurrent(q, k, v, g, *, scale=None, initial_state=No
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
-    h0 = (jnp.zeros((B, H, K, V), jnp.float32) if initial_state is None
-          else initial_state.astype(jnp.float32))
+    h0 = (
+        jnp.zeros((B, H, K, V), jnp.float32)
+        if initial_state is None
+        else initial_state.astype(jnp.float32)
+    )
     g = per_key(g, K, token_axis=True)
 
     def body(h, xs):

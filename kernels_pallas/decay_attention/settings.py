@@ -1,4 +1,5 @@
 """``DecaySettings``: how ``gated_linear_attention`` runs, as one frozen value."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,6 +28,7 @@ class DecaySettings(KernelSettings):
     scores' factored kernels (``intra_key``); recompute: save only the inputs for the backward
     and rerun the forward's state scan there.
     """
+
     chunk_size: int = 64
     block_v: int | None = None
     num_warps: int = 4
@@ -42,5 +44,10 @@ class DecaySettings(KernelSettings):
 
     def __post_init__(self):
         super().__post_init__()
-        self.require_positive("chunk_size", "num_warps", "chunk_warps", "intra_block",
-                              optional=("block_v", "num_stages"))
+        self.require_positive(
+            "chunk_size",
+            "num_warps",
+            "chunk_warps",
+            "intra_block",
+            optional=("block_v", "num_stages"),
+        )

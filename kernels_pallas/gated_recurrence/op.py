@@ -1,6 +1,7 @@
 """``gated_recurrence``: the public entry, which checks shapes and runs the implementation its
 ``GatedRecurrenceSettings`` choose; under ``kernel_mesh`` the Pallas kernels run per device
 shard (rows over the batch axes, channels over the tensor axis where it divides them)."""
+
 from __future__ import annotations
 
 from kernels_pallas import dispatch, sharding
@@ -12,8 +13,14 @@ from kernels_pallas.gated_recurrence.reference import (
 from kernels_pallas.gated_recurrence.settings import GatedRecurrenceSettings
 
 
-def gated_recurrence(a, b, *, initial_state=None, output_final_state=False,
-                     settings: GatedRecurrenceSettings | None = None):
+def gated_recurrence(
+    a,
+    b,
+    *,
+    initial_state=None,
+    output_final_state=False,
+    settings: GatedRecurrenceSettings | None = None,
+):
     """h_t = a_t * h_{t-1} + b_t per channel (HGRN's recurrence).
 
     Args:
@@ -25,11 +32,14 @@ def gated_recurrence(a, b, *, initial_state=None, output_final_state=False,
     """
     settings = GatedRecurrenceSettings() if settings is None else settings
     if a.ndim != 3 or b.shape != a.shape:
-        raise ValueError(f"gated_recurrence: a and b must be [B, T, D] of one shape, got "
-                         f"{a.shape} and {b.shape}")
+        raise ValueError(
+            f"gated_recurrence: a and b must be [B, T, D] of one shape, got {a.shape} and {b.shape}"
+        )
     if initial_state is not None and initial_state.shape != (a.shape[0], a.shape[2]):
-        raise ValueError(f"gated_recurrence: initial_state must be [B, D]="
-                         f"{(a.shape[0], a.shape[2])}, got {initial_state.shape}")
+        raise ValueError(
+            f"gated_recurrence: initial_state must be [B, D]="
+            f"{(a.shape[0], a.shape[2])}, got {initial_state.shape}"
+        )
     impl = dispatch.record(settings, settings.choose())
     kw = dict(initial_state=initial_state, output_final_state=output_final_state)
     if impl == "recurrent":
@@ -47,8 +57,9 @@ def gated_recurrence(a, b, *, initial_state=None, output_final_state=False,
         specs.append(st)
 
     def local(a, b, h0=None):
-        h, s = gated_recurrence_pallas(a, b, initial_state=h0,
-                                       output_final_state=output_final_state, settings=settings)
+        h, s = gated_recurrence_pallas(
+            a, b, initial_state=h0, output_final_state=output_final_state, settings=settings
+        )
         return (h, s) if output_final_state else h
 
     out = sharding.per_shard(local, km, tuple(specs), (x, st) if output_final_state else x)(*args)

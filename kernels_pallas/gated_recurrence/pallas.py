@@ -23,6 +23,7 @@ are the same for Triton and Mosaic TPU; arrays stay [B, T, D], the chunk summari
 This is fla's chunk_hgrn design (a row loop per chunk, then a pass across chunks) with the
 cross-chunk pass as a scan over chunk summaries instead of a sequential kernel.
 """
+
 from __future__ import annotations
 
 import functools
@@ -93,40 +94,66 @@ def _call(kernel, ins, outs, *, B, T, D, chunk, block_d, lay, interpret, num_war
     """pallas_call over grid (B, N, D / BD). ins / outs: (array or dtype, kind) with kind "tok"
     ([B, T, D], one [C, BD] block) or "chunk" ([B, N, 1, D], one [1, BD] block)."""
     N, sq = T // chunk, pl.squeezed
-    spec = {"tok": pl.BlockSpec((sq, chunk, block_d), lambda b, n, d: (b, n, d)),
-            "chunk": pl.BlockSpec((sq, sq, 1, block_d), lambda b, n, d: (b, n, 0, d))}
+    spec = {
+        "tok": pl.BlockSpec((sq, chunk, block_d), lambda b, n, d: (b, n, d)),
+        "chunk": pl.BlockSpec((sq, sq, 1, block_d), lambda b, n, d: (b, n, 0, d)),
+    }
     shape = {"tok": (B, T, D), "chunk": (B, N, 1, D)}
     if interpret is not False and lay == "triton":
         params = {}
     elif lay == "tpu":
         from jax.experimental.pallas import tpu as pltpu
-        params = {"compiler_params": pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel"))}
+
+        params = {
+            "compiler_params": pltpu.CompilerParams(
+                dimension_semantics=("parallel", "parallel", "parallel")
+            )
+        }
     else:
         from jax.experimental.pallas import triton as plgpu
+
         params = {"compiler_params": plgpu.CompilerParams(num_warps=num_warps, num_stages=1)}
     return pl.pallas_call(
-        functools.partial(kernel, chunk=chunk), grid=(B, N, D // block_d),
-        in_specs=[spec[k] for _, k in ins], out_specs=[spec[k] for _, k in outs],
+        functools.partial(kernel, chunk=chunk),
+        grid=(B, N, D // block_d),
+        in_specs=[spec[k] for _, k in ins],
+        out_specs=[spec[k] for _, k in outs],
         out_shape=[jax.ShapeDtypeStruct(shape[k], dt) for dt, k in outs],
-        interpret=interpret, name=name, **params,
+        interpret=interpret,
+        name=name,
+        **params,
     )(*(x for x, _ in ins))
 
 
 def _op(launch, b_dtype):
     """The custom_vjp op on padded inputs: (a, b [B, T, D], h0 [B, D] fp32) -> (h fp32, h_T);
     ``b_dtype``: b's dtype, that of its gradient."""
+
     def call(kernel, ins, outs, name, B, T, D):
         return _call(kernel, ins, outs, B=B, T=T, D=D, name=name, **launch)
 
     def forward(a, b, h0):
         B, T, D = a.shape
-        P, L = call(_fwd_summary_kernel, [(a, "tok"), (b, "tok")],
-                    [(f32, "chunk"), (f32, "chunk")], "hgrn_fwd_summary", B, T, D)
+        P, L = call(
+            _fwd_summary_kernel,
+            [(a, "tok"), (b, "tok")],
+            [(f32, "chunk"), (f32, "chunk")],
+            "hgrn_fwd_summary",
+            B,
+            T,
+            D,
+        )
         ends, _ = gated_recurrence_scan(P[:, :, 0], L[:, :, 0], initial_state=h0)
-        c = jnp.concatenate([h0[:, None], ends[:, :-1]], axis=1)          # [B, N, D]
-        (h,) = call(_fwd_walk_kernel, [(a, "tok"), (b, "tok"), (c[:, :, None], "chunk")],
-                    [(f32, "tok")], "hgrn_fwd", B, T, D)
+        c = jnp.concatenate([h0[:, None], ends[:, :-1]], axis=1)  # [B, N, D]
+        (h,) = call(
+            _fwd_walk_kernel,
+            [(a, "tok"), (b, "tok"), (c[:, :, None], "chunk")],
+            [(f32, "tok")],
+            "hgrn_fwd",
+            B,
+            T,
+            D,
+        )
         return (h, ends[:, -1]), (a, h, c)
 
     @jax.custom_vjp
@@ -138,22 +165,48 @@ def _op(launch, b_dtype):
         do, dS = cts
         B, T, D = a.shape
         do = do.astype(f32)
-        P, s = call(_bwd_summary_kernel, [(a, "tok"), (do, "tok")],
-                    [(f32, "chunk"), (f32, "chunk")], "hgrn_bwd_summary", B, T, D)
-        ends, _ = gated_recurrence_scan(jnp.flip(P[:, :, 0], 1), jnp.flip(s[:, :, 0], 1),
-                                        initial_state=dS.astype(f32))
+        P, s = call(
+            _bwd_summary_kernel,
+            [(a, "tok"), (do, "tok")],
+            [(f32, "chunk"), (f32, "chunk")],
+            "hgrn_bwd_summary",
+            B,
+            T,
+            D,
+        )
+        ends, _ = gated_recurrence_scan(
+            jnp.flip(P[:, :, 0], 1), jnp.flip(s[:, :, 0], 1), initial_state=dS.astype(f32)
+        )
         e = jnp.flip(jnp.concatenate([dS.astype(f32)[:, None], ends[:, :-1]], axis=1), 1)
-        da, db = call(_bwd_walk_kernel, [(a, "tok"), (do, "tok"), (h, "tok"),
-                                         (c[:, :, None], "chunk"), (e[:, :, None], "chunk")],
-                      [(a.dtype, "tok"), (b_dtype, "tok")], "hgrn_bwd", B, T, D)
+        da, db = call(
+            _bwd_walk_kernel,
+            [
+                (a, "tok"),
+                (do, "tok"),
+                (h, "tok"),
+                (c[:, :, None], "chunk"),
+                (e[:, :, None], "chunk"),
+            ],
+            [(a.dtype, "tok"), (b_dtype, "tok")],
+            "hgrn_bwd",
+            B,
+            T,
+            D,
+        )
         return da, db, ends[:, -1]
 
     op.defvjp(forward, bwd)
     return op
 
 
-def gated_recurrence_pallas(a, b, *, initial_state=None, output_final_state=False,
-                            settings: GatedRecurrenceSettings = GatedRecurrenceSettings()):
+def gated_recurrence_pallas(
+    a,
+    b,
+    *,
+    initial_state=None,
+    output_final_state=False,
+    settings: GatedRecurrenceSettings = GatedRecurrenceSettings(),
+):
     """Same contract as ``gated_recurrence``, as the kernels of the module docstring, launched
     as ``settings`` says (its ``impl`` is not read)."""
     B, T, D = a.shape
@@ -161,20 +214,26 @@ def gated_recurrence_pallas(a, b, *, initial_state=None, output_final_state=Fals
     C = settings.chunk_size
     bd = math.gcd(D, settings.block_d)
     if lay == "tpu" and bd % 128 and bd != D:
-        raise ValueError(f"gated_recurrence(impl='pallas') on TPU needs block_d a multiple of "
-                         f"128 dividing D={D} (or D itself); block_d={settings.block_d} gives "
-                         f"{bd} channels a program")
+        raise ValueError(
+            f"gated_recurrence(impl='pallas') on TPU needs block_d a multiple of "
+            f"128 dividing D={D} (or D itself); block_d={settings.block_d} gives "
+            f"{bd} channels a program"
+        )
     if lay == "tpu" and C % 8:
-        raise ValueError(f"gated_recurrence(impl='pallas') on TPU needs chunk_size a multiple of "
-                         f"8, got {C}")
+        raise ValueError(
+            f"gated_recurrence(impl='pallas') on TPU needs chunk_size a multiple of 8, got {C}"
+        )
     if lay == "triton" and settings.interpret is False and not (pow2(C) and pow2(bd)):
-        raise ValueError(f"gated_recurrence(impl='pallas') on GPU needs chunk_size and the "
-                         f"channels a program takes (gcd(D={D}, block_d={settings.block_d}) = "
-                         f"{bd}) powers of two, got chunk_size={C}")
+        raise ValueError(
+            f"gated_recurrence(impl='pallas') on GPU needs chunk_size and the "
+            f"channels a program takes (gcd(D={D}, block_d={settings.block_d}) = "
+            f"{bd}) powers of two, got chunk_size={C}"
+        )
     h0 = jnp.zeros((B, D), f32) if initial_state is None else initial_state.astype(f32)
     pad = (-T) % C
     a_p = a if pad == 0 else jnp.pad(a, ((0, 0), (0, pad), (0, 0)), constant_values=1)
-    launch = dict(chunk=C, block_d=bd, lay=lay, interpret=settings.interpret,
-                  num_warps=settings.num_warps)
+    launch = dict(
+        chunk=C, block_d=bd, lay=lay, interpret=settings.interpret, num_warps=settings.num_warps
+    )
     h, hT = _op(launch, b.dtype)(a_p, pad_time(b, pad), h0)
     return h[:, :T], (hT if output_final_state else None)

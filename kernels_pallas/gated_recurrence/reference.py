@@ -6,6 +6,7 @@
 whose composition (a1, b1) then (a2, b2) is (a1 a2, a2 b1 + b2), so the prefix up to t is
 (A_t, B_t) with h_t = A_t h_0 + B_t: log T sweeps over the sequence instead of T steps.
 """
+
 from __future__ import annotations
 
 import jax
@@ -20,8 +21,11 @@ def gated_recurrence_step(a_t, b_t, state):
 
 def _initial(a, initial_state):
     B, _, C = a.shape
-    return (jnp.zeros((B, C), jnp.float32) if initial_state is None
-            else initial_state.astype(jnp.float32))
+    return (
+        jnp.zeros((B, C), jnp.float32)
+        if initial_state is None
+        else initial_state.astype(jnp.float32)
+    )
 
 
 def gated_recurrence_recurrent(a, b, *, initial_state=None, output_final_state=False):

@@ -1,4 +1,5 @@
 """``GatedRecurrenceSettings``: how ``gated_recurrence`` runs, as one frozen value."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,6 +19,7 @@ class GatedRecurrenceSettings(KernelSettings):
     block_d: channels a program takes (a power of two for Triton; a multiple of 128, or all
     channels, for Mosaic TPU); num_warps: the kernels' launch on GPU.
     """
+
     chunk_size: int = 64
     block_d: int = 128
     num_warps: int = 4

@@ -21,6 +21,7 @@ T is formed by block forward substitution (``unit_lower_inverse``): matmuls only
 elimination (no power series), and no LAPACK triangular solve, whose XLA:CPU custom call
 waits on a shared thread pool and deadlocked multi-device CPU programs.
 """
+
 from __future__ import annotations
 
 import jax
@@ -45,17 +46,17 @@ def unit_lower_inverse(A, base: int = 16):
     """
     C = A.shape[-1]
     base = min(base, C)
-    nb = 1 << max(0, (-(-C // base) - 1).bit_length())      # blocks, a power of 2
+    nb = 1 << max(0, (-(-C // base) - 1).bit_length())  # blocks, a power of 2
     P = nb * base
     if P != C:
         A = jnp.pad(A, [(0, 0)] * (A.ndim - 2) + [(0, P - C), (0, P - C)])
     lead = A.shape[:-2]
     # [..., nb, nb, base, base]: (block row, block column, row, column)
     Ab = jnp.swapaxes(A.reshape(*lead, nb, base, nb, base), -3, -2)
-    D = jnp.moveaxis(jnp.diagonal(Ab, axis1=-4, axis2=-3), -1, -3)    # [..., nb, base, base]
+    D = jnp.moveaxis(jnp.diagonal(Ab, axis1=-4, axis2=-3), -1, -3)  # [..., nb, base, base]
     X = jnp.broadcast_to(jnp.eye(base, dtype=A.dtype), D.shape)
 
-    def substitute(i, X):             # row i = e_i - D_i X (D_ij = 0 for j >= i: strictly lower)
+    def substitute(i, X):  # row i = e_i - D_i X (D_ij = 0 for j >= i: strictly lower)
         d = jax.lax.dynamic_index_in_dim(D, i, axis=-2, keepdims=False)
         row = jax.lax.dynamic_index_in_dim(X, i, axis=-2, keepdims=False)
         row = row - jnp.einsum("...j,...jk->...k", d, X, precision=_HI)
@@ -86,21 +87,23 @@ def wy_representation(k, v, beta, g_cum):
     strict = jnp.tril(jnp.ones((C, C), bool), -1)
     decay = jnp.exp(jnp.where(strict, diff, _NEG))
     kk = jnp.einsum("...ik,...jk->...ij", k, k, precision=_HI)
-    A = beta[..., :, None] * kk * decay                       # strictly lower
+    A = beta[..., :, None] * kk * decay  # strictly lower
     Tinv = unit_lower_inverse(A)
     u = jnp.einsum("...ij,...jv->...iv", Tinv, beta[..., None] * v, precision=_HI)
-    w = jnp.einsum("...ij,...jk->...ik", Tinv, (beta * jnp.exp(g_cum))[..., None] * k,
-                   precision=_HI)
+    w = jnp.einsum(
+        "...ij,...jk->...ik", Tinv, (beta * jnp.exp(g_cum))[..., None] * k, precision=_HI
+    )
     return w, u
 
 
-def gated_delta_rule_chunk_reference(q, k, v, g, beta, *, scale=None, initial_state=None,
-                                     output_final_state=False, chunk_size=64):
+def gated_delta_rule_chunk_reference(
+    q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64
+):
     """Chunked GDN; same signature and layout as the recurrent reference."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = chunk_size
-    scale = K ** -0.5 if scale is None else scale
+    scale = K**-0.5 if scale is None else scale
     f32 = jnp.float32
     out_dtype = v.dtype
     pad = (-T) % C
@@ -115,7 +118,7 @@ def gated_delta_rule_chunk_reference(q, k, v, g, beta, *, scale=None, initial_st
         return jnp.transpose(x, (1, 0, 3, 2, 4))
 
     qc, kc, vc = chunks(q * scale), chunks(k), chunks(v)
-    bc, gc = chunks(beta)[..., 0], chunks(g_cum)[..., 0]      # [N, B, H, C]
+    bc, gc = chunks(beta)[..., 0], chunks(g_cum)[..., 0]  # [N, B, H, C]
     w, u = wy_representation(kc, vc, bc, gc)
 
     C_idx = jnp.arange(C)
@@ -129,14 +132,15 @@ def gated_delta_rule_chunk_reference(q, k, v, g, beta, *, scale=None, initial_st
     def body(S, xs):
         w_n, u_n, qk_n, q_dec_n, k_dec_n, g_last_n = xs
         v_new = u_n - jnp.einsum("bhck,bhkv->bhcv", w_n, S, precision=_HI)
-        o = (jnp.einsum("bhck,bhkv->bhcv", q_dec_n, S, precision=_HI)
-             + jnp.einsum("bhij,bhjv->bhiv", qk_n, v_new, precision=_HI))
-        S = (jnp.exp(g_last_n)[..., None] * S
-             + jnp.einsum("bhck,bhcv->bhkv", k_dec_n, v_new, precision=_HI))
+        o = jnp.einsum("bhck,bhkv->bhcv", q_dec_n, S, precision=_HI) + jnp.einsum(
+            "bhij,bhjv->bhiv", qk_n, v_new, precision=_HI
+        )
+        S = jnp.exp(g_last_n)[..., None] * S + jnp.einsum(
+            "bhck,bhcv->bhkv", k_dec_n, v_new, precision=_HI
+        )
         return S, o
 
-    S0 = (jnp.zeros((B, H, K, V), f32) if initial_state is None
-          else initial_state.astype(f32))
+    S0 = jnp.zeros((B, H, K, V), f32) if initial_state is None else initial_state.astype(f32)
     S, o = jax.lax.scan(body, S0, (w, u, qk, q_dec, k_dec, g_last))
     o = jnp.transpose(o, (1, 0, 3, 2, 4)).reshape(B, Tp, H, V)[:, :T]
     return o.astype(out_dtype), (S if output_final_state else None)

@@ -1,6 +1,7 @@
 """``gated_delta_rule`` and ``gated_delta_rule_step``: the public entries, which check shapes
 and run the implementation their ``GDNSettings`` choose; under ``kernel_mesh`` the chunked
 Pallas kernels run per device shard."""
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -27,12 +28,24 @@ def _check_shapes(q, k, v, g, beta, initial_state):
         if x is not None and x.shape != (B, T, H):
             raise ValueError(f"gated_delta_rule: {name} must be [B,T,H]={(B, T, H)}, got {x.shape}")
     if initial_state is not None and initial_state.shape != (B, H, K, v.shape[-1]):
-        raise ValueError(f"gated_delta_rule: initial_state must be [B,H,K,V]="
-                         f"{(B, H, K, v.shape[-1])}, got {initial_state.shape}")
+        raise ValueError(
+            f"gated_delta_rule: initial_state must be [B,H,K,V]="
+            f"{(B, H, K, v.shape[-1])}, got {initial_state.shape}"
+        )
 
 
-def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
-                     output_final_state=False, settings: GDNSettings | None = None):
+def gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    settings: GDNSettings | None = None,
+):
     """Gated delta rule over a sequence, fla layout.
 
     Args:
@@ -54,8 +67,9 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
     if impl == "recurrent":
         return gated_delta_rule_recurrent(q, k, v, g, beta, **kw)
     if impl == "chunk_reference":
-        return gated_delta_rule_chunk_reference(q, k, v, g, beta,
-                                                chunk_size=settings.chunk_size, **kw)
+        return gated_delta_rule_chunk_reference(
+            q, k, v, g, beta, chunk_size=settings.chunk_size, **kw
+        )
     km = sharding.current()
     if km is None:
         return gated_delta_rule_pallas(q, k, v, g, beta, settings=settings, **kw)
@@ -66,25 +80,38 @@ def _pallas_per_shard(km, q, k, v, g, beta, *, initial_state, output_final_state
     """The Pallas kernels on each device's rows and heads (``kernels_pallas.sharding``)."""
     b, h = km.batch_spec(q.shape[0]), km.head_spec(q.shape[2])
     x4, x3, st = sharding.P(b, None, h, None), sharding.P(b, None, h), sharding.P(b, h, None, None)
-    named = {"q": (q, x4), "k": (k, x4), "v": (v, x4), "g": (g, x3), "beta": (beta, x3),
-             "initial_state": (initial_state, st)}
-    names = [n for n, (x, _) in named.items() if x is not None]   # g None: no decay
+    named = {
+        "q": (q, x4),
+        "k": (k, x4),
+        "v": (v, x4),
+        "g": (g, x3),
+        "beta": (beta, x3),
+        "initial_state": (initial_state, st),
+    }
+    names = [n for n, (x, _) in named.items() if x is not None]  # g None: no decay
 
     def local(*args):
         a = dict(zip(names, args))
-        o, s = gated_delta_rule_pallas(a["q"], a["k"], a["v"], a.get("g"), a["beta"],
-                                       initial_state=a.get("initial_state"),
-                                       output_final_state=output_final_state, **kw)
+        o, s = gated_delta_rule_pallas(
+            a["q"],
+            a["k"],
+            a["v"],
+            a.get("g"),
+            a["beta"],
+            initial_state=a.get("initial_state"),
+            output_final_state=output_final_state,
+            **kw,
+        )
         return (o, s) if output_final_state else o
 
     args, specs = [named[n][0] for n in names], [named[n][1] for n in names]
-    out = sharding.per_shard(local, km, tuple(specs), (x4, st) if output_final_state else x4)(
-        *args)
+    out = sharding.per_shard(local, km, tuple(specs), (x4, st) if output_final_state else x4)(*args)
     return out if output_final_state else (out, None)
 
 
-def gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, *, scale=None,
-                          settings: GDNSettings | None = None):
+def gated_delta_rule_step(
+    q_t, k_t, v_t, g_t, beta_t, state, *, scale=None, settings: GDNSettings | None = None
+):
     """One decode step: q_t, k_t [B, H, K]; v_t [B, H, V]; g_t, beta_t [B, H]; state
     [B, H, K, V] fp32 -> (o_t [B, H, V] in v_t's dtype, new state fp32).
 
@@ -97,19 +124,34 @@ def gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, *, scale=None,
     B, H, K = q_t.shape
     V = v_t.shape[-1]
     if k_t.shape != q_t.shape or v_t.shape[:2] != (B, H) or state.shape != (B, H, K, V):
-        raise ValueError(f"gated_delta_rule_step: q, k [B,H,K], v [B,H,V], state [B,H,K,V] "
-                         f"expected, got q {q_t.shape}, k {k_t.shape}, v {v_t.shape}, state "
-                         f"{state.shape}")
+        raise ValueError(
+            f"gated_delta_rule_step: q, k [B,H,K], v [B,H,V], state [B,H,K,V] "
+            f"expected, got q {q_t.shape}, k {k_t.shape}, v {v_t.shape}, state "
+            f"{state.shape}"
+        )
     for name, x in (("g", g_t), ("beta", beta_t)):
         if x.shape != (B, H):
-            raise ValueError(f"gated_delta_rule_step: {name} must be [B,H]={(B, H)}, got "
-                             f"{x.shape}")
-    scale = K ** -0.5 if scale is None else scale
-    kernel = (settings.choose() == "pallas" and pow2(K) and pow2(V)
-              and B * H >= settings.step_min_programs
-              and dispatch.triton_target(settings) and sharding.current() is None)
+            raise ValueError(f"gated_delta_rule_step: {name} must be [B,H]={(B, H)}, got {x.shape}")
+    scale = K**-0.5 if scale is None else scale
+    kernel = (
+        settings.choose() == "pallas"
+        and pow2(K)
+        and pow2(V)
+        and B * H >= settings.step_min_programs
+        and dispatch.triton_target(settings)
+        and sharding.current() is None
+    )
     dispatch.record(settings, "pallas" if kernel else "reference", op="gated_delta_rule_step")
     if kernel:
-        return step_pallas(q_t, k_t, v_t, g_t, beta_t, state, scale=float(scale),
-                           interpret=settings.interpret, num_warps=settings.num_warps)
+        return step_pallas(
+            q_t,
+            k_t,
+            v_t,
+            g_t,
+            beta_t,
+            state,
+            scale=float(scale),
+            interpret=settings.interpret,
+            num_warps=settings.num_warps,
+        )
     return reference.gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, scale=scale)

@@ -19,6 +19,7 @@ pass over q). Padding T to the chunk, the chunk-local cumulative sum of g and it
 XLA. Memory is O(T). With g None (DeltaNet: no decay) the same kernels run without G: no
 exponentials, no dG.
 """
+
 from __future__ import annotations
 
 import jax
@@ -72,7 +73,7 @@ def _op(cfg, scale):
     def forward(q, k, v, g, beta, S0):
         store = not cfg.recompute
         outs, (w, qk, X) = primal(q, k, v, g, beta, S0, store)
-        saved = (w, qk) + tuple(outs[2:]) if store else ()        # w, QK, S_n, v
+        saved = (w, qk) + tuple(outs[2:]) if store else ()  # w, QK, S_n, v
         return tuple(outs[:2]), (q, k, v, g, beta, S0, X, saved)
 
     def bwd(res, cts):
@@ -84,14 +85,26 @@ def _op(cfg, scale):
             w, qk, h, v_new = saved
         else:
             w, u, qk, _ = wy_forward(cfg, qc, kc, vc, b, G, X, q_scale=scale)
-            _, _, h, v_new = scan_forward(cfg, None, kc, w, u, None, G, S0,   # no o needed
-                                          store=True)
-        dv_new, dh, dS0 = scan_backward(cfg, qc, kc, w, qk, G, do.astype(cd), dSN.astype(f32),
-                                        q_scale=scale)
-        dq, dk, dw, dG = state_grads(cfg, qc, kc, G, h, dh, v_new, dv_new, do.astype(cd),
-                                     q_scale=scale, dq_dtype=q.dtype)
-        dk, dv, db, dG = wy_backward(cfg, kc, vc, b, G, X, dw, dv_new.astype(cd), dk, dG,
-                                     out_dtypes=(k.dtype, v.dtype))
+            _, _, h, v_new = scan_forward(
+                cfg,
+                None,
+                kc,
+                w,
+                u,
+                None,
+                G,
+                S0,  # no o needed
+                store=True,
+            )
+        dv_new, dh, dS0 = scan_backward(
+            cfg, qc, kc, w, qk, G, do.astype(cd), dSN.astype(f32), q_scale=scale
+        )
+        dq, dk, dw, dG = state_grads(
+            cfg, qc, kc, G, h, dh, v_new, dv_new, do.astype(cd), q_scale=scale, dq_dtype=q.dtype
+        )
+        dk, dv, db, dG = wy_backward(
+            cfg, kc, vc, b, G, X, dw, dv_new.astype(cd), dk, dG, out_dtypes=(k.dtype, v.dtype)
+        )
         dg = None if g is None else reverse_chunk_cumsum(dG, C).astype(g.dtype)
         return dq, dk, dv, dg, db.astype(beta.dtype), dS0
 
@@ -104,35 +117,60 @@ def wy_apply(settings: GDNSettings, K, V, dtype) -> str:
     Hopper GPU in this process, shapes it takes), the Triton one elsewhere; logged once."""
     if settings.wy_apply != "auto":
         return settings.wy_apply
-    mosaic = (settings.target() == "gpu" and settings.interpret is False
-              and wy_apply_mosaic.hopper()
-              and wy_apply_mosaic.takes(K, V, settings.chunk_size, dtype))
-    return dispatch.record(settings, "mosaic" if mosaic else "triton",
-                           op="gated_delta_rule.wy_apply")
+    mosaic = (
+        settings.target() == "gpu"
+        and settings.interpret is False
+        and wy_apply_mosaic.hopper()
+        and wy_apply_mosaic.takes(K, V, settings.chunk_size, dtype)
+    )
+    return dispatch.record(
+        settings, "mosaic" if mosaic else "triton", op="gated_delta_rule.wy_apply"
+    )
 
 
-def gated_delta_rule_pallas(q, k, v, g, beta, *, scale=None, initial_state=None,
-                            output_final_state=False, settings: GDNSettings = GDNSettings()):
+def gated_delta_rule_pallas(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    settings: GDNSettings = GDNSettings(),
+):
     """Same contract as ``gated_delta_rule``, as the kernels of the module docstring, launched
     as ``settings`` says (its ``impl`` is not read)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = settings.chunk_size
     cd = jnp.result_type(q.dtype, k.dtype, v.dtype)
-    cfg = kernel_config(settings, B, H, K, V, num_warps=settings.num_warps,
-                        num_stages=settings.num_stages, chunk_warps=settings.chunk_warps,
-                        inverse_warps=settings.inverse_warps, fp32_dots=settings.fp32_dots,
-                        recompute=settings.recompute,
-                        wy_apply=wy_apply(settings, K, V, cd))
+    cfg = kernel_config(
+        settings,
+        B,
+        H,
+        K,
+        V,
+        num_warps=settings.num_warps,
+        num_stages=settings.num_stages,
+        chunk_warps=settings.chunk_warps,
+        inverse_warps=settings.inverse_warps,
+        fp32_dots=settings.fp32_dots,
+        recompute=settings.recompute,
+        wy_apply=wy_apply(settings, K, V, cd),
+    )
     if cfg.wy_apply == "mosaic":
         if cfg.layout != "triton":
-            raise ValueError("gated_delta_rule(wy_apply='mosaic') is a GPU kernel: no TPU "
-                             "layout; use wy_apply='triton' with pltpu.InterpretParams")
+            raise ValueError(
+                "gated_delta_rule(wy_apply='mosaic') is a GPU kernel: no TPU "
+                "layout; use wy_apply='triton' with pltpu.InterpretParams"
+            )
         wy_apply_mosaic.check_shapes(K, V, C, cd)
-    scale = K ** -0.5 if scale is None else float(scale)
+    scale = K**-0.5 if scale is None else float(scale)
     pad = (-T) % C
-    S0 = (jnp.zeros((B, H, K, V), f32) if initial_state is None
-          else initial_state.astype(f32))
-    o, S = _op(cfg, scale)(*(None if x is None else pad_time(x, pad) for x in (q, k, v, g, beta)),
-                           S0)
+    S0 = jnp.zeros((B, H, K, V), f32) if initial_state is None else initial_state.astype(f32)
+    o, S = _op(cfg, scale)(
+        *(None if x is None else pad_time(x, pad) for x in (q, k, v, g, beta)), S0
+    )
     return o[:, :T].astype(v.dtype), (S if output_final_state else None)

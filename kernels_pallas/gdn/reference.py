@@ -11,6 +11,7 @@ stored as ``h = S^T`` in ``[K, V]`` as fla does. For each token t of one head:
 which is S_t = S_{t-1} alpha_t (I - beta_t k_t k_t^T) + beta_t v_t k_t^T, o_t = S_t q_t.
 All arithmetic is fp32; outputs are cast back to v's dtype.
 """
+
 from __future__ import annotations
 
 import jax
@@ -29,7 +30,7 @@ def gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, *, scale=None):
       (o_t [B, H, V] in v_t's dtype, new state [B, H, K, V] fp32).
     """
     K = q_t.shape[-1]
-    scale = K ** -0.5 if scale is None else scale
+    scale = K**-0.5 if scale is None else scale
     f32 = jnp.float32
     q, k, v = q_t.astype(f32) * scale, k_t.astype(f32), v_t.astype(f32)
     h = state.astype(f32) * jnp.exp(g_t.astype(f32))[..., None, None]
@@ -40,8 +41,9 @@ def gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, *, scale=None):
     return o.astype(v_t.dtype), h
 
 
-def gated_delta_rule_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None,
-                               output_final_state=False):
+def gated_delta_rule_recurrent(
+    q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False
+):
     """``lax.scan`` over tokens of :func:`gated_delta_rule_step`.
 
     Shapes as fla: q, k [B, T, H, K]; v [B, T, H, V]; g, beta [B, T, H]; state [B, H, K, V].
@@ -49,8 +51,11 @@ def gated_delta_rule_recurrent(q, k, v, g, beta, *, scale=None, initial_state=No
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
-    h0 = (jnp.zeros((B, H, K, V), jnp.float32) if initial_state is None
-          else initial_state.astype(jnp.float32))
+    h0 = (
+        jnp.zeros((B, H, K, V), jnp.float32)
+        if initial_state is None
+        else initial_state.astype(jnp.float32)
+    )
 
     def body(h, xs):
         o_t, h = gated_delta_rule_step(*xs, h, scale=scale)

@@ -1,4 +1,5 @@
 """``GDNSettings``: how ``gated_delta_rule`` runs, as one frozen value."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,6 +37,7 @@ class GDNSettings(KernelSettings):
     kernel was slower than XLA's fusions, at 416 (batch 32) faster (docs/benchmarks.md,
     "Decode and cache").
     """
+
     chunk_size: int = 64
     block_v: int | None = None
     num_warps: int = 4
@@ -54,12 +56,19 @@ class GDNSettings(KernelSettings):
 
     def __post_init__(self):
         super().__post_init__()
-        self.require_positive("chunk_size", "num_warps", "chunk_warps",
-                              "inverse_warps", "step_min_programs",
-                              optional=("block_v", "num_stages"))
+        self.require_positive(
+            "chunk_size",
+            "num_warps",
+            "chunk_warps",
+            "inverse_warps",
+            "step_min_programs",
+            optional=("block_v", "num_stages"),
+        )
         if self.wy_apply not in WY_APPLY:
-            raise ValueError(f"gated_delta_rule: wy_apply must be one of {WY_APPLY}, got "
-                             f"{self.wy_apply!r}")
+            raise ValueError(
+                f"gated_delta_rule: wy_apply must be one of {WY_APPLY}, got {self.wy_apply!r}"
+            )
         if self.fp32_dots not in FP32_DOTS:
-            raise ValueError(f"gated_delta_rule: fp32_dots must be one of {FP32_DOTS}, got "
-                             f"{self.fp32_dots!r}")
+            raise ValueError(
+                f"gated_delta_rule: fp32_dots must be one of {FP32_DOTS}, got {self.fp32_dots!r}"
+            )

@@ -19,6 +19,7 @@ The compiled form is checked on a GPU and, without one, by lowering it for CUDA
 GPU for the shapes it takes (``hopper``, ``takes``).
 Requires chunks of 64 (one wgmma M tile), K and V multiples of 64 and 16-bit inputs.
 """
+
 from __future__ import annotations
 
 import jax
@@ -29,9 +30,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 f32 = jnp.float32
 WG = plgpu.Layout.WGMMA
-CHUNK = 64                 # one wgmma tile of rows
-STAGES = 2                 # SMEM slots of the input stream
-GROUPS = (8, 4, 2, 1)      # chunks a CTA: the first that divides the sequence's chunks
+CHUNK = 64  # one wgmma tile of rows
+STAGES = 2  # SMEM slots of the input stream
+GROUPS = (8, 4, 2, 1)  # chunks a CTA: the first that divides the sequence's chunks
 
 
 def interpreter():
@@ -65,15 +66,17 @@ def takes(K, V, C, dtype) -> bool:
 def check_shapes(K, V, C, dtype):
     """Refuses, naming the value, what the kernel does not take."""
     if C != CHUNK:
-        raise ValueError(f"gated_delta_rule(wy_apply='mosaic') needs chunk_size={CHUNK}, "
-                         f"got {C}")
+        raise ValueError(f"gated_delta_rule(wy_apply='mosaic') needs chunk_size={CHUNK}, got {C}")
     for name, n in (("K", K), ("V", V)):
         if n % 64:
-            raise ValueError(f"gated_delta_rule(wy_apply='mosaic') needs {name} a multiple of "
-                             f"64, got {n}")
+            raise ValueError(
+                f"gated_delta_rule(wy_apply='mosaic') needs {name} a multiple of 64, got {n}"
+            )
     if jnp.dtype(dtype).itemsize != 2:
-        raise ValueError(f"gated_delta_rule(wy_apply='mosaic') takes 16-bit inputs (wgmma "
-                         f"operands), got {jnp.dtype(dtype).name}")
+        raise ValueError(
+            f"gated_delta_rule(wy_apply='mosaic') takes 16-bit inputs (wgmma "
+            f"operands), got {jnp.dtype(dtype).name}"
+        )
 
 
 def _vector(ref, layout, interp):
@@ -89,9 +92,11 @@ def _iota(shape, dim, interp):
 
 def _product(a_ref, b_ref, shape):
     """a @ b by wgmma, fp32 accumulation; both operands SMEM refs."""
+
     def run(acc):
         plgpu.wgmma(acc, a_ref, b_ref)
         return acc[...]
+
     return pl.run_scoped(run, plgpu.ACC(shape, f32))
 
 
@@ -104,15 +109,16 @@ def _chunk(q_s, k_s, v_s, x_s, b_s, g_s, xk_s, xb_s, *, q_scale, interp):
     g_j = _vector(g_s, WG.reduce(0), interp)
     beta_j = lax.broadcast_in_dim(_vector(b_s, WG.reduce(0), interp), (C, C), [1])
     G_j = lax.broadcast_in_dim(g_j, (C, C), [1])
-    xb = X * beta_j                                                   # X diag(beta)
-    xk_s[...] = (xb * jnp.exp(G_j)).astype(cd)                        # X diag(beta e^G)
+    xb = X * beta_j  # X diag(beta)
+    xk_s[...] = (xb * jnp.exp(G_j)).astype(cd)  # X diag(beta e^G)
     xb_s[...] = xb.astype(cd)
     plgpu.commit_smem()
     w = _product(xk_s, k_s, (C, k_s.shape[1]))
     u = _product(xb_s, v_s, (C, v_s.shape[1]))
     if interp:
-        s = lax.dot_general(q_s[...], k_s[...], (((1,), (1,)), ((), ())),
-                            preferred_element_type=f32)
+        s = lax.dot_general(
+            q_s[...], k_s[...], (((1,), (1,)), ((), ())), preferred_element_type=f32
+        )
     else:
         s = _product(q_s, k_s.transpose((1, 0)), (C, C))
     causal = _iota((C, C), 0, interp) >= _iota((C, C), 1, interp)
@@ -137,9 +143,11 @@ def wy_apply_mosaic(q, k, v, beta, G, X, *, q_scale=1.0, interpret=False):
     if interp:
         params = interpreter()
         if params is None:
-            raise ValueError("gated_delta_rule(wy_apply='mosaic', interpret=True) needs the "
-                             f"Mosaic GPU interpreter, which JAX {jax.__version__} lacks; use "
-                             "wy_apply='triton' there")
+            raise ValueError(
+                "gated_delta_rule(wy_apply='mosaic', interpret=True) needs the "
+                f"Mosaic GPU interpreter, which JAX {jax.__version__} lacks; use "
+                "wy_apply='triton' there"
+            )
     by_head = lambda x: jnp.transpose(x.astype(f32), (0, 2, 1))  # [B, H, T]
     bt = by_head(beta)
     gt = jnp.zeros_like(bt) if G is None else by_head(G)
@@ -149,8 +157,7 @@ def wy_apply_mosaic(q, k, v, beta, G, X, *, q_scale=1.0, interpret=False):
     def tiles(cols, slots=None):
         return plgpu.SMEM((C, cols) if slots is None else (slots, C, cols), cd, transforms=tf)
 
-    def gdn_wy_apply_mosaic(q_r, k_r, v_r, x_r, b_r, g_r, w_r, u_r, qk_r, ins, outs, scaled,
-                            bars):
+    def gdn_wy_apply_mosaic(q_r, k_r, v_r, x_r, b_r, g_r, w_r, u_r, qk_r, ins, outs, scaled, bars):
         b, h, grp = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("g")
         rows = lambda i: pl.ds((grp * per + i) * C, C)
         tok = lambda r, i: r.at[b, rows(i), h, :]
@@ -168,14 +175,13 @@ def wy_apply_mosaic(q, k, v, beta, G, X, *, q_scale=1.0, interpret=False):
             slot = lax.rem(i, stages)
             for bar in bars:
                 plgpu.barrier_wait(bar.at[slot])
-            res = _chunk(*(buf.at[slot] for buf in ins), *scaled, q_scale=q_scale,
-                         interp=interp)
+            res = _chunk(*(buf.at[slot] for buf in ins), *scaled, q_scale=q_scale, interp=interp)
 
-            @pl.when(i + stages < per)                                # the slot is read: refill
+            @pl.when(i + stages < per)  # the slot is read: refill
             def _():
                 issue(i + stages, slot)
 
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)           # last chunk's tiles out
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last chunk's tiles out
             for o_s, x in zip(outs, res):
                 o_s[...] = x.astype(o_s.dtype)
             plgpu.commit_smem()
@@ -187,14 +193,21 @@ def wy_apply_mosaic(q, k, v, beta, G, X, *, q_scale=1.0, interpret=False):
 
     out = lambda cols: jax.ShapeDtypeStruct((B, T, H, cols), cd)
     vec = plgpu.SMEM((stages, C), f32)
-    return tuple(plgpu.kernel(      # the body's name names the kernel in profiles
-        gdn_wy_apply_mosaic, out_type=[out(K), out(V), out(C)],
-        scratch_types=[(tiles(K, stages), tiles(K, stages), tiles(V, stages), tiles(C, stages),
-                        vec, vec),
-                       (tiles(K), tiles(V), tiles(C)), (tiles(C), tiles(C)),
-                       (plgpu.Barrier(num_barriers=stages),) * 6],
-        grid=(B, H, N // per), grid_names=("b", "h", "g"),
-        # per-thread arrays with the layouts given here; JAX 0.11 defaults to warpgroup
-        # semantics (layouts inferred), which finds none for this body
-        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
-        **({"interpret": params} if interp else {}))(q, k, v, X.astype(cd), bt, gt))
+    return tuple(
+        plgpu.kernel(  # the body's name names the kernel in profiles
+            gdn_wy_apply_mosaic,
+            out_type=[out(K), out(V), out(C)],
+            scratch_types=[
+                (tiles(K, stages), tiles(K, stages), tiles(V, stages), tiles(C, stages), vec, vec),
+                (tiles(K), tiles(V), tiles(C)),
+                (tiles(C), tiles(C)),
+                (plgpu.Barrier(num_barriers=stages),) * 6,
+            ],
+            grid=(B, H, N // per),
+            grid_names=("b", "h", "g"),
+            # per-thread arrays with the layouts given here; JAX 0.11 defaults to warpgroup
+            # semantics (layouts inferred), which finds none for this body
+            compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+            **({"interpret": params} if interp else {}),
+        )(q, k, v, X.astype(cd), bt, gt)
+    )

@@ -31,6 +31,7 @@ operands are walked in 64-column blocks so that few [C, 64] fp32 tiles are live 
 fp32 products X^T dX X^T run in TF32 on GPU by default (``GDNSettings.fp32_dots``): faster than
 IEEE products at unchanged bf16 error (docs/benchmarks.md).
 """
+
 from __future__ import annotations
 
 import functools
@@ -82,8 +83,8 @@ def _invert_diag_block(A):
     X = jnp.where(rows == cols, 1.0, 0.0).astype(f32)
     AT = A.T
     for r in range(1, s):
-        a_col = jnp.sum(jnp.where(cols == r, AT, 0.0), axis=1, keepdims=True)   # A[r, :]^T
-        new = jnp.sum(a_col * X, axis=0, keepdims=True)                         # A[r, :] X
+        a_col = jnp.sum(jnp.where(cols == r, AT, 0.0), axis=1, keepdims=True)  # A[r, :]^T
+        new = jnp.sum(a_col * X, axis=0, keepdims=True)  # A[r, :] X
         X = X - jnp.where(rows == r, new, 0.0)
     return X
 
@@ -98,8 +99,10 @@ def _inverse_kernel(k_ref, b_ref, g_ref, x_ref, *, sub):
     for i in range(m):
         Gi, bi, ki = g(rs[i]), b_ref[rs[i], :].astype(f32), k_ref[rs[i], :]
         for j in range(i + 1):
-            A[i, j] = times(bi * dot_nt(ki, k_ref[rs[j], :]),
-                            _decay(Gi, g(rs[j]), "strict" if i == j else None, (sub, sub)))
+            A[i, j] = times(
+                bi * dot_nt(ki, k_ref[rs[j], :]),
+                _decay(Gi, g(rs[j]), "strict" if i == j else None, (sub, sub)),
+            )
     X = {(i, i): _invert_diag_block(A[i, i]) for i in range(m)}
     for i in range(1, m):
         for j in range(i):
@@ -110,11 +113,11 @@ def _inverse_kernel(k_ref, b_ref, g_ref, x_ref, *, sub):
     for i in range(m):
         for j in range(m):
             x_ref[rs[i], rs[j]] = (X[i, j] if j <= i else jnp.zeros((sub, sub), f32)).astype(
-                x_ref.dtype)
+                x_ref.dtype
+            )
 
 
-def _apply_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, w_ref, u_ref, qk_ref, *, blk,
-                  q_scale):
+def _apply_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, w_ref, u_ref, qk_ref, *, blk, q_scale):
     """w = X (beta e^G k), u = X (beta v), QK = (q k^T) o Dc for one chunk, given X; the K
     and V columns in blocks of ``blk`` so that few wide fp32 tiles are live at once; QK times
     ``q_scale`` (q unscaled)."""
@@ -134,8 +137,24 @@ def _apply_kernel(q_ref, k_ref, v_ref, b_ref, g_ref, x_ref, w_ref, u_ref, qk_ref
         u_ref[:, c] = dot(Xc, (beta * v_ref[:, c].astype(f32)).astype(cd)).astype(u_ref.dtype)
 
 
-def _wy_bwd_kernel(k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dk_in_ref, dg_in_ref,
-                   dk_ref, dv_ref, db_ref, dg_ref, *, blk, fp32_dots):
+def _wy_bwd_kernel(
+    k_ref,
+    v_ref,
+    b_ref,
+    g_ref,
+    x_ref,
+    dw_ref,
+    du_ref,
+    dk_in_ref,
+    dg_in_ref,
+    dk_ref,
+    dv_ref,
+    db_ref,
+    dg_ref,
+    *,
+    blk,
+    fp32_dots,
+):
     """Ordered so that few [C, C] fp32 tiles are live at once (register pressure is what
     bounds this kernel): dX dies into E, k k^T into E o kk. Without a decay (g_ref, dg_in_ref
     and dg_ref None) no exponentials and no dG."""
@@ -145,8 +164,8 @@ def _wy_bwd_kernel(k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dk_in_ref,
     decay = g_ref is not None
     G, beta = ref_all(g_ref), b_ref[...].astype(f32)
     eG = jnp.exp(G) if decay else None
-    bk = times(beta, eG)                                      # kb = bk k
-    dX = jnp.zeros((C, C), f32)                               # dw kb^T + du vb^T
+    bk = times(beta, eG)  # kb = bk k
+    dX = jnp.zeros((C, C), f32)  # dw kb^T + du vb^T
     for c in col_blocks(K, blk):
         dX += dot_nt(dw_ref[:, c], (bk * k_ref[:, c].astype(f32)).astype(cd))
     for c in col_blocks(V, blk):
@@ -162,10 +181,10 @@ def _wy_bwd_kernel(k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dk_in_ref,
     Ekk = E * kk
     db = jnp.sum(Ekk, axis=1, keepdims=True)
     if decay:
-        PM = beta * Ekk                                       # dA o A
+        PM = beta * Ekk  # dA o A
         dG = dg_in_ref[...] + jnp.sum(PM, axis=1, keepdims=True) - colsum(PM)
     bE = beta * E
-    Es = (bE + bE.T).astype(cd)                               # (diag(beta) E) k + its transpose
+    Es = (bE + bE.T).astype(cd)  # (diag(beta) E) k + its transpose
     for c in col_blocks(K, blk):
         k, dw = k_ref[:, c], dw_ref[:, c]
         kf = k.astype(f32)
@@ -185,6 +204,7 @@ def _wy_bwd_kernel(k_ref, v_ref, b_ref, g_ref, x_ref, dw_ref, du_ref, dk_in_ref,
 
 # ---------------------------------------------------------------- launchers
 
+
 def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16, q_scale=1.0):
     """w [B,T,H,K], u [B,T,H,V], QK [B,T,H,C] and X [B,T,H,C] (computed unless given), all in
     k's dtype (X is rounded to it where the products use it, so storing it so loses nothing in
@@ -196,17 +216,28 @@ def wy_forward(cfg, q, k, v, beta, G, X=None, *, sub=16, q_scale=1.0):
     cd = k.dtype
     b1, G1 = beta[..., None], column(G)
     if X is None:
-        (X,) = chunk_call(cfg, functools.partial(_inverse_kernel, sub=math.gcd(sub, C)),
-                          [(k, K), (b1, 1), (G1, 1)], [(C, cd)], (B, T, H),
-                          name="gdn_wy_inverse", num_warps=cfg.inverse_warps)
+        (X,) = chunk_call(
+            cfg,
+            functools.partial(_inverse_kernel, sub=math.gcd(sub, C)),
+            [(k, K), (b1, 1), (G1, 1)],
+            [(C, cd)],
+            (B, T, H),
+            name="gdn_wy_inverse",
+            num_warps=cfg.inverse_warps,
+        )
     if cfg.wy_apply == "mosaic":
-        w, u, qk = wy_apply_mosaic(q, k, v, beta, G, X, q_scale=q_scale,
-                                   interpret=cfg.interpret is not False)
+        w, u, qk = wy_apply_mosaic(
+            q, k, v, beta, G, X, q_scale=q_scale, interpret=cfg.interpret is not False
+        )
         return w, u, qk, X
-    w, u, qk = chunk_call(cfg, functools.partial(_apply_kernel, blk=cfg.chunk_block,
-                                                 q_scale=q_scale),
-                          [(q, K), (k, K), (v, V), (b1, 1), (G1, 1), (X, C)],
-                          [(K, cd), (V, cd), (C, cd)], (B, T, H), name="gdn_wy_apply")
+    w, u, qk = chunk_call(
+        cfg,
+        functools.partial(_apply_kernel, blk=cfg.chunk_block, q_scale=q_scale),
+        [(q, K), (k, K), (v, V), (b1, 1), (G1, 1), (X, C)],
+        [(K, cd), (V, cd), (C, cd)],
+        (B, T, H),
+        name="gdn_wy_apply",
+    )
     return w, u, qk, X
 
 
@@ -221,9 +252,21 @@ def wy_backward(cfg, k, v, beta, G, X, dw, du, dk, dG, *, out_dtypes=(f32, f32))
     fp32_dots = cfg.fp32_dots if cfg.layout == "triton" else "ieee"
     decay = G is not None
     dk, dv, db, dG = chunk_call(
-        cfg, functools.partial(_wy_bwd_kernel, blk=cfg.chunk_block, fp32_dots=fp32_dots),
-        [(k, K), (v, V), (beta[..., None], 1), (column(G), 1), (X, C), (dw, K), (du, V),
-         (dk, K), (column(dG), 1)],
+        cfg,
+        functools.partial(_wy_bwd_kernel, blk=cfg.chunk_block, fp32_dots=fp32_dots),
+        [
+            (k, K),
+            (v, V),
+            (beta[..., None], 1),
+            (column(G), 1),
+            (X, C),
+            (dw, K),
+            (du, V),
+            (dk, K),
+            (column(dG), 1),
+        ],
         [(K, out_dtypes[0]), (V, out_dtypes[1]), (1, f32), (1, f32 if decay else None)],
-        (B, T, H), name="gdn_wy_bwd")
+        (B, T, H),
+        name="gdn_wy_bwd",
+    )
     return dk, dv, db[..., 0], (dG[..., 0] if decay else None)

@@ -1,6 +1,7 @@
 """Per-chunk algebra shared by the chunked kernels' bodies (values inside a kernel, G the chunk-
 local cumulative log decay as a [C, 1] column, or as a [1, C] row from ``chunk_rows``; G None:
 no decay, DeltaNet's delta rule)."""
+
 from __future__ import annotations
 
 import jax
@@ -19,8 +20,9 @@ def colsum(M):
     """Column sums of a square tile as a [C, 1] column, without transposing the tile."""
     rows = jax.lax.broadcasted_iota(jnp.int32, M.shape, 0)
     cols = jax.lax.broadcasted_iota(jnp.int32, M.shape, 1)
-    return jnp.sum(jnp.where(rows == cols, jnp.sum(M, axis=0, keepdims=True), 0.0), axis=1,
-                   keepdims=True)
+    return jnp.sum(
+        jnp.where(rows == cols, jnp.sum(M, axis=0, keepdims=True), 0.0), axis=1, keepdims=True
+    )
 
 
 def times(x, d):
@@ -47,8 +49,9 @@ def causal_decay(Gc, Gr):
     """E [C, C] fp32: e^{G_i - G_j} for j <= i, else 0 (masked before exp: every exponent <= 0),
     from a chunk's G as a column [C, 1] and as a row [1, C]."""
     C = Gc.shape[0]
-    lower = (jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
-             >= jax.lax.broadcasted_iota(jnp.int32, (C, C), 1))
+    lower = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0) >= jax.lax.broadcasted_iota(
+        jnp.int32, (C, C), 1
+    )
     return jnp.where(lower, jnp.exp(jnp.where(lower, Gc - Gr, 0.0)), 0.0)
 
 

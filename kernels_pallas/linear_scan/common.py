@@ -1,5 +1,6 @@
 """What the chunked linear-recurrence Pallas kernels share: launch settings and layout, matmul
 helpers, the per-chunk launcher, padding and chunk-local cumulative sums."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,19 +20,20 @@ f32 = jnp.float32
 class KernelConfig:
     """How the chunked kernels are launched. ``layout``: "triton" | "tpu"; ``interpret``: False,
     True (generic interpreter) or a ``pltpu.InterpretParams``."""
+
     chunk: int
     layout: str
     block_v: int
     interpret: object = False
     num_warps: int = 4
     num_stages: int = 2
-    chunk_warps: int = 4        # the one-chunk-per-program kernels (WY fwd / bwd, state grads)
-    inverse_warps: int = 1      # of those, the WY inverse's (15 dependent reductions per block)
-    chunk_block: int = 64       # their column block over K and V
-    intra_block: int = 64       # the per-key intra-chunk scores' key columns per matmul
-    fp32_dots: str = "tf32"     # the WY backward's fp32 x fp32 [C, C] products: "tf32" | "ieee"
-    recompute: bool = False     # backward recomputes w, QK, S_n, v from X instead of saving them
-    wy_apply: str = "triton"    # GDN's w, u, QK kernel on GPU: "triton" | "mosaic" (Mosaic GPU)
+    chunk_warps: int = 4  # the one-chunk-per-program kernels (WY fwd / bwd, state grads)
+    inverse_warps: int = 1  # of those, the WY inverse's (15 dependent reductions per block)
+    chunk_block: int = 64  # their column block over K and V
+    intra_block: int = 64  # the per-key intra-chunk scores' key columns per matmul
+    fp32_dots: str = "tf32"  # the WY backward's fp32 x fp32 [C, C] products: "tf32" | "ieee"
+    recompute: bool = False  # backward recomputes w, QK, S_n, v from X instead of saving them
+    wy_apply: str = "triton"  # GDN's w, u, QK kernel on GPU: "triton" | "mosaic" (Mosaic GPU)
 
 
 def _precision(dtype, fp32_dots):
@@ -58,8 +60,9 @@ def col_blocks(n, size):
 def dot_nt(a, b, fp32_dots="ieee"):
     """a @ b^T, fp32 accumulation."""
     prec = _precision(a.dtype, fp32_dots)
-    return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=prec,
-                               preferred_element_type=f32)
+    return jax.lax.dot_general(
+        a, b, (((1,), (1,)), ((), ())), precision=prec, preferred_element_type=f32
+    )
 
 
 def compiler_params(cfg, num_warps=None):
@@ -67,11 +70,19 @@ def compiler_params(cfg, num_warps=None):
         return {}
     if cfg.layout == "tpu":
         from jax.experimental.pallas import tpu as pltpu
-        return {"compiler_params": pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))}
+
+        return {
+            "compiler_params": pltpu.CompilerParams(
+                dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
+            )
+        }
     from jax.experimental.pallas import triton as plgpu
-    return {"compiler_params": plgpu.CompilerParams(num_warps=num_warps or cfg.num_warps,
-                                                    num_stages=cfg.num_stages)}
+
+    return {
+        "compiler_params": plgpu.CompilerParams(
+            num_warps=num_warps or cfg.num_warps, num_stages=cfg.num_stages
+        )
+    }
 
 
 def ref_rows(ref, t):
@@ -87,9 +98,11 @@ def ref_all(ref):
 def with_absent(kernel, present):
     """``kernel`` for a call without some of its leading refs: ``present`` flags its first
     len(present) refs; the absent ones reach ``kernel`` as None, the rest in order."""
+
     def run(*refs, **kw):
         it = iter(refs)
         return kernel(*(next(it) if p else None for p in present), *it, **kw)
+
     return run
 
 
@@ -111,35 +124,49 @@ def chunk_call(cfg, kernel, ins, outs, btH, *, name, num_warps=None, aliases=Non
         if aliases:
             raise ValueError(f"chunk_call({name}): aliases need every input and output present")
         kernel = with_absent(kernel, present)
-        res = iter(chunk_call(cfg, kernel, [i for i in ins if i[0] is not None],
-                              [o for o in outs if o[1] is not None], btH, name=name,
-                              num_warps=num_warps))
+        res = iter(
+            chunk_call(
+                cfg,
+                kernel,
+                [i for i in ins if i[0] is not None],
+                [o for o in outs if o[1] is not None],
+                btH,
+                name=name,
+                num_warps=num_warps,
+            )
+        )
         return tuple(None if dt is None else next(res) for _, dt in outs)
     B, T, H = btH
     C, N, sq = cfg.chunk, T // cfg.chunk, pl.squeezed
     tpu = cfg.layout == "tpu"
     if tpu:
         from jax.experimental.pallas import tpu as pltpu
+
         grid = (B, H, N)
         tok = lambda X: pl.BlockSpec((sq, sq, C, X), lambda b, h, n: (b, h, n, 0))
-        chk = lambda a: pl.BlockSpec((sq, sq, sq) + a.shape[3:],
-                                     lambda b, h, n: (b, h, n, 0, 0))
-        params = {"compiler_params": pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel"))}
+        chk = lambda a: pl.BlockSpec((sq, sq, sq) + a.shape[3:], lambda b, h, n: (b, h, n, 0, 0))
+        params = {
+            "compiler_params": pltpu.CompilerParams(
+                dimension_semantics=("parallel", "parallel", "parallel")
+            )
+        }
     else:
         grid = (B, N, H)
         tok = lambda X: pl.BlockSpec((sq, C, sq, X), lambda b, n, h: (b, n, h, 0))
-        chk = lambda a: pl.BlockSpec((sq, sq, sq) + a.shape[3:],
-                                     lambda b, n, h: (b, n, h, 0, 0))
+        chk = lambda a: pl.BlockSpec((sq, sq, sq) + a.shape[3:], lambda b, n, h: (b, n, h, 0, 0))
         params = compiler_params(cfg, num_warps=num_warps or cfg.chunk_warps)
     swap = (lambda a: jnp.swapaxes(a, 1, 2)) if tpu else (lambda a: a)
     shape = (lambda X: (B, H, T, X)) if tpu else (lambda X: (B, T, H, X))
     res = pl.pallas_call(
-        kernel, grid=grid,
+        kernel,
+        grid=grid,
         in_specs=[chk(a) if X is None else tok(X) for a, X in ins],
         out_specs=[tok(X) for X, _ in outs],
         out_shape=[jax.ShapeDtypeStruct(shape(X), dt) for X, dt in outs],
-        interpret=cfg.interpret, name=name, input_output_aliases=aliases or {}, **params,
+        interpret=cfg.interpret,
+        name=name,
+        input_output_aliases=aliases or {},
+        **params,
     )(*(swap(a) for a, _ in ins))
     return tuple(swap(r) for r in res)
 
@@ -161,14 +188,16 @@ def scan_specs(cfg, B, H, T, K, V, *, reverse=False, transposed=False):
             seq=lambda X: pl.BlockSpec((sq, T, sq, X), lambda b, h, j: (b, 0, h, 0)),
             seq_v=pl.BlockSpec((sq, T, sq, BV), lambda b, h, j: (b, 0, h, j)),
             state=pl.BlockSpec((sq, sq) + st, lambda b, h, j: (b, h) + at_v(j)),
-            chunks=pl.BlockSpec((sq, N, sq) + st, lambda b, h, j: (b, 0, h) + at_v(j)))
+            chunks=pl.BlockSpec((sq, N, sq) + st, lambda b, h, j: (b, 0, h) + at_v(j)),
+        )
     at = (lambda i: N - 1 - i) if reverse else (lambda i: i)
     return dict(
         grid=(B, H, V // BV, N),
         seq=lambda X: pl.BlockSpec((sq, sq, C, X), lambda b, h, j, n: (b, h, at(n), 0)),
         seq_v=pl.BlockSpec((sq, sq, C, BV), lambda b, h, j, n: (b, h, at(n), j)),
         state=pl.BlockSpec((sq, sq) + st, lambda b, h, j, n: (b, h) + at_v(j)),
-        chunks=pl.BlockSpec((sq, sq, sq) + st, lambda b, h, j, n: (b, h, at(n)) + at_v(j)))
+        chunks=pl.BlockSpec((sq, sq, sq) + st, lambda b, h, j, n: (b, h, at(n)) + at_v(j)),
+    )
 
 
 def column(x):
@@ -188,18 +217,20 @@ def pad_time(x, pad):
 def chunk_local_cumsum(g, chunk_size):
     """g [B, N*C, H, ...] -> chunk-local inclusive cumulative sum, same shape."""
     B, T = g.shape[:2]
-    return jnp.cumsum(g.reshape(B, T // chunk_size, chunk_size, *g.shape[2:]),
-                      axis=2).reshape(g.shape)
+    return jnp.cumsum(g.reshape(B, T // chunk_size, chunk_size, *g.shape[2:]), axis=2).reshape(
+        g.shape
+    )
 
 
 def _cumsum_kernel(x_ref, o_ref, *, triton):
     x = x_ref[...].astype(f32)
     if triton:
         o = jnp.cumsum(x, axis=0)
-    else:                                   # Mosaic has no cumsum: a lower-triangular product
+    else:  # Mosaic has no cumsum: a lower-triangular product
         n = x.shape[0]
         lower = jax.lax.broadcasted_iota(jnp.int32, (n, n), 0) >= jax.lax.broadcasted_iota(
-            jnp.int32, (n, n), 1)
+            jnp.int32, (n, n), 1
+        )
         o = dot(lower.astype(f32), x, fp32_dots="ieee")
     o_ref[...] = o
 
@@ -227,22 +258,27 @@ def reverse_chunk_cumsum(x, chunk_size):
 
 
 def layout(settings) -> str:
-    """"triton" or "tpu": the kernels' memory layout and lowering for a ``KernelSettings``."""
+    """ "triton" or "tpu": the kernels' memory layout and lowering for a ``KernelSettings``."""
     interpret = settings.interpret
     if interpret is False or interpret is None:
         platform = settings.target()
         if platform in ("gpu", "tpu"):
             return "triton" if platform == "gpu" else "tpu"
-        raise ValueError(f"{settings.OP}(impl='pallas') has no compiled lowering on platform "
-                         f"{platform!r}: set interpret=True (generic interpreter) or "
-                         f"interpret=pltpu.InterpretParams() (TPU semantics) in its settings")
+        raise ValueError(
+            f"{settings.OP}(impl='pallas') has no compiled lowering on platform "
+            f"{platform!r}: set interpret=True (generic interpreter) or "
+            f"interpret=pltpu.InterpretParams() (TPU semantics) in its settings"
+        )
     if interpret is True:
         return "triton"
     from jax.experimental.pallas import tpu as pltpu
+
     if isinstance(interpret, pltpu.InterpretParams):
         return "tpu"
-    raise ValueError(f"{settings.OP}: interpret must be False, True or a "
-                     f"pltpu.InterpretParams, got {interpret!r}")
+    raise ValueError(
+        f"{settings.OP}: interpret must be False, True or a "
+        f"pltpu.InterpretParams, got {interpret!r}"
+    )
 
 
 def default_block_v(layout, B, H, K, V, programs=128):
@@ -286,9 +322,10 @@ def kernel_config(settings, B, H, K, V, **launch) -> KernelConfig:
     if lay == "triton" and settings.interpret is not True:
         for name, n in (("K", K), ("block_v", bv), ("chunk_size", C)):
             if not (pow2(n) if name == "block_v" else triton_takes(n)):
-                raise ValueError(f"{settings.OP}(impl='pallas') on GPU needs {name} a power "
-                                 f"of two >= 16, got {n}")
+                raise ValueError(
+                    f"{settings.OP}(impl='pallas') on GPU needs {name} a power "
+                    f"of two >= 16, got {n}"
+                )
     if launch.get("num_stages", 2) is None:
         launch["num_stages"] = default_num_stages(B, H, V, bv)
-    return KernelConfig(chunk=C, layout=lay, block_v=bv, interpret=settings.interpret,
-                        **launch)
+    return KernelConfig(chunk=C, layout=lay, block_v=bv, interpret=settings.interpret, **launch)

@@ -40,6 +40,7 @@ Matmul operands are in the inputs' dtype (bf16 in training) with fp32 accumulati
 and its gradient are carried in fp32 and stored for the backward (S_n, dS_{n+1}, v, dv) in the
 inputs' dtype (fp32 for Triton at K > 128: ``store_dtype``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -71,6 +72,7 @@ from kernels_pallas.linear_scan.common import (
 
 # ---------------------------------------------------------------- per-chunk bodies (values)
 
+
 def _fwd_chunk(S, q, k, w, u, qk, G, q_scale=1.0):
     """(o or None without q, v, S_{n+1}) of one chunk; q times ``q_scale`` (QK already)."""
     kd, a_last = k_decayed(k, G)
@@ -97,14 +99,36 @@ def _bwd_chunk(dS, q, k, w, qk, G, do, q_scale=1.0):
 
 # ---------------------------------------------------------------- "triton" layout kernels
 
-def _fwd_kernel_loop(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, sN_ref,
-                     *store_refs, n_chunks, chunk, q_scale):
+
+def _fwd_kernel_loop(
+    q_ref,
+    k_ref,
+    w_ref,
+    u_ref,
+    qk_ref,
+    g_ref,
+    s0_ref,
+    o_ref,
+    sN_ref,
+    *store_refs,
+    n_chunks,
+    chunk,
+    q_scale,
+):
     def body(n, S):
         t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
         if store_refs:
             store_refs[0][n, :, :] = S.astype(store_refs[0].dtype)
-        o, v, S = _fwd_chunk(S, ref_rows(q_ref, t), k_ref[t, :], ref_rows(w_ref, t),
-                             u_ref[t, :], ref_rows(qk_ref, t), ref_rows(g_ref, t), q_scale)
+        o, v, S = _fwd_chunk(
+            S,
+            ref_rows(q_ref, t),
+            k_ref[t, :],
+            ref_rows(w_ref, t),
+            u_ref[t, :],
+            ref_rows(qk_ref, t),
+            ref_rows(g_ref, t),
+            q_scale,
+        )
         if o_ref is not None:
             o_ref[t, :] = o.astype(o_ref.dtype)
         if len(store_refs) > 1:
@@ -114,14 +138,36 @@ def _fwd_kernel_loop(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
     sN_ref[...] = jax.lax.fori_loop(0, n_chunks, body, s0_ref[...].astype(f32))
 
 
-def _bwd_kernel_loop(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref, dh_ref,
-                     ds0_ref, *, n_chunks, chunk, q_scale):
+def _bwd_kernel_loop(
+    q_ref,
+    k_ref,
+    w_ref,
+    qk_ref,
+    g_ref,
+    do_ref,
+    dsN_ref,
+    dv_ref,
+    dh_ref,
+    ds0_ref,
+    *,
+    n_chunks,
+    chunk,
+    q_scale,
+):
     def body(i, dS):
         n = n_chunks - 1 - i
         t = pl.ds(pl.multiple_of(n * chunk, chunk), chunk)
         dh_ref[n, :, :] = dS.astype(dh_ref.dtype)
-        dv, dS = _bwd_chunk(dS, q_ref[t, :], ref_rows(k_ref, t), ref_rows(w_ref, t),
-                            ref_rows(qk_ref, t), ref_rows(g_ref, t), do_ref[t, :], q_scale)
+        dv, dS = _bwd_chunk(
+            dS,
+            q_ref[t, :],
+            ref_rows(k_ref, t),
+            ref_rows(w_ref, t),
+            ref_rows(qk_ref, t),
+            ref_rows(g_ref, t),
+            do_ref[t, :],
+            q_scale,
+        )
         if dv_ref is not None:
             dv_ref[t, :] = dv.astype(dv_ref.dtype)
         return dS
@@ -131,8 +177,22 @@ def _bwd_kernel_loop(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
 
 # ---------------------------------------------------------------- "tpu" layout kernels
 
-def _fwd_kernel_grid(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, sN_ref,
-                     *rest, n_chunks, store, q_scale):
+
+def _fwd_kernel_grid(
+    q_ref,
+    k_ref,
+    w_ref,
+    u_ref,
+    qk_ref,
+    g_ref,
+    s0_ref,
+    o_ref,
+    sN_ref,
+    *rest,
+    n_chunks,
+    store,
+    q_scale,
+):
     store_refs, (S_scr,) = rest[:-1], rest[-1:]
     n = pl.program_id(3)
 
@@ -143,8 +203,16 @@ def _fwd_kernel_grid(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
     S = S_scr[...]
     if store:
         store_refs[0][...] = S.astype(store_refs[0].dtype)
-    o, v, S = _fwd_chunk(S, ref_all(q_ref), k_ref[...], ref_all(w_ref), u_ref[...],
-                         ref_all(qk_ref), ref_all(g_ref), q_scale)
+    o, v, S = _fwd_chunk(
+        S,
+        ref_all(q_ref),
+        k_ref[...],
+        ref_all(w_ref),
+        u_ref[...],
+        ref_all(qk_ref),
+        ref_all(g_ref),
+        q_scale,
+    )
     if o_ref is not None:
         o_ref[...] = o.astype(o_ref.dtype)
     if len(store_refs) > 1:
@@ -156,8 +224,22 @@ def _fwd_kernel_grid(q_ref, k_ref, w_ref, u_ref, qk_ref, g_ref, s0_ref, o_ref, s
         sN_ref[...] = S
 
 
-def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref, dh_ref,
-                     ds0_ref, dS_scr, *, n_chunks, q_scale):
+def _bwd_kernel_grid(
+    q_ref,
+    k_ref,
+    w_ref,
+    qk_ref,
+    g_ref,
+    do_ref,
+    dsN_ref,
+    dv_ref,
+    dh_ref,
+    ds0_ref,
+    dS_scr,
+    *,
+    n_chunks,
+    q_scale,
+):
     i = pl.program_id(3)
 
     @pl.when(i == 0)
@@ -166,8 +248,16 @@ def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
 
     dS = dS_scr[...]
     dh_ref[...] = dS.astype(dh_ref.dtype)
-    dv, dS = _bwd_chunk(dS, q_ref[...], ref_all(k_ref), ref_all(w_ref), ref_all(qk_ref),
-                        ref_all(g_ref), do_ref[...], q_scale)
+    dv, dS = _bwd_chunk(
+        dS,
+        q_ref[...],
+        ref_all(k_ref),
+        ref_all(w_ref),
+        ref_all(qk_ref),
+        ref_all(g_ref),
+        do_ref[...],
+        q_scale,
+    )
     if dv_ref is not None:
         dv_ref[...] = dv.astype(dv_ref.dtype)
     dS_scr[...] = dS
@@ -179,8 +269,24 @@ def _bwd_kernel_grid(q_ref, k_ref, w_ref, qk_ref, g_ref, do_ref, dsN_ref, dv_ref
 
 # ---------------------------------------------------------------- state-path gradients
 
-def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_ref,
-                        dq_ref, dk_ref, dw_ref, dg_ref, *, blk, q_scale):
+
+def _state_grads_kernel(
+    q_ref,
+    k_ref,
+    g_ref,
+    h_ref,
+    dh_ref,
+    v_ref,
+    dv_ref,
+    do_ref,
+    dq_ref,
+    dk_ref,
+    dw_ref,
+    dg_ref,
+    *,
+    blk,
+    q_scale,
+):
     """One chunk of the delta rule: the gradients that flow through the state, from S_n (h),
     dS_{n+1} (dh), the corrected values v and their cotangents dv, and those through the
     intra-chunk scores QK = q_scale (q k^T) o Dc (o = ... + QK v), from F = q_scale dQK o Dc,
@@ -198,8 +304,9 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
     dqk = jnp.zeros((C, C), f32)
     for cv in vblocks:
         dqk += dot_nt(do_ref[:, cv], v_ref[:, cv].astype(cd))
-    causal = (jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
-              >= jax.lax.broadcasted_iota(jnp.int32, (C, C), 1))
+    causal = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0) >= jax.lax.broadcasted_iota(
+        jnp.int32, (C, C), 1
+    )
     if decay:
         G = g_ref[...]
         last, g_last = last_row(G)
@@ -209,17 +316,18 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
         F = jnp.where(causal, q_scale * dqk, 0.0).astype(cd)
         q_decay, k_decay = q_scale, None
     hdh = jnp.zeros((1, 1), f32)
-    from_q = jnp.zeros((C, 1), f32)          # rowsum(dq o q), rowsum(dk o k) of the totals
+    from_q = jnp.zeros((C, 1), f32)  # rowsum(dq o q), rowsum(dk o k) of the totals
     from_k = jnp.zeros((C, 1), f32)
-    f_qk = jnp.zeros((1, 1), f32)            # sum(F o q k^T): the scores' part of sum(from_k)
+    f_qk = jnp.zeros((1, 1), f32)  # sum(F o q k^T): the scores' part of sum(from_k)
     for ck in kblocks:
         q, k = q_ref[:, ck], k_ref[:, ck]
         dq = dot(F, k)
         dk = dot(F, q, trans_a=True)
         dw = jnp.zeros((C, ck.size), f32)
         if decay:
-            f_qk += jnp.sum(jnp.sum(dq * q.astype(f32), axis=1, keepdims=True), axis=0,
-                            keepdims=True)
+            f_qk += jnp.sum(
+                jnp.sum(dq * q.astype(f32), axis=1, keepdims=True), axis=0, keepdims=True
+            )
         for cv in vblocks:
             h, dh = h_ref[ck, cv], dh_ref[ck, cv]
             hc = h.astype(cd)
@@ -227,8 +335,11 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
             dw -= dot_nt(dv_ref[:, cv].astype(cd), hc)
             dk += times(dot_nt(v_ref[:, cv].astype(cd), dh.astype(cd)), k_decay)
             if decay:
-                hdh += jnp.sum(jnp.sum(h.astype(f32) * dh.astype(f32), axis=1, keepdims=True),
-                               axis=0, keepdims=True)
+                hdh += jnp.sum(
+                    jnp.sum(h.astype(f32) * dh.astype(f32), axis=1, keepdims=True),
+                    axis=0,
+                    keepdims=True,
+                )
         if decay:
             from_q += jnp.sum(dq * q.astype(f32), axis=1, keepdims=True)
             from_k += jnp.sum(dk * k.astype(f32), axis=1, keepdims=True)
@@ -241,6 +352,7 @@ def _state_grads_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, v_ref, dv_ref, do_re
 
 
 # ---------------------------------------------------------------- launchers
+
 
 def _to_bhtx(x):
     return jnp.swapaxes(x, 1, 2)
@@ -272,24 +384,39 @@ def _scan_call(cfg, kernel, ins, outs, *, reverse, name):
     V = next(x for x, n in ins if n == "V").shape[-1]
     N, tpu = T // cfg.chunk, cfg.layout == "tpu"
     s = scan_specs(cfg, B, H, T, K, V, reverse=reverse)
-    spec = {"K": s["seq"](K), "C": s["seq"](cfg.chunk), "1": s["seq"](1), "V": s["seq_v"],
-            "state": s["state"], "tok_v": s["seq_v"], "chunks": s["chunks"]}
-    shape = {"tok_v": (B, H, T, V) if tpu else (B, T, H, V), "state": (B, H, K, V),
-             "chunks": (B, H, N, K, V) if tpu else (B, N, H, K, V)}
+    spec = {
+        "K": s["seq"](K),
+        "C": s["seq"](cfg.chunk),
+        "1": s["seq"](1),
+        "V": s["seq_v"],
+        "state": s["state"],
+        "tok_v": s["seq_v"],
+        "chunks": s["chunks"],
+    }
+    shape = {
+        "tok_v": (B, H, T, V) if tpu else (B, T, H, V),
+        "state": (B, H, K, V),
+        "chunks": (B, H, N, K, V) if tpu else (B, N, H, K, V),
+    }
     present = [x is not None for x, _ in ins] + [p for _, _, p in outs]
     while not present[-1]:
         present.pop()
     scratch = {}
     if tpu:
         from jax.experimental.pallas import tpu as pltpu
+
         scratch = {"scratch_shapes": [pltpu.VMEM((K, cfg.block_v), f32)]}
     args = [x for x, _ in ins if x is not None]
     res = pl.pallas_call(
-        with_absent(kernel, present), grid=s["grid"],
+        with_absent(kernel, present),
+        grid=s["grid"],
         in_specs=[spec[n] for x, n in ins if x is not None],
         out_specs=[spec[n] for n, _, p in outs if p],
         out_shape=[jax.ShapeDtypeStruct(shape[n], dt) for n, dt, p in outs if p],
-        interpret=cfg.interpret, name=name, **scratch, **compiler_params(cfg),
+        interpret=cfg.interpret,
+        name=name,
+        **scratch,
+        **compiler_params(cfg),
     )(*_per_token(cfg, args[:-1]), args[-1])
     kinds = iter(n for n, _, p in outs if p)
     back = {"tok_v": _to_bhtx, "chunks": lambda x: jnp.swapaxes(x, 1, 2), "state": lambda x: x}
@@ -313,16 +440,22 @@ def scan_forward(cfg, q, k, w, u, qk, G, S0, *, store=False, q_scale=1.0):
     sd = store_dtype(cfg, k.dtype, K)
     N = k.shape[1] // cfg.chunk
     if cfg.layout == "triton":
-        kernel = functools.partial(_fwd_kernel_loop, n_chunks=N, chunk=cfg.chunk,
-                                   q_scale=q_scale)
+        kernel = functools.partial(_fwd_kernel_loop, n_chunks=N, chunk=cfg.chunk, q_scale=q_scale)
     else:
         kernel = functools.partial(_fwd_kernel_grid, n_chunks=N, store=store, q_scale=q_scale)
     res = _scan_call(
-        cfg, kernel,
+        cfg,
+        kernel,
         [(q, "K"), (k, "K"), (w, "K"), (u, "V"), (qk, "C"), (column(G), "1"), (S0, "state")],
-        [("tok_v", u.dtype, outputs), ("state", f32, True), ("chunks", sd, store),
-         ("tok_v", sd, store and delta)],
-        reverse=False, name="gdn_scan_fwd" if delta else "linear_scan_fwd")
+        [
+            ("tok_v", u.dtype, outputs),
+            ("state", f32, True),
+            ("chunks", sd, store),
+            ("tok_v", sd, store and delta),
+        ],
+        reverse=False,
+        name="gdn_scan_fwd" if delta else "linear_scan_fwd",
+    )
     return res[:2] + (res[2:3] if store else ()) + (res[3:] if store and delta else ())
 
 
@@ -338,16 +471,17 @@ def scan_backward(cfg, q, k, w, qk, G, do, dSN, *, q_scale=1.0):
     sd = store_dtype(cfg, q.dtype, K)
     N = q.shape[1] // cfg.chunk
     if cfg.layout == "triton":
-        kernel = functools.partial(_bwd_kernel_loop, n_chunks=N, chunk=cfg.chunk,
-                                   q_scale=q_scale)
+        kernel = functools.partial(_bwd_kernel_loop, n_chunks=N, chunk=cfg.chunk, q_scale=q_scale)
     else:
         kernel = functools.partial(_bwd_kernel_grid, n_chunks=N, q_scale=q_scale)
     return _scan_call(
-        cfg, kernel,
-        [(q, "K"), (k, "K"), (w, "K"), (qk, "C"), (column(G), "1"), (do, "V"),
-         (dSN, "state")],
+        cfg,
+        kernel,
+        [(q, "K"), (k, "K"), (w, "K"), (qk, "C"), (column(G), "1"), (do, "V"), (dSN, "state")],
         [("tok_v", sd, k is not None), ("chunks", sd, True), ("state", f32, True)],
-        reverse=True, name="gdn_scan_bwd" if w is not None else "linear_scan_bwd")
+        reverse=True,
+        name="gdn_scan_bwd" if w is not None else "linear_scan_bwd",
+    )
 
 
 def state_grads(cfg, q, k, G, h, dh, v, dv, do, *, q_scale=1.0, dq_dtype=None):
@@ -361,8 +495,11 @@ def state_grads(cfg, q, k, G, h, dh, v, dv, do, *, q_scale=1.0, dq_dtype=None):
     B, T, H, K = q.shape
     V, cd = v.shape[-1], q.dtype
     dq, dk, dw, dG = chunk_call(
-        cfg, functools.partial(_state_grads_kernel, blk=cfg.chunk_block, q_scale=q_scale),
+        cfg,
+        functools.partial(_state_grads_kernel, blk=cfg.chunk_block, q_scale=q_scale),
         [(q, K), (k, K), (column(G), 1), (h, None), (dh, None), (v, V), (dv, V), (do, V)],
         [(K, dq_dtype or cd), (K, cd), (K, cd), (1, None if G is None else f32)],
-        (B, T, H), name="gdn_state_grads")
+        (B, T, H),
+        name="gdn_state_grads",
+    )
     return dq, dk, dw, (None if dG is None else dG[..., 0])

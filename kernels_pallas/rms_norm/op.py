@@ -1,5 +1,6 @@
 """``rms_norm``: the public entry, which checks shapes and runs the implementation its
 ``RMSNormSettings`` choose; under ``kernel_mesh`` the kernels run per device shard."""
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -19,8 +20,9 @@ def choose(settings: RMSNormSettings, dim: int) -> str:
     return impl
 
 
-def rms_norm(x, weight, delta=None, *, eps: float = 1e-6, dtype=None,
-             settings: RMSNormSettings | None = None):
+def rms_norm(
+    x, weight, delta=None, *, eps: float = 1e-6, dtype=None, settings: RMSNormSettings | None = None
+):
     """y = x / sqrt(mean(x^2) + eps) * weight over the last axis, in fp32, cast to ``dtype``
     (default x's). With ``delta`` (x's shape): returns (h, rms_norm(h)) with h = x + delta in
     x's dtype, the residual stream's add fused with the norm after it."""
@@ -43,10 +45,16 @@ def rms_norm(x, weight, delta=None, *, eps: float = 1e-6, dtype=None,
         return rms_norm_pallas(x, weight, delta, **kw)
     # rows over the batch axes; per-head norms ([B, T, heads, D]) keep their heads' sharding
     heads = [km.head_spec(x.shape[-2])] if x.ndim == 4 else [None] * (x.ndim - 2)
-    rows = sharding.P(km.batch_spec(x.shape[0]), *([None] * (x.ndim - 2 - len(heads))),
-                      *heads, None)
+    rows = sharding.P(
+        km.batch_spec(x.shape[0]), *([None] * (x.ndim - 2 - len(heads))), *heads, None
+    )
     if delta is None:
-        return sharding.per_shard(lambda x, w: rms_norm_pallas(x, w, **kw), km,
-                                  (rows, sharding.P(None)), rows)(x, weight)
-    return sharding.per_shard(lambda x, d, w: rms_norm_pallas(x, w, d, **kw), km,
-                              (rows, rows, sharding.P(None)), (rows, rows))(x, delta, weight)
+        return sharding.per_shard(
+            lambda x, w: rms_norm_pallas(x, w, **kw), km, (rows, sharding.P(None)), rows
+        )(x, weight)
+    return sharding.per_shard(
+        lambda x, d, w: rms_norm_pallas(x, w, d, **kw),
+        km,
+        (rows, rows, sharding.P(None)),
+        (rows, rows),
+    )(x, delta, weight)

@@ -14,6 +14,7 @@ rows backward (a loop, accumulating its dw). The row length D must be a power of
 blocks); the dispatcher sends other widths to the reference. GPU only (Triton) and the generic
 interpreter.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,22 +33,26 @@ f32 = jnp.float32
 @dataclasses.dataclass(frozen=True)
 class NormConfig:
     """How the norm kernels are launched for one shape (``plan``)."""
+
     eps: float
-    block_rows: int         # rows per program (forward) and per loop step (backward)
-    steps: int              # loop steps per backward program
+    block_rows: int  # rows per program (forward) and per loop step (backward)
+    steps: int  # loop steps per backward program
     num_warps: int
     interpret: object = False
 
 
-def plan(n_rows: int, dim: int, *, target: int = 8192, programs: int = 1024,
-         interpret=False) -> tuple[int, int, int]:
+def plan(
+    n_rows: int, dim: int, *, target: int = 8192, programs: int = 1024, interpret=False
+) -> tuple[int, int, int]:
     """(block_rows, steps, num_warps): about ``target`` elements a block, rows a power of two
     dividing n_rows; backward programs of up to 8 blocks while at least ``programs`` remain."""
     br = 1
     while br * 2 * dim <= target and n_rows % (br * 2) == 0:
         br *= 2
     steps = 1
-    while steps < 8 and (n_rows // br) % (steps * 2) == 0 and n_rows // (br * steps * 2) >= programs:
+    while (
+        steps < 8 and (n_rows // br) % (steps * 2) == 0 and n_rows // (br * steps * 2) >= programs
+    ):
         steps *= 2
     return br, steps, (8 if br * dim >= 8192 else 4)
 
@@ -58,7 +63,7 @@ def _fwd_kernel(*refs, cfg, add):
     else:
         x_ref, w_ref, y_ref, r_ref = refs
     x = x_ref[...]
-    if add:                       # the norm reads h rounded to the stream's dtype, as stored
+    if add:  # the norm reads h rounded to the stream's dtype, as stored
         h = (x.astype(f32) + d_ref[...].astype(f32)).astype(h_ref.dtype)
         h_ref[...] = h
         x = h
@@ -95,6 +100,7 @@ def _params(cfg):
     if cfg.interpret is not False:
         return {}
     from jax.experimental.pallas import triton as plgpu
+
     return {"compiler_params": plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1)}
 
 
@@ -110,9 +116,15 @@ def _forward(cfg, add, dtype, x, w, d=None):
     outs += [jax.ShapeDtypeStruct((N, D), dtype), jax.ShapeDtypeStruct((N, 1), f32)]
     out_specs = [rows] * (len(outs) - 1) + [col]
     return pl.pallas_call(
-        functools.partial(_fwd_kernel, cfg=cfg, add=add), grid=(N // BR,), in_specs=in_specs,
-        out_specs=out_specs, out_shape=outs, interpret=cfg.interpret, name="rms_norm_fwd",
-        **_params(cfg))(*ins)
+        functools.partial(_fwd_kernel, cfg=cfg, add=add),
+        grid=(N // BR,),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=outs,
+        interpret=cfg.interpret,
+        name="rms_norm_fwd",
+        **_params(cfg),
+    )(*ins)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -128,10 +140,15 @@ def _backward(cfg, add, h, r, w, dy, dh=None):
         ins.append(dh)
         in_specs.append(rows)
     dx, dw = pl.pallas_call(
-        functools.partial(_bwd_kernel, cfg=cfg, add=add), grid=(P,), in_specs=in_specs,
+        functools.partial(_bwd_kernel, cfg=cfg, add=add),
+        grid=(P,),
+        in_specs=in_specs,
         out_specs=[rows, pl.BlockSpec((1, D), lambda i: (i, 0))],
         out_shape=[jax.ShapeDtypeStruct((N, D), h.dtype), jax.ShapeDtypeStruct((P, D), f32)],
-        interpret=cfg.interpret, name="rms_norm_bwd", **_params(cfg))(*ins)
+        interpret=cfg.interpret,
+        name="rms_norm_bwd",
+        **_params(cfg),
+    )(*ins)
     return dx, jnp.sum(dw, axis=0)
 
 
@@ -173,25 +190,37 @@ def _ops(cfg, dtype):
     return norm, add_norm
 
 
-def rms_norm_pallas(x, weight, delta=None, *, eps: float = 1e-6, dtype=None,
-                    settings: RMSNormSettings = RMSNormSettings()):
+def rms_norm_pallas(
+    x,
+    weight,
+    delta=None,
+    *,
+    eps: float = 1e-6,
+    dtype=None,
+    settings: RMSNormSettings = RMSNormSettings(),
+):
     """``kernels_pallas.rms_norm`` as the kernels above: y, or (h, y) given ``delta``.
     x (and delta, in x's dtype) [..., D] with D a power of two; weight [D]."""
     interpret = settings.interpret
     if interpret is False and settings.target() != "gpu":
-        raise ValueError(f"rms_norm(impl='pallas') has a Triton (GPU) lowering only; on "
-                         f"platform {settings.target()!r} use impl='reference' or "
-                         f"interpret=True")
+        raise ValueError(
+            f"rms_norm(impl='pallas') has a Triton (GPU) lowering only; on "
+            f"platform {settings.target()!r} use impl='reference' or "
+            f"interpret=True"
+        )
     if interpret is not False and interpret is not True:
-        raise ValueError(f"rms_norm(impl='pallas'): interpret must be False or True (the "
-                         f"generic interpreter; there is no TPU layout), got {interpret!r}")
+        raise ValueError(
+            f"rms_norm(impl='pallas'): interpret must be False or True (the "
+            f"generic interpreter; there is no TPU layout), got {interpret!r}"
+        )
     D = x.shape[-1]
     if not pow2(D):
         raise ValueError(f"rms_norm(impl='pallas') needs a power-of-two width, got {D}")
     N = x.size // D
     br, steps, warps = plan(N, D)
-    cfg = NormConfig(eps=float(eps), block_rows=br, steps=steps, num_warps=warps,
-                     interpret=interpret)
+    cfg = NormConfig(
+        eps=float(eps), block_rows=br, steps=steps, num_warps=warps, interpret=interpret
+    )
     norm, add_norm = _ops(cfg, jnp.dtype(x.dtype if dtype is None else dtype))
     w = weight.reshape(1, D)
     if delta is None:

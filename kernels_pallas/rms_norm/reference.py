@@ -10,6 +10,7 @@ norm's), which is also the cotangent of x and of d. Saved: the (bf16) input or h
 [..., 1]; autodiff of the forward formula stores fp32 copies of x and x r instead. This is the
 specification and the path off the GPU; ``pallas.py`` does each direction in one kernel.
 """
+
 from __future__ import annotations
 
 import functools

@@ -1,5 +1,6 @@
 """``short_conv``: the public entry, which checks shapes and runs the implementation its
 ``ShortConvSettings`` choose; under ``kernel_mesh`` the kernels run per device shard."""
+
 from __future__ import annotations
 
 from kernels_pallas import dispatch, sharding
@@ -18,8 +19,17 @@ def choose(settings: ShortConvSettings, channels_per_head: int) -> str:
     return impl
 
 
-def short_conv(x, weight, segment_ids=None, *, heads: int = 1, normalize: bool = False,
-               eps: float = 1e-6, scale: float = 1.0, settings: ShortConvSettings | None = None):
+def short_conv(
+    x,
+    weight,
+    segment_ids=None,
+    *,
+    heads: int = 1,
+    normalize: bool = False,
+    eps: float = 1e-6,
+    scale: float = 1.0,
+    settings: ShortConvSettings | None = None,
+):
     """SiLU(causal depthwise conv(x)), optionally L2-normalised per head and scaled.
 
     Args:
@@ -33,16 +43,19 @@ def short_conv(x, weight, segment_ids=None, *, heads: int = 1, normalize: bool =
     """
     settings = ShortConvSettings() if settings is None else settings
     if x.ndim != 3 or weight.ndim != 2 or weight.shape[1] != x.shape[2]:
-        raise ValueError(f"short_conv: need x [B,T,C] and weight [W,C]; got {x.shape}, "
-                         f"{weight.shape}")
+        raise ValueError(
+            f"short_conv: need x [B,T,C] and weight [W,C]; got {x.shape}, {weight.shape}"
+        )
     if heads < 1 or x.shape[2] % heads:
         raise ValueError(f"short_conv: heads={heads} does not divide the {x.shape[2]} channels")
     if segment_ids is not None and segment_ids.shape != x.shape[:2]:
-        raise ValueError(f"short_conv: segment_ids must be [B,T]={x.shape[:2]}, got "
-                         f"{segment_ids.shape}")
+        raise ValueError(
+            f"short_conv: segment_ids must be [B,T]={x.shape[:2]}, got {segment_ids.shape}"
+        )
     if scale != 1.0 and not normalize:
-        raise ValueError(f"short_conv: scale={scale} multiplies the normalised output; "
-                         f"pass normalize=True")
+        raise ValueError(
+            f"short_conv: scale={scale} multiplies the normalised output; pass normalize=True"
+        )
     impl = dispatch.record(settings, choose(settings, x.shape[2] // heads))
     kw = dict(heads=heads, normalize=normalize, eps=eps, scale=float(scale))
     if impl == "reference":
@@ -54,8 +67,7 @@ def short_conv(x, weight, segment_ids=None, *, heads: int = 1, normalize: bool =
     local_heads = heads // (km.mesh.shape[h] if h else 1)
 
     def local(x, weight, seg=None):
-        return short_conv_pallas(x, weight, seg, settings=settings,
-                                 **{**kw, "heads": local_heads})
+        return short_conv_pallas(x, weight, seg, settings=settings, **{**kw, "heads": local_heads})
 
     args, specs = [x, weight], [sharding.P(b, None, h), sharding.P(None, h)]
     if segment_ids is not None:

@@ -25,6 +25,7 @@ y = c n with the scale c (y = s without the norm):
 Arithmetic is fp32 inside; dz is stored in x's dtype. GPU only (Triton) and the generic
 interpreter; TPU runs the jnp reference (``ShortConvSettings.AUTO``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,12 +45,13 @@ f32 = jnp.float32
 @dataclasses.dataclass(frozen=True)
 class ConvConfig:
     """The convolution's static shape and launch settings, the key of its jitted kernels."""
-    width: int            # W, the taps
-    block_t: int          # tokens per program
+
+    width: int  # W, the taps
+    block_t: int  # tokens per program
     normalize: bool
     eps: float
     interpret: object = False
-    scale: float = 1.0    # multiplies the normalised output
+    scale: float = 1.0  # multiplies the normalised output
     num_warps: int = 4
 
 
@@ -123,7 +125,7 @@ def _bwd_kernel(x_ref, head_ref, m_ref, w_ref, dy_ref, dz_ref, dw_ref, *, cfg):
         dz_ref[...] = dz.astype(dz_ref.dtype)
         rows = jax.lax.broadcasted_iota(jnp.int32, dw_ref.shape, 0)
 
-        def tap(j, dw):                     # dw_{W-1-j}: sum over the tile of m_j x(t - j) dz
+        def tap(j, dw):  # dw_{W-1-j}: sum over the tile of m_j x(t - j) dz
             xj = _tap(x_ref, head_ref, t0, j, BT, W, first)
             part = jnp.sum(jnp.where(m >= j, xj, 0.0) * dz, axis=0, keepdims=True)
             return jnp.where(rows == W - 1 - j, part, dw)
@@ -136,7 +138,7 @@ def _bwd_kernel(x_ref, head_ref, m_ref, w_ref, dy_ref, dz_ref, dw_ref, *, cfg):
 def _tail(a, BT):
     """The last tile's rows ahead of BT zero rows, [B, 2 BT, ...]: the last tile of the
     transposed convolution reads its taps here, every other tile from ``a`` itself."""
-    return jnp.pad(a[:, a.shape[1] - BT:], ((0, 0), (0, BT)) + ((0, 0),) * (a.ndim - 2))
+    return jnp.pad(a[:, a.shape[1] - BT :], ((0, 0), (0, BT)) + ((0, 0),) * (a.ndim - 2))
 
 
 def _dx_kernel(dz_ref, dz_tail_ref, m_ref, m_tail_ref, w_ref, dx_ref, *, cfg, last_tile):
@@ -152,8 +154,7 @@ def _dx_kernel(dz_ref, dz_tail_ref, m_ref, m_tail_ref, w_ref, dx_ref, *, cfg, la
                 dz, m = dz_tail_ref[pl.ds(j, BT), :], m_tail_ref[pl.ds(j, BT), :]
             else:
                 dz, m = dz_ref[pl.ds(t0 + j, BT), :], m_ref[pl.ds(t0 + j, BT), :]
-            dx += w_ref[pl.ds(W - 1 - j, 1), :].astype(f32) * jnp.where(
-                m >= j, dz.astype(f32), 0.0)
+            dx += w_ref[pl.ds(W - 1 - j, 1), :].astype(f32) * jnp.where(m >= j, dz.astype(f32), 0.0)
         dx_ref[...] = dx.astype(dx_ref.dtype)
 
     t = pl.program_id(1)
@@ -163,7 +164,7 @@ def _dx_kernel(dz_ref, dz_tail_ref, m_ref, m_tail_ref, w_ref, dx_ref, *, cfg, la
 
 def _specs(B, T, heads, X, BT):
     sq = pl.squeezed
-    whole = pl.BlockSpec((sq, T, X), lambda b, t, h: (b, 0, h))        # all of time
+    whole = pl.BlockSpec((sq, T, X), lambda b, t, h: (b, 0, h))  # all of time
     head = pl.BlockSpec((sq, 2 * BT, X), lambda b, t, h: (b, 0, h))
     tile_m = pl.BlockSpec((sq, BT, 1), lambda b, t, h: (b, t, 0))
     tile = pl.BlockSpec((sq, BT, X), lambda b, t, h: (b, t, h))
@@ -174,6 +175,7 @@ def _params(cfg):
     if cfg.interpret is not False:
         return {}
     from jax.experimental.pallas import triton as plgpu
+
     return {"compiler_params": plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1)}
 
 
@@ -187,10 +189,15 @@ def _forward(cfg, heads, x, w, m):
     whole, head, tile_m, tile = _specs(B, T, heads, X, BT)
     wspec = pl.BlockSpec((w.shape[0], X), lambda b, t, h: (0, h))
     return pl.pallas_call(
-        functools.partial(_fwd_kernel, cfg=cfg), grid=(B, T // BT, heads),
-        in_specs=[whole, head, tile_m, wspec], out_specs=tile,
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=cfg.interpret,
-        name="short_conv_fwd", **_params(cfg))(x, _head(x, cfg.width, BT), m, w)
+        functools.partial(_fwd_kernel, cfg=cfg),
+        grid=(B, T // BT, heads),
+        in_specs=[whole, head, tile_m, wspec],
+        out_specs=tile,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        interpret=cfg.interpret,
+        name="short_conv_fwd",
+        **_params(cfg),
+    )(x, _head(x, cfg.width, BT), m, w)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -202,21 +209,31 @@ def _backward(cfg, heads, x, w, m, dy):
     wspec = pl.BlockSpec((Wp, X), lambda b, t, h: (0, h))
     sq = pl.squeezed
     dz, dw = pl.pallas_call(
-        functools.partial(_bwd_kernel, cfg=cfg), grid=(B, NT, heads),
+        functools.partial(_bwd_kernel, cfg=cfg),
+        grid=(B, NT, heads),
         in_specs=[whole, head, tile_m, wspec, tile],
         out_specs=[tile, pl.BlockSpec((sq, sq, Wp, X), lambda b, t, h: (b, t, 0, h))],
-        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype),
-                   jax.ShapeDtypeStruct((B, NT, Wp, C), f32)],
-        interpret=cfg.interpret, name="short_conv_bwd", **_params(cfg))(
-            x, _head(x, cfg.width, BT), m, w, dy)
+        out_shape=[
+            jax.ShapeDtypeStruct(x.shape, x.dtype),
+            jax.ShapeDtypeStruct((B, NT, Wp, C), f32),
+        ],
+        interpret=cfg.interpret,
+        name="short_conv_bwd",
+        **_params(cfg),
+    )(x, _head(x, cfg.width, BT), m, w, dy)
     m_whole = pl.BlockSpec((sq, T, 1), lambda b, t, h: (b, 0, 0))
     m_tail = pl.BlockSpec((sq, 2 * BT, 1), lambda b, t, h: (b, 0, 0))
     tail = pl.BlockSpec((sq, 2 * BT, X), lambda b, t, h: (b, 0, h))
     dx = pl.pallas_call(
-        functools.partial(_dx_kernel, cfg=cfg, last_tile=NT - 1), grid=(B, NT, heads),
-        in_specs=[whole, tail, m_whole, m_tail, wspec], out_specs=tile,
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=cfg.interpret,
-        name="short_conv_dx", **_params(cfg))(dz, _tail(dz, BT), m, _tail(m, BT), w)
+        functools.partial(_dx_kernel, cfg=cfg, last_tile=NT - 1),
+        grid=(B, NT, heads),
+        in_specs=[whole, tail, m_whole, m_tail, wspec],
+        out_specs=tile,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        interpret=cfg.interpret,
+        name="short_conv_dx",
+        **_params(cfg),
+    )(dz, _tail(dz, BT), m, _tail(m, BT), w)
     return dx, jnp.sum(dw, axis=(0, 1))
 
 
@@ -240,9 +257,17 @@ def _op(cfg, heads):
     return op
 
 
-def short_conv_pallas(x, weight, segment_ids=None, *, heads: int = 1, normalize: bool = False,
-                      eps: float = 1e-6, scale: float = 1.0,
-                      settings: ShortConvSettings = ShortConvSettings()):
+def short_conv_pallas(
+    x,
+    weight,
+    segment_ids=None,
+    *,
+    heads: int = 1,
+    normalize: bool = False,
+    eps: float = 1e-6,
+    scale: float = 1.0,
+    settings: ShortConvSettings = ShortConvSettings(),
+):
     """``short_conv`` as the kernels above, launched as ``settings`` says (its ``impl`` is not
     read). x [B, T, C]; weight [W, C] (any float dtype, the gradient comes back in it);
     segment_ids [B, T] or None. T is padded to the tile."""
@@ -250,25 +275,39 @@ def short_conv_pallas(x, weight, segment_ids=None, *, heads: int = 1, normalize:
     W = weight.shape[0]
     interpret, block_t = settings.interpret, settings.block_t
     if interpret is not False and interpret is not True:
-        raise ValueError(f"short_conv(impl='pallas'): interpret must be False or True (the "
-                         f"generic interpreter; there is no TPU layout), got {interpret!r}")
+        raise ValueError(
+            f"short_conv(impl='pallas'): interpret must be False or True (the "
+            f"generic interpreter; there is no TPU layout), got {interpret!r}"
+        )
     if interpret is False and settings.target() != "gpu":
-        raise ValueError(f"short_conv(impl='pallas') has a Triton (GPU) lowering only; on "
-                         f"platform {settings.target()!r} use impl='reference' or "
-                         f"interpret=True")
+        raise ValueError(
+            f"short_conv(impl='pallas') has a Triton (GPU) lowering only; on "
+            f"platform {settings.target()!r} use impl='reference' or "
+            f"interpret=True"
+        )
     X = C // heads
     if interpret is False:
         for name, n in (("channels per head", X), ("block_t", block_t)):
             if not pow2(n) or n < 16:
-                raise ValueError(f"short_conv(impl='pallas') on GPU needs {name} a power of "
-                                 f"two >= 16, got {n}")
-    bt = min(block_t, max(16, 1 << (T - 1).bit_length()))       # short sequences: one tile
+                raise ValueError(
+                    f"short_conv(impl='pallas') on GPU needs {name} a power of two >= 16, got {n}"
+                )
+    bt = min(block_t, max(16, 1 << (T - 1).bit_length()))  # short sequences: one tile
     if W - 1 > bt:
-        raise ValueError(f"short_conv(impl='pallas'): {W} taps reach {W - 1} rows back, past "
-                         f"a tile of {bt}; use block_t >= {W - 1}")
+        raise ValueError(
+            f"short_conv(impl='pallas'): {W} taps reach {W - 1} rows back, past "
+            f"a tile of {bt}; use block_t >= {W - 1}"
+        )
     pad = (-T) % bt
-    cfg = ConvConfig(width=W, block_t=bt, normalize=normalize, eps=eps, interpret=interpret,
-                     num_warps=settings.num_warps, scale=float(scale))
+    cfg = ConvConfig(
+        width=W,
+        block_t=bt,
+        normalize=normalize,
+        eps=eps,
+        interpret=interpret,
+        num_warps=settings.num_warps,
+        scale=float(scale),
+    )
     m = jnp.minimum(doc_offsets(segment_ids, B, T), W - 1).astype(f32)[..., None]
     Wp = 1 << (W - 1).bit_length()
     w = jnp.pad(weight.astype(f32), ((0, Wp - W), (0, 0)))

@@ -7,6 +7,7 @@ A tap that would reach across a document boundary (a change of segment id betwee
 and the current token) contributes nothing. This is the specification and the CPU path; the
 Pallas kernels in ``pallas.py`` compute the same in one pass over x forward and one backward.
 """
+
 from __future__ import annotations
 
 import jax
@@ -20,8 +21,9 @@ def doc_offsets(segment_ids, B: int, T: int):
     t = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     if segment_ids is None:
         return t
-    start = jnp.concatenate([jnp.ones((B, 1), bool),
-                             segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    start = jnp.concatenate(
+        [jnp.ones((B, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
+    )
     return t - jax.lax.cummax(jnp.where(start, t, 0), axis=1)
 
 
@@ -36,7 +38,7 @@ def causal_conv1d(x, weight, segment_ids=None):
         since = doc_offsets(segment_ids, B, T)
     y = jnp.zeros_like(x)
     for i in range(W):
-        tap = xp[:, i:i + T] * weight[i].astype(x.dtype)
+        tap = xp[:, i : i + T] * weight[i].astype(x.dtype)
         if segment_ids is not None and i < W - 1:
             tap = jnp.where((since >= W - 1 - i)[..., None], tap, 0)
         y = y + tap
@@ -50,8 +52,7 @@ def l2_normalize(x, eps=1e-6, scale=1.0):
     return (x32 * (r * scale if scale != 1.0 else r)).astype(x.dtype)
 
 
-def silu_norm(z, *, heads: int = 1, normalize: bool = False, eps: float = 1e-6,
-              scale: float = 1.0):
+def silu_norm(z, *, heads: int = 1, normalize: bool = False, eps: float = 1e-6, scale: float = 1.0):
     """What follows the convolution: SiLU(z) [B, T, C], L2-normalised per head of C // heads
     and times ``scale`` if ``normalize`` (also the GDN heads' one-token ``extend``)."""
     y = jax.nn.silu(z)
@@ -61,9 +62,22 @@ def silu_norm(z, *, heads: int = 1, normalize: bool = False, eps: float = 1e-6,
     return l2_normalize(y.reshape(B, T, heads, C // heads), eps, scale).reshape(B, T, C)
 
 
-def short_conv_reference(x, weight, segment_ids=None, *, heads: int = 1,
-                         normalize: bool = False, eps: float = 1e-6, scale: float = 1.0):
+def short_conv_reference(
+    x,
+    weight,
+    segment_ids=None,
+    *,
+    heads: int = 1,
+    normalize: bool = False,
+    eps: float = 1e-6,
+    scale: float = 1.0,
+):
     """SiLU(causal_conv1d(x)) [B, T, C], L2-normalised per head of C // heads and times
     ``scale`` if ``normalize``."""
-    return silu_norm(causal_conv1d(x, weight, segment_ids), heads=heads, normalize=normalize,
-                     eps=eps, scale=scale)
+    return silu_norm(
+        causal_conv1d(x, weight, segment_ids),
+        heads=heads,
+        normalize=normalize,
+        eps=eps,
+        scale=scale,
+    )

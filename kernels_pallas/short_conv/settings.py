@@ -1,4 +1,5 @@
 """``ShortConvSettings``: how ``short_conv`` runs, as one frozen value."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,6 +13,7 @@ class ShortConvSettings(KernelSettings):
     takes the kernels on GPU where a head has a power of two >= 16 channels, else the reference
     (TPU has no Mosaic layout of these kernels: XLA fuses the reference there).
     block_t: tokens a program; num_warps: warps a program (GPU)."""
+
     block_t: int = 64
     num_warps: int = 4
 
@@ -22,5 +24,7 @@ class ShortConvSettings(KernelSettings):
     def __post_init__(self):
         super().__post_init__()
         if self.block_t < 1 or self.num_warps < 1:
-            raise ValueError(f"short_conv: block_t and num_warps must be >= 1, got "
-                             f"{self.block_t}, {self.num_warps}")
+            raise ValueError(
+                f"short_conv: block_t and num_warps must be >= 1, got "
+                f"{self.block_t}, {self.num_warps}"
+            )

@@ -1,5 +1,6 @@
 """``skinny_matmul``: the public entry, which checks shapes and runs the implementation its
 ``SkinnyMatmulSettings`` choose."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,12 @@ from kernels_pallas.skinny_matmul.settings import SkinnyMatmulSettings
 
 def runs_kernel(settings: SkinnyMatmulSettings, M: int, K: int, N: int) -> bool:
     """Whether ``skinny_matmul`` of M rows by a [K, N] matrix runs the kernel."""
-    return (settings.choose() == "pallas" and plan(M, K, N, settings) is not None
-            and dispatch.triton_target(settings) and sharding.current() is None)
+    return (
+        settings.choose() == "pallas"
+        and plan(M, K, N, settings) is not None
+        and dispatch.triton_target(settings)
+        and sharding.current() is None
+    )
 
 
 def skinny_matmul(x, w, *, settings: SkinnyMatmulSettings | None = None):
@@ -25,8 +30,9 @@ def skinny_matmul(x, w, *, settings: SkinnyMatmulSettings | None = None):
     other case XLA's product (``reference.py``)."""
     settings = SkinnyMatmulSettings() if settings is None else settings
     if w.ndim != 2 or x.shape[-1] != w.shape[0]:
-        raise ValueError(f"skinny_matmul: x [..., K] and w [K, N] expected, got x {x.shape}, "
-                         f"w {w.shape}")
+        raise ValueError(
+            f"skinny_matmul: x [..., K] and w [K, N] expected, got x {x.shape}, w {w.shape}"
+        )
     kernel = runs_kernel(settings, math.prod(x.shape[:-1]), x.shape[-1], w.shape[1])
     dispatch.record(settings, "pallas" if kernel else "reference")
     if kernel:

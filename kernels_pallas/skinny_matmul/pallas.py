@@ -16,6 +16,7 @@ from the bandwidth (docs/benchmarks.md, "Decode and cache"). Here:
 most half of w's bytes. The gradient is XLA's two products (``custom_vjp``). GPU only (Triton)
 and the generic interpreter.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,7 +32,7 @@ from kernels_pallas.skinny_matmul.reference import skinny_matmul_reference
 from kernels_pallas.skinny_matmul.settings import SkinnyMatmulSettings
 
 f32 = jnp.float32
-DOT_ROWS = 16          # the fewest rows a Triton dot takes: fewer go to CUDA cores
+DOT_ROWS = 16  # the fewest rows a Triton dot takes: fewer go to CUDA cores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,7 @@ class MatmulPlan:
     """How the kernel is launched for one shape: ``rows`` (M rounded up to a power of two),
     ``block_n`` columns and ``splits`` of K a program's grid, ``block_k`` rows of w a loop
     step."""
+
     rows: int
     block_n: int
     block_k: int
@@ -55,23 +57,33 @@ def plan(M: int, K: int, N: int, settings: SkinnyMatmulSettings) -> MatmulPlan |
     the fp32 partial sums (4 x splits x rows x N bytes) stay at most half of w's bf16 bytes."""
     if M > settings.max_rows or K % 16:
         return None
-    rows = 1 << (max(M, 1) - 1).bit_length()             # M rounded up to a power of two
+    rows = 1 << (max(M, 1) - 1).bit_length()  # M rounded up to a power of two
     bk = 16
     while bk * 2 <= settings.block_k and K % (bk * 2) == 0:
         bk *= 2
     cols = -(-N // settings.block_n)
     splits = 1
-    while (cols * splits < settings.min_programs and splits * 2 <= K // bk
-           and 4 * rows * splits * 2 <= K):
+    while (
+        cols * splits < settings.min_programs
+        and splits * 2 <= K // bk
+        and 4 * rows * splits * 2 <= K
+    ):
         splits *= 2
-    return MatmulPlan(rows, settings.block_n, bk, splits, settings.num_warps,
-                      settings.num_stages, settings.interpret)
+    return MatmulPlan(
+        rows,
+        settings.block_n,
+        bk,
+        splits,
+        settings.num_warps,
+        settings.num_stages,
+        settings.interpret,
+    )
 
 
 def _kernel(x_ref, w_ref, o_ref, *, p: MatmulPlan, N: int, blocks: int):
     j, s = pl.program_id(0), pl.program_id(1)
     bn, bk = p.block_n, p.block_k
-    lo, hi = s * blocks // p.splits, (s + 1) * blocks // p.splits    # this split's tiles
+    lo, hi = s * blocks // p.splits, (s + 1) * blocks // p.splits  # this split's tiles
     at_n = pl.ds(pl.multiple_of(j * bn, bn), bn)
     ok = j * bn + jax.lax.broadcasted_iota(jnp.int32, (1, bn), 1) < N
 
@@ -84,23 +96,34 @@ def _kernel(x_ref, w_ref, o_ref, *, p: MatmulPlan, N: int, blocks: int):
 
         def body(i, acc):
             k0, w = tile(i)
-            return acc + jax.lax.dot_general(x_ref[:, pl.ds(k0, bk)], w,
-                                             (((1,), (0,)), ((), ())), precision=prec,
-                                             preferred_element_type=f32)
+            return acc + jax.lax.dot_general(
+                x_ref[:, pl.ds(k0, bk)],
+                w,
+                (((1,), (0,)), ((), ())),
+                precision=prec,
+                preferred_element_type=f32,
+            )
+
         accs = [jax.lax.fori_loop(lo, hi, body, jnp.zeros((p.rows, bn), f32))]
     else:
+
         def body(i, accs):
             k0, w = tile(i)
             w = w.astype(f32)
-            return tuple(a + jnp.sum(x_ref[m, pl.ds(k0, bk)].astype(f32)[:, None] * w, axis=0,
-                                     keepdims=True) for m, a in enumerate(accs))
-        accs = jax.lax.fori_loop(lo, hi, body,
-                                 tuple(jnp.zeros((1, bn), f32) for _ in range(p.rows)))
+            return tuple(
+                a + jnp.sum(x_ref[m, pl.ds(k0, bk)].astype(f32)[:, None] * w, axis=0, keepdims=True)
+                for m, a in enumerate(accs)
+            )
+
+        accs = jax.lax.fori_loop(
+            lo, hi, body, tuple(jnp.zeros((1, bn), f32) for _ in range(p.rows))
+        )
     split = () if p.splits == 1 else (s,)
     step = p.rows // len(accs)
     for m, acc in enumerate(accs):
-        plgpu.store(o_ref.at[split + (pl.ds(m * step, step), at_n)], acc.astype(o_ref.dtype),
-                    mask=ok)
+        plgpu.store(
+            o_ref.at[split + (pl.ds(m * step, step), at_n)], acc.astype(o_ref.dtype), mask=ok
+        )
 
 
 def _call(p: MatmulPlan, x, w):
@@ -110,15 +133,20 @@ def _call(p: MatmulPlan, x, w):
     shape = (rows, N) if p.splits == 1 else (p.splits, rows, N)
     params = {}
     if p.interpret is False:
-        params = {"compiler_params": plgpu.CompilerParams(num_warps=p.num_warps,
-                                                          num_stages=p.num_stages)}
+        params = {
+            "compiler_params": plgpu.CompilerParams(num_warps=p.num_warps, num_stages=p.num_stages)
+        }
     whole = lambda a: pl.BlockSpec(a, lambda j, s: (0,) * len(a))  # indexed inside
     y = pl.pallas_call(
         functools.partial(_kernel, p=p, N=N, blocks=K // p.block_k),
         grid=(-(-N // p.block_n), p.splits),
-        in_specs=[whole(x.shape), whole(w.shape)], out_specs=whole(shape),
+        in_specs=[whole(x.shape), whole(w.shape)],
+        out_specs=whole(shape),
         out_shape=jax.ShapeDtypeStruct(shape, x.dtype if p.splits == 1 else f32),
-        interpret=p.interpret, name="skinny_matmul", **params)(x, w)
+        interpret=p.interpret,
+        name="skinny_matmul",
+        **params,
+    )(x, w)
     return y if p.splits == 1 else jnp.sum(y, axis=0).astype(x.dtype)
 
 

@@ -1,4 +1,5 @@
 """``SkinnyMatmulSettings``: how ``skinny_matmul`` runs, as one frozen value."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,6 +22,7 @@ class SkinnyMatmulSettings(KernelSettings):
     step at batch 1, where the kernel took 9% off the step's device time on an H200; at batch
     32 it measured no faster than XLA's GEMMs (docs/benchmarks.md, "Decode and cache");
     num_warps / num_stages: Triton's."""
+
     block_n: int = 64
     block_k: int = 64
     min_programs: int = 256
@@ -34,10 +36,10 @@ class SkinnyMatmulSettings(KernelSettings):
 
     def __post_init__(self):
         super().__post_init__()
-        self.require_positive("block_n", "block_k", "min_programs", "max_rows", "num_warps",
-                              "num_stages")
+        self.require_positive(
+            "block_n", "block_k", "min_programs", "max_rows", "num_warps", "num_stages"
+        )
         for name in ("block_n", "block_k"):
             value = getattr(self, name)
             if value < 16 or not pow2(value):
-                raise ValueError(f"skinny_matmul: {name} must be a power of two >= 16, got "
-                                 f"{value}")
+                raise ValueError(f"skinny_matmul: {name} must be a power of two >= 16, got {value}")

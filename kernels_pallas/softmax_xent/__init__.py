@@ -12,10 +12,18 @@ of three XLA passes.
   settings.py   ``SoftmaxXentSettings``
   op.py         ``softmax_xent``: shapes checked, the implementation dispatched
 """
+
 from kernels_pallas.softmax_xent.op import softmax_xent
 from kernels_pallas.softmax_xent.pallas import MIN_WIDTH, softmax_xent_pallas
 from kernels_pallas.softmax_xent.reference import softmax_xent_reference, xent_grad, xent_stats
 from kernels_pallas.softmax_xent.settings import SoftmaxXentSettings
 
-__all__ = ["MIN_WIDTH", "SoftmaxXentSettings", "softmax_xent", "softmax_xent_pallas",
-           "softmax_xent_reference", "xent_grad", "xent_stats"]
+__all__ = [
+    "MIN_WIDTH",
+    "SoftmaxXentSettings",
+    "softmax_xent",
+    "softmax_xent_pallas",
+    "softmax_xent_reference",
+    "xent_grad",
+    "xent_stats",
+]

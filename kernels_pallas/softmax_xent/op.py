@@ -1,5 +1,6 @@
 """``softmax_xent``: the public entry, which checks shapes and runs the implementation its
 ``SoftmaxXentSettings`` choose; under ``kernel_mesh`` the kernel runs per device shard."""
+
 from __future__ import annotations
 
 from kernels_pallas import dispatch, sharding
@@ -16,7 +17,7 @@ def choose(settings: SoftmaxXentSettings, vocab: int) -> str:
         return impl
     km = sharding.current()
     if vocab % MIN_WIDTH or (km is not None and km.head_spec(vocab) is not None):
-        return "reference"        # rows the kernel cannot cover, or a vocabulary split over devices
+        return "reference"  # rows the kernel cannot cover, or a vocabulary split over devices
     return impl
 
 
@@ -26,8 +27,9 @@ def softmax_xent(logits, targets, a, b, *, settings: SoftmaxXentSettings | None 
     sum(a nll + b logZ^2 / 2). Not differentiable itself."""
     settings = SoftmaxXentSettings() if settings is None else settings
     if logits.ndim != 2 or targets.shape != logits.shape[:1]:
-        raise ValueError(f"softmax_xent: logits [N, V] and targets [N], got {logits.shape} and "
-                         f"{targets.shape}")
+        raise ValueError(
+            f"softmax_xent: logits [N, V] and targets [N], got {logits.shape} and {targets.shape}"
+        )
     for name, w in (("a", a), ("b", b)):
         if w.shape != targets.shape:
             raise ValueError(f"softmax_xent: {name} must be [{targets.shape[0]}], got {w.shape}")
@@ -41,4 +43,5 @@ def softmax_xent(logits, targets, a, b, *, settings: SoftmaxXentSettings | None 
     rows = sharding.P(km.batch_spec(logits.shape[0]))
     full = sharding.P(km.batch_spec(logits.shape[0]), None)
     return sharding.per_shard(fn, km, (full, rows, rows, rows), (rows, rows, full))(
-        logits, targets, a, b)
+        logits, targets, a, b
+    )

@@ -11,6 +11,7 @@ whatever the logits' dtype; d is returned in the logits' dtype. ``xent_stats`` a
 ``xent_grad`` are the two halves, which ``hwh_jax.layers.loss.token_nll`` (the unfused loss) takes
 as its forward and backward.
 """
+
 from __future__ import annotations
 
 import jax
