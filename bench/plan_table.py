@@ -1,6 +1,6 @@
 r"""docs/tpu.md's sizing table from ``launch.plan``'s JSON files (``--out`` folders or files).
 
-  python bench/plan_table.py docs/benchmark_rows/2026-12-05-cpu/plan_*.json
+  python bench/plan_table.py measurements/benchmark_rows/2026-12-05-cpu/plan_*.json
 
 One row a plan: model, context, slice and mesh, whether it fits, memory per chip, the
 micro-batch and accumulation, the compiler's FLOPs and bytes per chip a step (a loop body

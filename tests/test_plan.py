@@ -212,11 +212,11 @@ def test_the_state_figures_in_docs_tpu_are_those_of_the_shardings():
 
 
 def test_the_sizing_table_in_docs_is_the_committed_plans():
-    """Each row bench/plan_table.py renders from the plans in docs/benchmark_rows is in
+    """Each row bench/plan_table.py renders from the plans in measurements/benchmark_rows is in
     docs/tpu.md as rendered: the table's figures are the plans'."""
     files = sorted(
         str(p)
-        for p in (ROOT / "docs" / "benchmark_rows").glob("*/plan_*_1b4_*.json")
+        for p in (ROOT / "measurements" / "benchmark_rows").glob("*/plan_*_1b4_*.json")
         if not p.name.endswith("_before.json")
     )  # the code before a change
     assert files
