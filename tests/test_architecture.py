@@ -138,3 +138,19 @@ def test_importing_changes_no_global_setting(module):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_docs_stay_a_reference():
+    """docs/ is a reference, not a store of runs: under 2 MB in git (the rows behind its tables
+    live in measurements/), and docs/benchmarks.md the current figures in at most 400 lines."""
+    import subprocess
+
+    files = subprocess.run(
+        ["git", "ls-files", "docs"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    if not files:
+        pytest.skip("not a git checkout")
+    size = sum((ROOT / f).stat().st_size for f in files if (ROOT / f).exists())
+    assert size < 2_000_000, f"docs/ holds {size:,} bytes"
+    lines = len((ROOT / "docs" / "benchmarks.md").read_text().splitlines())
+    assert lines <= 400, f"docs/benchmarks.md has {lines} lines"
