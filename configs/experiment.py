@@ -1,11 +1,11 @@
 """The small-scale reproduction of docs/results.md: the paper's claims at the `small` size.
 
-``--config=configs/experiment.py:ARCH[,L]`` with ARCH one of transformer, gdn, layerwise, hwh,
-hwh_rope, hwh_uniform (the `small` size, parameters matched by hwh_jax.models.variants) or a
-form of the mixer zoo with its values joined by "/" (``configs/zoo.py``'s FORM,KIND[,R] as
-FORM/KIND[/R]: ``layerwise/gla/3`` = 3 GLA layers : 1 RoPE FA layer, ``hwh/mamba2`` = HwH's
-allocation with Mamba-2 linear heads, ``pure/hgrn2``), and L the training length (default
-512). Every experiment sees the same tokens: 67 public-domain books
+``--config=configs/experiment.py:ARCH[,L]`` with ARCH one of ``ARCHS`` below (the `small`
+size, parameters matched by hwh_jax.models.variants) or a form of the mixer zoo with its
+values joined by "/" (``configs/zoo.py``'s FORM,KIND[,R] as FORM/KIND[/R]:
+``layerwise/gla/3`` = 3 GLA layers : 1 RoPE FA layer, ``hwh/mamba2`` = HwH's allocation with
+Mamba-2 linear heads, ``pure/hgrn2``), and L the training length (default 512). Every
+experiment sees the same tokens: 67 public-domain books
 (the shipped ``gutenberg/``) through a SentencePiece vocabulary trained on it, 600 steps of
 64 sequences of 512 tokens (19.7M tokens), half of the sequences synthetic retrieval
 documents in RULER's NIAH format (1-8 needles, all asked for, the answers' value tokens
@@ -25,7 +25,16 @@ runs, not how the architectures compare.
 
 from configs import base, zoo
 
-ARCHS = ("transformer", "gdn", "layerwise", "hwh", "hwh_rope", "hwh_uniform")
+ARCHS = (
+    "transformer",
+    "gdn",
+    "layerwise",
+    "layerwise_nope",  # NoPE in the attention layers: NoPE apart from head granularity
+    "swa_nope",  # the sliding-window hybrid with NoPE in its global layers
+    "hwh",
+    "hwh_rope",
+    "hwh_uniform",
+)
 
 
 def get_config(arg: str = "hwh"):

@@ -427,6 +427,21 @@ def test_experiment_configs_match_parameters_and_tokens():
         experiment.get_config("swa")
 
 
+def test_the_cpu_experiment_preset_is_the_experiment_at_the_tiny_size():
+    """ARCH,L,cpu: the same data mix and evaluation suites at the `tiny` size and CPU scale;
+    any other third value is refused naming the one preset."""
+    from configs import experiment
+
+    cpu, full = experiment.get_config("hwh,256,cpu"), experiment.get_config("hwh,256")
+    assert cpu.model.size == "tiny" and full.model.size == "small"
+    assert (cpu.train.steps, cpu.train.batch_size, cpu.data.workers) == (300, 16, 0)
+    assert cpu.data.retrieval_share == full.data.retrieval_share
+    assert set(cpu.eval.suites) == set(full.eval.suites)
+    assert experiment.get_config("layerwise/gla/3,256,cpu").model.size == "tiny"
+    with pytest.raises(ValueError, match="'gpu'.*'cpu'"):
+        experiment.get_config("hwh,256,gpu")
+
+
 def test_experiment_configs_take_the_zoo_forms():
     """configs/experiment.py:FORM/KIND[/R]: every linear-head kind layer-wise at 3:1 and
     head-wise trains the reproduction's tokens on the same data and evaluation, with parameters
