@@ -465,3 +465,27 @@ def test_perplexity_by_position_has_an_interval_over_windows():
         assert math.isclose(r["loss"], 2.5) and math.isclose(r["ppl"], math.exp(2.5))
         assert math.isclose(r["ppl_lo"], math.exp(2.5 - half))
         assert math.isclose(r["ppl_hi"], math.exp(2.5 + half))
+
+
+def test_each_seed_is_asked_its_own_niah_prompts(gpt2):
+    """Runs of different seeds draw different keys and values (independent prompts across
+    seeds); seed 0 keeps the prompts of before (sample index as the seed)."""
+    from hwh_jax.eval import niah
+
+    def prompts(run_seed):
+        return [
+            niah.make_sample(
+                "niah_single_2", 300, d, gpt2, max_new_tokens=16, seed=niah.prompt_seed(run_seed, s)
+            ).prompt
+            for d in (0, 50, 100)
+            for s in range(3)
+        ]
+
+    before = [
+        niah.make_sample("niah_single_2", 300, d, gpt2, max_new_tokens=16, seed=s).prompt
+        for d in (0, 50, 100)
+        for s in range(3)
+    ]
+    assert prompts(0) == before
+    assert prompts(1) == prompts(1)
+    assert not set(prompts(1)) & set(prompts(0)) and not set(prompts(1)) & set(prompts(2))

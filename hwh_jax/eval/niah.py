@@ -156,7 +156,7 @@ def make_sample(
     tokenizer,
     *,
     max_new_tokens: int,
-    seed: int = 0,
+    seed: int | str = 0,
     essay_folder: str | None = None,
     reserve: int = TOKENS_TO_GENERATE,
     fits_only: bool = False,
@@ -237,6 +237,12 @@ def answer_budget(tasks) -> int:
     return 48 if any(TASKS[t][1] == "uuids" for t in tasks) else 16
 
 
+def prompt_seed(run_seed: int, sample: int):
+    """The seed of a prompt's key and value: ``sample`` for run seed 0 (the prompts of the
+    committed results), ``"<run seed>/<sample>"`` otherwise, a stream of its own per seed."""
+    return sample if run_seed == 0 else f"{run_seed}/{sample}"
+
+
 def run_niah(
     generator,
     tokenizer,
@@ -249,8 +255,11 @@ def run_niah(
     batch_size: int = 8,
     log=print,
     on_length=None,
+    seed: int = 0,
 ):
     """Generate, answer greedily and score every (task, length, depth, sample).
+    ``seed``: the run's seed, drawn into every prompt's key and value (``prompt_seed``), so
+    runs of different seeds are asked different prompts.
 
     All tasks of one length share one batch shape (short batches are filled with copies), and
     one answer budget: ``max_new_tokens`` or 48 when a UUID task is in the set, else 16; so
@@ -262,7 +271,7 @@ def run_niah(
     progress = Progress(len(lengths) * len(tasks) * len(depths) * samples, "niah", unit="prompt")
     for length in lengths:
         batch = [
-            make_sample(t, length, d, tokenizer, max_new_tokens=new, seed=s)
+            make_sample(t, length, d, tokenizer, max_new_tokens=new, seed=prompt_seed(seed, s))
             for t in tasks
             for d in depths
             for s in range(samples)

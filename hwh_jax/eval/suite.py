@@ -31,8 +31,10 @@ SUITES = ("niah", "mqar", "ppl", "longppl", "retrieval", "commonsense")
 @dataclasses.dataclass
 class EvalModel:
     """What the suite evaluates: a model with its tokenizer, its training length (NIAH and
-    perplexity lengths are multiples of it), a name for tables and plots, and its held-out
-    token stream (an array, or a function that builds it on first use)."""
+    perplexity lengths are multiples of it), a name for tables and plots, its held-out token
+    stream (an array, or a function that builds it on first use), and its run's seed: NIAH
+    draws its prompts' keys and values with it, so each seed of an experiment is asked its own
+    prompts (seed 0 the prompts of before)."""
 
     model: object  # a HybridLM
     tokenizer: object
@@ -41,6 +43,7 @@ class EvalModel:
     arch: str = ""
     step: int = 0
     workdir: str = ""
+    seed: int = 0
     # the held-out token stream (an array or a lazily read ``TokenStream``: the suites slice it),
     # or a function making it on first use
     heldout: np.ndarray | Callable[[], np.ndarray] | None = None
@@ -223,6 +226,7 @@ def run_suite(
                 batch_size=spec.batch_size,
                 log=log,
                 on_length=niah_partial,
+                seed=subject.seed,
             )
             for t in spec.niah_tasks:
                 plots.niah_heatmap(rows, t, f"{subject.name}: {t}", out_dir / f"niah_{t}.png", L)

@@ -65,6 +65,7 @@ class LoadedRun:
             step=self.step,
             workdir=str(self.workdir),
             heldout=self.heldout_stream,
+            seed=int(self.config.seed),
         )
 
 

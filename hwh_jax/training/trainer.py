@@ -616,6 +616,7 @@ class Run:
                 step=self.step,
                 workdir=str(self.workdir),
                 heldout=None if self.splits.heldout is None else self.splits.heldout.stream,
+                seed=int(self.config.seed),
             )
             print(
                 f"evaluating the final model: {', '.join(spec.suites)} -> {self.workdir / 'eval'}",
