@@ -489,3 +489,29 @@ def test_each_seed_is_asked_its_own_niah_prompts(gpt2):
     assert prompts(0) == before
     assert prompts(1) == prompts(1)
     assert not set(prompts(1)) & set(prompts(0)) and not set(prompts(1)) & set(prompts(2))
+
+
+def test_niah_by_depth_from_the_committed_runs():
+    """depth_table against a direct count, on the committed 3-seed runs: at 4L the layer-wise
+    hybrid answers none of the 63 prompts at depth 0% (every task and seed together)."""
+    import json
+    from pathlib import Path
+
+    from hwh_jax.eval.report import depth_table
+
+    root = Path(__file__).resolve().parents[1] / "measurements" / "experiment_L512_seeds"
+    rows = [
+        r
+        for s in range(3)
+        for r in json.loads(
+            (root / "layerwise" / f"seed{s}" / "eval" / "results.json").read_text()
+        )["niah"]
+    ]
+    table = depth_table({"layerwise": rows})
+    line = next(l for l in table.splitlines() if l.startswith("| layerwise | 2048 |"))
+    cells = [c.strip() for c in line.strip("|").split("|")][2:]
+    depths = sorted({r["depth"] for r in rows})
+    for d, cell in zip(depths, cells):
+        at = [r for r in rows if r["length"] == 2048 and r["depth"] == d]
+        assert cell == f"{sum(r['score'] >= 100 for r in at)}/{len(at)}"
+    assert cells[0] == "0/63"

@@ -286,6 +286,26 @@ def loss_figure(rows: list[dict], path: storage.PathLike, smooth: int = 25):
     finish_line_chart(fig, ax, path, xlabel="step", ylabel="loss (nats/token)")
 
 
+def depth_table(named_rows: dict[str, list[dict]]) -> str:
+    """NIAH by needle depth: a row per (configuration, length), a column per depth, each cell
+    the prompts answered right of those asked (every task, and every seed of a configuration,
+    together; a prompt counts right at score 100)."""
+    depths = sorted({r["depth"] for rows in named_rows.values() for r in rows})
+    lines = [
+        "| configuration | length | " + " | ".join(f"depth {d}%" for d in depths) + " |",
+        "|---|---:|" + "---:|" * len(depths),
+    ]
+    for name, rows in named_rows.items():
+        for length in sorted({r["length"] for r in rows}):
+            cells = []
+            for d in depths:
+                at = [r for r in rows if r["length"] == length and r["depth"] == d]
+                right = sum(r["score"] >= 100 for r in at)
+                cells.append(f"{right}/{len(at)}" if at else "-")
+            lines.append(f"| {name} | {length} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def report(workdirs: list[storage.PathLike], out_dir: storage.PathLike) -> str:
     """Write report.md (tables), experiments.json and the cross-model figures into out_dir.
 
@@ -338,6 +358,15 @@ def report(workdirs: list[storage.PathLike], out_dir: storage.PathLike) -> str:
             f"{seeds_table(over)}\n\nAll tasks of a length together (prompts right over "
             f"the seeds [95% interval] (each seed's own share, min-max)):\n\n"
             f"{seeds_length_table(over)}\n"
+        )
+    by_config = {}  # a seed folder's runs together, a single run alone
+    for w, e in by_dir.items():
+        name = next((g for g, dirs in groups.items() if w in dirs), e["name"])
+        by_config.setdefault(name, []).extend(e["results"].get("niah", []))
+    if any(by_config.values()):
+        text += (
+            "\nNIAH by needle depth (prompts right of those asked, every task and seed of a "
+            f"configuration together):\n\n{depth_table(by_config)}\n"
         )
     text += (
         "\nTraining (every run; loss = mean of the last logged steps):\n\n"
