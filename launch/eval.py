@@ -19,7 +19,11 @@ flags.DEFINE_string("out", "", "output folder (default <first checkpoint>/evals/
 flags.DEFINE_integer("step", None, "checkpoint step (default: the newest)")
 # Evaluation settings: unset flags keep hwh_jax.eval.EvalSpec's defaults (its docstring).
 flags.DEFINE_list("suite", None, "any of niah, mqar, ppl, longppl, retrieval, commonsense")
-flags.DEFINE_list("niah_tasks", None, "niah_single_1/2/3")
+flags.DEFINE_list(
+    "niah_tasks",
+    None,
+    "default niah_single_1,2,3; also niah_multikey_1/2/3, niah_multivalue, niah_multiquery",
+)
 flags.DEFINE_list("niah_factors", None, "NIAH lengths as multiples of the training length")
 flags.DEFINE_integer("niah_depths", None, "evenly spaced needle depths (RULER uses 40)")
 flags.DEFINE_integer("niah_samples", None, "samples per (length, depth)")

@@ -315,7 +315,7 @@ def test_retrieval_template_is_the_evaluations():
     """One needle: the synthetic pieces around a context are the NIAH prompt + the answer."""
     from hwh_jax.eval import niah
 
-    for task in niah.TASKS:
+    for task in niah.SINGLE:
         header, [needle], [answer] = RetrievalMix.pieces(
             niah.TASKS[task][1], ["odd-owl"], ["1234567"]
         )

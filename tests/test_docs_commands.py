@@ -177,7 +177,7 @@ def test_the_documented_niah_counts_are_the_configs():
     )
     t = base.get_config("hwh_tiny").eval
     cell = t.niah_depths * t.niah_samples
-    per_length = cell * len(tuple(t.niah_tasks) or niah.TASKS)
+    per_length = cell * len(tuple(t.niah_tasks) or niah.SINGLE)
     assert (
         f"evaluation {t.niah_depths} x {t.niah_samples} = {cell} a cell, {per_length} a "
         f"length over its three tasks" in text

@@ -22,7 +22,7 @@ def gpt2():
     return GPT2BPE(resolve("gpt2_bpe"))
 
 
-@pytest.mark.parametrize("task", list(niah.TASKS))
+@pytest.mark.parametrize("task", niah.SINGLE)
 @pytest.mark.parametrize("length", [512, 2048])
 def test_niah_prompt_follows_ruler_template_length_and_depth(gpt2, task, length):
     new = 16
@@ -296,13 +296,13 @@ def test_an_evaluation_cut_during_niah_keeps_what_it_measured(gpt2, tmp_path):
         run_suite(run, spec, tmp_path / "eval", log=log)
     res = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert res["finished"] is False
-    assert set(res["niah_summary"]) == {f"{t}@256" for t in niah.TASKS}
+    assert set(res["niah_summary"]) == {f"{t}@256" for t in niah.SINGLE}
     assert {r["length"] for r in res["niah"]} == {256}
     assert {k: v["n"] for k, v in res["niah_intervals"].items()} == {
-        f"{t}@256": 2 for t in niah.TASKS
+        f"{t}@256": 2 for t in niah.SINGLE
     }
     assert all(0 <= v["lo"] <= v["hi"] <= 100 for v in res["niah_intervals"].values())
-    res["niah_summary"] |= {f"{t}@512": 0.0 for t in niah.TASKS}  # a finished run's keys
+    res["niah_summary"] |= {f"{t}@512": 0.0 for t in niah.SINGLE}  # a finished run's keys
     done = tmp_path / "done"
     (done / "eval").mkdir(parents=True)
     (done / "eval" / "results.json").write_text(json.dumps(res | {"finished": True}))
@@ -515,3 +515,40 @@ def test_niah_by_depth_from_the_committed_runs():
         at = [r for r in rows if r["length"] == 2048 and r["depth"] == d]
         assert cell == f"{sum(r['score'] >= 100 for r in at)}/{len(at)}"
     assert cells[0] == "0/63"
+
+
+@pytest.mark.parametrize("task", [t for t in niah.TASKS if t not in niah.SINGLE])
+def test_ruler_multi_needle_variants(gpt2, task):
+    """The multi-key, -value and -query tasks as RULER's niah.py renders them: k needles
+    planted (v values each), q keys asked in "K1, K2, and K3" form with the plural template
+    when more than one value is asked, every asked value expected; a "needle" haystack is
+    distractor needles only, none with a planted key; the first asked needle at the depth."""
+    spec = niah.TASKS[task]
+    for depth in (0, 50, 100):
+        s = niah.make_sample(task, 1024, depth, gpt2, max_new_tokens=64, seed=3)
+        assert len(s.expected) == spec.q * spec.v and len(set(s.expected)) == len(s.expected)
+        assert s.prompt_tokens <= 1024 - niah.TOKENS_TO_GENERATE
+        plural = spec.q * spec.v > 1
+        head = "Some special magic numbers are" if plural else "A special magic"
+        assert s.prompt.startswith(head), s.prompt[:60]
+        asked = re.search(r"for (.*) mentioned in the provided text\?", s.prompt).group(1)
+        keys = re.split(r", and |, ", asked)
+        assert len(keys) == spec.q
+        planted = re.findall(r"One of the special magic \w+ for (\S+) is: (\S+)\.", s.prompt)
+        values_of = {}
+        for k, v in planted:
+            values_of.setdefault(k, []).append(v)
+        assert sorted(v for k in keys for v in values_of[k]) == sorted(s.expected)
+        if spec.haystack == "needle":
+            context = s.prompt.split("\n")[1:-1]
+            assert all(line.startswith("One of the special magic") for line in context)
+            assert len(context) > 10 and len(set(keys) & {k for k, _ in planted}) == spec.q
+            assert sum(k in keys for k, _ in planted) == spec.q * spec.v  # no duplicate keys
+        else:
+            assert len(planted) == spec.k * spec.v
+        first = f"One of the special magic {spec.value} for {keys[0]} is: {s.expected[0]}."
+        body = s.prompt[s.prompt.index("\n") : s.prompt.rindex("\n")]
+        at = body.index(first) / max(len(body) - len(first), 1)
+        assert abs(at - depth / 100) < 0.12, (depth, at)
+    assert niah.answer_budget(["niah_single_1"]) == 16 and niah.answer_budget(niah.SINGLE) == 48
+    assert niah.answer_budget(["niah_multivalue"]) == 64

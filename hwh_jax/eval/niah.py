@@ -1,4 +1,5 @@
-"""RULER-style needle-in-a-haystack: niah_single_1/2/3 (Hsieh et al., 2024).
+"""RULER's needle-in-a-haystack tasks (Hsieh et al., 2024): niah_single_1/2/3, the default
+set, and the multi-key, multi-value and multi-query variants.
 
 Templates are RULER's (``scripts/data/synthetic/constants.py`` and ``niah.py``; kept in
 ``hwh_jax.data.ruler``, which the synthetic retrieval training documents share), rendered as
@@ -17,6 +18,16 @@ haystack at the requested depth. Tasks:
     niah_single_2  Paul Graham essays (sorted by file name, whitespace collapsed), key: word,
                    value: 7-digit number
     niah_single_3  essays, key: word, value: UUID
+    niah_multikey_1   essays, 4 keys planted, one asked (word keys, number values)
+    niah_multikey_2   a haystack of distractor needles only (RULER's "needle" haystack),
+                      word keys, number values
+    niah_multikey_3   distractor needles, UUID keys, UUID values
+    niah_multivalue   essays, one key with 4 values, all asked
+    niah_multiquery   essays, 4 keys planted, all 4 asked
+
+as RULER's ``synthetic.yaml`` configures them (num_needle_k / v / q). Several asked values
+render the template in RULER's plural ("Some special magic numbers are hidden ... What are all
+the special magic numbers for K1, K2, and K3 ..."), and the answer must hold every value.
 
 The haystack is the longest that keeps prompt + RULER's generation budget (128 tokens, a quarter
 of the length below 512, ``max_new_tokens`` if larger) within the requested length in the model's tokens (binary search,
@@ -29,7 +40,10 @@ Score = 100 x share of expected values found in the greedy answer (RULER's strin
 Differences from RULER, by necessity (no network, no extra packages): keys are adjective-noun
 pairs from short lists (``hwh_jax.data.ruler``) rather than wonderwords' full lists; sentences
 are split by a regular expression rather than NLTK's punkt; the noise haystack puts the needle
-at the requested depth (RULER picks a random slot), so that depth can be swept for it too.
+at the requested depth (RULER picks a random slot), so that depth can be swept for it too;
+with several needles, the first asked needle sits at the requested depth and the others at
+depths drawn from RULER's grid of 40 (RULER draws every needle's depth), so depth tables
+keep their meaning for every task.
 """
 
 from __future__ import annotations
@@ -40,6 +54,7 @@ import gzip
 import random
 import re
 import uuid
+from typing import NamedTuple
 
 from hwh_jax import storage
 from hwh_jax.data.paths import resolve
@@ -47,11 +62,32 @@ from hwh_jax.data.ruler import NEEDLE, NOISE, TOKENS_TO_GENERATE, WORDS, prompt_
 from hwh_jax.eval.stats import share
 from hwh_jax.progress import Progress
 
-TASKS = {  # name -> (haystack, value type)
-    "niah_single_1": ("noise", "numbers"),
-    "niah_single_2": ("essay", "numbers"),
-    "niah_single_3": ("essay", "uuids"),
+
+class Task(NamedTuple):
+    """A RULER NIAH task as its ``synthetic.yaml`` sets it: the haystack ("noise": RULER's
+    repeated sentences, "essay", "needle": distractor needles only), the values' and keys'
+    types, and how many keys are planted (k), values a key (v) and keys asked (q)."""
+
+    haystack: str
+    value: str
+    key: str = "words"
+    k: int = 1
+    v: int = 1
+    q: int = 1
+
+
+TASKS = {
+    "niah_single_1": Task("noise", "numbers"),
+    "niah_single_2": Task("essay", "numbers"),
+    "niah_single_3": Task("essay", "uuids"),
+    "niah_multikey_1": Task("essay", "numbers", k=4),
+    "niah_multikey_2": Task("needle", "numbers"),
+    "niah_multikey_3": Task("needle", "uuids", key="uuids"),
+    "niah_multivalue": Task("essay", "numbers", v=4),
+    "niah_multiquery": Task("essay", "numbers", k=4, q=4),
 }
+SINGLE = ("niah_single_1", "niah_single_2", "niah_single_3")  # the default set
+DEPTHS = [round(100 * i / 39) for i in range(40)]  # RULER's grid for needles it places
 
 
 @dataclasses.dataclass
@@ -97,20 +133,26 @@ def split_sentences(text: str) -> list[str]:
 
 
 def _value(kind: str, rng: random.Random) -> str:
+    if kind == "words":
+        return rng.choice(WORDS)
     if kind == "numbers":
         return str(rng.randint(10**6, 10**7 - 1))
     return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
-def build_context(haystack: str, size: int, needle: str, depth: int, essay=None) -> str:
-    """Haystack of ``size`` units (essay words / noise sentences) with the needle at depth %."""
-    if haystack == "noise":
-        sentences = [NOISE] * size
-        sentences.insert(round(size * depth / 100), needle)
-        return "\n".join(sentences)
-    sents = split_sentences(" ".join(_repeat(essay, size)))
-    at = int(len(sents) * depth / 100)
-    return " ".join(sents[:at] + [needle] + sents[at:])
+def build_context(haystack: str, size: int, placed, essay=None, distractors=()) -> str:
+    """A haystack of ``size`` units (essay words, noise sentences or distractor needles) with
+    each (needle, depth %) of ``placed`` inserted at its depth."""
+    if haystack == "essay":
+        units = split_sentences(" ".join(_repeat(essay, size)))
+        at = [int(len(units) * d / 100) for _, d in placed]
+    else:
+        units = [NOISE] * size if haystack == "noise" else list(distractors[:size])
+        at = [round(size * d / 100) for _, d in placed]
+    # from the last position back, so earlier positions still count the haystack's units
+    for i in sorted(range(len(placed)), key=lambda i: (at[i], i), reverse=True):
+        units.insert(at[i], placed[i][0])
+    return ("\n" if haystack != "essay" else " ").join(units)
 
 
 def _repeat(words, size: int):
@@ -120,10 +162,16 @@ def _repeat(words, size: int):
     return (words * (size // len(words) + 1))[:size]
 
 
-def render(task: str, context: str, key: str) -> str:
-    """The prompt as RULER renders it for one key and one value."""
-    kind = TASKS[task][1]
-    return prompt_template(1).format(type_needle_v=value_type(kind, 1), context=context, query=key)
+def render(task: str, context: str, key) -> str:
+    """The prompt as RULER renders it: ``key`` one asked key or a list of them ("K1, K2, and
+    K3"), the template singular when one value is asked (RULER's rewrite), plural otherwise."""
+    spec = TASKS[task]
+    keys = [key] if isinstance(key, str) else list(key)
+    query = ", ".join(keys[:-1]) + ", and " + keys[-1] if len(keys) > 1 else keys[0]
+    asked = len(keys) * spec.v
+    return prompt_template(asked).format(
+        type_needle_v=value_type(spec.value, asked), context=context, query=query
+    )
 
 
 class TooShort(ValueError):
@@ -170,18 +218,30 @@ def make_sample(
         raise ValueError(f"unknown NIAH task {task!r}; known: {list(TASKS)}")
     if not 0 <= depth <= 100:
         raise ValueError(f"NIAH depth must be a percentage in [0, 100], got {depth}")
-    haystack, kind = TASKS[task]
+    spec = TASKS[task]
     rng = random.Random(f"{task}-{length}-{depth}-{seed}")
-    key, value = rng.choice(WORDS), _value(kind, rng)
-    needle = NEEDLE.format(type_needle_v=kind, key=key, value=value)
-    essay = essay_words(essay_folder) if haystack == "essay" else None
+    keys, values = [], []
+    for _ in range(max(spec.k, spec.q)):  # as RULER: k planted keys, q of them asked
+        keys.append(_value(spec.key, rng))
+        values.append([_value(spec.value, rng) for _ in range(spec.v)])
+    asked = sorted(rng.sample(range(len(keys)), spec.q)) if len(keys) > 1 else [0]
+    needles = [
+        NEEDLE.format(type_needle_v=spec.value, key=k, value=v)
+        for i in asked + [i for i in range(len(keys)) if i not in asked]
+        for k, v in [(keys[i], v) for v in values[i]]
+    ]
+    placed = [(needles[0], depth)] + [(n, rng.choice(DEPTHS)) for n in needles[1:]]
+    essay = essay_words(essay_folder) if spec.haystack == "essay" else None
     kept = max(min(reserve, length // 4), max_new_tokens)
     budget = length - kept
+    distractors = _distractors(spec, f"{task}-{length}-{depth}-{seed}", budget, set(keys))
+    query = [keys[i] for i in asked]
+
+    def context(size):
+        return build_context(spec.haystack, size, placed, essay, distractors)
 
     def n_tokens(size):
-        return len(
-            tokenizer.encode(render(task, build_context(haystack, size, needle, depth, essay), key))
-        )
+        return len(tokenizer.encode(render(task, context(size), query)))
 
     if n_tokens(0) > budget:
         raise TooShort(
@@ -198,8 +258,23 @@ def make_sample(
             lo = mid
         else:
             hi = mid - 1
-    prompt = render(task, build_context(haystack, lo, needle, depth, essay), key)
-    return NiahSample(task, length, depth, prompt, [value], len(tokenizer.encode(prompt)))
+    prompt = render(task, context(lo), query)
+    expected = [v for i in asked for v in values[i]]
+    return NiahSample(task, length, depth, prompt, expected, len(tokenizer.encode(prompt)))
+
+
+def _distractors(spec: Task, seed: str, count: int, planted: set) -> list[str]:
+    """RULER's "needle" haystack: needles of random keys and values (none of the planted
+    keys), from a stream of their own, so a longer haystack extends a shorter one."""
+    if spec.haystack != "needle":
+        return []
+    rng, out = random.Random(f"{seed}-haystack"), []
+    while len(out) < count:
+        key = _value(spec.key, rng)
+        value = _value(spec.value, rng)
+        if key not in planted:
+            out.append(NEEDLE.format(type_needle_v=spec.value, key=key, value=value))
+    return out
 
 
 def needle_prompts(tokenizer, length: int, count: int, *, task: str = "niah_single_2"):
@@ -233,8 +308,9 @@ def string_match_all(prediction: str, expected: list[str]) -> float:
 
 
 def answer_budget(tasks) -> int:
-    """Tokens generated per NIAH prompt: 48 when a UUID task is in the set, else 16."""
-    return 48 if any(TASKS[t][1] == "uuids" for t in tasks) else 16
+    """Tokens generated per NIAH prompt: 16 a number or 48 a UUID asked, for the task of the
+    set that asks the most (16 or 48 for the single tasks)."""
+    return max((48 if TASKS[t].value == "uuids" else 16) * TASKS[t].q * TASKS[t].v for t in tasks)
 
 
 def prompt_seed(run_seed: int, sample: int):

@@ -62,7 +62,7 @@ class EvalSpec:
 
     suites: tuple = ("niah", "ppl")
     batch_size: int = 8
-    niah_tasks: tuple = tuple(niah.TASKS)
+    niah_tasks: tuple = niah.SINGLE  # niah.TASKS has the multi-key, -value and -query variants
     niah_factors: tuple = (1, 2, 4)  # lengths = factor x the run's training length
     niah_depths: int = 5  # evenly spaced in [0, 100] (RULER: 40)
     niah_samples: int = 20  # prompts per (task, length, depth): cells of
