@@ -23,7 +23,8 @@ EXIT_FAILED, EXIT_REFUSED = 1, 2
 _log = logging.getLogger("launch")
 
 
-NOISY = ("asyncio", "orbax", "etils", "absl")  # library detail: the log file, not the console
+# library detail (matplotlib: its font cache, built on a first run): the log file, not the console
+NOISY = ("asyncio", "orbax", "etils", "absl", "matplotlib")
 
 
 def setup_logging(log_file: storage.PathLike | None = None) -> None:
