@@ -1,6 +1,6 @@
 """Progress of a long loop (an evaluation task, the analysis' samples): a tqdm bar on a
 terminal; elsewhere (a log file, CI, a batch job's output) one INFO line every ``every_s``
-seconds and one at the end, each with the count, the rate and the time left, since a bar's
+seconds (10) and one at the end, each with the count, the rate and the time left, since a bar's
 carriage returns make an unreadable log.
 
     with Progress(len(requests), "hellaswag", unit="request") as p:
@@ -41,7 +41,7 @@ class Progress:
         desc: str,
         *,
         unit: str = "item",
-        every_s: float = 30.0,
+        every_s: float = 10.0,
         bar: bool | None = None,
         clock=time.monotonic,
     ):
