@@ -4,6 +4,8 @@ r"""One experiment of docs/results.md, the same with several seeds, or the repor
   python -m launch.experiment --config=configs/experiment.py:hwh,512 --seeds=0,1,2 \
       --side_by_side=3 --out=$OUT/hwh
   python -m launch.experiment --report=$OUT/transformer,$OUT/hwh,... --out=$OUT/report
+  python -m launch.experiment --mixers=gdn,gla,mamba2 --ratios=11,5,3 --length=512 \
+      --side_by_side=4 --out=$OUT/grid
 
 With --config: train (the trainer of launch.train) into --out; the config's closing evaluation
 (configs/experiment.py: NIAH single 1/2/3 at L, 2L, 4L, MQAR, perplexity by position) writes
@@ -13,7 +15,11 @@ With --seeds: one such run per seed (``config.seed``) in ``OUT/seed<N>``, each i
 share of its memory), then ``OUT/seeds.json`` and a table over the seeds (``over_seeds``: each
 NIAH cell's mean, standard deviation, range and pooled interval). With --report: ``report.md`` (NIAH extrapolation table, runs table), ``experiments.json`` and
 the cross-model figures from those runs (a folder of seed runs: each run, and a row over its
-seeds). The logic is ``hwh_jax.eval.report``.
+seeds). With --mixers and --ratios: the layer-wise hybrid of each linear-head kind at each
+ratio R (R linear layers to one RoPE FA layer: ``configs/experiment.py:layerwise/KIND/R,L``),
+each a process training into ``OUT/KIND_R``, then the report over them in ``OUT/report.md``
+(the ratio grid of the systematic analysis of hybrid linear attention; at the `small` size's
+12 layers R is at most 11). The logic is ``hwh_jax.eval.report``.
 """
 
 import json
@@ -32,7 +38,13 @@ config_flags.DEFINE_config_file("config", None, "run config file (e.g. configs/e
 flags.DEFINE_string("out", None, "the run's workdir (--config) or the report's folder (--report)")
 flags.DEFINE_list("report", [], "experiment workdirs to tabulate instead of training")
 flags.DEFINE_list("seeds", [], "train one run per seed into OUT/seed<N> and summarise over them")
-flags.DEFINE_integer("side_by_side", 1, "with --seeds: how many runs train at once (processes)")
+flags.DEFINE_integer(
+    "side_by_side", 1, "with --seeds or a grid: how many runs train at once (processes)"
+)
+flags.DEFINE_list("mixers", [], "a grid: linear-head kinds of the layer-wise hybrid")
+flags.DEFINE_list("ratios", [], "a grid: linear layers to one FA layer, e.g. 11,5,3")
+flags.DEFINE_integer("length", 512, "a grid: the training length L")
+flags.DEFINE_bool("cpu", False, "a grid: the CPU-sized preset of each cell (ARCH,L,cpu)")
 flags.mark_flags_as_required(["out"])
 FLAGS = flags.FLAGS
 
@@ -47,6 +59,11 @@ def _tokens(n: int) -> str:
 
 def main(argv):
     del argv
+    if FLAGS.mixers or FLAGS.ratios:
+        setup_logging()
+        with one_line_errors():
+            grid()
+        return
     if FLAGS.seeds and FLAGS.config is not None and not FLAGS.report:
         setup_logging()
         with one_line_errors():
@@ -83,6 +100,63 @@ def experiment():
         + ", ".join(f"{k} {v:.0f}" for k, v in exp["niah"].items())
         + f" -> {exp_path}"
     )
+
+
+def grid_cells(mixers, ratios, length: int, cpu: bool = False) -> list[tuple[str, str]]:
+    """(cell name, config argument) of every (kind, ratio), each checked by building it."""
+    from configs import experiment
+    from hwh_jax.training.specs import model_config
+
+    if not mixers or not ratios:
+        raise ValueError("a grid needs both --mixers and --ratios")
+    cells = []
+    for kind in mixers:
+        for ratio in ratios:
+            arg = f"layerwise/{kind}/{ratio},{length}" + (",cpu" if cpu else "")
+            config = experiment.get_config(arg)  # a bad kind or ratio: refused now, named
+            model_config(config, 1)  # the schedule: a ratio with no FA layer is refused here
+            cells.append((f"{kind}_{ratio}", arg))
+    return cells
+
+
+def grid():
+    """The layer-wise hybrid at every (kind, ratio) of --mixers x --ratios, ``--side_by_side``
+    processes at a time, then the report over the cells."""
+    from hwh_jax.eval.report import report
+
+    cells = grid_cells(FLAGS.mixers, FLAGS.ratios, FLAGS.length, FLAGS.cpu)
+    if FLAGS.config is not None or FLAGS.seeds or FLAGS.report:
+        raise app.UsageError("a grid (--mixers, --ratios) takes no --config, --seeds or --report")
+    out = storage.path(FLAGS.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+    env = dict(os.environ)
+    if FLAGS.side_by_side > 1:
+        env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / FLAGS.side_by_side:.3f}")
+    jobs = [
+        (
+            name,
+            [
+                sys.executable,
+                "-m",
+                "launch.experiment",
+                f"--config={os.path.join(path, 'experiment.py')}:{arg}",
+                f"--out={out / name}",
+            ],
+            out / f"{name}.console.log",
+        )
+        for name, arg in cells
+    ]
+    failed, stopped = run_side_by_side(jobs, FLAGS.side_by_side, env)
+    if failed or stopped:
+        print(
+            f"error: {', '.join(failed) or 'no cell'} did not finish"
+            + (" (stopped by a signal: the same command continues)" if stopped else "")
+            + f"; consoles in {out}",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_FAILED)
+    print(report([out / name for name, _ in cells], out), flush=True)
 
 
 def several_seeds():

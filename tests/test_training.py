@@ -549,3 +549,24 @@ def test_profile_traces_the_steps_asked_and_keeps_the_run_unchanged(corpus, tmp_
     summary = json.loads((tmp_path / "traced" / "profile" / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["step_ms"] > 0
     assert "profile of steps 3-4" in capsys.readouterr().out
+
+
+def test_the_ratio_grid_names_its_cells_and_refuses_a_cell_before_training():
+    """launch.experiment's grid: a cell per (kind, ratio), each a layer-wise config of
+    configs/experiment.py; an unknown kind or a ratio leaving no FA layer is refused up front."""
+    from launch.experiment import grid_cells
+
+    assert grid_cells(["gdn", "gla"], ["1", "3"], 256, cpu=True) == [
+        ("gdn_1", "layerwise/gdn/1,256,cpu"),
+        ("gdn_3", "layerwise/gdn/3,256,cpu"),
+        ("gla_1", "layerwise/gla/1,256,cpu"),
+        ("gla_3", "layerwise/gla/3,256,cpu"),
+    ]
+    with pytest.raises(ValueError, match="no FA layer"):
+        grid_cells(["gdn"], ["5"], 256, cpu=True)  # the tiny size has 4 layers
+    with pytest.raises(ValueError, match="no FA layer"):
+        grid_cells(["gdn"], ["12"], 512)  # the small size has 12 layers
+    with pytest.raises(ValueError, match="'gru'"):
+        grid_cells(["gru"], ["3"], 512)
+    with pytest.raises(ValueError, match="both --mixers and --ratios"):
+        grid_cells(["gdn"], [], 512)
