@@ -54,7 +54,19 @@ def test_each_figure_keeps_its_labels_and_counts_in_whole_numbers(figures, tmp_p
         for a, m in (("gdn", 0.2), ("transformer", 0.9))
     ]
     mqar_sweep.figure(cells, tmp_path / "mqar.png")
-    assert set(figures) == {"niah.png", "ppl.png", "depth.png", "mqar.png"}
+    from hwh_jax.eval.report import depth_figure
+
+    by_depth = [
+        {"length": n, "depth": d, "score": sc}
+        for n in (256, 512)
+        for d in (0, 50, 100)
+        for sc in (100.0, 0.0, 100.0)
+    ]
+    depth_figure({"hwh": by_depth}, tmp_path / "niah_by_depth.png")
+    assert set(figures) == {"niah.png", "ppl.png", "depth.png", "mqar.png", "niah_by_depth.png"}
+    ax = figures["niah_by_depth.png"].axes[0]
+    assert list(ax.lines[0].get_xdata()) == [0, 50, 100]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["hwh (512)"]
     depth = figures["depth.png"].axes[0]
     assert _whole(depth.get_xticklabels()) and _whole(depth.get_yticklabels())
     ppl_labels = [

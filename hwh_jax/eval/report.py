@@ -306,6 +306,28 @@ def depth_table(named_rows: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def depth_figure(named_rows: dict[str, list[dict]], path: storage.PathLike):
+    """NIAH share right by needle depth, one line per configuration, at its longest length
+    (every task and seed together), with 95% Wilson intervals."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, rows in named_rows.items():
+        if not rows:
+            continue
+        length = max(r["length"] for r in rows)
+        depths = sorted({r["depth"] for r in rows})
+        cells = [
+            stats.share([r["score"] for r in rows if r["length"] == length and r["depth"] == d])
+            for d in depths
+        ]
+        mid = [100 * c["right"] / c["n"] for c in cells]
+        err = [[m - c["lo"] for m, c in zip(mid, cells)], [c["hi"] - m for m, c in zip(mid, cells)]]
+        ax.errorbar(depths, mid, yerr=err, marker="o", capsize=3, label=f"{name} ({length:,})")
+    ax.set_ylim(-3, 103)
+    ax.set_title("NIAH by needle depth at each configuration's longest length")
+    finish_line_chart(fig, ax, path, xlabel="needle depth (% of the context)", ylabel="right (%)")
+
+
 def report(workdirs: list[storage.PathLike], out_dir: storage.PathLike) -> str:
     """Write report.md (tables), experiments.json and the cross-model figures into out_dir.
 
@@ -364,6 +386,7 @@ def report(workdirs: list[storage.PathLike], out_dir: storage.PathLike) -> str:
         name = next((g for g, dirs in groups.items() if w in dirs), e["name"])
         by_config.setdefault(name, []).extend(e["results"].get("niah", []))
     if any(by_config.values()):
+        depth_figure(by_config, out_dir / "niah_by_depth.png")
         text += (
             "\nNIAH by needle depth (prompts right of those asked, every task and seed of a "
             f"configuration together):\n\n{depth_table(by_config)}\n"
