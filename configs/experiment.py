@@ -19,7 +19,7 @@ perplexity by position up to 4L. Override any field on the command line.
 ``ARCH,L,cpu`` (e.g. ``hwh,256,cpu``) is the same experiment sized for a CPU, to try the
 pipeline before renting an accelerator: the `tiny` size, 300 steps of 16 sequences of L
 tokens, NIAH at L and 2L over 3 depths x 2 samples, MQAR on 64 examples, perplexity up to 2L;
-about 8 minutes on two CPU cores at L = 256 (docs/results.md). Its numbers say the pipeline
+about 9 minutes on two CPU cores at L = 256 (docs/results.md). Its numbers say the pipeline
 runs, not how the architectures compare.
 """
 
