@@ -552,3 +552,17 @@ def test_ruler_multi_needle_variants(gpt2, task):
         assert abs(at - depth / 100) < 0.12, (depth, at)
     assert niah.answer_budget(["niah_single_1"]) == 16 and niah.answer_budget(niah.SINGLE) == 48
     assert niah.answer_budget(["niah_multivalue"]) == 64
+
+
+def test_seed_level_interval_and_rank_test():
+    """The seed as the unit: the t interval of three seeds' mean (t(2) = 4.303), and the exact
+    rank test: three seeds all above three others is p = 1/20."""
+    from hwh_jax.eval import stats
+
+    lo, hi = stats.seeds_interval([65.0, 71.0, 86.0])
+    half = 4.302652729911275 * np.std([65.0, 71.0, 86.0], ddof=1) / np.sqrt(3)
+    assert np.isclose(lo, 74.0 - half) and np.isclose(hi, 74.0 + half)
+    assert stats.seeds_interval([50.0]) is None
+    assert stats.all_above_p([65, 71, 86], [3, 22, 29]) == 1 / 20
+    assert stats.all_above_p([65, 71, 86], [3, 22, 66]) == 1.0
+    assert stats.all_above_p([9, 8], [1, 2, 3, 4]) == 1 / 15

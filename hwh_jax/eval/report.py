@@ -73,6 +73,7 @@ def over_seeds(exps: list[dict]) -> dict:
             "std": statistics.stdev(values) if len(values) > 1 else 0.0,
             "min": min(values),
             "max": max(values),
+            "seed_interval": stats.seeds_interval(values),  # the seed as the unit
         }
 
     out = {
@@ -152,7 +153,8 @@ def seeds_table(groups: list[dict]) -> str:
 
 def seeds_length_table(groups: list[dict]) -> str:
     """Rows: configurations trained with several seeds; columns: NIAH lengths, all tasks of a
-    length together: right/n = share [pooled 95% interval] (the seeds' own shares min-max)."""
+    length together: right/n = share [pooled 95% Wilson interval] (the seeds' own shares
+    min-max; the 95% t interval of their mean, the seed as the unit)."""
     lengths = sorted({int(k) for g in groups for k in g.get("niah_by_length", {})})
     lines = [
         "| configuration | arch | seeds | " + " | ".join(f"NIAH@{n}" for n in lengths) + " |",
@@ -165,10 +167,13 @@ def seeds_length_table(groups: list[dict]) -> str:
             if c is None:
                 cells.append("-")
                 continue
-            p = c["pooled"]
+            p, t = c["pooled"], c.get("seed_interval")
+            seeds = f"seeds {c['min']:.0f}-{c['max']:.0f}"
+            if t is not None:  # a share: the interval within [0, 100]
+                seeds += f"; t {max(t[0], 0):.0f}-{min(t[1], 100):.0f}"
             cells.append(
                 f"{p['right']}/{p['n']} = {100 * p['right'] / p['n']:.0f}% "
-                f"[{p['lo']:.0f}, {p['hi']:.0f}] (seeds {c['min']:.0f}-{c['max']:.0f})"
+                f"[{p['lo']:.0f}, {p['hi']:.0f}] ({seeds})"
             )
         lines.append(f"| {g['name']} | {g['arch']} | {g['seeds']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -378,7 +383,8 @@ def report(workdirs: list[storage.PathLike], out_dir: storage.PathLike) -> str:
             "\nOver seeds (NIAH score: mean +- sd over seeds (min-max) [95% interval of "
             "the share right, prompts of all seeds pooled] n prompts):\n\n"
             f"{seeds_table(over)}\n\nAll tasks of a length together (prompts right over "
-            f"the seeds [95% interval] (each seed's own share, min-max)):\n\n"
+            f"the seeds [95% Wilson interval] (each seed's own share, min-max; the 95% t "
+            f"interval of their mean, the seed as the unit)):\n\n"
             f"{seeds_length_table(over)}\n"
         )
     by_config = {}  # a seed folder's runs together, a single run alone
