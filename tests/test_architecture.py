@@ -148,8 +148,7 @@ def test_docs_stay_a_reference():
     files = subprocess.run(
         ["git", "ls-files", "docs"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
-    if not files:
-        pytest.skip("not a git checkout")
+    assert files, "git ls-files docs found nothing: run the tests from a clone"
     size = sum((ROOT / f).stat().st_size for f in files if (ROOT / f).exists())
     assert size < 2_000_000, f"docs/ holds {size:,} bytes"
     lines = len((ROOT / "docs" / "benchmarks.md").read_text().splitlines())

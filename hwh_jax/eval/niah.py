@@ -225,10 +225,11 @@ def make_sample(
         keys.append(_value(spec.key, rng))
         values.append([_value(spec.value, rng) for _ in range(spec.v)])
     asked = sorted(rng.sample(range(len(keys)), spec.q)) if len(keys) > 1 else [0]
+    order = asked + [i for i in range(len(keys)) if i not in asked]  # the asked needles first
     needles = [
-        NEEDLE.format(type_needle_v=spec.value, key=k, value=v)
-        for i in asked + [i for i in range(len(keys)) if i not in asked]
-        for k, v in [(keys[i], v) for v in values[i]]
+        NEEDLE.format(type_needle_v=spec.value, key=keys[i], value=v)
+        for i in order
+        for v in values[i]
     ]
     placed = [(needles[0], depth)] + [(n, rng.choice(DEPTHS)) for n in needles[1:]]
     essay = essay_words(essay_folder) if spec.haystack == "essay" else None
