@@ -57,7 +57,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.conv_impl = "auto"  # kernels_pallas.short_conv impl (GDN conv + norm)
     m.norm_impl = "auto"  # kernels_pallas.rms_norm impl (norms + residual adds)
     m.matmul_impl = "auto"  # kernels_pallas.skinny_matmul impl (decode products)
-    m.gdn_chunk_size = 64
+    m.la_chunk_size = 64
     m.la_kind = "gdn"  # the linear heads: gdn | deltanet | lightning |
     #                                        retnet | mamba2 | gla | hgrn | hgrn2 (docs/models.md)
     m.la_short_conv = False  # a short convolution on q, k, v of lightning, retnet,

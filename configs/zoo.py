@@ -19,7 +19,7 @@ in any config (``--config.train.steps=...``).
 """
 
 from configs import base
-from hwh_jax.layers.config import LA_KINDS
+from hwh_jax.layers import heads
 from hwh_jax.models.variants import SIZES
 
 FORMS = {
@@ -52,9 +52,9 @@ def get_config(arg: str = "pure,gdn"):
     if form.startswith("swa"):
         m.window = _positive(rest[0], "the window W", arg)
     else:
-        if rest[0] not in LA_KINDS:
+        if rest[0] not in heads.names():
             raise ValueError(
-                f"configs/zoo.py:{arg}: linear-head kind {rest[0]!r} is not one of {list(LA_KINDS)}"
+                f"configs/zoo.py:{arg}: linear-head kind {rest[0]!r} is not one of {list(heads.names())}"
             )
         m.la_kind = rest[0]
         if form.startswith("layerwise"):

@@ -40,7 +40,7 @@ def tiny(corpus, arch="transformer", **train):
     config = base.get_config(f"{arch}_tiny")
     config.seq_len = 32
     config.model.dtype = "float32"
-    config.model.gdn_chunk_size = 16
+    config.model.la_chunk_size = 16
     config.data.paths = (str(corpus),)
     config.data.sp_vocab_size = 512
     config.data.heldout_fraction = 0.05
@@ -579,7 +579,7 @@ def test_a_truncated_checkpoint_costs_one_line_and_status_0(corpus, four_steps, 
         f"--workdir={tmp_path}",
         "--config.seq_len=32",
         "--config.model.dtype=float32",
-        "--config.model.gdn_chunk_size=16",
+        "--config.model.la_chunk_size=16",
         f"--config.data.paths=('{corpus}',)",
         "--config.data.sp_vocab_size=512",
         "--config.data.heldout_fraction=0.05",

@@ -139,7 +139,7 @@ def test_pallas_per_shard_under_a_mesh_and_in_hgrn_heads():
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from hwh_jax.layers.hgrn_heads import HGRNHeads
+    from hwh_jax.layers.heads.hgrn import HGRNHeads
     from hwh_jax.training.sharding import make_mesh
     from kernels_pallas import kernel_mesh
     from kernels_pallas.gated_recurrence import GatedRecurrenceSettings, gated_recurrence

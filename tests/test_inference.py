@@ -15,7 +15,7 @@ VOCAB = 256
 def tiny(arch, **kw):
     # chunk 8 and window 8: a 13-token prompt crosses GDN chunks and SWA windows
     cfg = model_config(
-        arch, "tiny", dtype="float32", gdn_chunk_size=8, vocab_size=VOCAB, window=8, **kw
+        arch, "tiny", dtype="float32", la_chunk_size=8, vocab_size=VOCAB, window=8, **kw
     )
     return HybridLM(cfg, rngs=nnx.Rngs(0))
 
@@ -116,7 +116,7 @@ def test_batched_greedy_generation_equals_one_by_one_and_brute_force():
 
 
 def test_generator_keeps_matrices_in_the_compute_dtype_with_the_same_logits():
-    cfg = model_config("hwh", "tiny", dtype="bfloat16", gdn_chunk_size=8, vocab_size=VOCAB)
+    cfg = model_config("hwh", "tiny", dtype="bfloat16", la_chunk_size=8, vocab_size=VOCAB)
     model = HybridLM(cfg, rngs=nnx.Rngs(0))
     gen = Generator(model, vocab=VOCAB)
     leaves = jax.tree.leaves(gen.state)

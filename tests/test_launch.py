@@ -1,5 +1,6 @@
 """One end-to-end run of each launcher as a user would type it (launch.train: test_training)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -7,9 +8,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(*args):
+def run(*args, env=None):
     out = subprocess.run(
-        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
@@ -29,8 +35,12 @@ def test_describe_overrides_and_table():
         "--config.model.counts=0,1,2,3,4,5,5,5,5,5,5,5,5,5,5,5,5,4,3,2,1,0,0,0",
     )
     assert "FA share 0.2083 (80 FA / 304 LA heads, linear heads gdn)" in out
-    table = run("launch.describe", "--table")
+    # a linear-head kind from a module outside the package (tests/toy_kind.py) is listed
+    path = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "HWH_HEAD_KINDS": "toy_kind", "PYTHONPATH": path}
+    table = run("launch.describe", "--table", env=env)
     assert table.count("\n") > 30 and "| 1b4 | hwh |" in table
+    assert "| small | hwh | toy_ema |" in table and "| 1b4 | gdn | toy_ema |" in table
 
 
 def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
@@ -56,7 +66,7 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
         "--config=configs/transformer_tiny.py",
         f"--out={work}",
         "--config.seq_len=64",
-        "--config.model.gdn_chunk_size=16",
+        "--config.model.la_chunk_size=16",
         f"--config.data.paths=('{corpus}',)",
         "--config.data.sp_vocab_size=512",
         "--config.data.heldout_fraction=0.1",

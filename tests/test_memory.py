@@ -126,7 +126,7 @@ def _tiny(vocab=256, arch="hwh"):
     config = base.get_config(f"{arch}_tiny")
     config.seq_len = 32
     config.model.dtype = "float32"
-    config.model.gdn_chunk_size = 16
+    config.model.la_chunk_size = 16
     config.train.warmup_steps = 1
     return config, model_config(config, vocab)
 

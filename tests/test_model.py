@@ -34,7 +34,7 @@ def tokens(B, T, vocab, seed=0):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_causality(arch):
     """Changing token t changes no logit before t (and does change the logit at t)."""
-    cfg = model_config(arch, "tiny", dtype="float32", window=8, gdn_chunk_size=16)
+    cfg = model_config(arch, "tiny", dtype="float32", window=8, la_chunk_size=16)
     model = HybridLM(cfg, rngs=nnx.Rngs(0))
     fwd = nnx.jit(lambda m, x: m(x))
     x = tokens(1, 40, cfg.vocab_size)
@@ -48,7 +48,7 @@ def test_causality(arch):
 @pytest.mark.parametrize("arch", ["transformer", "gdn", "hwh", "swa"])
 def test_packed_documents_match_separate_runs(arch):
     """With segment ids and in-document positions, a packed row equals its documents run alone."""
-    cfg = model_config(arch, "tiny", dtype="float32", window=8, gdn_chunk_size=16)
+    cfg = model_config(arch, "tiny", dtype="float32", window=8, la_chunk_size=16)
     model = HybridLM(cfg, rngs=nnx.Rngs(1))
     fwd = nnx.jit(lambda m, x, p, s: m(x, p, s))
     x = tokens(1, 45, cfg.vocab_size, seed=1)

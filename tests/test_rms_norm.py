@@ -193,7 +193,7 @@ def test_model_chains_residual_adds_like_the_unfused_blocks(arch):
     out: x += mixer(mixer_norm(x)); x += mlp(mlp_norm(x)); final_norm(x). Values and gradients."""
     from hwh_jax.models import HybridLM, model_config
 
-    cfg = model_config(arch, "tiny", dtype="float32", gdn_chunk_size=16)
+    cfg = model_config(arch, "tiny", dtype="float32", la_chunk_size=16)
     model = HybridLM(cfg, rngs=nnx.Rngs(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 24)))
     pos = jnp.arange(24)[None]

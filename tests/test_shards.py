@@ -388,7 +388,7 @@ def test_training_from_shards_resumes_exactly_after_sigterm(gpt2, tmp_path, monk
 
     def config():
         c = base.get_config("transformer_tiny")  # the data state is what is tested here
-        c.seq_len, c.model.dtype, c.model.gdn_chunk_size = 32, "float32", 16
+        c.seq_len, c.model.dtype, c.model.la_chunk_size = 32, "float32", 16
         c.data.source, c.data.paths, c.data.tokenizer = "shards", (str(folder),), "gpt2"
         c.data.heldout_fraction = 0.05
         t = c.train

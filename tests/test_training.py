@@ -39,7 +39,7 @@ def small_config(corpus, arch="transformer", **train):
     config = base.get_config(f"{arch}_tiny")
     config.seq_len = 32
     config.model.dtype = "float32"
-    config.model.gdn_chunk_size = 16
+    config.model.la_chunk_size = 16
     config.data.paths = (str(corpus),)
     config.data.sp_vocab_size = 512
     config.data.heldout_fraction = 0.05
@@ -94,7 +94,7 @@ def _train_in_subprocess(corpus, workdir, mesh, devices=8, extra=()):
         "--config=configs/hwh_tiny.py",
         "--config.seq_len=32",
         "--config.model.dtype=float32",
-        "--config.model.gdn_chunk_size=16",
+        "--config.model.la_chunk_size=16",
         f"--config.data.paths=('{corpus}',)",
         "--config.data.sp_vocab_size=512",
         "--config.data.heldout_fraction=0.05",
@@ -256,7 +256,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes(corpus, tmp_path):
         f"--workdir={workdir}",
         "--config.seq_len=32",
         "--config.model.dtype=float32",
-        "--config.model.gdn_chunk_size=16",
+        "--config.model.la_chunk_size=16",
         "--config.data.heldout_fraction=0.05",
         f"--config.data.paths=('{corpus}',)",
         "--config.data.sp_vocab_size=512",
@@ -377,7 +377,7 @@ def test_every_config_builds_and_its_tiny_form_trains_a_step(arch):
     if arch in ("hwh_rope", "hwh_uniform", "layerwise_nope", "swa_nope"):
         return
     config = _load(ROOT / "configs" / f"{arch}_tiny.py")
-    config.model.gdn_chunk_size = 16
+    config.model.la_chunk_size = 16
     cfg = model_config_from_dict(config.model)
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     tx, schedule = make_optimizer(OptimizerSpec(lr=1e-3, warmup_steps=0, total_steps=10))
@@ -447,13 +447,13 @@ def test_experiment_configs_take_the_zoo_forms():
     head-wise trains the reproduction's tokens on the same data and evaluation, with parameters
     within 5% of the Transformer's; a bad form names itself."""
     from configs import experiment
-    from hwh_jax.layers.config import LA_KINDS
+    from hwh_jax.layers import heads
     from hwh_jax.models.params import count_params
     from hwh_jax.training.specs import model_config
 
     ref = experiment.get_config("transformer")
     want = count_params(model_config(ref, 8192))
-    for kind in LA_KINDS:
+    for kind in heads.ORDER:
         for form in (f"layerwise/{kind}/3", f"hwh/{kind}"):
             config = experiment.get_config(f"{form},512")
             assert config.model.la_kind == kind

@@ -11,11 +11,13 @@ import optax
 import pytest
 from flax import nnx
 
-from hwh_jax.layers.config import LA_CONV_OPTIONAL, LA_KINDS, LayerSpec, ModelConfig
+from hwh_jax.layers import heads
+from hwh_jax.layers.config import LayerSpec, ModelConfig
 from hwh_jax.models import HybridLM
 
 VOCAB = 128
-KINDS = [k for k in LA_KINDS if k != "gdn"]  # GDN: tests/test_inference.py, test_model.py
+KINDS = [k for k in heads.ORDER if k != "gdn"]  # GDN: tests/test_inference.py, test_model.py
+CONV_OPTIONAL = [k for k in heads.ORDER if heads.get(k).conv_optional]
 
 
 def _model(kind):
@@ -32,7 +34,7 @@ def _model(kind):
         mlp_hidden=128,
         layers=(LayerSpec(1, 3), LayerSpec(2, 2)),
         dtype="float32",
-        gdn_chunk_size=8,
+        la_chunk_size=8,
         la_kind=kind,
         la_short_conv=bool(conv),
     )
@@ -43,8 +45,14 @@ def _tokens(B, T, seed=0):
     return jnp.asarray(np.random.default_rng(seed).integers(1, VOCAB, (B, T)), jnp.int32)
 
 
-@pytest.mark.parametrize("kind", KINDS + [f"{k}+conv" for k in LA_CONV_OPTIONAL])
+@pytest.mark.parametrize("kind", KINDS + [f"{k}+conv" for k in CONV_OPTIONAL])
 def test_every_kind_decodes_packs_and_trains(kind):
+    check_kind(kind)
+
+
+def check_kind(kind):
+    """Prefill then decode equals the forward (a left-padded row too), packed documents equal
+    each alone, and a few AdamW steps lower the loss (tests/test_head_kinds.py's toy too)."""
     model = _model(kind)
     # prefill 13 tokens (crossing chunks of 8), then one token at a time; row 0 left-padded
     x = _tokens(2, 20)
@@ -96,7 +104,7 @@ def test_short_conv_is_where_the_kind_has_none():
     the token's own) that changes the output, and a refusal naming the key for the kinds that
     have one already or no q, k."""
     x = _tokens(1, 12)
-    for kind in LA_CONV_OPTIONAL:
+    for kind in CONV_OPTIONAL:
         plain, conv = _model(kind), _model(kind + "+conv")
         heads = conv.blocks[0].mixer.la
         assert [c is not None for c in heads._convs()] == [True, kind != "hgrn2", True], kind

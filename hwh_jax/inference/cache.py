@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hwh_jax.layers.config import LA_KINDS, ModelConfig
+from hwh_jax.layers import heads
+from hwh_jax.layers.config import ModelConfig
 from hwh_jax.layers.mixer import HeadwiseMixer
 from hwh_jax.models.params import param_table
 from hwh_jax.models.variants import model_config
@@ -75,7 +76,7 @@ def zoo_table(sizes=("small", "380m", "1b4"), context: int = 32768) -> str:
     ]
     for size in sizes:
         base = param_table(model_config("transformer", size))["total"]
-        for kind in LA_KINDS:
+        for kind in heads.names():
             for arch in ZOO_ARCHS:
                 cfg = model_config(arch, size, la_kind=kind)
                 total = param_table(cfg)["total"]

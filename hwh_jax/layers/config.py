@@ -13,6 +13,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from hwh_jax.layers import heads
 from hwh_jax.layers.rope import PAIRINGS
 from kernels_pallas import (
     AttentionSettings,
@@ -26,8 +27,6 @@ from kernels_pallas import (
 )
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-LA_KINDS = ("gdn", "deltanet", "lightning", "retnet", "mamba2", "gla", "hgrn", "hgrn2")
-LA_CONV_OPTIONAL = ("lightning", "retnet", "gla", "hgrn2")  # la_short_conv adds a convolution
 REMAT = ("none", "block")  # activations kept for the backward pass: all; each block's input only
 
 
@@ -88,12 +87,11 @@ class ModelConfig:
     norm_impl: str = "auto"  # kernels_pallas.rms_norm impl (RMSNorms, residual adds)
     matmul_impl: str = "auto"  # kernels_pallas.skinny_matmul impl (a decode step's
     # projections of a few rows; the LM head excepted)
-    gdn_chunk_size: int = 64  # chunk of every linear-head kind's chunked form
-    la_kind: str = "gdn"  # the linear heads: gdn, deltanet, lightning, retnet,
-    # mamba2, gla, hgrn, hgrn2 (layers/decay_heads.py,
-    # layers/hgrn_heads.py)
+    la_chunk_size: int = 64  # chunk of every linear-head kind's chunked form
+    la_kind: str = "gdn"  # the linear heads: a kind of hwh_jax/layers/heads/ (gdn,
+    # deltanet, lightning, retnet, mamba2, gla, hgrn, hgrn2)
     la_short_conv: bool = False  # a short convolution on q, k, v of the kinds without
-    # one (LA_CONV_OPTIONAL; layers/decay_heads.py)
+    # one (their HeadKind.conv_optional)
     remat: str = "none"  # "block": recompute each block's activations in the
     # backward pass (less memory, ~1/3 more compute)
     kernel_platform: str = ""  # platform the kernels are chosen and lowered for
@@ -112,7 +110,7 @@ class ModelConfig:
             "mlp_hidden",
             "q_per_kv",
             "conv_size",
-            "gdn_chunk_size",
+            "la_chunk_size",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -139,15 +137,13 @@ class ModelConfig:
             raise ValueError(f"rope_pairing must be one of {PAIRINGS}, got {self.rope_pairing!r}")
         if any(s.fa_rope for s in self.layers) and self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
-        if self.la_kind not in LA_KINDS:
-            raise ValueError(
-                f"ModelConfig.la_kind must be one of {list(LA_KINDS)}, got {self.la_kind!r}"
-            )
-        if self.la_short_conv and self.la_kind not in LA_CONV_OPTIONAL:
+        kind = heads.get(self.la_kind)  # an unknown kind: an error listing the known ones
+        if self.la_short_conv and not kind.conv_optional:
+            optional = [k for k in heads.names() if heads.get(k).conv_optional]
             raise ValueError(
                 f"ModelConfig.la_short_conv adds a short convolution to the kinds "
-                f"{list(LA_CONV_OPTIONAL)}; la_kind={self.la_kind!r} "
-                f"{'has no q, k' if self.la_kind == 'hgrn' else 'has one already'}: "
+                f"{optional}; la_kind={self.la_kind!r} "
+                f"{'has no q, k' if not kind.uses_key_dim else 'has one already'}: "
                 f"set model.la_short_conv=False"
             )
         if self.remat not in REMAT:
@@ -168,10 +164,10 @@ class ModelConfig:
         return self._kernel(DecodeAttentionSettings, self.decode_attn_impl)
 
     def gdn_settings(self) -> GDNSettings:
-        return self._kernel(GDNSettings, self.gdn_impl, chunk_size=self.gdn_chunk_size)
+        return self._kernel(GDNSettings, self.gdn_impl, chunk_size=self.la_chunk_size)
 
     def decay_settings(self) -> DecaySettings:
-        return self._kernel(DecaySettings, self.decay_impl, chunk_size=self.gdn_chunk_size)
+        return self._kernel(DecaySettings, self.decay_impl, chunk_size=self.la_chunk_size)
 
     def hgrn_settings(self) -> GatedRecurrenceSettings:
         return self._kernel(GatedRecurrenceSettings, self.hgrn_impl)

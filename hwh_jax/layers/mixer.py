@@ -24,11 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from hwh_jax.layers import heads
 from hwh_jax.layers.attention import FullAttentionHeads
 from hwh_jax.layers.config import LayerSpec, ModelConfig
-from hwh_jax.layers.decay_heads import DecayLinearHeads
-from hwh_jax.layers.gdn import GatedDeltaNetHeads
-from hwh_jax.layers.hgrn_heads import HGRNHeads
 from hwh_jax.layers.linear import INIT_STD, apply, dense, matmul, project
 from hwh_jax.layers.variables import data
 from kernels_pallas.sharding import constrain
@@ -69,7 +67,9 @@ class HeadwiseMixer(nnx.Module):
                 **kw,
             )
         )
-        self.la = data(None if not spec.num_la else _linear_heads(cfg, spec, layer, kw))
+        self.la = data(  # the linear heads of cfg.la_kind (hwh_jax/layers/heads/)
+            None if not spec.num_la else heads.get(cfg.la_kind).build(cfg, spec.num_la, layer, **kw)
+        )
         self.dtype = cfg.compute_dtype
         self.matmul_settings = cfg.matmul_settings()
         width = spec.num_fa * cfg.head_dim + spec.num_la * cfg.la_value_dim
@@ -142,48 +142,3 @@ class HeadwiseMixer(nnx.Module):
             outs.append(o)
         y = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
         return apply(self.o_proj, y, self.matmul_settings), new
-
-
-def _linear_heads(cfg: ModelConfig, spec: LayerSpec, layer: int, kw: dict):
-    """The layer's linear heads of ``cfg.la_kind``: GDN or DeltaNet (``gdn.py``), HGRN
-    (``hgrn_heads.py``), or one of the decaying-state kinds (``decay_heads.py``)."""
-    if cfg.la_kind == "hgrn":
-        return HGRNHeads(
-            cfg.d_model,
-            spec.num_la,
-            cfg.la_value_dim,
-            layer=layer,
-            num_layers=cfg.num_layers,
-            norm_eps=cfg.norm_eps,
-            settings=cfg.hgrn_settings(),
-            **kw,
-        )
-    if cfg.la_kind in ("gdn", "deltanet"):
-        return GatedDeltaNetHeads(
-            cfg.d_model,
-            spec.num_la,
-            cfg.la_key_dim,
-            cfg.la_value_dim,
-            conv_size=cfg.conv_size,
-            norm_eps=cfg.norm_eps,
-            decay=cfg.la_kind == "gdn",
-            settings=cfg.gdn_settings(),
-            conv_settings=cfg.conv_settings(),
-            **kw,
-        )
-    return DecayLinearHeads(
-        cfg.la_kind,
-        cfg.d_model,
-        spec.num_la,
-        cfg.la_key_dim,
-        cfg.la_value_dim,
-        layer=layer,
-        num_layers=cfg.num_layers,
-        conv_size=cfg.conv_size,
-        short_conv=cfg.la_short_conv,
-        norm_eps=cfg.norm_eps,
-        rope_theta=cfg.rope_theta,
-        settings=cfg.decay_settings(),
-        conv_settings=cfg.conv_settings(),
-        **kw,
-    )

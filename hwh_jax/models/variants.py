@@ -149,9 +149,15 @@ def model_config(
     return cfg
 
 
+RENAMED = {"gdn_chunk_size": "la_chunk_size"}  # old model.* key -> its name now
+
+
 def model_config_from_dict(m) -> ModelConfig:
     """ModelConfig from the ``model`` section of a run config (any mapping; 0/"" = default)."""
     m = dict(m)
+    for old, new in RENAMED.items():  # run configs written before a field was renamed
+        if old in m:
+            m.setdefault(new, m.pop(old))
     counts = m.pop("counts", "") or None
     if isinstance(counts, str) and not counts.endswith(".json"):
         try:

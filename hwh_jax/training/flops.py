@@ -3,9 +3,9 @@
   training FLOPs / token = 6 * N_matmul                          (forward + backward, weights)
                          + sum_l 6 * n_fa(l) * D * T_eff(l)      (causal attention, fwd+bwd)
                          + sum_l 3 * n_la(l) * (4 C (K + V) + 6 K V)   (GDN chunked form)
-                         (other linear-head kinds: 3 * n_la(l) * (2 C (K + V) + 4 K V), the
-                          decaying-state chunked form: intra-chunk scores and values, state
-                          read and write)
+                         (other linear-head kinds: n_la(l) times their HeadKind.flops;
+                          the decaying-state chunked form's 3 * (2 C (K + V) + 4 K V):
+                          intra-chunk scores and values, state read and write)
 N_matmul = every weight in a matmul (all parameters minus the embedding table, plus the LM head
 even when tied, minus norm/conv/A_log/dt_bias vectors, which are negligible and ignored);
 T_eff = T for global causal attention (12 * D * T/2: QK^T and PV over on average T/2 keys, x3
@@ -16,6 +16,7 @@ MFU = FLOPs/token * tokens/s / (peak FLOP/s of all devices).
 
 from __future__ import annotations
 
+from hwh_jax.layers import heads
 from hwh_jax.layers.config import ModelConfig
 from hwh_jax.models.params import param_table
 
@@ -40,17 +41,11 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     p = param_table(cfg)
     n_matmul = p["non_embedding"] + cfg.vocab_size * cfg.d_model - p["norms"]
     total = 6.0 * n_matmul
-    C = cfg.gdn_chunk_size
-    K, V = cfg.la_key_dim, cfg.la_value_dim
+    per_linear_head = heads.get(cfg.la_kind).flops(cfg)
     for s in cfg.layers:
         t_eff = seq_len if s.window is None else min(s.window, seq_len)
         total += 6.0 * s.num_fa * cfg.head_dim * t_eff
-        if cfg.la_kind in ("gdn", "deltanet"):
-            total += 3.0 * s.num_la * (4 * C * (K + V) + 6 * K * V)
-        elif cfg.la_kind == "hgrn":  # element-wise: a few FLOPs a channel
-            total += 3.0 * s.num_la * 4 * V
-        else:
-            total += 3.0 * s.num_la * (2 * C * (K + V) + 4 * K * V)
+        total += s.num_la * per_linear_head
     return total
 
 

@@ -112,7 +112,7 @@ def sweep_config(arch: str, width: int, spec: SweepSpec) -> ModelConfig:
         layers=layers,
         arch=arch,
         dtype=spec.dtype,
-        gdn_chunk_size=min(64, spec.max_len),
+        la_chunk_size=min(64, spec.max_len),
     )
 
 

@@ -9,8 +9,9 @@ import jax
 import optax
 
 from hwh_jax import checks
+from hwh_jax.layers import heads
 
-NO_DECAY_NAMES = ("A_log", "dt_bias", "bias", "weight")  # norms' scale is called "weight"
+NO_DECAY_NAMES = ("bias", "weight")  # norms' scale is called "weight"
 SCHEDULES = ("cosine", "wsd", "constant")
 
 log = logging.getLogger(__name__)
@@ -86,13 +87,15 @@ def learning_rate_schedule(spec: OptimizerSpec) -> optax.Schedule:
 
 
 def decay_mask(params):
-    """True for weights that decay: matrices and embeddings, not norms, biases, A_log, dt_bias."""
+    """True for weights that decay: matrices and embeddings, not norms, biases, nor what a
+    linear-head kind names in its ``no_decay`` (GDN's and Mamba-2's A_log, dt_bias)."""
 
     def keep(path, leaf):
         keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
         name = str(keys[-1]) if keys else ""
-        return name not in NO_DECAY_NAMES and getattr(leaf, "ndim", 0) >= 2
+        return name not in skip and getattr(leaf, "ndim", 0) >= 2
 
+    skip = set(NO_DECAY_NAMES).union(*(heads.get(k).no_decay for k in heads.names()))
     return jax.tree_util.tree_map_with_path(keep, params)
 
 

@@ -7,7 +7,7 @@ FA heads or alone. n heads of V channels each, x the normalised input:
   out = RMSNorm(h) * SiLU(g)                            (per head over V, weight shared)
 
 lb, the forget gate's lower bound, rises with depth: layer / num_layers (fixed, as for HGRN-2
-in decay_heads.py; HGRN learns it). There is no key dimension and no outer product: the state is
+in hgrn2.py; HGRN learns it). There is no key dimension and no outer product: the state is
 V numbers a head, and ``model.la_key_dim`` is unused. The recurrence runs as
 ``kernels_pallas.gated_recurrence`` (``model.hgrn_impl``: by default its Pallas kernels on GPUs,
 the associative scan elsewhere). With segment ids the gate at a document's first token is 0
@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hwh_jax.layers.heads import HeadKind, register
+from hwh_jax.layers.heads.parts import document_starts
 from hwh_jax.layers.linear import dense
 from hwh_jax.layers.norms import GatedRMSNorm
 from kernels_pallas.gated_recurrence import (
@@ -87,14 +89,7 @@ class HGRNHeads(nnx.Module):
         del positions  # HGRN has no positions
         a, b = self._gates(i, f)
         if segment_ids is not None:
-            start = jnp.concatenate(
-                [
-                    jnp.zeros_like(segment_ids[:, :1], bool),
-                    segment_ids[:, 1:] != segment_ids[:, :-1],
-                ],
-                axis=1,
-            )
-            a = jnp.where(start[..., None], 0.0, a)
+            a = jnp.where(document_starts(segment_ids)[..., None], 0.0, a)
         h, _ = gated_recurrence(a, b, settings=self.settings)
         return self._out(h, g)
 
@@ -119,3 +114,27 @@ class HGRNHeads(nnx.Module):
                 a, b, initial_state=cache["state"], output_final_state=True, settings=self.settings
             )
         return self._out(h, g), {"state": state}
+
+
+def build(cfg, num_heads, layer, **kw):
+    return HGRNHeads(
+        cfg.d_model,
+        num_heads,
+        cfg.la_value_dim,
+        layer=layer,
+        num_layers=cfg.num_layers,
+        norm_eps=cfg.norm_eps,
+        settings=cfg.hgrn_settings(),
+        **kw,
+    )
+
+
+register(
+    HeadKind(
+        "hgrn",
+        build,
+        lambda cfg: 3.0 * 4 * cfg.la_value_dim,  # element-wise: a few FLOPs a channel
+        about="element-wise gated recurrence: h <- f h + (1 - f) SiLU(i), a vector state",
+        uses_key_dim=False,
+    )
+)

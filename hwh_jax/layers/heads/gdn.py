@@ -22,70 +22,24 @@ so the state stays at zero.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 import kernels_pallas
+from hwh_jax.layers.heads import HeadKind, register
+from hwh_jax.layers.heads.parts import (
+    RESET_LOG_DECAY,
+    ShortConv,
+    a_log_init,
+    document_starts,
+    dt_bias_init,
+)
 from hwh_jax.layers.linear import dense
 from hwh_jax.layers.norms import GatedRMSNorm
 from hwh_jax.layers.variables import data, partitioned
 from kernels_pallas.gdn import GDNSettings
-from kernels_pallas.short_conv import ShortConvSettings, causal_conv1d, short_conv, silu_norm
-
-RESET_LOG_DECAY = -80.0  # g at a document start: alpha = e^-80 ~ 2e-35 wipes the state
-
-
-class ShortConv(nnx.Module):
-    """A causal depthwise convolution of ``width`` taps over ``channels``, its SiLU and, for q
-    and k, the per-head L2 norm: one ``kernels_pallas.short_conv`` op, weight [width, channels].
-    """
-
-    def __init__(
-        self,
-        channels: int,
-        width: int,
-        *,
-        settings: ShortConvSettings | None = None,
-        param_dtype,
-        rngs: nnx.Rngs,
-    ):
-        init = partitioned(_conv_init, ("conv", "heads"))
-        self.kernel = nnx.Param(init(rngs.params(), (width, channels), param_dtype))
-        self.settings = ShortConvSettings() if settings is None else settings
-
-    def __call__(
-        self, x, segment_ids=None, *, heads: int = 1, normalize: bool = False, scale: float = 1.0
-    ):
-        """SiLU(conv(x)) [B, T, C], L2-normalised per head and times ``scale`` if ``normalize``
-        (``kernels_pallas.short_conv``)."""
-        return short_conv(
-            x,
-            self.kernel[...],
-            segment_ids,
-            heads=heads,
-            normalize=normalize,
-            scale=scale,
-            settings=self.settings,
-        )
-
-
-def _conv_init(key, shape, dtype):
-    bound = 1.0 / math.sqrt(shape[0])  # PyTorch Conv1d default for a depthwise kernel
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-
-def _dt_bias_init(key, shape, dtype, dt_min=1e-3, dt_max=0.1, floor=1e-4):
-    """Inverse-softplus of dt ~ logUniform[dt_min, dt_max] (Mamba / fla initialisation)."""
-    u = jax.random.uniform(key, shape)
-    dt = jnp.maximum(jnp.exp(u * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)), floor)
-    return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
-
-
-def _a_log_init(key, shape, dtype):
-    return jnp.log(jax.random.uniform(key, shape, minval=1.0, maxval=16.0)).astype(dtype)
+from kernels_pallas.short_conv import ShortConvSettings, causal_conv1d, silu_norm
 
 
 class GatedDeltaNetHeads(nnx.Module):
@@ -136,8 +90,8 @@ class GatedDeltaNetHeads(nnx.Module):
         self.k_conv = ShortConv(num_heads * key_dim, conv_size, **conv_kw)
         self.v_conv = ShortConv(num_heads * value_dim, conv_size, **conv_kw)
         if decay:
-            a_init = partitioned(_a_log_init, ("heads",))
-            dt_init = partitioned(_dt_bias_init, ("heads",))
+            a_init = partitioned(a_log_init, ("heads",))
+            dt_init = partitioned(dt_bias_init, ("heads",))
             self.A_log = nnx.Param(a_init(rngs.params(), (num_heads,), param_dtype))
             self.dt_bias = nnx.Param(dt_init(rngs.params(), (num_heads,), param_dtype))
         self.o_norm = GatedRMSNorm(value_dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype)
@@ -174,14 +128,7 @@ class GatedDeltaNetHeads(nnx.Module):
             a = a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
             g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
         if segment_ids is not None:
-            start = jnp.concatenate(
-                [
-                    jnp.zeros_like(segment_ids[:, :1], bool),
-                    segment_ids[:, 1:] != segment_ids[:, :-1],
-                ],
-                axis=1,
-            )
-            g = jnp.where(start[..., None], RESET_LOG_DECAY, g)
+            g = jnp.where(document_starts(segment_ids)[..., None], RESET_LOG_DECAY, g)
         return beta, g
 
     def __call__(self, x, segment_ids=None):
@@ -264,3 +211,48 @@ class GatedDeltaNetHeads(nnx.Module):
             )
         out = self.o_norm(o, gate.reshape(B, Tn, n, V)).reshape(B, Tn, n * V)
         return out, {"state": state, "conv": xp[:, xp.shape[1] - window.shape[1] :]}
+
+
+def _build(decay: bool):
+    def build(cfg, num_heads, layer, **kw):
+        del layer  # the same at every depth
+        return GatedDeltaNetHeads(
+            cfg.d_model,
+            num_heads,
+            cfg.la_key_dim,
+            cfg.la_value_dim,
+            conv_size=cfg.conv_size,
+            norm_eps=cfg.norm_eps,
+            decay=decay,
+            settings=cfg.gdn_settings(),
+            conv_settings=cfg.conv_settings(),
+            **kw,
+        )
+
+    return build
+
+
+def delta_rule_flops(cfg) -> float:
+    """Training FLOPs a token and head of the chunked WY form: its forward, 4C(K+V) + 6KV for
+    chunk C (ANCHORS.md: 8CD + 6D^2 at K = V = D), times 3 for the backward."""
+    C, K, V = cfg.la_chunk_size, cfg.la_key_dim, cfg.la_value_dim
+    return 3.0 * (4 * C * (K + V) + 6 * K * V)
+
+
+register(
+    HeadKind(
+        "gdn",
+        _build(decay=True),
+        delta_rule_flops,
+        about="gated delta rule: S <- a_t (I - b_t k k^T) S + b_t k v^T",
+        no_decay=("A_log", "dt_bias"),
+    )
+)
+register(
+    HeadKind(
+        "deltanet",
+        _build(decay=False),
+        delta_rule_flops,
+        about="delta rule: S <- (I - b_t k k^T) S + b_t k v^T",
+    )
+)
