@@ -56,13 +56,18 @@ def literal(value: str):
 
 
 def parse_overrides(items) -> dict:
-    """--override FIELD=VALUE ... -> {FIELD: literal(VALUE)} (ModelConfig fields)."""
+    """--override FIELD=VALUE ... -> {FIELD: literal(VALUE)} (ModelConfig fields; a kernel
+    op's setting as OP.SETTING=VALUE, e.g. gdn.impl=chunk_reference -> {"gdn": {"impl": ...}})."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--override wants FIELD=VALUE, got {item!r}")
-        out[key] = literal(value)
+        field, _, setting = key.partition(".")
+        if setting:
+            out.setdefault(field, {})[setting] = literal(value)
+        else:
+            out[key] = literal(value)
     return out
 
 

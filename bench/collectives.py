@@ -38,7 +38,7 @@ def main():
         nargs="*",
         default=[],
         metavar="FIELD=VALUE",
-        help="ModelConfig fields, e.g. gdn_impl=chunk_reference (Python literals)",
+        help="ModelConfig fields, e.g. gdn.impl=chunk_reference (Python literals)",
     )
     ap.add_argument("--loss_impl", default="auto", help="train.loss_impl")
     ap.add_argument("--out", default="")

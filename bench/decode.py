@@ -258,7 +258,7 @@ def main():
         "--decode_attn_impls",
         nargs="+",
         default=["auto"],
-        help="model.decode_attn_impl of each row (auto | reference | pallas): "
+        help="model.decode_attention.impl of each row (auto | reference | pallas): "
         "the FA heads' attention over the cache in a decode step; "
         "pallas:KEY=VALUE,... sets DecodeAttentionSettings fields",
     )
@@ -266,7 +266,7 @@ def main():
         "--matmul_impls",
         nargs="+",
         default=["auto"],
-        help="model.matmul_impl of each row (auto | reference | pallas): the "
+        help="model.matmul.impl of each row (auto | reference | pallas): the "
         "products of a decode step's rows (kernels_pallas.skinny_matmul); "
         "pallas:KEY=VALUE,... sets SkinnyMatmulSettings fields",
     )
@@ -295,7 +295,11 @@ def main():
         name, opts = parse_impl(impl)
         mm_name, mm_opts = parse_impl(mm)
         cfg = model_config(
-            arch, args.size, dtype=args.dtype, decode_attn_impl=name, matmul_impl=mm_name
+            arch,
+            args.size,
+            dtype=args.dtype,
+            decode_attention={"impl": name},
+            matmul={"impl": mm_name},
         )
         model = HybridLM(cfg, rngs=nnx.Rngs(0))
         for _, m in nnx.iter_graph(model):  # launch settings: every module's decode op

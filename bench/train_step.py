@@ -271,7 +271,7 @@ def main():
         nargs="*",
         default=[],
         metavar="FIELD=VALUE",
-        help="ModelConfig fields, e.g. gdn_impl=chunk_reference (Python literals)",
+        help="ModelConfig fields, e.g. gdn.impl=chunk_reference (Python literals)",
     )
     ap.add_argument(
         "--micro_batch",

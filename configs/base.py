@@ -11,7 +11,24 @@ import dataclasses
 import ml_collections
 
 from hwh_jax.eval.suite import EvalSpec
+from hwh_jax.layers.config import KERNEL_SETTINGS, SETTINGS_SET_HERE
 from hwh_jax.models.variants import ARCHS, SIZES
+
+
+def settings_config(cls, skip=()) -> ml_collections.ConfigDict:
+    """A kernel op's settings dataclass as a ConfigDict of its defaults (``skip``: fields set
+    elsewhere); a setting whose default is None (chosen from the shape) takes a typed
+    placeholder, so the command line can still set it."""
+    c = ml_collections.ConfigDict()
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        if f.default is None:
+            kind = int if "int" in str(f.type) else str
+            c[f.name] = ml_collections.config_dict.placeholder(kind)
+        else:
+            c[f.name] = f.default
+    return c
 
 
 def parse_arg(arg: str | None) -> tuple[str, str]:
@@ -49,14 +66,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.rope_pairing = "half"  # "half" (HF) or "interleaved"
     m.dtype = "float32" if size == "tiny" else "bfloat16"  # compute dtype (params stay fp32);
     #                                        tiny runs on CPUs, where bf16 is emulated and slow
-    m.attn_impl = "auto"  # kernels_pallas.attention impl
-    m.decode_attn_impl = "auto"  # kernels_pallas.decode_attention impl (decode steps)
-    m.gdn_impl = "auto"  # kernels_pallas.gated_delta_rule impl
-    m.decay_impl = "auto"  # kernels_pallas.gated_linear_attention impl
-    m.hgrn_impl = "auto"  # kernels_pallas.gated_recurrence impl (HGRN heads)
-    m.conv_impl = "auto"  # kernels_pallas.short_conv impl (GDN conv + norm)
-    m.norm_impl = "auto"  # kernels_pallas.rms_norm impl (norms + residual adds)
-    m.matmul_impl = "auto"  # kernels_pallas.skinny_matmul impl (decode products)
+    # each kernel op's settings (impl and launch settings, kernels_pallas/<op>/settings.py):
+    # model.attention, decode_attention, gdn, decay, hgrn, conv, norm, matmul, e.g.
+    # --config.model.gdn.impl=chunk_reference --config.model.gdn.wy_apply=triton
+    for name, cls in KERNEL_SETTINGS.items():
+        m[name] = settings_config(cls, skip=SETTINGS_SET_HERE[name])
     m.la_chunk_size = 64
     m.la_kind = "gdn"  # the linear heads: gdn | deltanet | lightning |
     #                                        retnet | mamba2 | gla | hgrn | hgrn2 (docs/models.md)

@@ -227,10 +227,9 @@ def test_bench_option_parsing():
         {"block_v": 32, "fp32_dots": "ieee", "interpret": True},
     )
     assert _bench.parse_impl("reference") == ("reference", {})
-    assert _bench.parse_overrides(["loss_impl=auto", "la_chunk_size=32"]) == {
-        "loss_impl": "auto",
-        "la_chunk_size": 32,
-    }
+    assert _bench.parse_overrides(
+        ["loss_impl=auto", "la_chunk_size=32", "gdn.impl=pallas", "gdn.block_v=32"]
+    ) == {"loss_impl": "auto", "la_chunk_size": 32, "gdn": {"impl": "pallas", "block_v": 32}}
     with pytest.raises(ValueError, match="KEY=VALUE, got 'block_v'"):
         _bench.parse_impl("pallas:block_v")
     with pytest.raises(ValueError, match="FIELD=VALUE, got 'loss_impl'"):

@@ -35,7 +35,10 @@ def config_380m(arch, size="380m", **model):
     config.train.batch_size = 16
     config.train.mesh = (1, 8, 1)
     for k, v in model.items():
-        setattr(config.model, k, v)
+        if isinstance(v, dict):  # a kernel op's settings
+            getattr(config.model, k).update(v)
+        else:
+            setattr(config.model, k, v)
     return config
 
 
@@ -72,7 +75,7 @@ def test_the_training_step_lowers_for_cuda_with_its_triton_kernels():
     # cuDNN's attention checks its library at trace time, which this host lacks
     summary = export.summarize(
         export.export_train_step(
-            config_380m("hwh", attn_impl="reference"), platform="gpu", mesh=(1, 8, 1)
+            config_380m("hwh", attention={"impl": "reference"}), platform="gpu", mesh=(1, 8, 1)
         )
     )
     assert summary["platforms"] == ["cuda"]
@@ -161,7 +164,9 @@ def test_the_decode_step_lowers_for_cuda_with_its_attention_and_product_kernels(
     the decode kernel (Triton), not the fp32 reference, and the products are XLA's GEMMs; at
     one row each layer's four products (the mixer's fused inputs, o_proj, the MLP's gate and
     up as one, down) run the few-row product kernel."""
-    cfg = model_config("hwh", "380m", attn_impl="reference")  # cuDNN: no library on this host
+    cfg = model_config(
+        "hwh", "380m", attention={"impl": "reference"}
+    )  # cuDNN: no library on this host
     decode = export.summarize(
         export.export_inference_steps(cfg, platform="gpu", batch=8, context=4096)["decode"]
     )

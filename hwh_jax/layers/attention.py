@@ -14,6 +14,8 @@ tokens start at ``start[b]``). Global heads keep every slot; sliding-window head
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -23,8 +25,9 @@ from hwh_jax.layers.linear import dense
 from hwh_jax.layers.norms import RMSNorm
 from hwh_jax.layers.rope import apply_rope, scaled_frequencies
 from hwh_jax.layers.variables import data
-from kernels_pallas.attention import AttentionSettings, DecodeAttentionSettings
-from kernels_pallas.rms_norm import RMSNormSettings
+
+if TYPE_CHECKING:
+    from hwh_jax.layers.config import LayerSpec, ModelConfig
 
 
 class FullAttentionHeads(nnx.Module):
@@ -38,43 +41,31 @@ class FullAttentionHeads(nnx.Module):
        through ``kernels_pallas.attention`` -> [B, T, n*D].
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        head_dim: int,
-        *,
-        q_per_kv: int = 1,
-        rope: bool,
-        rope_theta: float = 10000.0,
-        rope_pairing: str = "half",
-        rope_scaling: tuple = (),
-        window: int | None = None,
-        qk_norm: bool = False,
-        norm_eps: float = 1e-6,
-        settings: AttentionSettings | None = None,
-        decode_settings: DecodeAttentionSettings | None = None,
-        norm_settings: RMSNormSettings | None = None,
-        dtype,
-        param_dtype,
-        rngs: nnx.Rngs,
-    ):
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, rngs: nnx.Rngs):
+        """``spec.num_fa`` heads of dim ``cfg.head_dim``, RoPE as ``spec.fa_rope`` says, over
+        ``spec.window`` (None: global); the rest from ``cfg``."""
+        num_heads, head_dim, d_model = spec.num_fa, cfg.head_dim, cfg.d_model
+        dtype, param_dtype = cfg.compute_dtype, cfg.weight_dtype
         self.num_heads, self.head_dim = num_heads, head_dim
-        self.num_kv = num_heads // q_per_kv
-        self.rope, self.rope_theta, self.rope_pairing = rope, rope_theta, rope_pairing
-        self.rope_scaling = tuple(rope_scaling)
-        self.window, self.dtype = window, dtype
-        self.settings = AttentionSettings() if settings is None else settings
-        self.decode_settings = (
-            DecodeAttentionSettings() if decode_settings is None else decode_settings
+        self.num_kv = num_heads // cfg.q_per_kv
+        self.rope, self.rope_theta, self.rope_pairing = (
+            spec.fa_rope,
+            cfg.rope_theta,
+            cfg.rope_pairing,
         )
+        self.rope_scaling = tuple(cfg.rope_scaling)
+        self.window, self.dtype = spec.window, dtype
+        self.settings = cfg.attention_settings()
+        self.decode_settings = cfg.decode_attention_settings()
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.q_proj = dense(d_model, num_heads * head_dim, ("embed", "heads"), **kw)
         self.k_proj = dense(d_model, self.num_kv * head_dim, ("embed", "kv_heads"), **kw)
         self.v_proj = dense(d_model, self.num_kv * head_dim, ("embed", "kv_heads"), **kw)
-        norm_kw = dict(eps=norm_eps, dtype=dtype, param_dtype=param_dtype, settings=norm_settings)
-        self.q_norm = data(RMSNorm(head_dim, **norm_kw) if qk_norm else None)
-        self.k_norm = data(RMSNorm(head_dim, **norm_kw) if qk_norm else None)
+        norm_kw = dict(
+            eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype, settings=cfg.norm_settings()
+        )
+        self.q_norm = data(RMSNorm(head_dim, **norm_kw) if cfg.qk_norm else None)
+        self.k_norm = data(RMSNorm(head_dim, **norm_kw) if cfg.qk_norm else None)
 
     def qk(self, x, positions):
         """Projected (normed, rotated) q [B,T,H,D] and k [B,T,G,D]: what the analysis captures."""

@@ -51,12 +51,67 @@ class LayerSpec:
             raise ValueError(f"LayerSpec.window must be >= 1 or None, got {self.window}")
 
 
+KERNEL_SETTINGS = {  # ModelConfig field -> the settings value it holds
+    "attention": AttentionSettings,
+    "decode_attention": DecodeAttentionSettings,
+    "gdn": GDNSettings,
+    "decay": DecaySettings,
+    "hgrn": GatedRecurrenceSettings,
+    "conv": ShortConvSettings,
+    "norm": RMSNormSettings,
+    "matmul": SkinnyMatmulSettings,
+}
+SETTINGS_SET_HERE = {  # settings ModelConfig fills in itself (not set per op in a run config)
+    name: ("interpret", "platform") + (("chunk_size",) if name in ("gdn", "decay") else ())
+    for name in KERNEL_SETTINGS
+}
+LEGACY_IMPL_KEYS = {  # the earlier flat fields, e.g. gdn_impl="pallas" -> gdn.impl
+    "attn_impl": "attention",
+    "decode_attn_impl": "decode_attention",
+    "gdn_impl": "gdn",
+    "decay_impl": "decay",
+    "hgrn_impl": "hgrn",
+    "conv_impl": "conv",
+    "norm_impl": "norm",
+    "matmul_impl": "matmul",
+}
+
+
+def settings_from(fields: dict) -> dict:
+    """``fields`` with each kernel setting as its settings value: a mapping (a run config's
+    ``model.gdn``) becomes ``GDNSettings(**it)``, and a legacy ``gdn_impl="pallas"`` the
+    default settings with that impl. Errors name the key."""
+    out = dict(fields)
+    for old, name in LEGACY_IMPL_KEYS.items():
+        if old in out:
+            impl = out.pop(old)
+            current = out.get(name, {})
+            current = dataclasses.asdict(current) if dataclasses.is_dataclass(current) else current
+            out[name] = {**dict(current), "impl": impl}
+    for name, cls in KERNEL_SETTINGS.items():
+        value = out.get(name)
+        if value is None or isinstance(value, cls):
+            continue
+        value = dict(value)
+        unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(
+                f"model.{name} has no setting {sorted(unknown)}; {cls.__name__} takes "
+                f"{[f.name for f in dataclasses.fields(cls) if f.name not in SETTINGS_SET_HERE[name]]}"
+            )
+        try:
+            out[name] = cls(**value)
+        except ValueError as e:
+            raise ValueError(f"model.{name}: {e}") from None
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Everything that defines a ``HybridLM``: widths, the layers' head allocation
-    (``layers``), FA head options (GQA, q/k norm, RoPE), dtypes and the kernel implementations
-    (``*_impl``: each op's ``impl`` setting, checked here, turned into the op's settings value
-    by ``*_settings()``). Values are checked when it is built; errors name the field."""
+    (``layers``), FA head options (GQA, q/k norm, RoPE), dtypes and each kernel op's settings
+    value (``attention``, ``gdn``, ...; ``*_settings()`` gives it with the platform and chunk
+    filled in). Values are checked when it is built; errors name the field."""
 
     vocab_size: int
     d_model: int
@@ -77,16 +132,17 @@ class ModelConfig:
     norm_eps: float = 1e-6
     dtype: str = "bfloat16"  # compute dtype of matmuls and activations
     param_dtype: str = "float32"
-    attn_impl: str = "auto"  # kernels_pallas.attention impl
-    decode_attn_impl: str = "auto"  # kernels_pallas.decode_attention impl (a decode step)
-    gdn_impl: str = "auto"  # kernels_pallas.gated_delta_rule impl
-    decay_impl: str = "auto"  # kernels_pallas.gated_linear_attention impl (Lightning,
-    # RetNet, Mamba-2, GLA and HGRN-2 heads)
-    hgrn_impl: str = "auto"  # kernels_pallas.gated_recurrence impl (HGRN heads)
-    conv_impl: str = "auto"  # kernels_pallas.short_conv impl (GDN conv, SiLU, norm)
-    norm_impl: str = "auto"  # kernels_pallas.rms_norm impl (RMSNorms, residual adds)
-    matmul_impl: str = "auto"  # kernels_pallas.skinny_matmul impl (a decode step's
-    # projections of a few rows; the LM head excepted)
+    # the kernel ops' settings values (kernels_pallas/<op>/settings.py), set from a run config
+    # as --config.model.<field>.<setting>=... (e.g. model.gdn.wy_apply=triton); their
+    # platform is kernel_platform's and the linear heads' chunk is la_chunk_size
+    attention: AttentionSettings = AttentionSettings()  # softmax attention (FA heads)
+    decode_attention: DecodeAttentionSettings = DecodeAttentionSettings()  # a decode step
+    gdn: GDNSettings = GDNSettings()  # gated_delta_rule (GDN and DeltaNet heads)
+    decay: DecaySettings = DecaySettings()  # gated_linear_attention (the decaying-state kinds)
+    hgrn: GatedRecurrenceSettings = GatedRecurrenceSettings()  # gated_recurrence (HGRN heads)
+    conv: ShortConvSettings = ShortConvSettings()  # short_conv (convolution, SiLU, norm)
+    norm: RMSNormSettings = RMSNormSettings()  # rms_norm (norms, residual adds)
+    matmul: SkinnyMatmulSettings = SkinnyMatmulSettings()  # a decode step's projections
     la_chunk_size: int = 64  # chunk of every linear-head kind's chunked form
     la_kind: str = "gdn"  # the linear heads: a kind of hwh_jax/layers/heads/ (gdn,
     # deltanet, lightning, retnet, mamba2, gla, hgrn, hgrn2)
@@ -119,20 +175,23 @@ class ModelConfig:
                 raise ValueError(
                     f"layer {l}: {spec.num_fa} FA heads not divisible by q_per_kv={self.q_per_kv}"
                 )
-        for name in (
-            "attention_settings",
-            "decode_attention_settings",
-            "gdn_settings",
-            "decay_settings",
-            "hgrn_settings",
-            "conv_settings",
-            "norm_settings",
-            "matmul_settings",
-        ):
+        for name, cls in KERNEL_SETTINGS.items():
+            value = getattr(self, name)
+            if not isinstance(value, cls):
+                raise ValueError(
+                    f"ModelConfig.{name} must be a {cls.__name__}, got {type(value).__name__}"
+                )
+            if "chunk_size" in SETTINGS_SET_HERE.get(name, ()) and value.chunk_size != getattr(
+                cls, "chunk_size", value.chunk_size
+            ):
+                raise ValueError(
+                    f"ModelConfig.{name}.chunk_size={value.chunk_size}: the chunk of every "
+                    f"linear-head kind is model.la_chunk_size"
+                )
             try:
-                getattr(self, name)()
+                getattr(self, f"{name}_settings")()
             except ValueError as e:
-                raise ValueError(f"ModelConfig: {e}") from None
+                raise ValueError(f"ModelConfig.{name}: {e}") from None
         if self.rope_pairing not in PAIRINGS:
             raise ValueError(f"rope_pairing must be one of {PAIRINGS}, got {self.rope_pairing!r}")
         if any(s.fa_rope for s in self.layers) and self.head_dim % 2:
@@ -154,32 +213,36 @@ class ModelConfig:
                     f"ModelConfig.{name} must be one of {list(DTYPES)}, got {getattr(self, name)!r}"
                 )
 
-    def _kernel(self, cls, impl: str, **kw):
-        return cls(impl=impl, platform=self.kernel_platform or None, **kw)
+    def _kernel(self, name: str, **kw):
+        """The settings value of field ``name`` with the platform (and chunk) set here."""
+        value = getattr(self, name)
+        return dataclasses.replace(
+            value, platform=value.platform or self.kernel_platform or None, **kw
+        )
 
     def attention_settings(self) -> AttentionSettings:
-        return self._kernel(AttentionSettings, self.attn_impl)
+        return self._kernel("attention")
 
     def decode_attention_settings(self) -> DecodeAttentionSettings:
-        return self._kernel(DecodeAttentionSettings, self.decode_attn_impl)
+        return self._kernel("decode_attention")
 
     def gdn_settings(self) -> GDNSettings:
-        return self._kernel(GDNSettings, self.gdn_impl, chunk_size=self.la_chunk_size)
+        return self._kernel("gdn", chunk_size=self.la_chunk_size)
 
     def decay_settings(self) -> DecaySettings:
-        return self._kernel(DecaySettings, self.decay_impl, chunk_size=self.la_chunk_size)
+        return self._kernel("decay", chunk_size=self.la_chunk_size)
 
     def hgrn_settings(self) -> GatedRecurrenceSettings:
-        return self._kernel(GatedRecurrenceSettings, self.hgrn_impl)
+        return self._kernel("hgrn")
 
     def conv_settings(self) -> ShortConvSettings:
-        return self._kernel(ShortConvSettings, self.conv_impl)
+        return self._kernel("conv")
 
     def norm_settings(self) -> RMSNormSettings:
-        return self._kernel(RMSNormSettings, self.norm_impl)
+        return self._kernel("norm")
 
     def matmul_settings(self) -> SkinnyMatmulSettings:
-        return self._kernel(SkinnyMatmulSettings, self.matmul_impl)
+        return self._kernel("matmul")
 
     @property
     def num_layers(self) -> int:
@@ -208,4 +271,4 @@ class ModelConfig:
         return fa / (fa + la)
 
     def replace(self, **kw) -> "ModelConfig":
-        return dataclasses.replace(self, **kw)
+        return dataclasses.replace(self, **settings_from(kw))

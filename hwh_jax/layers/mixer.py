@@ -46,27 +46,7 @@ class HeadwiseMixer(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, layer: int = 0, rngs: nnx.Rngs):
         kw = dict(dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, rngs=rngs)
-        self.fa = data(
-            None
-            if not spec.num_fa
-            else FullAttentionHeads(
-                cfg.d_model,
-                spec.num_fa,
-                cfg.head_dim,
-                q_per_kv=cfg.q_per_kv,
-                rope=spec.fa_rope,
-                rope_theta=cfg.rope_theta,
-                rope_pairing=cfg.rope_pairing,
-                rope_scaling=cfg.rope_scaling,
-                window=spec.window,
-                qk_norm=cfg.qk_norm,
-                norm_eps=cfg.norm_eps,
-                settings=cfg.attention_settings(),
-                decode_settings=cfg.decode_attention_settings(),
-                norm_settings=cfg.norm_settings(),
-                **kw,
-            )
-        )
+        self.fa = data(None if not spec.num_fa else FullAttentionHeads(cfg, spec, rngs=rngs))
         self.la = data(  # the linear heads of cfg.la_kind (hwh_jax/layers/heads/)
             None if not spec.num_la else heads.get(cfg.la_kind).build(cfg, spec.num_la, layer, **kw)
         )

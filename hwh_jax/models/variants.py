@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hwh_jax.layers.config import ModelConfig
+from hwh_jax.layers.config import ModelConfig, settings_from
 from hwh_jax.models import schedules
 from hwh_jax.models.params import mixer_params
 
@@ -110,7 +110,8 @@ def model_config(
     **overrides,
 ) -> ModelConfig:
     """ModelConfig of architecture ``arch`` at size ``size``; ``overrides`` replace fields
-    (dtype, q_per_kv, qk_norm, rope_theta, vocab_size, gdn_impl, ...)."""
+    (dtype, q_per_kv, qk_norm, rope_theta, vocab_size, gdn=GDNSettings(...) or a mapping of
+    its settings, ...)."""
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; known: {list(SIZES)}")
     s = SIZES[size]
@@ -136,7 +137,7 @@ def model_config(
         layers=layers,
         arch=arch,
     )
-    fields.update(overrides)
+    fields.update(settings_from(overrides))
     cfg = ModelConfig(**fields)
     if match_params and "mlp_hidden" not in overrides and arch != "transformer":
         base = cfg.replace(

@@ -17,31 +17,47 @@ from hwh_jax.training.optimizer import OptimizerSpec
 
 @dataclasses.dataclass(frozen=True)
 class RunSpecs:
-    """What a run config asks for: data, optimizer and (when it evaluates at the end) the
-    evaluation; the model is built by ``model_config`` once the tokenizer's vocabulary is
-    known."""
+    """What a run config asks for: data, optimizer, (when it evaluates at the end) the
+    evaluation, and the model, built once here; its vocabulary is provisional until the
+    tokenizer's is known (``with_vocabulary``)."""
 
     data: DataSpec
     optimizer: OptimizerSpec
     eval: EvalSpec | None
+    model: ModelConfig
+    configured_vocab: int = 0  # model.vocab_size as set (0: the tokenizer's, padded to 64)
+
+    def model_for(self, tokenizer_vocab: int) -> ModelConfig:
+        """The run's ModelConfig for a tokenizer of ``tokenizer_vocab`` tokens."""
+        return with_vocabulary(self.model, self.configured_vocab, tokenizer_vocab)
 
 
 def model_config(config, tokenizer_vocab: int) -> ModelConfig:
     """The run's ModelConfig; ``model.vocab_size`` 0 takes the tokenizer's, padded to 64."""
-    m = config.model.to_dict()
-    if not m.get("vocab_size"):
-        m["vocab_size"] = -(-tokenizer_vocab // 64) * 64
-    cfg = model_config_from_dict(m)
-    if cfg.vocab_size < tokenizer_vocab:
+    return with_vocabulary(_model(config), config.model.vocab_size, tokenizer_vocab)
+
+
+def _model(config) -> ModelConfig:
+    """The ModelConfig of ``config.model`` (with the size's vocabulary if none is set)."""
+    cfg = model_config_from_dict(config.model.to_dict())
+    if cfg.attention.impl == "splash" and config.seq_len % 128:
         raise ValueError(
-            f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's "
-            f"vocabulary ({tokenizer_vocab})"
-        )
-    if cfg.attn_impl == "splash" and config.seq_len % 128:
-        raise ValueError(
-            f"seq_len={config.seq_len}: model.attn_impl='splash' needs a multiple of 128"
+            f"seq_len={config.seq_len}: model.attention.impl='splash' needs a multiple of 128"
         )
     return cfg
+
+
+def with_vocabulary(cfg: ModelConfig, configured: int, tokenizer_vocab: int) -> ModelConfig:
+    """``cfg`` with the vocabulary ``configured`` (model.vocab_size), or with 0 the
+    tokenizer's padded to a multiple of 64; a configured one smaller than the tokenizer's is
+    an error naming the key."""
+    vocab = configured or -(-tokenizer_vocab // 64) * 64
+    if vocab < tokenizer_vocab:
+        raise ValueError(
+            f"model.vocab_size={vocab} is smaller than the tokenizer's vocabulary "
+            f"({tokenizer_vocab})"
+        )
+    return cfg if cfg.vocab_size == vocab else cfg.replace(vocab_size=vocab)
 
 
 def run_specs(config, data_files: bool = True) -> RunSpecs:
@@ -70,7 +86,7 @@ def run_specs(config, data_files: bool = True) -> RunSpecs:
         clip_norm=c.clip_norm,
     )
     opt.validate()
-    model_config(config, tokenizer_vocab=1)
+    model = _model(config)  # a bad model field fails here, before the data is read
     if c.loss_impl not in LOSS_IMPLS:
         raise ValueError(f"train.loss_impl must be one of {LOSS_IMPLS}, got {c.loss_impl!r}")
     evaluation = None
@@ -112,4 +128,4 @@ def run_specs(config, data_files: bool = True) -> RunSpecs:
         raise ValueError(
             f"train.batch_size={c.batch_size} must be a multiple of train.grad_accum={c.grad_accum}"
         )
-    return RunSpecs(data, opt, evaluation)
+    return RunSpecs(data, opt, evaluation, model, config.model.vocab_size)

@@ -38,7 +38,7 @@ from hwh_jax.training.compiled import train_step_compiler
 from hwh_jax.training.flops import flops_per_token, peak_flops
 from hwh_jax.training.optimizer import make_optimizer
 from hwh_jax.training.signals import StopOnSignal
-from hwh_jax.training.specs import model_config, run_specs
+from hwh_jax.training.specs import run_specs
 from hwh_jax.training.state import (
     init_train_state,
     jit_step,
@@ -168,7 +168,7 @@ class Run:
             if spec is None
             else lambda tok: check_for_run(spec, tok, self.config.seq_len),
         )
-        self.cfg = model_config(self.config, splits.tokenizer.vocab_size)
+        self.cfg = self.specs.model_for(splits.tokenizer.vocab_size)
         # bound once every check that needs the data passed: a refused start leaves no
         # config.json behind (its check against an existing one ran in __init__)
         workdir_lib.bind(self.workdir, self.config, write=jax.process_index() == 0)

@@ -9,7 +9,7 @@ FA heads or alone. n heads of V channels each, x the normalised input:
 lb, the forget gate's lower bound, rises with depth: layer / num_layers (fixed, as for HGRN-2
 in hgrn2.py; HGRN learns it). There is no key dimension and no outer product: the state is
 V numbers a head, and ``model.la_key_dim`` is unused. The recurrence runs as
-``kernels_pallas.gated_recurrence`` (``model.hgrn_impl``: by default its Pallas kernels on GPUs,
+``kernels_pallas.gated_recurrence`` (``model.hgrn.impl``: by default its Pallas kernels on GPUs,
 the associative scan elsewhere). With segment ids the gate at a document's first token is 0
 (the state restarts). Inference: the fp32 state; left padding (``valid`` False) keeps it.
 """
