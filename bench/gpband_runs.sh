@@ -11,7 +11,7 @@ mkdir -p "$OUT" "$WORK"
 ckpts=()
 for L in $LENGTHS; do
   echo "=== transformer_small at seq_len $L: $STEPS steps x $TPS tokens ($(date -u +%T))"
-  python -m launch.train --config=configs/transformer_small.py --workdir="$WORK/tf_$L" \
+  python -m launch.train --config=configs/base.py:transformer_small --workdir="$WORK/tf_$L" \
     --config.seq_len="$L" --config.train.batch_size=$((TPS / L)) --config.train.steps="$STEPS" \
     --config.train.warmup_steps=$((STEPS / 10)) --config.train.lr=1e-3 \
     --config.data.tokenizer=train_sentencepiece --config.model.vocab_size=0 \

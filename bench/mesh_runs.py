@@ -1,7 +1,7 @@
 r"""Scaling over devices in one command: ``launch.train`` over device meshes of one host, against
 one device.
 
-  python bench/mesh_runs.py --devices 8 --config configs/hwh_380m.py --steps 20 \
+  python bench/mesh_runs.py --devices 8 --config configs/base.py:hwh_380m --steps 20 \
       --set train.batch_size=16 --workdir /tmp/mesh --out $OUT/mesh.jsonl
 
 Each run is ``python -m launch.train`` in its own process that sees only the devices it uses
@@ -150,7 +150,7 @@ def max_rel_diff(losses, ref):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--devices", type=int, required=True, help="N, the devices of the meshes")
-    ap.add_argument("--config", default="configs/hwh_380m.py")
+    ap.add_argument("--config", default="configs/base.py:hwh_380m")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--resume_steps", type=int, default=5)
     ap.add_argument(

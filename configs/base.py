@@ -10,9 +10,11 @@ import dataclasses
 
 import ml_collections
 
+from hwh_jax.data.pipeline import DataSpec
 from hwh_jax.eval.suite import EvalSpec
 from hwh_jax.layers.config import KERNEL_SETTINGS, SETTINGS_SET_HERE
 from hwh_jax.models.variants import ARCHS, SIZES
+from hwh_jax.training.optimizer import OptimizerSpec
 
 
 def settings_config(cls, skip=()) -> ml_collections.ConfigDict:
@@ -80,31 +82,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     #                                        backward (fits more sequences; ~1/3 more compute)
     m.kernel_platform = ""  # kernels chosen for "cpu" | "gpu" | "tpu"; "" = this
     #                                        process's backend (set it to export for another)
-    d = config.data = ml_collections.ConfigDict()
-    d.source = "text"  # "text" | "tfds" | "arrayrecord" | "shards" (a folder
-    #                                        python -m launch.prepare_data made)
-    d.paths = ("dickens/dickens.zip",)  # shipped data (hwh_jax/assets) or data_dir relative
-    d.heldout_paths = ()  # explicit held-out files (else the stream's tail)
-    d.heldout_fraction = 0.01  # share of the token stream held out
-    d.text_field = "text"  # jsonl / TFDS field holding the text
-    d.decode_errors = "replace"  # invalid UTF-8 in text files: "replace" (read as
-    #                                        U+FFFD, a warning names file and line) or "strict"
-    d.tfds_name = ""  # e.g. "fineweb_edu" (prepared under tfds_data_dir)
-    d.tfds_split = "train"
-    d.tfds_heldout_split = ""
-    d.tfds_data_dir = ""
-    d.tokenizer = "train_sentencepiece" if size == "tiny" else "gpt2"
-    d.sp_model = ""  # a SentencePiece .model for tokenizer="sentencepiece"
-    d.sp_vocab_size = 4096  # vocabulary of the corpus-trained SentencePiece
-    d.data_dir = ""  # a folder of your own data; default $HWH_DATA_DIR
-    d.retrieval_share = 0.0  # share of synthetic NIAH-format sequences
-    #                                        (hwh_jax/data/retrieval.py)
-    d.retrieval_answer_weight = 1.0  # loss weight of their answers' value tokens
-    d.retrieval_max_needles = 4  # needles per synthetic document: 1..this, all asked
-    d.workers = 0  # grain worker processes building the batches
+    # data: every field of hwh_jax.data.pipeline.DataSpec (its defaults and comments)
+    d = config.data = ml_collections.ConfigDict(dataclasses.asdict(DataSpec()))
+    if size != "tiny":
+        d.tokenizer = "gpt2"
 
     t = config.train = ml_collections.ConfigDict()
-    t.steps = 250 if size == "tiny" else 20000
+    t.steps = 250 if size == "tiny" else OptimizerSpec.total_steps
     t.stop_at_step = 0  # stop (with a checkpoint) before `steps`; 0 = no
     t.accept_changes = ""  # bound keys (model.*, data.*, seq_len, seed,
     #                                        train.batch_size) this start may change in a
@@ -116,14 +100,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     t.loss_impl = "auto"  # the LM head + loss as one op (layers.loss.head_loss)
     #                                        with softmax_xent impl "auto" | "reference" |
     #                                        "pallas"; or "unfused" (autodiff through the logits)
-    t.lr = 3e-3 if size == "tiny" else 3e-4
-    t.min_lr_ratio = 0.1
-    t.warmup_steps = 25 if size == "tiny" else 1000
-    t.schedule = "cosine"  # "cosine" | "wsd" | "constant"
-    t.decay_fraction = 0.2  # wsd: final decay share of the steps
-    t.weight_decay = 0.1
-    t.b1, t.b2, t.eps = 0.9, 0.95, 1e-8
-    t.clip_norm = 1.0
+    # the optimizer: every field of hwh_jax.training.optimizer.OptimizerSpec but total_steps
+    # (train.steps), with its defaults and comments there
+    for f in dataclasses.fields(OptimizerSpec):
+        if f.name != "total_steps":
+            t[f.name] = f.default
+    if size == "tiny":
+        t.lr, t.warmup_steps = 3e-3, 25
     t.z_loss = 0.0  # e.g. 1e-4 for PaLM's z-loss
     t.document_mask = False  # attend / recur within documents only
     t.mesh = (-1, 1, 1)  # (data, fsdp, tensor); -1 = the remaining devices

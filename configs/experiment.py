@@ -24,17 +24,9 @@ runs, not how the architectures compare.
 """
 
 from configs import base, zoo
+from hwh_jax.models import variants
 
-ARCHS = (
-    "transformer",
-    "gdn",
-    "layerwise",
-    "layerwise_nope",  # NoPE in the attention layers: NoPE apart from head granularity
-    "swa_nope",  # the sliding-window hybrid with NoPE in its global layers
-    "hwh",
-    "hwh_rope",
-    "hwh_uniform",
-)
+ARCHS = variants.ARCHS  # every architecture of the study (hwh_jax/models/variants.py)
 
 
 def get_config(arg: str = "hwh"):

@@ -105,7 +105,7 @@ def experiment():
 def grid_cells(mixers, ratios, length: int, cpu: bool = False) -> list[tuple[str, str]]:
     """(cell name, config argument) of every (kind, ratio), each checked by building it."""
     from configs import experiment
-    from hwh_jax.training.specs import model_config
+    from hwh_jax.training.specs import model_for_run
 
     if not mixers or not ratios:
         raise ValueError("a grid needs both --mixers and --ratios")
@@ -114,7 +114,7 @@ def grid_cells(mixers, ratios, length: int, cpu: bool = False) -> list[tuple[str
         for ratio in ratios:
             arg = f"layerwise/{kind}/{ratio},{length}" + (",cpu" if cpu else "")
             config = experiment.get_config(arg)  # a bad kind or ratio: refused now, named
-            model_config(config, 1)  # the schedule: a ratio with no FA layer is refused here
+            model_for_run(config, 1)  # the schedule: a ratio with no FA layer is refused here
             cells.append((f"{kind}_{ratio}", arg))
     return cells
 

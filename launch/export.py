@@ -2,7 +2,7 @@ r"""Lower a run's programs for a platform this host need not have, and say what 
 
   python -m launch.export --config=configs/hwh_1b4.py --platform=tpu --devices=16 \
       --config.train.mesh=4,4,1 --out=/tmp/hwh_1b4_tpu
-  python -m launch.export --config=configs/hwh_380m.py --platform=gpu --devices=8 \
+  python -m launch.export --config=configs/base.py:hwh_380m --platform=gpu --devices=8 \
       --config.train.mesh=1,8,1 --inference --context=32768
 
 Writes ``OUT/train_step.mlir`` (the StableHLO module ``launch.train`` would run on that mesh)

@@ -31,7 +31,7 @@ def test_describe_prints_counts_allocation_and_forward():
 def test_describe_overrides_and_table():
     out = run(
         "launch.describe",
-        "--config=configs/hwh_380m.py",
+        "--config=configs/base.py:hwh_380m",
         "--config.model.counts=0,1,2,3,4,5,5,5,5,5,5,5,5,5,5,5,5,4,3,2,1,0,0,0",
     )
     assert "FA share 0.2083 (80 FA / 304 LA heads, linear heads gdn)" in out
@@ -63,7 +63,7 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     work = tmp_path / "run"
     out = run(
         "launch.experiment",
-        "--config=configs/transformer_tiny.py",
+        "--config=configs/base.py:transformer_tiny",
         f"--out={work}",
         "--config.seq_len=64",
         "--config.model.la_chunk_size=16",

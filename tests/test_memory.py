@@ -15,7 +15,7 @@ from hwh_jax.data.paths import resolve
 from hwh_jax.data.sources import read_text
 from hwh_jax.training import memory
 from hwh_jax.training.optimizer import make_optimizer
-from hwh_jax.training.specs import model_config, run_specs
+from hwh_jax.training.specs import model_for_run, run_specs
 from hwh_jax.training.state import init_train_state, train_state_shardings
 from hwh_jax.training.steps import _split_micro, make_train_step
 from hwh_jax.training.trainer import train_and_evaluate
@@ -128,7 +128,7 @@ def _tiny(vocab=256, arch="hwh"):
     config.model.dtype = "float32"
     config.model.la_chunk_size = 16
     config.train.warmup_steps = 1
-    return config, model_config(config, vocab)
+    return config, model_for_run(config, vocab)
 
 
 def test_accumulated_steps_equal_full_batch_steps():

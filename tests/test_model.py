@@ -1,7 +1,6 @@
 """The model family: causality, packing, parameter counts, one forward of every tiny config."""
 
 import dataclasses
-import glob
 import importlib.util
 import os
 
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from configs import base
 from hwh_jax.layers.config import LayerSpec
 from hwh_jax.layers.linear import dense, dot_last, matmul, project
 from hwh_jax.layers.mixer import HeadwiseMixer
@@ -108,12 +108,9 @@ def test_decode_loop_with_input_weights_formed_once_matches_per_step():
         np.testing.assert_array_equal(x, y)
 
 
-TINY_CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*_tiny.py")))
-
-
-@pytest.mark.parametrize("path", TINY_CONFIGS, ids=[os.path.basename(p) for p in TINY_CONFIGS])
-def test_tiny_config_jitted_forward(path):
-    config = load_config(path)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_config_jitted_forward(arch):
+    config = base.get_config(f"{arch}_tiny")
     cfg = model_config_from_dict(config.model)
     model = HybridLM(cfg, rngs=nnx.Rngs(0))
     logits = nnx.jit(lambda m, x: m(x))(model, tokens(2, 70, cfg.vocab_size))
@@ -126,9 +123,13 @@ def test_every_arch_size_config_file_exists():
 
     for arch in ARCHS:
         for size in SIZES:
-            path = os.path.join(ROOT, "configs", f"{arch}_{size}.py")
-            config = load_config(path)
+            config = base.get_config(f"{arch}_{size}")
             assert (config.model.arch, config.model.size) == (arch, size)
+    # the files that say more than base.get_config("ARCH_SIZE"): the first hour's and the
+    # design card's
+    for path, variant in (("hwh_tiny.py", "hwh_tiny"), ("hwh_1b4.py", "hwh_1b4")):
+        config = load_config(os.path.join(ROOT, "configs", path))
+        assert (config.model.arch, config.model.size) == tuple(variant.split("_"))
 
 
 @pytest.mark.parametrize("size,target", [("380m", 380e6), ("1b4", 1.4e9)])

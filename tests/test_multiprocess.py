@@ -53,7 +53,7 @@ def _args(corpus, workdir, **train):
         sys.executable,
         "-m",
         "launch.train",
-        "--config=configs/transformer_tiny.py",
+        "--config=configs/base.py:transformer_tiny",
         f"--workdir={workdir}",
         "--config.seq_len=32",
         "--config.model.dtype=float32",

@@ -59,7 +59,7 @@ def launch(env, module, *args, timeout=300):
 def train_args(workdir, *extra):
     # the Transformer: storage does not depend on the mixer, and it compiles fastest
     return [
-        "--config=configs/transformer_tiny.py",
+        "--config=configs/base.py:transformer_tiny",
         f"--workdir={workdir}",
         "--config.seq_len=32",
         "--config.model.dtype=float32",

@@ -184,11 +184,11 @@ def test_the_state_figures_in_docs_tpu_are_those_of_the_shardings():
     from configs import base
     from hwh_jax.training import sharding as shd
     from hwh_jax.training.optimizer import make_optimizer
-    from hwh_jax.training.specs import model_config, run_specs
+    from hwh_jax.training.specs import model_for_run, run_specs
     from hwh_jax.training.state import train_state_shardings
 
     config = base.get_config("hwh_1b4")
-    cfg = model_config(config, 50257)
+    cfg = model_for_run(config, 50257)
     tx, _ = make_optimizer(run_specs(config, data_files=False).optimizer)
     mesh = shd.make_mesh((4, 4, 1), tpu_slices.compile_only_devices(tpu_slices.parse("v5p-32")))
     _, state, sh = train_state_shardings(cfg, tx, mesh)

@@ -8,7 +8,7 @@ import pytest
 
 from configs import base
 from hwh_jax.training import preflight
-from hwh_jax.training.specs import model_config
+from hwh_jax.training.specs import model_for_run
 
 
 def test_a_batch_the_data_parallel_devices_do_not_split_is_refused():
@@ -26,20 +26,20 @@ def test_a_batch_the_data_parallel_devices_do_not_split_is_refused():
 
 
 def test_hwh_layers_a_tensor_axis_cannot_split_are_named():
-    hwh = model_config(base.get_config("hwh_1b4"), 50304)
+    hwh = model_for_run(base.get_config("hwh_1b4"), 50304)
     assert preflight.unsplit_layers(hwh, 1) == []
     layers = preflight.unsplit_layers(hwh, 2)
     assert [i for i, _ in layers] == [
         i for i, s in enumerate(hwh.layers) if s.num_fa % 2 or s.num_la % 2
     ]
     assert layers[0] == (1, {"fa": 1, "la": 15})
-    transformer = model_config(base.get_config("transformer_1b4"), 50304)
+    transformer = model_for_run(base.get_config("transformer_1b4"), 50304)
     assert preflight.unsplit_layers(transformer, 2) == []  # 16 heads a layer
     assert preflight.unsplit_layers(transformer, 3) != []
 
 
 def test_a_tensor_axis_that_splits_heads_is_refused_or_warned(caplog):
-    tiny = model_config(base.get_config("hwh_tiny"), 512)  # layers 1, 2: 3 FA + 5 GDN
+    tiny = model_for_run(base.get_config("hwh_tiny"), 512)  # layers 1, 2: 3 FA + 5 GDN
     mesh = {"data": 2, "fsdp": 2, "tensor": 2}
     with pytest.raises(ValueError) as e:
         preflight.check_heads(tiny, mesh)

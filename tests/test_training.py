@@ -1,7 +1,5 @@
 """The training pipeline: resume equivalence, mesh invariance, signals, NaN guard, bad input."""
 
-import glob
-import importlib.util
 import json
 import os
 import signal
@@ -17,6 +15,7 @@ import pytest
 from configs import base
 from hwh_jax.data.paths import resolve
 from hwh_jax.data.sources import read_text
+from hwh_jax.models.variants import ARCHS, SIZES
 from hwh_jax.training.trainer import train_and_evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -252,7 +251,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes(corpus, tmp_path):
         sys.executable,
         "-m",
         "launch.train",
-        "--config=configs/transformer_tiny.py",
+        "--config=configs/base.py:transformer_tiny",
         f"--workdir={workdir}",
         "--config.seq_len=32",
         "--config.model.dtype=float32",
@@ -345,21 +344,9 @@ def test_unknown_config_key_is_rejected():
         config.train.lr_max = 1.0
 
 
-CONFIGS = sorted(
-    p for p in glob.glob(str(ROOT / "configs" / "*_*.py")) if not Path(p).name.startswith("_")
-)
-
-
-def _load(path):
-    spec = importlib.util.spec_from_file_location("c", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config()
-
-
-@pytest.mark.parametrize("arch", sorted({Path(p).stem.rsplit("_", 1)[0] for p in CONFIGS}))
+@pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_every_config_builds_and_its_tiny_form_trains_a_step(arch):
-    """Every configs/<arch>_<size>.py builds (from shapes); the arch's tiny form takes a step,
+    """Every base.get_config("<arch>_<size>") builds (from shapes); the arch's tiny form takes a step,
     except the allocation and position variants of an architecture that does (hwh_rope,
     hwh_uniform, layerwise_nope, swa_nope: the same layers, other head counts or RoPE flags)."""
     import jax.numpy as jnp
@@ -371,12 +358,11 @@ def test_every_config_builds_and_its_tiny_form_trains_a_step(arch):
     from hwh_jax.training.optimizer import OptimizerSpec, make_optimizer
     from hwh_jax.training.steps import make_train_step
 
-    for path in CONFIGS:
-        if Path(path).stem.rsplit("_", 1)[0] == arch:
-            assert count_params(model_config_from_dict(_load(path).model)) > 0
+    for size in SIZES:
+        assert count_params(model_config_from_dict(base.get_config(f"{arch}_{size}").model)) > 0
     if arch in ("hwh_rope", "hwh_uniform", "layerwise_nope", "swa_nope"):
         return
-    config = _load(ROOT / "configs" / f"{arch}_tiny.py")
+    config = base.get_config(f"{arch}_tiny")
     config.model.la_chunk_size = 16
     cfg = model_config_from_dict(config.model)
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
@@ -409,7 +395,7 @@ def test_experiment_configs_match_parameters_and_tokens():
     and perplexity."""
     from configs import experiment
     from hwh_jax.models.params import count_params
-    from hwh_jax.training.specs import model_config
+    from hwh_jax.training.specs import model_for_run
 
     params, tokens = {}, set()
     for arch in experiment.ARCHS:
@@ -419,12 +405,12 @@ def test_experiment_configs_match_parameters_and_tokens():
             assert tuple(config.eval.niah_factors) == (1, 2, 4)
             assert set(config.eval.suites) == {"retrieval", "niah", "mqar", "ppl"}
             assert 0 < config.data.retrieval_share < 1
-        params[arch] = count_params(model_config(config, 8192))
+        params[arch] = count_params(model_for_run(config, 8192))
     assert len(tokens) == 1, tokens
     spread = (max(params.values()) - min(params.values())) / min(params.values())
     assert spread <= 0.05, params
-    with pytest.raises(ValueError, match="swa"):
-        experiment.get_config("swa")
+    with pytest.raises(ValueError, match="'swa2' is not one of"):
+        experiment.get_config("swa2")
 
 
 def test_the_cpu_experiment_preset_is_the_experiment_at_the_tiny_size():
@@ -449,10 +435,10 @@ def test_experiment_configs_take_the_zoo_forms():
     from configs import experiment
     from hwh_jax.layers import heads
     from hwh_jax.models.params import count_params
-    from hwh_jax.training.specs import model_config
+    from hwh_jax.training.specs import model_for_run
 
     ref = experiment.get_config("transformer")
-    want = count_params(model_config(ref, 8192))
+    want = count_params(model_for_run(ref, 8192))
     for kind in heads.ORDER:
         for form in (f"layerwise/{kind}/3", f"hwh/{kind}"):
             config = experiment.get_config(f"{form},512")
@@ -464,7 +450,7 @@ def test_experiment_configs_take_the_zoo_forms():
             )
             assert config.data.to_dict() == ref.data.to_dict()
             assert config.eval.to_dict() == ref.eval.to_dict()
-            cfg = model_config(config, 8192)
+            cfg = model_for_run(config, 8192)
             shown = form.split("/")[0] + ("" if kind == "gdn" else f"/{kind}")
             assert cfg.arch == shown, (form, cfg.arch)  # the name in logs and reports
             got = count_params(cfg)

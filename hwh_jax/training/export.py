@@ -26,7 +26,7 @@ from hwh_jax.models.lm import HybridLM
 from hwh_jax.models.variants import SIZES
 from hwh_jax.training import sharding as shd
 from hwh_jax.training.optimizer import make_optimizer
-from hwh_jax.training.specs import model_config, run_specs
+from hwh_jax.training.specs import model_for_run, run_specs
 from hwh_jax.training.state import jit_step, train_state_shardings
 from hwh_jax.training.steps import make_train_step
 
@@ -49,7 +49,7 @@ def run_model_config(config, platform: str):
     config = config.copy_and_resolve_references()
     config.model.kernel_platform = platform
     vocab = config.model.vocab_size or SIZES[config.model.size].vocab_size
-    return model_config(config, vocab)
+    return model_for_run(config, vocab)
 
 
 def export_train_step(

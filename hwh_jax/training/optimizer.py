@@ -23,17 +23,17 @@ class OptimizerSpec:
     """AdamW's settings with its learning-rate schedule (warmup, then cosine / WSD / constant),
     global-norm clipping and weight decay; ``validate`` names the bad ``train.*`` key."""
 
-    lr: float = 3e-4
+    lr: float = 3e-4  # peak learning rate
     min_lr_ratio: float = 0.1  # final lr / peak lr
-    warmup_steps: int = 100
-    total_steps: int = 1000
+    warmup_steps: int = 1000
+    total_steps: int = 20000  # train.steps in a run config
     schedule: str = "cosine"  # "cosine" | "wsd" (warmup-stable-decay) | "constant"
     decay_fraction: float = 0.2  # wsd: share of steps in the final linear decay
     weight_decay: float = 0.1
     b1: float = 0.9
     b2: float = 0.95
     eps: float = 1e-8
-    clip_norm: float = 1.0  # 0 = no clipping
+    clip_norm: float = 1.0  # global-norm clipping; 0 = none
 
     def validate(self):
         """Every field finite and in range; errors name the ``train.*`` key."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 
-from hwh_jax.training.specs import model_config
+from hwh_jax.training.specs import model_for_run
 
 log = logging.getLogger(__name__)
 
@@ -103,5 +103,5 @@ def check_run(config, mesh_shape: dict, *, processes: int = 1) -> list[int]:
     from its size and schedule (the vocabulary does not matter here)."""
     c = config.train
     check_batch(c.batch_size, mesh_shape, grad_accum=c.grad_accum, processes=processes)
-    cfg = model_config(config, config.model.vocab_size or 1)
+    cfg = model_for_run(config, config.model.vocab_size or 1)
     return check_heads(cfg, mesh_shape, allow_unsplit=c.get("allow_unsplit_heads", False))

@@ -24,7 +24,7 @@ from hwh_jax.layers.config import ModelConfig
 from hwh_jax.models.lm import HybridLM
 from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
 from hwh_jax.training.optimizer import make_optimizer
-from hwh_jax.training.specs import model_config, run_specs
+from hwh_jax.training.specs import model_for_run, run_specs
 from hwh_jax.training.state import init_train_state
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def load_run(workdir, step: int | None = None) -> LoadedRun:
         config = ml_collections.ConfigDict(meta["config"])
         specs = run_specs(config, data_files=False)  # the data is read only if asked for
         tokenizer = load_tokenizer(specs.data)
-        cfg = model_config(config, tokenizer.vocab_size)
+        cfg = model_for_run(config, tokenizer.vocab_size)
         tx, _ = make_optimizer(specs.optimizer)
         abstract = jax.eval_shape(lambda s: init_train_state(cfg, tx, s), jnp.int32(config.seed))
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

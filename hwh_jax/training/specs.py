@@ -32,7 +32,7 @@ class RunSpecs:
         return with_vocabulary(self.model, self.configured_vocab, tokenizer_vocab)
 
 
-def model_config(config, tokenizer_vocab: int) -> ModelConfig:
+def model_for_run(config, tokenizer_vocab: int) -> ModelConfig:
     """The run's ModelConfig; ``model.vocab_size`` 0 takes the tokenizer's, padded to 64."""
     return with_vocabulary(_model(config), config.model.vocab_size, tokenizer_vocab)
 

@@ -1,7 +1,0 @@
-"""layerwise_nope at size small (see configs/base.py and hwh_jax/models/variants.py)."""
-
-from configs import base
-
-
-def get_config():
-    return base.get_config("layerwise_nope_small")

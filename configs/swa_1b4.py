@@ -1,7 +1,0 @@
-"""swa at size 1b4 (see configs/base.py and hwh_jax/models/variants.py)."""
-
-from configs import base
-
-
-def get_config():
-    return base.get_config("swa_1b4")
