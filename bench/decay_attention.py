@@ -28,7 +28,7 @@ import _bench
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
+from kernels_pallas.decay_attention import DecaySettings, decay_attention
 
 
 def inputs(B, T, H, K, V, dtype, seed=0, per_key=False, gate_bias=3.0):
@@ -48,7 +48,7 @@ def fns(impl):
     settings = DecaySettings(impl=name, **opts)
 
     def fwd(q, k, v, g):
-        return gated_linear_attention(q, k, v, g, settings=settings)[0]
+        return decay_attention(q, k, v, g, settings=settings)[0]
 
     return jax.jit(fwd), jax.jit(_bench.forward_backward(fwd))
 
@@ -102,7 +102,7 @@ def main():
             fwd, fwd_bwd = fns(impl)
             fwd, fwd_bwd = fwd.lower(*x16[:4]).compile(), fwd_bwd.lower(*x16).compile()
             row = {
-                "op": "gated_linear_attention",
+                "op": "decay_attention",
                 "impl": impl,
                 "shape": list(shape),
                 "decay": "per_key" if args.per_key else "per_head",

@@ -59,12 +59,12 @@ def _gdn(decay=True):
 
 
 def _decay(per_key):
-    from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
+    from kernels_pallas.decay_attention import DecaySettings, decay_attention
 
     settings = DecaySettings(impl="pallas")
 
     def f(q, k, v, g, do):
-        o, vjp = jax.vjp(lambda *a: gated_linear_attention(*a, settings=settings)[0], q, k, v, g)
+        o, vjp = jax.vjp(lambda *a: decay_attention(*a, settings=settings)[0], q, k, v, g)
         return o, *vjp(do)
 
     x = jax.ShapeDtypeStruct((8, 2048, 16, 128), jnp.bfloat16)  # the mixers' benchmark shape

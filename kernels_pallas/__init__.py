@@ -12,7 +12,7 @@ from kernels_pallas.attention import (
     cached_attention_blockwise,
     decode_attention,
 )
-from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
+from kernels_pallas.decay_attention import DecaySettings, decay_attention
 from kernels_pallas.dispatch import KernelSettings, chosen
 from kernels_pallas.gated_recurrence import GatedRecurrenceSettings, gated_recurrence
 from kernels_pallas.gdn import GDNSettings, gated_delta_rule, gated_delta_rule_step
@@ -41,7 +41,7 @@ __all__ = [
     "decode_attention",
     "gated_delta_rule",
     "gated_delta_rule_step",
-    "gated_linear_attention",
+    "decay_attention",
     "gated_recurrence",
     "kernel_mesh",
     "rms_norm",

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from kernels_pallas.decay_attention import (
-    gated_linear_attention_chunked,
-    gated_linear_attention_recurrent,
-    gated_linear_attention_step,
+    decay_attention_chunked,
+    decay_attention_recurrent,
+    decay_attention_step,
 )
 
 B, T, H, K, V = 2, 37, 3, 8, 5
@@ -43,10 +43,8 @@ def _brute(q, k, v, g, h0, scale):
 def test_chunked_equals_recurrent_and_the_pairwise_sum(per_key):
     q, k, v, g, h0 = _inputs(per_key)
     kw = dict(scale=0.3, initial_state=h0, output_final_state=True)
-    o_r, s_r = jax.jit(lambda *a: gated_linear_attention_recurrent(*a, **kw))(q, k, v, g)
-    o_c, s_c = jax.jit(lambda *a: gated_linear_attention_chunked(*a, chunk_size=16, **kw))(
-        q, k, v, g
-    )
+    o_r, s_r = jax.jit(lambda *a: decay_attention_recurrent(*a, **kw))(q, k, v, g)
+    o_c, s_c = jax.jit(lambda *a: decay_attention_chunked(*a, chunk_size=16, **kw))(q, k, v, g)
     np.testing.assert_allclose(o_c, o_r, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(s_c, s_r, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(o_r, _brute(q, k, v, g, h0, 0.3), rtol=1e-4, atol=1e-4)
@@ -66,23 +64,21 @@ def test_chunked_gradients_equal_recurrent_gradients(per_key):
 
         return jax.jit(jax.grad(f, argnums=(0, 1, 2, 3, 4)))
 
-    want = loss(gated_linear_attention_recurrent)(q, k, v, g, h0)
-    got = loss(lambda *a, **kw: gated_linear_attention_chunked(*a, chunk_size=8, **kw))(
-        q, k, v, g, h0
-    )
+    want = loss(decay_attention_recurrent)(q, k, v, g, h0)
+    got = loss(lambda *a, **kw: decay_attention_chunked(*a, chunk_size=8, **kw))(q, k, v, g, h0)
     for name, a, b in zip("q k v g h0".split(), want, got):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
 def test_prefill_then_decode_steps_equal_the_whole_sequence():
     q, k, v, g, _ = _inputs(True, seed=3)
-    whole, _ = gated_linear_attention_recurrent(q, k, v, g)
+    whole, _ = decay_attention_recurrent(q, k, v, g)
     n = 29
-    o, state = gated_linear_attention_chunked(
+    o, state = decay_attention_chunked(
         q[:, :n], k[:, :n], v[:, :n], g[:, :n], chunk_size=16, output_final_state=True
     )
     outs = [o]
-    step = jax.jit(gated_linear_attention_step)
+    step = jax.jit(decay_attention_step)
     for t in range(n, T):
         o_t, state = step(q[:, t], k[:, t], v[:, t], g[:, t], state)
         outs.append(o_t[:, None])
@@ -91,8 +87,8 @@ def test_prefill_then_decode_steps_equal_the_whole_sequence():
 
 def test_bf16_inputs_keep_an_fp32_state():
     q, k, v, g, _ = _inputs(False, seed=4)
-    ref, _ = gated_linear_attention_recurrent(q, k, v, g)
-    o, s = gated_linear_attention_chunked(
+    ref, _ = decay_attention_recurrent(q, k, v, g)
+    o, s = decay_attention_chunked(
         *(a.astype(jnp.bfloat16) for a in (q, k, v)), g, chunk_size=16, output_final_state=True
     )
     assert o.dtype == jnp.bfloat16 and s.dtype == jnp.float32
@@ -129,7 +125,7 @@ def test_pallas_kernels_equal_the_chunked_form_with_gradients(layout, decay):
     layout in two value blocks)."""
     from jax.experimental.pallas import tpu as pltpu
 
-    from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
+    from kernels_pallas.decay_attention import DecaySettings, decay_attention
 
     interpret = pltpu.InterpretParams() if layout.startswith("tpu") else True
     per_key = decay == "per_key"
@@ -149,12 +145,10 @@ def test_pallas_kernels_equal_the_chunked_form_with_gradients(layout, decay):
 
         return jax.jit(jax.grad(f, argnums=(0, 1, 2, 3, 4), has_aux=True))
 
-    want, (o_w, s_w) = loss(
-        lambda *a, **kw: gated_linear_attention_chunked(*a, chunk_size=16, **kw)
-    )(*args)
-    got, (o_g, s_g) = loss(lambda *a, **kw: gated_linear_attention(*a, settings=settings, **kw))(
+    want, (o_w, s_w) = loss(lambda *a, **kw: decay_attention_chunked(*a, chunk_size=16, **kw))(
         *args
     )
+    got, (o_g, s_g) = loss(lambda *a, **kw: decay_attention(*a, settings=settings, **kw))(*args)
     np.testing.assert_allclose(o_g, o_w, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(s_g, s_w, rtol=1e-5, atol=1e-5)
     for name, a, b in zip("q k v g h0".split(), want, got):
@@ -197,7 +191,7 @@ def test_chunk_parallel_kernels_in_several_column_blocks(layout, decay):
 
     def loss_want(q, k, v, g, S0):
         h = jnp.swapaxes(S0, -1, -2) if per_key else S0
-        o, s = gated_linear_attention_chunked(
+        o, s = decay_attention_chunked(
             q, k, v, g, scale=0.3, chunk_size=16, initial_state=h, output_final_state=True
         )
         return jnp.sum(o * do) + jnp.sum(s * ds)
@@ -293,7 +287,7 @@ def test_per_key_bf16_gradients_under_mild_and_steep_decays(decay):
     factored kernels, with factors up to e^36) dg is small beside the products it sums: each
     pair of rows enters dG twice (through dq and dk) and cancels in dg, and did not when the
     two copies were rounded apart (dg 14% and 59% off)."""
-    from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
+    from kernels_pallas.decay_attention import DecaySettings, decay_attention
 
     r = np.random.default_rng(5)
     b, t, h, kd = 1, 128, 2, 32
@@ -303,9 +297,9 @@ def test_per_key_bf16_gradients_under_mild_and_steep_decays(decay):
 
     def loss(q, k, v, g, impl):
         o, _ = (
-            gated_linear_attention(q, k, v, g, settings=settings)
+            decay_attention(q, k, v, g, settings=settings)
             if impl == "pallas"
-            else gated_linear_attention_chunked(q, k, v, g, chunk_size=64)
+            else decay_attention_chunked(q, k, v, g, chunk_size=64)
         )
         return jnp.sum(o.astype(jnp.float32) * do)
 
@@ -322,47 +316,45 @@ def test_pallas_path_bf16_error_and_its_refusals():
     from kernels_pallas import chosen
     from kernels_pallas.decay_attention import (
         DecaySettings,
-        gated_linear_attention,
-        gated_linear_attention_pallas,
-        gated_linear_attention_per_key_pallas,
+        decay_attention,
+        decay_attention_pallas,
+        decay_attention_per_key_pallas,
     )
 
     (q, k, v, g, _), _, _ = _kernel_inputs(6)
     settings = DecaySettings(impl="pallas", interpret=True, chunk_size=16)
-    want, _ = gated_linear_attention_chunked(q, k, v, g, chunk_size=16)
-    o, _ = gated_linear_attention(
-        *(a.astype(jnp.bfloat16) for a in (q, k, v)), g, settings=settings
-    )
+    want, _ = decay_attention_chunked(q, k, v, g, chunk_size=16)
+    o, _ = decay_attention(*(a.astype(jnp.bfloat16) for a in (q, k, v)), g, settings=settings)
     assert o.dtype == jnp.bfloat16
     err = np.abs(np.asarray(o, np.float32) - np.asarray(want)).max()
     assert err <= 1e-2 * np.abs(np.asarray(want)).max(), err
     per_key = jnp.broadcast_to(g[..., None], q.shape)
     with pytest.raises(ValueError, match="decay per head"):
-        gated_linear_attention_pallas(q, k, v, per_key, settings=settings)
+        decay_attention_pallas(q, k, v, per_key, settings=settings)
     with pytest.raises(ValueError, match="decay per key dimension"):
-        gated_linear_attention_per_key_pallas(q, k, v, g, settings=settings)
-    o_key, _ = gated_linear_attention(q, k, v, per_key, settings=settings)  # the per-key kernels
+        decay_attention_per_key_pallas(q, k, v, g, settings=settings)
+    o_key, _ = decay_attention(q, k, v, per_key, settings=settings)  # the per-key kernels
     np.testing.assert_allclose(o_key, want, rtol=1e-5, atol=1e-5)
-    o_key, _ = gated_linear_attention(
+    o_key, _ = decay_attention(
         *(a.astype(jnp.bfloat16) for a in (q, k, v)), per_key, settings=settings
     )
     err = np.abs(np.asarray(o_key, np.float32) - np.asarray(want)).max()
     assert o_key.dtype == jnp.bfloat16 and err <= 1e-2 * np.abs(np.asarray(want)).max(), err
-    assert chosen()["gated_linear_attention@cpu"] == "pallas"
+    assert chosen()["decay_attention@cpu"] == "pallas"
     assert DecaySettings().choose() == "chunk_reference"  # "auto" on CPU and TPU
     assert DecaySettings(platform="gpu").choose() == "pallas"
     # a key width the Triton kernels do not take: "auto" on a GPU runs the jnp form instead
-    o24, _ = gated_linear_attention(
+    o24, _ = decay_attention(
         *(jnp.pad(a, ((0, 0),) * 3 + ((0, 8),)) for a in (q, k)),
         v,
         g,
         settings=DecaySettings(platform="gpu", chunk_size=16),
     )
-    assert chosen()["gated_linear_attention@gpu"] == "chunk_reference" and o24.shape == v.shape
+    assert chosen()["decay_attention@gpu"] == "chunk_reference" and o24.shape == v.shape
     with pytest.raises(ValueError, match="g must be"):
-        gated_linear_attention(q, k, v, g[:, :, :1], settings=settings)
+        decay_attention(q, k, v, g[:, :, :1], settings=settings)
     with pytest.raises(ValueError, match="no compiled lowering"):
-        gated_linear_attention(q, k, v, g, settings=DecaySettings(impl="pallas"))
+        decay_attention(q, k, v, g, settings=DecaySettings(impl="pallas"))
     with pytest.raises(ValueError, match="impl="):
         DecaySettings(impl="triton")
 
@@ -377,7 +369,7 @@ def test_pallas_per_shard_under_a_mesh():
 
     from hwh_jax.training.sharding import make_mesh
     from kernels_pallas import kernel_mesh
-    from kernels_pallas.decay_attention import DecaySettings, gated_linear_attention
+    from kernels_pallas.decay_attention import DecaySettings, decay_attention
 
     mesh = make_mesh((2, 2, 2))
     settings = DecaySettings(impl="pallas", interpret=True, chunk_size=16)
@@ -387,7 +379,7 @@ def test_pallas_per_shard_under_a_mesh():
         g = jnp.asarray(-r.uniform(0.0, 1.5, size=shape), jnp.float32)
 
         def f(q, k, v, g):
-            return jnp.sum(jnp.sin(gated_linear_attention(q, k, v, g, settings=settings)[0]))
+            return jnp.sum(jnp.sin(decay_attention(q, k, v, g, settings=settings)[0]))
 
         grad = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3)))
         want = grad(q, k, v, g)

@@ -121,7 +121,7 @@ def test_the_decay_kernels_lower_with_their_gradients(platform):
     and TPU (Mosaic, with its block-shape checks)."""
     import jax.numpy as jnp
 
-    from kernels_pallas import DecaySettings, gated_linear_attention
+    from kernels_pallas import DecaySettings, decay_attention
 
     settings = DecaySettings(impl="pallas", platform=platform)
     x = jax.ShapeDtypeStruct((2, 256, 4, 128), jnp.bfloat16)
@@ -150,9 +150,7 @@ def test_the_decay_kernels_lower_with_their_gradients(platform):
         g = jax.ShapeDtypeStruct((2, 256, 4, 128)[:g_dims], jnp.float32)
 
         def fwd_bwd(q, k, v, g):
-            o, vjp = jax.vjp(
-                lambda *a: gated_linear_attention(*a, settings=settings)[0], q, k, v, g
-            )
+            o, vjp = jax.vjp(lambda *a: decay_attention(*a, settings=settings)[0], q, k, v, g)
             return vjp(o)
 
         summary = export.summarize(export._export(jax.jit(fwd_bwd), platform)(x, x, x, g))

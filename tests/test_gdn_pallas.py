@@ -265,9 +265,9 @@ def test_launch_settings_below_one_are_refused_by_name(field):
     with pytest.raises(ValueError, match=f"gated_delta_rule: {field} must be >= 1{alt}, got 0"):
         GDNSettings(**{field: 0})
     assert GDNSettings(block_v=None).block_v is None
-    with pytest.raises(ValueError, match="gated_linear_attention: block_v must be >= 1 or None"):
+    with pytest.raises(ValueError, match="decay_attention: block_v must be >= 1 or None"):
         DecaySettings(block_v=-2)
-    with pytest.raises(ValueError, match="gated_linear_attention: num_stages must be >= 1 or "):
+    with pytest.raises(ValueError, match="decay_attention: num_stages must be >= 1 or "):
         DecaySettings(num_stages=0)
     with pytest.raises(ValueError, match="gated_recurrence: block_d must be >= 1, got 0"):
         GatedRecurrenceSettings(block_d=0)

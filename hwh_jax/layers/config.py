@@ -138,7 +138,7 @@ class ModelConfig:
     attention: AttentionSettings = AttentionSettings()  # softmax attention (FA heads)
     decode_attention: DecodeAttentionSettings = DecodeAttentionSettings()  # a decode step
     gdn: GDNSettings = GDNSettings()  # gated_delta_rule (GDN and DeltaNet heads)
-    decay: DecaySettings = DecaySettings()  # gated_linear_attention (the decaying-state kinds)
+    decay: DecaySettings = DecaySettings()  # decay_attention (the decaying-state kinds)
     hgrn: GatedRecurrenceSettings = GatedRecurrenceSettings()  # gated_recurrence (HGRN heads)
     conv: ShortConvSettings = ShortConvSettings()  # short_conv (convolution, SiLU, norm)
     norm: RMSNormSettings = RMSNormSettings()  # rms_norm (norms, residual adds)

@@ -1,5 +1,5 @@
 """Linear attention with a decaying state: the form Lightning Attention, RetNet, Mamba-2 (SSD),
-GLA and HGRN-2 share (``gated_linear_attention``; decode ``gated_linear_attention_step``).
+GLA and HGRN-2 share (``decay_attention``; decode ``decay_attention_step``).
 
   reference.py        token by token (``lax.scan``): the specification, and the decode step
   chunk_reference.py  the chunked form in jnp, checked against it
@@ -8,28 +8,28 @@ GLA and HGRN-2 share (``gated_linear_attention``; decode ``gated_linear_attentio
   pallas_per_key.py   the chunked form for a decay per key dimension: scan kernels that carry
                       the state transposed, the chunk-parallel rest in XLA, one custom_vjp
   settings.py         ``DecaySettings``: implementation and launch settings as one value
-  op.py               ``gated_linear_attention``: shapes checked, the implementation dispatched
+  op.py               ``decay_attention``: shapes checked, the implementation dispatched
 
 The decay is per head and token (scalar: Lightning, RetNet, Mamba-2) or per key dimension as
 well (GLA, HGRN-2); ``g`` is its logarithm, so g = 0 is plain linear attention.
 """
 
-from kernels_pallas.decay_attention.chunk_reference import gated_linear_attention_chunked
-from kernels_pallas.decay_attention.op import gated_linear_attention
-from kernels_pallas.decay_attention.pallas import gated_linear_attention_pallas
-from kernels_pallas.decay_attention.pallas_per_key import gated_linear_attention_per_key_pallas
+from kernels_pallas.decay_attention.chunk_reference import decay_attention_chunked
+from kernels_pallas.decay_attention.op import decay_attention
+from kernels_pallas.decay_attention.pallas import decay_attention_pallas
+from kernels_pallas.decay_attention.pallas_per_key import decay_attention_per_key_pallas
 from kernels_pallas.decay_attention.reference import (
-    gated_linear_attention_recurrent,
-    gated_linear_attention_step,
+    decay_attention_recurrent,
+    decay_attention_step,
 )
 from kernels_pallas.decay_attention.settings import DecaySettings
 
 __all__ = [
     "DecaySettings",
-    "gated_linear_attention",
-    "gated_linear_attention_chunked",
-    "gated_linear_attention_pallas",
-    "gated_linear_attention_per_key_pallas",
-    "gated_linear_attention_recurrent",
-    "gated_linear_attention_step",
+    "decay_attention",
+    "decay_attention_chunked",
+    "decay_attention_pallas",
+    "decay_attention_per_key_pallas",
+    "decay_attention_recurrent",
+    "decay_attention_step",
 ]

@@ -23,10 +23,10 @@ import jax.numpy as jnp
 _HI = jax.lax.Precision.HIGHEST
 
 
-def gated_linear_attention_chunked(
+def decay_attention_chunked(
     q, k, v, g, *, scale=None, chunk_size: int = 64, initial_state=None, output_final_state=False
 ):
-    """Same arguments and result as ``gated_linear_attention_recurrent``."""
+    """Same arguments and result as ``decay_attention_recurrent``."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = chunk_size

@@ -1,38 +1,38 @@
-"""``gated_linear_attention``: the public entry, which checks shapes and runs the implementation
+"""``decay_attention``: the public entry, which checks shapes and runs the implementation
 its ``DecaySettings`` choose; under ``kernel_mesh`` the Pallas kernels run per device shard."""
 
 from __future__ import annotations
 
 from kernels_pallas import dispatch, sharding
-from kernels_pallas.decay_attention.chunk_reference import gated_linear_attention_chunked
-from kernels_pallas.decay_attention.pallas import gated_linear_attention_pallas
-from kernels_pallas.decay_attention.pallas_per_key import gated_linear_attention_per_key_pallas
-from kernels_pallas.decay_attention.reference import gated_linear_attention_recurrent
+from kernels_pallas.decay_attention.chunk_reference import decay_attention_chunked
+from kernels_pallas.decay_attention.pallas import decay_attention_pallas
+from kernels_pallas.decay_attention.pallas_per_key import decay_attention_per_key_pallas
+from kernels_pallas.decay_attention.reference import decay_attention_recurrent
 from kernels_pallas.decay_attention.settings import DecaySettings
 from kernels_pallas.linear_scan.common import triton_takes
 
 
 def _check_shapes(q, k, v, g, initial_state):
     if q.ndim != 4:
-        raise ValueError(f"gated_linear_attention: q must be [B,T,H,K], got shape {q.shape}")
+        raise ValueError(f"decay_attention: q must be [B,T,H,K], got shape {q.shape}")
     B, T, H, K = q.shape
     if k.shape != q.shape:
-        raise ValueError(f"gated_linear_attention: k shape {k.shape} != q shape {q.shape}")
+        raise ValueError(f"decay_attention: k shape {k.shape} != q shape {q.shape}")
     if v.ndim != 4 or v.shape[:3] != (B, T, H):
-        raise ValueError(f"gated_linear_attention: v must be [B={B},T={T},H={H},V], got {v.shape}")
+        raise ValueError(f"decay_attention: v must be [B={B},T={T},H={H},V], got {v.shape}")
     if g.shape not in ((B, T, H), (B, T, H, K)):
         raise ValueError(
-            f"gated_linear_attention: g must be [B,T,H]={(B, T, H)} (a decay per "
+            f"decay_attention: g must be [B,T,H]={(B, T, H)} (a decay per "
             f"head) or [B,T,H,K]={(B, T, H, K)} (per key), got {g.shape}"
         )
     if initial_state is not None and initial_state.shape != (B, H, K, v.shape[-1]):
         raise ValueError(
-            f"gated_linear_attention: initial_state must be [B,H,K,V]="
+            f"decay_attention: initial_state must be [B,H,K,V]="
             f"{(B, H, K, v.shape[-1])}, got {initial_state.shape}"
         )
 
 
-def gated_linear_attention(
+def decay_attention(
     q,
     k,
     v,
@@ -66,12 +66,10 @@ def gated_linear_attention(
     impl = dispatch.record(settings, impl)
     kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state)
     if impl == "recurrent":
-        return gated_linear_attention_recurrent(q, k, v, g, **kw)
+        return decay_attention_recurrent(q, k, v, g, **kw)
     if impl == "chunk_reference":
-        return gated_linear_attention_chunked(q, k, v, g, chunk_size=settings.chunk_size, **kw)
-    kernels = (
-        gated_linear_attention_pallas if g.ndim == 3 else gated_linear_attention_per_key_pallas
-    )
+        return decay_attention_chunked(q, k, v, g, chunk_size=settings.chunk_size, **kw)
+    kernels = decay_attention_pallas if g.ndim == 3 else decay_attention_per_key_pallas
     km = sharding.current()
     if km is None:
         return kernels(q, k, v, g, settings=settings, **kw)

@@ -1,5 +1,5 @@
 """Linear attention with a decay per head (Lightning, RetNet, Mamba-2) as Pallas kernels:
-``gated_linear_attention(impl="pallas")``.
+``decay_attention(impl="pallas")``.
 
 The chunked form of ``chunk_reference.py`` is the inter-chunk scan of ``kernels_pallas.
 linear_scan`` with no delta rule (``w=None``: w = 0, u = v, neither read nor multiplied). Per
@@ -276,7 +276,7 @@ def _op(cfg, scale):
     return op
 
 
-def gated_linear_attention_pallas(
+def decay_attention_pallas(
     q,
     k,
     v,
@@ -287,13 +287,13 @@ def gated_linear_attention_pallas(
     output_final_state=False,
     settings: DecaySettings = DecaySettings(),
 ):
-    """Same contract as ``gated_linear_attention`` for a decay per head (g [B, T, H]), as the
+    """Same contract as ``decay_attention`` for a decay per head (g [B, T, H]), as the
     kernels of the module docstring, launched as ``settings`` says (its ``impl`` is not read)."""
     if g.ndim != 3:
         raise ValueError(
-            f"gated_linear_attention_pallas takes a decay per head, g [B, T, H]; "
+            f"decay_attention_pallas takes a decay per head, g [B, T, H]; "
             f"got g of shape {g.shape} (a decay per key dimension: "
-            f"gated_linear_attention_per_key_pallas)"
+            f"decay_attention_per_key_pallas)"
         )
     B, T, H, K = q.shape
     V = v.shape[-1]

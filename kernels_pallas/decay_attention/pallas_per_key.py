@@ -1,5 +1,5 @@
 """Linear attention with a decay per key dimension (GLA, HGRN-2) as Pallas kernels:
-``gated_linear_attention(impl="pallas")`` with g [B, T, H, K].
+``decay_attention(impl="pallas")`` with g [B, T, H, K].
 
 Per chunk of C tokens, with G [C, K] the chunk-local cumulative log decay (per key), qd =
 q e^G, kd = k e^{G_last - G} and a = e^{G_last} [K] (every exponent <= 0):
@@ -393,7 +393,7 @@ def _op(cfg, scale):
     return op
 
 
-def gated_linear_attention_per_key_pallas(
+def decay_attention_per_key_pallas(
     q,
     k,
     v,
@@ -404,12 +404,12 @@ def gated_linear_attention_per_key_pallas(
     output_final_state=False,
     settings: DecaySettings = DecaySettings(),
 ):
-    """Same contract as ``gated_linear_attention`` for a decay per key dimension (g [B, T, H,
+    """Same contract as ``decay_attention`` for a decay per key dimension (g [B, T, H,
     K]), as the kernels of the module docstring, launched as ``settings`` says."""
     B, T, H, K = q.shape
     if g.shape != (B, T, H, K):
         raise ValueError(
-            f"gated_linear_attention_per_key_pallas takes a decay per key "
+            f"decay_attention_per_key_pallas takes a decay per key "
             f"dimension, g [B, T, H, K] = {(B, T, H, K)}; got {g.shape}"
         )
     V = v.shape[-1]

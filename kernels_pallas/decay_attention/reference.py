@@ -23,7 +23,7 @@ def per_key(g, K: int, token_axis: bool):
     return jnp.broadcast_to(g[..., None], (*g.shape, K)) if scalar else g
 
 
-def gated_linear_attention_step(q_t, k_t, v_t, g_t, state, *, scale=None):
+def decay_attention_step(q_t, k_t, v_t, g_t, state, *, scale=None):
     """One decode step.
 
     Args:
@@ -42,10 +42,10 @@ def gated_linear_attention_step(q_t, k_t, v_t, g_t, state, *, scale=None):
     return o.astype(v_t.dtype), h
 
 
-def gated_linear_attention_recurrent(
+def decay_attention_recurrent(
     q, k, v, g, *, scale=None, initial_state=None, output_final_state=False
 ):
-    """``lax.scan`` over tokens of :func:`gated_linear_attention_step`.
+    """``lax.scan`` over tokens of :func:`decay_attention_step`.
 
     Shapes as fla: q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H] or [B, T, H, K]; state
     [B, H, K, V]. Returns (o [B, T, H, V], final state or None).
@@ -60,7 +60,7 @@ def gated_linear_attention_recurrent(
     g = per_key(g, K, token_axis=True)
 
     def body(h, xs):
-        o_t, h = gated_linear_attention_step(*xs, h, scale=scale)
+        o_t, h = decay_attention_step(*xs, h, scale=scale)
         return h, o_t
 
     xs = tuple(jnp.moveaxis(a, 1, 0) for a in (q, k, v, g))

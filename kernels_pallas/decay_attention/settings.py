@@ -1,4 +1,4 @@
-"""``DecaySettings``: how ``gated_linear_attention`` runs, as one frozen value."""
+"""``DecaySettings``: how ``decay_attention`` runs, as one frozen value."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from kernels_pallas.dispatch import KernelSettings
 
 @dataclasses.dataclass(frozen=True)
 class DecaySettings(KernelSettings):
-    """Implementation and launch settings of ``gated_linear_attention``.
+    """Implementation and launch settings of ``decay_attention``.
 
     impl: "auto" | "recurrent" (``reference.py``, token by token) | "chunk_reference" (the
     chunked form in XLA) | "pallas" (Pallas kernels, Triton on GPU, Mosaic on TPU: for a
@@ -37,7 +37,7 @@ class DecaySettings(KernelSettings):
     intra_block: int = 64
     recompute: bool = False
 
-    OP = "gated_linear_attention"
+    OP = "decay_attention"
     IMPLS = ("auto", "recurrent", "chunk_reference", "pallas")
     AUTO = {"gpu": "pallas"}
     FALLBACK = "chunk_reference"

@@ -27,8 +27,8 @@ from hwh_jax.layers.norms import GatedRMSNorm
 from hwh_jax.layers.variables import data
 from kernels_pallas.decay_attention import (
     DecaySettings,
-    gated_linear_attention,
-    gated_linear_attention_step,
+    decay_attention,
+    decay_attention_step,
 )
 from kernels_pallas.short_conv import ShortConvSettings, causal_conv1d, silu_norm
 
@@ -175,7 +175,7 @@ class DecayHeads(nnx.Module):
         if segment_ids is not None:
             start = document_starts(segment_ids)
             g = jnp.where(start.reshape(*start.shape, *([1] * (g.ndim - 2))), RESET_LOG_DECAY, g)
-        o, _ = gated_linear_attention(q, k, v, g, scale=self.scale, settings=self.settings)
+        o, _ = decay_attention(q, k, v, g, scale=self.scale, settings=self.settings)
         return self.out(o, gate, skip)
 
     # ------------------------------------------------------------ inference
@@ -212,12 +212,12 @@ class DecayHeads(nnx.Module):
         k, v = jnp.where(keep, k, 0).astype(k.dtype), jnp.where(keep, v, 0).astype(v.dtype)
         g = jnp.where(valid.reshape(*valid.shape, *([1] * (g.ndim - 2))), g, 0.0)
         if Tn == 1:
-            o, state = gated_linear_attention_step(
+            o, state = decay_attention_step(
                 q[:, 0], k[:, 0], v[:, 0], g[:, 0], cache["state"], scale=self.scale
             )
             o = o[:, None]
         else:
-            o, state = gated_linear_attention(
+            o, state = decay_attention(
                 q,
                 k,
                 v,
