@@ -19,10 +19,9 @@ seeds). With --mixers and --ratios: the layer-wise hybrid of each linear-head ki
 ratio R (R linear layers to one RoPE FA layer: ``configs/experiment.py:layerwise/KIND/R,L``),
 each a process training into ``OUT/KIND_R``, then the report over them in ``OUT/report.md``
 (the ratio grid of the systematic analysis of hybrid linear attention; at the `small` size's
-12 layers R is at most 11). The logic is ``hwh_jax.eval.report``.
+12 layers R is at most 11). The logic is ``hwh_jax.experiments`` (``runner``, ``report``).
 """
 
-import json
 import logging
 import os
 import sys
@@ -30,9 +29,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from hwh_jax import storage
+from hwh_jax.experiments.processes import argv_without
 from launch import EXIT_FAILED, devices, one_line_errors, run_main, setup_logging
-from launch.processes import argv_without, run_side_by_side
 
 config_flags.DEFINE_config_file("config", None, "run config file (e.g. configs/experiment.py:hwh)")
 flags.DEFINE_string("out", None, "the run's workdir (--config) or the report's folder (--report)")
@@ -47,14 +45,6 @@ flags.DEFINE_integer("length", 512, "a grid: the training length L")
 flags.DEFINE_bool("cpu", False, "a grid: the CPU-sized preset of each cell (ARCH,L,cpu)")
 flags.mark_flags_as_required(["out"])
 FLAGS = flags.FLAGS
-
-
-def _tokens(n: int) -> str:
-    """4,096 / 1.2M / 10.5B: a token count at a readable scale (never "0.0M")."""
-    for unit, size in (("B", 1e9), ("M", 1e6)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return f"{n:,}"
 
 
 def main(argv):
@@ -78,7 +68,8 @@ def main(argv):
 
 
 def experiment():
-    from hwh_jax.eval.report import report, summarize
+    from hwh_jax.experiments import runner
+    from hwh_jax.experiments.report import report
 
     if FLAGS.report:
         print(report(FLAGS.report, FLAGS.out))
@@ -87,130 +78,45 @@ def experiment():
         raise app.UsageError("give --config (train one experiment) or --report=dir,dir,...")
     if not FLAGS.config.eval.at_end:
         raise app.UsageError("an experiment needs its closing evaluation: config.eval.at_end")
-    from hwh_jax.training.trainer import train_and_evaluate
-
-    train_and_evaluate(FLAGS.config, FLAGS.out)
-    exp = summarize(FLAGS.out)
-    exp_path = os.path.join(FLAGS.out, "experiment.json")
-    with open(exp_path, "w") as f:
-        json.dump({k: v for k, v in exp.items() if k != "results"}, f, indent=2)
-    print(
-        f"experiment {exp['name']} ({exp['arch']}, {exp['params'] / 1e6:.1f}M params, "
-        f"{_tokens(exp['tokens'])} tokens): NIAH "
-        + ", ".join(f"{k} {v:.0f}" for k, v in exp["niah"].items())
-        + f" -> {exp_path}"
-    )
+    print(runner.train_and_summarize(FLAGS.config, FLAGS.out)["line"])
 
 
-def grid_cells(mixers, ratios, length: int, cpu: bool = False) -> list[tuple[str, str]]:
-    """(cell name, config argument) of every (kind, ratio), each checked by building it."""
-    from configs import experiment
-    from hwh_jax.training.specs import model_for_run
+def _finish(run):
+    """``run()``'s output printed, or its RunsFailed as one line and exit status 1."""
+    from hwh_jax.experiments.runner import RunsFailed
 
-    if not mixers or not ratios:
-        raise ValueError("a grid needs both --mixers and --ratios")
-    cells = []
-    for kind in mixers:
-        for ratio in ratios:
-            arg = f"layerwise/{kind}/{ratio},{length}" + (",cpu" if cpu else "")
-            config = experiment.get_config(arg)  # a bad kind or ratio: refused now, named
-            model_for_run(config, 1)  # the schedule: a ratio with no FA layer is refused here
-            cells.append((f"{kind}_{ratio}", arg))
-    return cells
+    try:
+        print(run(), flush=True)
+    except RunsFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(EXIT_FAILED)
 
 
 def grid():
     """The layer-wise hybrid at every (kind, ratio) of --mixers x --ratios, ``--side_by_side``
     processes at a time, then the report over the cells."""
-    from hwh_jax.eval.report import report
+    from hwh_jax.experiments import runner
 
-    cells = grid_cells(FLAGS.mixers, FLAGS.ratios, FLAGS.length, FLAGS.cpu)
+    cells = runner.grid_cells(FLAGS.mixers, FLAGS.ratios, FLAGS.length, FLAGS.cpu)
     if FLAGS.config is not None or FLAGS.seeds or FLAGS.report:
         raise app.UsageError("a grid (--mixers, --ratios) takes no --config, --seeds or --report")
-    out = storage.path(FLAGS.out)
-    out.mkdir(parents=True, exist_ok=True)
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-    env = dict(os.environ)
-    if FLAGS.side_by_side > 1:
-        env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / FLAGS.side_by_side:.3f}")
-    jobs = [
-        (
-            name,
-            [
-                sys.executable,
-                "-m",
-                "launch.experiment",
-                f"--config={os.path.join(path, 'experiment.py')}:{arg}",
-                f"--out={out / name}",
-            ],
-            out / f"{name}.console.log",
-        )
-        for name, arg in cells
-    ]
-    failed, stopped = run_side_by_side(jobs, FLAGS.side_by_side, env)
-    if failed or stopped:
-        print(
-            f"error: {', '.join(failed) or 'no cell'} did not finish"
-            + (" (stopped by a signal: the same command continues)" if stopped else "")
-            + f"; consoles in {out}",
-            file=sys.stderr,
-        )
-        sys.exit(EXIT_FAILED)
-    print(report([out / name for name, _ in cells], out), flush=True)
+    config_file = os.path.join(path, "experiment.py")
+    _finish(lambda: runner.grid(cells, FLAGS.side_by_side, FLAGS.out, config_file))
 
 
 def several_seeds():
     """One run per seed, ``--side_by_side`` processes at a time, then the table over seeds."""
-    from hwh_jax.eval.report import over_seeds, seeds_length_table, seeds_table, summarize
+    from hwh_jax.experiments import runner
 
     try:
         seeds = [int(s) for s in FLAGS.seeds]
     except ValueError:
         raise ValueError(f"--seeds must be integers, got {FLAGS.seeds}") from None
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds has a seed twice: {FLAGS.seeds}")
-    if FLAGS.side_by_side < 1:
-        raise ValueError(f"--side_by_side must be >= 1, got {FLAGS.side_by_side}")
     if not FLAGS.config.eval.at_end:
         raise app.UsageError("an experiment needs its closing evaluation: config.eval.at_end")
-    out = storage.path(FLAGS.out)
-    out.mkdir(parents=True, exist_ok=True)
     child = argv_without(sys.argv[1:], ("seeds", "side_by_side", "out"))
-    env = dict(os.environ)
-    if FLAGS.side_by_side > 1:  # on a GPU, each process its share of the memory
-        env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / FLAGS.side_by_side:.3f}")
-    jobs = [
-        (
-            f"seed {s}",
-            [
-                sys.executable,
-                "-m",
-                "launch.experiment",
-                *child,
-                f"--config.seed={s}",
-                f"--out={out / f'seed{s}'}",
-            ],
-            out / f"seed{s}.console.log",
-        )
-        for s in seeds
-    ]
-    failed, stopped = run_side_by_side(jobs, FLAGS.side_by_side, env)
-    if failed or stopped:
-        print(
-            f"error: {', '.join(failed) or 'no seed'} did not finish"
-            + (" (stopped by a signal: the same command continues)" if stopped else "")
-            + "; consoles in "
-            + str(out),
-            file=sys.stderr,
-        )
-        sys.exit(EXIT_FAILED)
-    over = {"name": out.name, **over_seeds([summarize(out / f"seed{s}") for s in seeds])}
-    (out / "seeds.json").write_text(json.dumps(over, indent=2))
-    print(
-        f"over {len(seeds)} seeds -> {out / 'seeds.json'}\n{seeds_table([over])}\n\n"
-        f"{seeds_length_table([over])}",
-        flush=True,
-    )
+    _finish(lambda: runner.seeds(child, seeds, FLAGS.side_by_side, FLAGS.out))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ continues: finished cells are kept and a cut cell goes on from its last saved st
 ``OUT/cells/ARCH_WIDTH`` (console ``OUT/cells/ARCH_WIDTH.console.log``), N at a time (small
 models share one GPU; no memory preallocation unless XLA_PYTHON_CLIENT_PREALLOCATE is set), and
 the finished cells are merged into --out; a signal to the command reaches every cell. The logic
-is ``hwh_jax.training.mqar_sweep``.
+is ``hwh_jax.experiments.mqar_sweep``.
 """
 
 import dataclasses
@@ -25,8 +25,8 @@ import sys
 from absl import flags
 
 from hwh_jax import storage
+from hwh_jax.experiments.processes import argv_without, run_side_by_side
 from launch import EXIT_FAILED, begin, one_line_errors, run_main
-from launch.processes import argv_without, run_side_by_side
 
 flags.DEFINE_string("out", None, "output folder")
 flags.DEFINE_list(
@@ -73,7 +73,7 @@ def main(argv):
 
 
 def run():
-    from hwh_jax.training.mqar_sweep import Stopped, SweepSpec, merge, sweep, table
+    from hwh_jax.experiments.mqar_sweep import Stopped, SweepSpec, merge, sweep, table
 
     if FLAGS.report:
         cells = merge(FLAGS.report, FLAGS.out)
@@ -109,7 +109,7 @@ def run():
 def cells_side_by_side(spec):
     """Each (architecture, width) cell its own ``launch.mqar`` process, ``--side_by_side`` at a
     time, then the finished cells merged into --out (module docstring)."""
-    from hwh_jax.training.mqar_sweep import merge, table
+    from hwh_jax.experiments.mqar_sweep import merge, table
 
     spec.validate()
     out = storage.path(FLAGS.out)

@@ -202,7 +202,7 @@ def jax_log_softmax(x):
 
 def test_report_keeps_runs_cut_before_their_evaluation(tmp_path):
     """A run without eval/results.json is tabulated from its metrics, not dropped."""
-    from hwh_jax.eval.report import report
+    from hwh_jax.experiments.report import report
 
     run = tmp_path / "cut"
     run.mkdir()
@@ -268,8 +268,8 @@ def test_an_evaluation_cut_during_niah_keeps_what_it_measured(gpt2, tmp_path):
     """results.json is rewritten after every suite and NIAH length: an evaluation killed during
     2L (a job's time limit) leaves L's scores, marked unfinished, and the report shows
     them with "-" for the rest and the run as partial."""
-    from hwh_jax.eval.report import report
     from hwh_jax.eval.suite import EvalModel, EvalSpec, run_suite
+    from hwh_jax.experiments.report import report
 
     cfg = model_config("transformer", "tiny", dtype="float32", vocab_size=gpt2.vocab_size)
     run = EvalModel(
@@ -497,7 +497,7 @@ def test_niah_by_depth_from_the_committed_runs():
     import json
     from pathlib import Path
 
-    from hwh_jax.eval.report import depth_table
+    from hwh_jax.experiments.report import depth_table
 
     root = Path(__file__).resolve().parents[1] / "measurements" / "experiment_L512_seeds"
     rows = [

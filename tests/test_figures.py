@@ -20,7 +20,11 @@ def figures(monkeypatch, tmp_path):
         monkeypatch.setattr(plt, "close", lambda f: None)
         real(fig, path, dpi=dpi)
 
-    for module in ("hwh_jax.eval.plots", "hwh_jax.analysis.plots", "hwh_jax.training.mqar_sweep"):
+    for module in (
+        "hwh_jax.eval.plots",
+        "hwh_jax.analysis.plots",
+        "hwh_jax.experiments.mqar_sweep",
+    ):
         monkeypatch.setattr(f"{module}.save_figure", keep)
     monkeypatch.setattr("hwh_jax.plotting.save_figure", keep)
     return saved
@@ -34,7 +38,7 @@ def _whole(labels):
 def test_each_figure_keeps_its_labels_and_counts_in_whole_numbers(figures, tmp_path):
     from hwh_jax.analysis import plots as aplots
     from hwh_jax.eval import plots as eplots
-    from hwh_jax.training import mqar_sweep
+    from hwh_jax.experiments import mqar_sweep
 
     rows = [
         {"task": "niah_single_1", "length": n, "depth": d, "score": s}
@@ -54,7 +58,7 @@ def test_each_figure_keeps_its_labels_and_counts_in_whole_numbers(figures, tmp_p
         for a, m in (("gdn", 0.2), ("transformer", 0.9))
     ]
     mqar_sweep.figure(cells, tmp_path / "mqar.png")
-    from hwh_jax.eval.report import depth_figure
+    from hwh_jax.experiments.report import depth_figure
 
     by_depth = [
         {"length": n, "depth": d, "score": sc}

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from hwh_jax.training import mqar_sweep
-from hwh_jax.training.mqar_sweep import SweepSpec
+from hwh_jax.experiments import mqar_sweep
+from hwh_jax.experiments.mqar_sweep import SweepSpec
 
 TINY = dict(
     widths=(32,),

@@ -540,7 +540,7 @@ def test_profile_traces_the_steps_asked_and_keeps_the_run_unchanged(corpus, tmp_
 def test_the_ratio_grid_names_its_cells_and_refuses_a_cell_before_training():
     """launch.experiment's grid: a cell per (kind, ratio), each a layer-wise config of
     configs/experiment.py; an unknown kind or a ratio leaving no FA layer is refused up front."""
-    from launch.experiment import grid_cells
+    from hwh_jax.experiments.runner import grid_cells
 
     assert grid_cells(["gdn", "gla"], ["1", "3"], 256, cpu=True) == [
         ("gdn_1", "layerwise/gdn/1,256,cpu"),

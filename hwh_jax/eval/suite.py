@@ -25,8 +25,6 @@ from hwh_jax.eval.retrieval_probe import retrieval_probe
 from hwh_jax.eval.scoring import Scorer
 from hwh_jax.inference.generate import Generator
 
-SUITES = ("niah", "mqar", "ppl", "longppl", "retrieval", "commonsense")
-
 
 @dataclasses.dataclass
 class EvalModel:
@@ -138,6 +136,159 @@ def spec_from_config(e) -> EvalSpec:
     return EvalSpec(**{k: _tupled(v) for k, v in e.items() if k in fields})
 
 
+@dataclasses.dataclass
+class Run:
+    """What every suite of one ``run_suite`` call shares: the model, the settings, where the
+    results go (``results``, saved by ``save`` after each suite), a scorer, and the held-out
+    stream, read once on first use."""
+
+    subject: EvalModel
+    spec: EvalSpec
+    out_dir: object
+    log: Callable
+    evaluator: EvalModel | None
+    results: dict
+    scorer: Scorer
+    max_len: int
+    save: Callable[[bool], None]
+    _stream: np.ndarray | None = None
+
+    @property
+    def train_len(self) -> int:
+        return int(self.subject.train_len)
+
+    @property
+    def stream(self) -> np.ndarray:
+        if self._stream is None:
+            self._stream = _heldout_stream(self.subject, self.spec)
+        return self._stream
+
+
+def _retrieval(run: Run):  # first: one forward pass per batch, in the log at once
+    tok, spec = run.subject.tokenizer, run.spec
+    run.results["retrieval"] = retrieval_probe(
+        run.scorer, tok, run.stream, run.train_len, num=spec.retrieval_documents, log=run.log
+    )
+
+
+def _niah(run: Run):
+    subject, spec, L, tok = run.subject, run.spec, run.train_len, run.subject.tokenizer
+    lengths = [int(f * L) for f in spec.niah_factors]
+    # prompts padded to multiples of L, prefilled in chunks of L, one cache size for all
+    # lengths: one compiled init, prefill and decode for the whole sweep
+    gen = Generator(
+        subject.model,
+        eos_id=tok.eos_id,
+        vocab=tok.vocab_size,
+        pad_id=tok.pad_id,
+        prefill_chunk=L,
+        length_multiple=L,
+        cache_len=-(-max(lengths) // L) * L + niah.answer_budget(spec.niah_tasks),
+    )
+
+    def by_cell(rows, value):
+        return {
+            f"{t}@{n}": value([r["score"] for r in rows if r["task"] == t and r["length"] == n])
+            for t in spec.niah_tasks
+            for n in sorted({r["length"] for r in rows})
+        }
+
+    def partial(rows):  # after each length, so that a cut run keeps what it measured
+        run.results["niah"] = rows
+        run.results["niah_summary"] = by_cell(rows, lambda v: float(np.mean(v)))
+        run.results["niah_intervals"] = by_cell(rows, stats.share)
+        run.save(False)
+
+    rows = niah.run_niah(
+        gen,
+        tok,
+        tasks=spec.niah_tasks,
+        lengths=lengths,
+        depths=depth_grid(spec.niah_depths),
+        samples=spec.niah_samples,
+        batch_size=spec.batch_size,
+        log=run.log,
+        on_length=partial,
+        seed=subject.seed,
+    )
+    for t in spec.niah_tasks:
+        plots.niah_heatmap(rows, t, f"{subject.name}: {t}", run.out_dir / f"niah_{t}.png", L)
+
+
+def _ppl(run: Run):
+    spec, L = run.spec, run.train_len
+    run.results["ppl"] = perplexity.ppl_by_position(
+        run.scorer,
+        run.stream,
+        max_len=spec.ppl_factor * L,
+        bucket=max(L // spec.ppl_buckets_per_train_len, 1),
+        max_windows=spec.ppl_windows,
+        log=run.log,
+    )
+    plots.ppl_chart({run.subject.name: run.results["ppl"]}, run.out_dir / "ppl_by_position.png", L)
+
+
+def _longppl(run: Run):
+    subject, spec, L, evaluator = run.subject, run.spec, run.train_len, run.evaluator
+    judge = run.scorer
+    if evaluator is not None:
+        if evaluator.tokenizer.name != subject.tokenizer.name:
+            raise ValueError(
+                f"LongPPL evaluator {evaluator.name} has tokenizer "
+                f"{evaluator.tokenizer.name}, {subject.name} {subject.tokenizer.name}"
+            )
+        judge = Scorer(evaluator.model, batch_size=spec.batch_size, max_len=run.max_len)
+    short = spec.longppl_short or L
+    result = longppl.evaluate_longppl(
+        run.scorer,
+        judge,
+        run.stream,
+        length=spec.longppl_factor * L,
+        short=short,
+        stride=max(short // 2, 1),
+        alpha=spec.longppl_alpha,
+        beta=spec.longppl_beta,
+        max_windows=spec.longppl_windows,
+        log=run.log,
+    )
+    result["evaluator"] = subject.name if evaluator is None else evaluator.name
+    run.results["longppl"] = result
+    plots.longppl_chart(result, run.out_dir / "longppl.png", subject.name, L)
+
+
+def _mqar(run: Run):
+    spec = run.spec
+    run.results["mqar"] = mqar.evaluate_mqar(
+        run.scorer,
+        vocab_size=spec.mqar_vocab or min(run.subject.tokenizer.vocab_size, 8192),
+        settings=spec.mqar_settings,
+        num_examples=spec.mqar_examples,
+        log=run.log,
+    )
+
+
+def _commonsense(run: Run):
+    spec = run.spec
+    run.results["commonsense"] = {}
+    for t in spec.commonsense_tasks:
+        run.results["commonsense"][t] = commonsense.evaluate_task(
+            run.scorer, run.subject.tokenizer, t, limit=spec.commonsense_limit or None, log=run.log
+        )
+        run.save(False)
+
+
+# Every suite by name, in the order run_suite runs them: a suite is a function of the Run that
+# writes its results under its name; a new one is a function here and a line in this table.
+SUITES: dict[str, Callable[[Run], None]] = {
+    "retrieval": _retrieval,
+    "niah": _niah,
+    "ppl": _ppl,
+    "longppl": _longppl,
+    "mqar": _mqar,
+    "commonsense": _commonsense,
+}
+
+
 def run_suite(
     subject: EvalModel,
     spec: EvalSpec,
@@ -145,14 +296,13 @@ def run_suite(
     log=print,
     evaluator: EvalModel | None = None,
 ) -> dict:
-    """Every suite of ``spec`` on ``subject``; ``results.json`` is rewritten after each.
-    ``evaluator``: the model choosing LongPPL's key tokens (default ``subject`` itself; it must
-    share its tokenizer)."""
+    """Every suite of ``spec`` on ``subject``, in the order of ``SUITES``; ``results.json`` is
+    rewritten after each. ``evaluator``: the model choosing LongPPL's key tokens (default
+    ``subject`` itself; it must share its tokenizer)."""
     spec.validate()
     out_dir = storage.path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     L = int(subject.train_len)
-    tok = subject.tokenizer
     results = {
         "model": subject.name,
         "arch": subject.arch,
@@ -162,7 +312,6 @@ def run_suite(
         "spec": dataclasses.asdict(spec),
     }
     max_len = int(L * max(max(spec.niah_factors), spec.ppl_factor, spec.longppl_factor))
-    scorer = Scorer(subject.model, batch_size=spec.batch_size, max_len=max_len)
     t0 = time.time()
 
     def save(finished: bool):
@@ -172,117 +321,21 @@ def run_suite(
         results["wall_s"] = time.time() - t0
         (out_dir / "results.json").write_text(json.dumps(results, indent=2))
 
-    def niah_summary(rows):
-        return {
-            f"{t}@{n}": float(
-                np.mean([r["score"] for r in rows if r["task"] == t and r["length"] == n])
-            )
-            for t in spec.niah_tasks
-            for n in sorted({r["length"] for r in rows})
-        }
-
-    def niah_intervals(rows):
-        return {
-            f"{t}@{n}": stats.share(
-                [r["score"] for r in rows if r["task"] == t and r["length"] == n]
-            )
-            for t in spec.niah_tasks
-            for n in sorted({r["length"] for r in rows})
-        }
-
-    def niah_partial(rows):
-        results["niah"], results["niah_summary"] = rows, niah_summary(rows)
-        results["niah_intervals"] = niah_intervals(rows)
-        save(False)
-
+    run = Run(
+        subject,
+        spec,
+        out_dir,
+        log,
+        evaluator,
+        results,
+        Scorer(subject.model, batch_size=spec.batch_size, max_len=max_len),
+        max_len,
+        save,
+    )
     try:
-        if {"ppl", "longppl", "retrieval"} & set(spec.suites):
-            stream = _heldout_stream(subject, spec)
-        if "retrieval" in spec.suites:  # first: one forward pass per batch, in the log at once
-            results["retrieval"] = retrieval_probe(
-                scorer, tok, stream, L, num=spec.retrieval_documents, log=log
-            )
-            save(False)
-        if "niah" in spec.suites:
-            lengths = [int(f * L) for f in spec.niah_factors]
-            # prompts padded to multiples of L, prefilled in chunks of L, one cache size for all
-            # lengths: one compiled init, prefill and decode for the whole sweep
-            gen = Generator(
-                subject.model,
-                eos_id=tok.eos_id,
-                vocab=tok.vocab_size,
-                pad_id=tok.pad_id,
-                prefill_chunk=L,
-                length_multiple=L,
-                cache_len=-(-max(lengths) // L) * L + niah.answer_budget(spec.niah_tasks),
-            )
-            rows = niah.run_niah(
-                gen,
-                tok,
-                tasks=spec.niah_tasks,
-                lengths=lengths,
-                depths=depth_grid(spec.niah_depths),
-                samples=spec.niah_samples,
-                batch_size=spec.batch_size,
-                log=log,
-                on_length=niah_partial,
-                seed=subject.seed,
-            )
-            for t in spec.niah_tasks:
-                plots.niah_heatmap(rows, t, f"{subject.name}: {t}", out_dir / f"niah_{t}.png", L)
-        if "ppl" in spec.suites:
-            bucket = max(L // spec.ppl_buckets_per_train_len, 1)
-            results["ppl"] = perplexity.ppl_by_position(
-                scorer,
-                stream,
-                max_len=spec.ppl_factor * L,
-                bucket=bucket,
-                max_windows=spec.ppl_windows,
-                log=log,
-            )
-            plots.ppl_chart({subject.name: results["ppl"]}, out_dir / "ppl_by_position.png", L)
-            save(False)
-        if "longppl" in spec.suites:
-            judge = scorer
-            if evaluator is not None:
-                if evaluator.tokenizer.name != tok.name:
-                    raise ValueError(
-                        f"LongPPL evaluator {evaluator.name} has tokenizer "
-                        f"{evaluator.tokenizer.name}, {subject.name} {tok.name}"
-                    )
-                judge = Scorer(evaluator.model, batch_size=spec.batch_size, max_len=max_len)
-            short = spec.longppl_short or L
-            results["longppl"] = longppl.evaluate_longppl(
-                scorer,
-                judge,
-                stream,
-                length=spec.longppl_factor * L,
-                short=short,
-                stride=max(short // 2, 1),
-                alpha=spec.longppl_alpha,
-                beta=spec.longppl_beta,
-                max_windows=spec.longppl_windows,
-                log=log,
-            )
-            results["longppl"]["evaluator"] = subject.name if evaluator is None else evaluator.name
-            plots.longppl_chart(results["longppl"], out_dir / "longppl.png", subject.name, L)
-            save(False)
-        if "mqar" in spec.suites:
-            vocab = spec.mqar_vocab or min(tok.vocab_size, 8192)
-            results["mqar"] = mqar.evaluate_mqar(
-                scorer,
-                vocab_size=vocab,
-                settings=spec.mqar_settings,
-                num_examples=spec.mqar_examples,
-                log=log,
-            )
-            save(False)
-        if "commonsense" in spec.suites:
-            results["commonsense"] = {}
-            for t in spec.commonsense_tasks:
-                results["commonsense"][t] = commonsense.evaluate_task(
-                    scorer, tok, t, limit=spec.commonsense_limit or None, log=log
-                )
+        for name, suite in SUITES.items():
+            if name in spec.suites:
+                suite(run)
                 save(False)
     except BaseException as e:
         # a signal, a time limit, an error: what was measured stays, marked unfinished
