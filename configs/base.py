@@ -78,8 +78,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     #                                        retnet | mamba2 | gla | hgrn | hgrn2 (docs/models.md)
     m.la_short_conv = False  # a short convolution on q, k, v of lightning, retnet,
     #                                        gla, hgrn2 (the kinds without one; docs/models.md)
-    m.remat = "none"  # "block": recompute each block's activations in the
-    #                                        backward (fits more sequences; ~1/3 more compute)
+    m.remat = "none"  # what a block keeps for the backward pass: none | save_dots |
+    #                                        save_dots_except_mlp | save_qkv_proj | minimal |
+    #                                        full | offload (hwh_jax/layers/remat.py)
     m.kernel_platform = ""  # kernels chosen for "cpu" | "gpu" | "tpu"; "" = this
     #                                        process's backend (set it to export for another)
     # data: every field of hwh_jax.data.pipeline.DataSpec (its defaults and comments)

@@ -119,7 +119,7 @@ def test_a_config_too_large_for_the_slice_is_refused_with_what_would_fit(tmp_pat
     message = out.stderr
     assert "does not fit" in message and "per device" in message
     assert "16.00 GiB" in message  # the chip's HBM
-    assert "a larger slice" in message and "model.remat=block" in message
+    assert "a larger slice" in message and "model.remat=full" in message
     assert "seq_len=1048576" in message
 
 

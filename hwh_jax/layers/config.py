@@ -13,7 +13,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from hwh_jax.layers import heads
+from hwh_jax.layers import heads, remat
 from hwh_jax.layers.rope import PAIRINGS
 from kernels_pallas import (
     AttentionSettings,
@@ -27,7 +27,6 @@ from kernels_pallas import (
 )
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-REMAT = ("none", "block")  # activations kept for the backward pass: all; each block's input only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,8 +147,8 @@ class ModelConfig:
     # deltanet, lightning, retnet, mamba2, gla, hgrn, hgrn2)
     la_short_conv: bool = False  # a short convolution on q, k, v of the kinds without
     # one (their HeadKind.conv_optional)
-    remat: str = "none"  # "block": recompute each block's activations in the
-    # backward pass (less memory, ~1/3 more compute)
+    remat: str = "none"  # what each block keeps for the backward pass: a policy of
+    # layers/remat.py (none, save_dots, ..., full; "block" = full)
     kernel_platform: str = ""  # platform the kernels are chosen and lowered for
     # ("cpu" | "gpu" | "tpu"); "" = the default backend
 
@@ -205,8 +204,10 @@ class ModelConfig:
                 f"{'has no q, k' if not kind.uses_key_dim else 'has one already'}: "
                 f"set model.la_short_conv=False"
             )
-        if self.remat not in REMAT:
-            raise ValueError(f"ModelConfig.remat must be one of {list(REMAT)}, got {self.remat!r}")
+        if self.remat not in remat.POLICIES + tuple(remat.ALIASES):
+            raise ValueError(
+                f"ModelConfig.remat must be one of {list(remat.POLICIES)}, got {self.remat!r}"
+            )
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(

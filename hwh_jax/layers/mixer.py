@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hwh_jax.layers import heads
+from hwh_jax.layers import heads, remat
 from hwh_jax.layers.attention import FullAttentionHeads
 from hwh_jax.layers.config import LayerSpec, ModelConfig
 from hwh_jax.layers.linear import INIT_STD, apply, dense, matmul, project
@@ -94,13 +94,16 @@ class HeadwiseMixer(nnx.Module):
 
     def __call__(self, x, positions, segment_ids=None):  # [B,T,d] -> [B,T,d]
         fa, la = self.project(x)
+        # named for the remat policies (layers/remat.py): identities otherwise
+        fa = None if fa is None else [remat.tag(y, remat.QKV) for y in fa]
+        la = None if la is None else [remat.tag(y, remat.QKV) for y in la]
         outs = []
         if fa is not None:
             outs.append(self.fa.attend(*fa, positions, segment_ids))
         if la is not None:
             outs.append(self.la.mix(*la, segment_ids=segment_ids, positions=positions))
         y = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
-        return self.o_proj(y)
+        return remat.tag(self.o_proj(y), remat.OUT)
 
     # ------------------------------------------------------------ inference
     def init_cache(self, batch: int, max_len: int, dtype):

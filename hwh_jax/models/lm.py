@@ -22,7 +22,7 @@ import math
 import jax.numpy as jnp
 from flax import nnx
 
-from hwh_jax.layers import embedding
+from hwh_jax.layers import embedding, remat
 from hwh_jax.layers.config import LayerSpec, ModelConfig
 from hwh_jax.layers.linear import INIT_STD, dense, matmul
 from hwh_jax.layers.mixer import HeadwiseMixer
@@ -146,7 +146,7 @@ class HybridLM(nnx.Module):
         if positions is None:
             positions = jnp.arange(tokens.shape[1])[None]
         x, delta = constrain(self.embed_tokens(tokens)), None  # rows over the batch axes
-        residual = nnx.remat(_residual) if self.cfg.remat == "block" else _residual
+        residual = remat.wrap(_residual, self.cfg.remat, nnx.remat)  # model.remat's policy
         for block in self.blocks:
             x, delta = residual(block, x, delta, positions, segment_ids)
         return self.final_norm.add(x, delta)[1]

@@ -201,7 +201,7 @@ def plan_step(config, devices, *, platform: str, limit: int | None):
             f"sharding (mesh {dict(mesh.shape)} on {chips} chips of "
             f"{memory.size(limit or 0)}). To fit: a larger slice; more of the mesh on fsdp "
             f"(train.mesh=1,{chips},1 shards parameters, optimizer state and "
-            f"gradients over every chip); recomputing activations (model.remat=block); a "
+            f"gradients over every chip); recomputing activations (model.remat=full); a "
             f"shorter context (seq_len={config.seq_len}); or a smaller model"
         )
 

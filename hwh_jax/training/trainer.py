@@ -382,7 +382,7 @@ class Run:
             f"before sharding (mesh {mesh}). To fit: more devices; an fsdp or tensor mesh "
             f"(train.mesh=(1,{jax.device_count()},1) shards parameters, optimizer state and "
             f"gradients over the devices); recomputing activations in the backward pass "
-            f"(model.remat=block); a shorter context (seq_len={self.config.seq_len}); "
+            f"(model.remat=full); a shorter context (seq_len={self.config.seq_len}); "
             f"a smaller model; or more memory per device (train.device_memory_gb, "
             f"XLA_PYTHON_CLIENT_MEM_FRACTION on GPU)"
         )
