@@ -92,6 +92,26 @@ def test_plan_steps_down_when_memory_is_not_linear():
     assert got.micro_batch == 64 and 128 in compiled and got.step_bytes <= 36 * GiB
 
 
+def test_the_planner_tries_the_remat_policies_that_keep_less_before_it_gives_up():
+    """None does not fit one sequence a device, save_dots does not either, save_dots_except_mlp
+    does: the plan runs it and names the two that did not fit; when none fits, the last
+    policy's error. The order is layers/remat.py's (offload only off a CPU)."""
+    from hwh_jax.layers import remat
+
+    fixed = {"none": 60, "save_dots": 45, "save_dots_except_mlp": 30, "save_qkv_proj": 25}
+    curves = {p: _curve(f * GiB, GiB)[0] for p, f in fixed.items()}
+    policies = ("none", "save_dots", "save_dots_except_mlp", "save_qkv_proj")
+    got, _ = memory.plan_remat(curves.__getitem__, policies, batch=16, dp=1, limit=40 * GiB)
+    assert got.remat == "save_dots_except_mlp" and got.remat_tried == ("none", "save_dots")
+    assert "model.remat=save_dots_except_mlp (none, save_dots did not fit" in got.describe()
+    assert got.to_json()["remat"] == "save_dots_except_mlp"
+    with pytest.raises(memory.MemoryPlanError, match="does not fit even"):
+        memory.plan_remat(curves.__getitem__, policies[:2], batch=16, dp=1, limit=40 * GiB)
+    assert remat.fallbacks("none", "cpu") == remat.PLANNER_ORDER[:-1]
+    assert remat.fallbacks("block", "gpu") == ("full", "offload")
+    assert remat.fallbacks("minimal", "tpu") == ("minimal", "full", "offload")
+
+
 def test_a_config_that_cannot_fit_names_the_memory_and_the_remedies():
     compile_at, _ = _curve(50 * GiB, GiB)
     with pytest.raises(memory.MemoryPlanError) as e:

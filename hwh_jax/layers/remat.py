@@ -43,13 +43,13 @@ def tag(x, name: str):
     return checkpoint_name(x, name)
 
 
-def wrap(fn, name: str, remat):
+def wrap(fn, name: str, remat, platform: str = ""):
     """``fn`` rematerialised by ``remat`` (``nnx.remat``) under policy ``name``; itself for
-    "none"."""
+    "none". ``platform``: what the program is compiled for ("" = the default backend)."""
     name = ALIASES.get(name, name)
     if name == "none":
         return fn
-    if name == "offload" and jax.default_backend() == "cpu":
+    if name == "offload" and (platform or jax.default_backend()) == "cpu":
         raise ValueError(
             "model.remat='offload' moves the kept activations to host memory, which on a CPU "
             "is the device's own: choose model.remat='full' (or another of "
@@ -81,3 +81,15 @@ def policy(name: str):
             offload_dst="pinned_host",
         )
     raise ValueError(f"model.remat={name!r} is not one of {list(POLICIES)}")
+
+
+def fallbacks(name: str, platform: str) -> tuple[str, ...]:
+    """The policies the memory planner tries for a config that names ``name``, in order:
+    ``name`` itself, then each of ``PLANNER_ORDER`` after it (offload not on a CPU). A policy
+    outside that order (minimal) is followed by full."""
+    name = ALIASES.get(name, name)
+    order = [p for p in PLANNER_ORDER if platform != "cpu" or p != "offload"]
+    if name in order:
+        return tuple(order[order.index(name) :])
+    later = order[order.index("full") :]
+    return (name, *later)

@@ -146,7 +146,9 @@ class HybridLM(nnx.Module):
         if positions is None:
             positions = jnp.arange(tokens.shape[1])[None]
         x, delta = constrain(self.embed_tokens(tokens)), None  # rows over the batch axes
-        residual = remat.wrap(_residual, self.cfg.remat, nnx.remat)  # model.remat's policy
+        residual = remat.wrap(  # model.remat's policy
+            _residual, self.cfg.remat, nnx.remat, self.cfg.kernel_platform
+        )
         for block in self.blocks:
             x, delta = residual(block, x, delta, positions, segment_ids)
         return self.final_norm.add(x, delta)[1]

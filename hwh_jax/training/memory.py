@@ -63,13 +63,21 @@ class Plan:
     probes: tuple = ()  # ((micro_batch, step_bytes), ...) compiled on the way
 
     last: int = 0  # rows of the last micro-batch when fewer than micro_batch
+    remat: str = ""  # the remat policy the step runs (``plan_remat``; "" = not planned)
+    remat_tried: tuple = ()  # the policies that did not fit one sequence a device before it
 
     def describe(self) -> str:
         lim = f" of {size(self.limit_bytes)}" if self.limit_bytes else ""
         last = f" (the last of {self.last})" if self.last else ""
+        remat = ""
+        if self.remat_tried:
+            remat = (
+                f"; model.remat={self.remat} ({', '.join(self.remat_tried)} did not fit one "
+                f"sequence a device)"
+            )
         return (
             f"micro-batch {self.micro_batch} x {self.grad_accum} accumulated{last}; step "
-            f"memory {size(self.step_bytes)}{lim} per device ({self.how})"
+            f"memory {size(self.step_bytes)}{lim} per device ({self.how}){remat}"
         )
 
     def to_json(self) -> dict:
@@ -82,6 +90,8 @@ class Plan:
             "limit_gib": None if self.limit_bytes is None else round(self.limit_bytes / GiB, 3),
             "how": self.how,
             "probes": [list(p) for p in self.probes],
+            "remat": self.remat,
+            "remat_tried": list(self.remat_tried),
         }
 
 
@@ -237,6 +247,51 @@ def plan(
     n, last = accumulation(batch, chosen)
     got = Plan(chosen, n, probes[chosen], limit, "planned", tuple(sorted(probes.items())), last)
     return got, compiled[chosen]
+
+
+def plan_remat(
+    compile_for: Callable[[str], Callable[[int], object]],
+    policies: tuple[str, ...],
+    **kw,
+) -> tuple[Plan, object]:
+    """``plan`` under the first remat policy of ``policies`` (``layers.remat.fallbacks``: the
+    config's own, then those that keep less, the last keeping the least) that fits one
+    sequence a device; ``compile_for(policy)`` is that policy's ``compile_at``. After the
+    config's own, the last is tried first: if the policy that keeps the least does not fit,
+    none does, and the config is refused after two compilations, not one per policy. The plan
+    names the policy it chose and those that did not fit."""
+    tried = []
+
+    def attempt(policy):
+        try:
+            return plan(compile_for(policy), **kw)
+        except MemoryPlanError:
+            log.info("memory plan: model.remat=%s does not fit one sequence a device", policy)
+            tried.append(policy)
+            if policy == policies[-1]:
+                raise
+            return None
+
+    got = attempt(policies[0])
+    if got is None:
+        last = attempt(policies[-1])  # raises if even the least-keeping policy does not fit
+        for policy in policies[1:-1]:
+            got = attempt(policy)
+            if got is not None:
+                break
+        got = got or last
+    plan_, compiled = got
+    chosen = policies[0] if not tried else next(p for p in policies if p not in tried)
+    return dataclasses.replace(plan_, remat=chosen, remat_tried=tuple(tried)), compiled
+
+
+def remembered_remat(workdir, key: str) -> str:
+    """The remat policy a previous start of this run planned under ``key`` ("" if none)."""
+    try:
+        saved = json.loads((storage.path(workdir) / PLAN_FILE).read_text())
+    except (OSError, ValueError):
+        return ""
+    return saved.get("remat", "") if saved.get("key") == key else ""
 
 
 _OOM_NEED = re.compile(r"required for [^(]*\(([\d.]+)([KMGTP]?)\)")

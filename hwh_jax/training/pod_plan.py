@@ -37,6 +37,7 @@ import re
 import jax
 import jax.numpy as jnp
 
+from hwh_jax.layers import remat
 from hwh_jax.profiling import hlo
 from hwh_jax.training import memory, preflight
 from hwh_jax.training import sharding as shd
@@ -158,7 +159,8 @@ def plan_inference(
 
 def plan_step(config, devices, *, platform: str, limit: int | None):
     """The training step of ``config`` planned over ``devices`` against ``limit`` bytes a device
-    exactly as ``launch.train`` plans it there (``train_step_compiler`` and ``memory.plan``):
+    exactly as ``launch.train`` plans it there (``train_step_compiler`` and
+    ``memory.plan_remat``: the remat policies in the trainer's order):
     (plan, compiled step, mesh, model config). ``devices``: a slice's compile-only devices
     (``plan_train``) or this host's (tests compare the trainer's plan with this one)."""
     c = config.train
@@ -179,19 +181,27 @@ def plan_step(config, devices, *, platform: str, limit: int | None):
         )
         for k in BATCH_KEYS
     }
-    compile_at = train_step_compiler(
-        graphdef,
-        tx,
-        schedule,
-        mesh,
-        state_sh,
-        state,
-        batch,
-        batch_size=c.batch_size,
-        z_loss=c.z_loss,
-        document_mask=c.document_mask,
-        loss_impl=c.loss_impl,
-    )
+
+    def compile_for(policy):  # the trainer's: the config's remat policy, then the next
+        g = (
+            graphdef
+            if policy == cfg.remat
+            else train_state_shardings(cfg.replace(remat=policy), tx, mesh)[0]
+        )
+        return train_step_compiler(
+            g,
+            tx,
+            schedule,
+            mesh,
+            state_sh,
+            state,
+            batch,
+            batch_size=c.batch_size,
+            z_loss=c.z_loss,
+            document_mask=c.document_mask,
+            loss_impl=c.loss_impl,
+        )
+
     chips = len(devices)
 
     def advice() -> str:
@@ -201,18 +211,21 @@ def plan_step(config, devices, *, platform: str, limit: int | None):
             f"sharding (mesh {dict(mesh.shape)} on {chips} chips of "
             f"{memory.size(limit or 0)}). To fit: a larger slice; more of the mesh on fsdp "
             f"(train.mesh=1,{chips},1 shards parameters, optimizer state and "
-            f"gradients over every chip); recomputing activations (model.remat=full); a "
-            f"shorter context (seq_len={config.seq_len}); or a smaller model"
+            f"gradients over every chip); a shorter context (seq_len={config.seq_len}); or a "
+            f"smaller model (every remat policy down to model.remat=full was tried)"
         )
 
-    plan, compiled = memory.plan(
-        compile_at,
+    plan, compiled = memory.plan_remat(
+        compile_for,
+        remat.fallbacks(cfg.remat, platform),
         batch=c.batch_size,
         dp=shd.data_parallel_size(mesh),
         limit=limit,
         grad_accum=c.grad_accum,
         advice=advice,
     )
+    if plan.remat != remat.ALIASES.get(cfg.remat, cfg.remat):
+        cfg = cfg.replace(remat=plan.remat)
     return plan, compiled, mesh, cfg
 
 

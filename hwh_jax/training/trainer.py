@@ -26,6 +26,7 @@ from hwh_jax import storage
 from hwh_jax.data.pipeline import build_splits, eval_batches, train_dataset
 from hwh_jax.eval import stats
 from hwh_jax.eval.suite import EvalModel, check_for_run, run_suite
+from hwh_jax.layers import remat
 from hwh_jax.loggers import make_loggers
 from hwh_jax.metrics import MetricsWriter, format_duration, plot_loss, progress_line
 from hwh_jax.models.params import param_table
@@ -303,20 +304,32 @@ class Run:
         }
 
         dp = shd.data_parallel_size(self.mesh)
-        compile_at = train_step_compiler(
-            self.graphdef,
-            self.tx,
-            self.schedule,
-            self.mesh,
-            self.state_sh,
-            self.state,
-            batch,
-            batch_size=c.batch_size,
-            z_loss=c.z_loss,
-            document_mask=c.document_mask,
-            loss_impl=c.loss_impl,
-        )
+        graphdefs = {remat.ALIASES.get(self.cfg.remat, self.cfg.remat): self.graphdef}
 
+        def graphdef_for(policy):  # the model under another remat policy: the same state
+            if policy not in graphdefs:
+                cfg = self.cfg.replace(remat=policy)
+                graphdefs[policy] = train_state_shardings(cfg, self.tx, self.mesh)[0]
+            return graphdefs[policy]
+
+        def compile_for(policy):
+            return train_step_compiler(
+                graphdef_for(policy),
+                self.tx,
+                self.schedule,
+                self.mesh,
+                self.state_sh,
+                self.state,
+                batch,
+                batch_size=c.batch_size,
+                z_loss=c.z_loss,
+                document_mask=c.document_mask,
+                loss_impl=c.loss_impl,
+            )
+
+        # the config's remat policy, then those that keep less (layers/remat.py), until one
+        # fits one sequence a device
+        policies = remat.fallbacks(self.cfg.remat, jax.default_backend())
         limit = memory.device_limit(c.device_memory_gb)
         key = memory.plan_key(
             self.config.model.to_dict(),
@@ -334,16 +347,24 @@ class Run:
         )
         again = memory.remembered(self.workdir, key) if not c.grad_accum else None
         if again:
-            compiled = compile_at(again)
+            policy = memory.remembered_remat(self.workdir, key) or policies[0]
+            compiled = compile_for(policy)(again)
             n, last = memory.accumulation(c.batch_size, again)
             self.plan = memory.Plan(
-                again, n, memory.step_bytes(compiled), limit, "remembered", last=last
+                again,
+                n,
+                memory.step_bytes(compiled),
+                limit,
+                "remembered",
+                last=last,
+                remat=policy,
             )
             if limit is not None and self.plan.step_bytes > limit:
                 again = None
         if not again:
-            self.plan, compiled = memory.plan(
-                compile_at,
+            self.plan, compiled = memory.plan_remat(
+                compile_for,
+                policies,
                 batch=c.batch_size,
                 dp=dp,
                 limit=limit,
@@ -353,7 +374,7 @@ class Run:
         if jax.process_count() > 1:  # every process runs process 0's plan
             micro = int(multihost_utils.broadcast_one_to_all(np.int32(self.plan.micro_batch)))
             if micro != self.plan.micro_batch:
-                compiled = compile_at(micro)
+                compiled = compile_for(self.plan.remat)(micro)
                 n, last = memory.accumulation(c.batch_size, micro)
                 self.plan = dataclasses.replace(
                     self.plan,
@@ -366,6 +387,9 @@ class Run:
             memory.remember(self.workdir, key, self.plan)
         if jax.process_index() == 0:  # the console and stdout, like the progress lines
             print(f"memory plan: {self.plan.describe()}", flush=True)
+        if self.plan.remat != policies[0]:  # a policy that keeps less made it fit
+            self.cfg = self.cfg.replace(remat=self.plan.remat)
+            self.graphdef = graphdef_for(self.plan.remat)
         self.train_step = compiled
         self.eval_step = jit_step(
             make_eval_step(self.graphdef, document_mask=c.document_mask),
@@ -381,10 +405,10 @@ class Run:
             f"The parameters and optimizer state alone are {memory.size(state)} "
             f"before sharding (mesh {mesh}). To fit: more devices; an fsdp or tensor mesh "
             f"(train.mesh=(1,{jax.device_count()},1) shards parameters, optimizer state and "
-            f"gradients over the devices); recomputing activations in the backward pass "
-            f"(model.remat=full); a shorter context (seq_len={self.config.seq_len}); "
+            f"gradients over the devices); a shorter context (seq_len={self.config.seq_len}); "
             f"a smaller model; or more memory per device (train.device_memory_gb, "
-            f"XLA_PYTHON_CLIENT_MEM_FRACTION on GPU)"
+            f"XLA_PYTHON_CLIENT_MEM_FRACTION on GPU). Every remat policy down to "
+            f"model.remat=full was tried"
         )
 
     def put(self, batch):
