@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import time
 
+from hwh_jax.layers import remat
 from hwh_jax.training import memory
 from hwh_jax.training import sharding as shd
-from hwh_jax.training.state import jit_step
+from hwh_jax.training.state import jit_step, train_state_shardings
 from hwh_jax.training.steps import make_train_step
 
 log = logging.getLogger(__name__)
@@ -63,3 +64,24 @@ def train_step_compiler(
         return out
 
     return compile_at
+
+
+class RematCompilers:
+    """``train_step_compiler`` per remat policy, for ``memory.plan_remat``: the trainer's and
+    ``launch.plan``'s one way to compile the step under a policy the config does not name
+    (the same state; only the model's graph differs). ``graphdef(policy)`` is that graph,
+    ``self(policy)`` its ``compile_at``; ``kw`` are ``train_step_compiler``'s arguments but the
+    graph."""
+
+    def __init__(self, cfg, graphdef, tx, mesh, **kw):
+        self.cfg, self.tx, self.mesh, self.kw = cfg, tx, mesh, kw
+        self.graphdefs = {remat.ALIASES.get(cfg.remat, cfg.remat): graphdef}
+
+    def graphdef(self, policy: str):
+        if policy not in self.graphdefs:
+            cfg = self.cfg.replace(remat=policy)
+            self.graphdefs[policy] = train_state_shardings(cfg, self.tx, self.mesh)[0]
+        return self.graphdefs[policy]
+
+    def __call__(self, policy: str):
+        return train_step_compiler(self.graphdef(policy), self.tx, mesh=self.mesh, **self.kw)

@@ -41,7 +41,7 @@ from hwh_jax.layers import remat
 from hwh_jax.profiling import hlo
 from hwh_jax.training import memory, preflight
 from hwh_jax.training import sharding as shd
-from hwh_jax.training.compiled import train_step_compiler
+from hwh_jax.training.compiled import RematCompilers
 from hwh_jax.training.export import inference_programs, run_model_config
 from hwh_jax.training.flops import flops_per_token
 from hwh_jax.training.optimizer import make_optimizer
@@ -182,25 +182,20 @@ def plan_step(config, devices, *, platform: str, limit: int | None):
         for k in BATCH_KEYS
     }
 
-    def compile_for(policy):  # the trainer's: the config's remat policy, then the next
-        g = (
-            graphdef
-            if policy == cfg.remat
-            else train_state_shardings(cfg.replace(remat=policy), tx, mesh)[0]
-        )
-        return train_step_compiler(
-            g,
-            tx,
-            schedule,
-            mesh,
-            state_sh,
-            state,
-            batch,
-            batch_size=c.batch_size,
-            z_loss=c.z_loss,
-            document_mask=c.document_mask,
-            loss_impl=c.loss_impl,
-        )
+    compile_for = RematCompilers(  # the trainer's: the config's remat policy, then the next
+        cfg,
+        graphdef,
+        tx,
+        mesh,
+        schedule=schedule,
+        state_sh=state_sh,
+        state=state,
+        batch=batch,
+        batch_size=c.batch_size,
+        z_loss=c.z_loss,
+        document_mask=c.document_mask,
+        loss_impl=c.loss_impl,
+    )
 
     chips = len(devices)
 

@@ -35,7 +35,7 @@ from hwh_jax.training import lease, memory, preflight
 from hwh_jax.training import sharding as shd
 from hwh_jax.training import workdir as workdir_lib
 from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
-from hwh_jax.training.compiled import train_step_compiler
+from hwh_jax.training.compiled import RematCompilers
 from hwh_jax.training.flops import flops_per_token, peak_flops
 from hwh_jax.training.optimizer import make_optimizer
 from hwh_jax.training.signals import StopOnSignal
@@ -304,29 +304,20 @@ class Run:
         }
 
         dp = shd.data_parallel_size(self.mesh)
-        graphdefs = {remat.ALIASES.get(self.cfg.remat, self.cfg.remat): self.graphdef}
-
-        def graphdef_for(policy):  # the model under another remat policy: the same state
-            if policy not in graphdefs:
-                cfg = self.cfg.replace(remat=policy)
-                graphdefs[policy] = train_state_shardings(cfg, self.tx, self.mesh)[0]
-            return graphdefs[policy]
-
-        def compile_for(policy):
-            return train_step_compiler(
-                graphdef_for(policy),
-                self.tx,
-                self.schedule,
-                self.mesh,
-                self.state_sh,
-                self.state,
-                batch,
-                batch_size=c.batch_size,
-                z_loss=c.z_loss,
-                document_mask=c.document_mask,
-                loss_impl=c.loss_impl,
-            )
-
+        compile_for = RematCompilers(  # the step under each remat policy
+            self.cfg,
+            self.graphdef,
+            self.tx,
+            self.mesh,
+            schedule=self.schedule,
+            state_sh=self.state_sh,
+            state=self.state,
+            batch=batch,
+            batch_size=c.batch_size,
+            z_loss=c.z_loss,
+            document_mask=c.document_mask,
+            loss_impl=c.loss_impl,
+        )
         # the config's remat policy, then those that keep less (layers/remat.py), until one
         # fits one sequence a device
         policies = remat.fallbacks(self.cfg.remat, jax.default_backend())
@@ -389,7 +380,7 @@ class Run:
             print(f"memory plan: {self.plan.describe()}", flush=True)
         if self.plan.remat != policies[0]:  # a policy that keeps less made it fit
             self.cfg = self.cfg.replace(remat=self.plan.remat)
-            self.graphdef = graphdef_for(self.plan.remat)
+            self.graphdef = compile_for.graphdef(self.plan.remat)
         self.train_step = compiled
         self.eval_step = jit_step(
             make_eval_step(self.graphdef, document_mask=c.document_mask),
