@@ -204,17 +204,17 @@ def test_the_readmes_python_block_runs_as_written():
 
 
 def test_the_readmes_niah_headline_is_the_committed_rows():
-    """README's NIAH figures at 4x the training length recomputed from the committed runs'
-    results (each seed its own prompts): the share right over the three seeds and each seed's
-    own range."""
+    """README's NIAH figures recomputed from the committed runs' results (each seed its own
+    prompts): the share right over the three seeds and each seed's own range, at 4x the
+    training length and, for the longer-trained Transformer, at 1x too."""
     runs = ROOT / "measurements" / "experiment_L512_per_seed_prompts"
     readme = " ".join((ROOT / "README.md").read_text().split())
 
-    def at_4l(arch):
+    def at_4l(arch, length=2048, runs=runs):
         per_seed, prompts = [], set()
         for s in range(3):
             rows = json.loads((runs / arch / f"seed{s}" / "eval" / "results.json").read_text())
-            cell = [r for r in rows["niah"] if r["length"] == 2048]
+            cell = [r for r in rows["niah"] if r["length"] == length]
             per_seed.append((sum(r["score"] >= 100 for r in cell), len(cell)))
             prompts.update((r["task"], str(r["expected"]), r["depth"]) for r in cell)
         assert len(prompts) > 2 * per_seed[0][1]  # the seeds were asked different prompts
@@ -230,3 +230,8 @@ def test_the_readmes_niah_headline_is_the_committed_rows():
     assert f"NoPE attention answered {share} ({spread})" in readme
     share, spread = at_4l("hwh_uniform")
     assert f"a uniform allocation {share} ({spread})" in readme
+    longer = ROOT / "measurements" / "experiment_L512_longer_training"
+    share, spread = at_4l("transformer_1800", 512, longer)
+    assert f"3x the steps answered {share} (seeds {spread}) at the training length" in readme
+    share, spread = at_4l("transformer_1800", 2048, longer)
+    assert f"and {share} ({spread}) at 4x" in readme

@@ -499,7 +499,7 @@ def test_niah_by_depth_from_the_committed_runs():
 
     from hwh_jax.experiments.report import depth_table
 
-    root = Path(__file__).resolve().parents[1] / "measurements" / "experiment_L512_seeds"
+    root = Path(__file__).resolve().parents[1] / "measurements" / "experiment_L512_per_seed_prompts"
     rows = [
         r
         for s in range(3)
