@@ -25,6 +25,7 @@ from _bench import emit, print_device, write_jsonl
 from configs import base
 from hwh_jax.data.paths import resolve
 from hwh_jax.training import checkpoint as ckpt_lib
+from hwh_jax.training import loop as loop_lib
 from hwh_jax.training import trainer
 
 
@@ -45,7 +46,7 @@ def config_for(args, every: int, asynchronous: bool):
 def measure(args, mode: str) -> dict:
     every = 0 if mode == "none" else args.every
     held = []
-    real_save, real_train = ckpt_lib.Checkpointer.save, trainer.Run.train
+    real_save, real_train = ckpt_lib.Checkpointer.save, loop_lib.Loop.run
 
     def timed_save(self, *a, **kw):
         t = time.perf_counter()
@@ -58,14 +59,15 @@ def measure(args, mode: str) -> dict:
 
     def timed_train(self):
         t = time.perf_counter()
-        real_train(self)
-        self.ckpt.wait()  # the last save committed: part of the loop's cost
+        out = real_train(self)
+        self.checkpointer.wait()  # the last save committed: part of the loop's cost
         loop["s"] = time.perf_counter() - t
+        return out
 
-    ckpt_lib.Checkpointer.save, trainer.Run.train = timed_save, timed_train
-    real_run_save = trainer.Run.save
+    ckpt_lib.Checkpointer.save, loop_lib.Loop.run = timed_save, timed_train
+    real_run_save = loop_lib.Loop.save
     if mode == "none":  # the steps alone: not even the final save
-        trainer.Run.save = lambda self, step: None
+        loop_lib.Loop.save = lambda self, step: None
     try:
         with tempfile.TemporaryDirectory() as workdir:
             result = trainer.train_and_evaluate(config_for(args, every, mode == "async"), workdir)
@@ -73,8 +75,8 @@ def measure(args, mode: str) -> dict:
                 f.stat().st_size for f in Path(workdir, "checkpoints").rglob("*") if f.is_file()
             )
     finally:
-        ckpt_lib.Checkpointer.save, trainer.Run.train = real_save, real_train
-        trainer.Run.save = real_run_save
+        ckpt_lib.Checkpointer.save, loop_lib.Loop.run = real_save, real_train
+        loop_lib.Loop.save = real_run_save
     return {
         "size": args.size,
         "mode": mode,

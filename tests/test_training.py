@@ -1,5 +1,6 @@
 """The training pipeline: resume equivalence, mesh invariance, signals, NaN guard, bad input."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -159,19 +160,19 @@ def test_a_log_line_is_written_with_the_next_step_queued(corpus, tmp_path, monke
     step's at once; every line's figures are those of its own step."""
     from hwh_jax.training import trainer
 
-    real = trainer.Run.compile_steps
+    real = trainer.compile_steps
 
-    def compile_steps(self):
-        real(self)
-        step = self.train_step
+    def compile_steps(*args):
+        steps = real(*args)
+        step = steps.train_step
 
         def dispatch(state, batch):
             print("dispatched", flush=True)
             return step(state, batch)
 
-        self.train_step = dispatch
+        return dataclasses.replace(steps, train_step=dispatch)
 
-    monkeypatch.setattr(trainer.Run, "compile_steps", compile_steps)
+    monkeypatch.setattr(trainer, "compile_steps", compile_steps)
     got = train_and_evaluate(small_config(corpus, steps=5, log_every=2), tmp_path)
     printed = [
         l for l in capsys.readouterr().out.splitlines() if l.startswith(("dispatched", "step "))
@@ -194,20 +195,20 @@ def test_the_rate_counts_a_step_that_ended_before_its_line(corpus, tmp_path, mon
     a step's tokens over 0.3 s (counting the last step twice over nearly no time did)."""
     from hwh_jax.training import trainer
 
-    real = trainer.Run.compile_steps
+    real = trainer.compile_steps
 
-    def compile_steps(self):
-        real(self)
-        step = self.train_step
+    def compile_steps(*args):
+        steps = real(*args)
+        step = steps.train_step
 
         def dispatch(state, batch):
             out = jax.block_until_ready(step(state, batch))
             time.sleep(0.3)
             return out
 
-        self.train_step = dispatch
+        return dataclasses.replace(steps, train_step=dispatch)
 
-    monkeypatch.setattr(trainer.Run, "compile_steps", compile_steps)
+    monkeypatch.setattr(trainer, "compile_steps", compile_steps)
     config = small_config(corpus, steps=5, log_every=2)
     train_and_evaluate(config, tmp_path)
     rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
