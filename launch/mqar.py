@@ -48,6 +48,16 @@ flags.DEFINE_integer("vocab", None, "vocabulary (default 8192)")
 flags.DEFINE_integer("heads", None, "heads a layer (default 4)")
 flags.DEFINE_integer("eval_examples", None, "validation and test sequences per setting (256)")
 flags.DEFINE_string("dtype", None, "compute dtype (default bfloat16)")
+flags.DEFINE_enum(
+    "mode",
+    "mixed",
+    ["mixed", "zoology"],
+    "mixed: every setting in one model (the defaults above); zoology: Zoology's Figure 2, a "
+    "model per setting on a fixed training set (hwh_jax.experiments.mqar_sweep.zoology_spec; "
+    "the other flags override its values)",
+)
+flags.DEFINE_integer("train_examples", None, "zoology: training examples a setting (100000)")
+flags.DEFINE_integer("epochs", None, "zoology: passes over them (64)")
 flags.DEFINE_integer(
     "save_every",
     1000,
@@ -73,7 +83,14 @@ def main(argv):
 
 
 def run():
-    from hwh_jax.experiments.mqar_sweep import Stopped, SweepSpec, merge, sweep, table
+    from hwh_jax.experiments.mqar_sweep import (
+        Stopped,
+        SweepSpec,
+        merge,
+        sweep,
+        table,
+        zoology_spec,
+    )
 
     if FLAGS.report:
         cells = merge(FLAGS.report, FLAGS.out)
@@ -90,10 +107,19 @@ def run():
             raise ValueError(
                 f"--settings takes SEQ_LEN:PAIRS items, got {FLAGS.settings}"
             ) from None
-    for name in ("steps", "batch_size", "vocab", "heads", "eval_examples", "dtype"):
+    for name in (
+        "steps",
+        "batch_size",
+        "vocab",
+        "heads",
+        "eval_examples",
+        "dtype",
+        "train_examples",
+        "epochs",
+    ):
         if FLAGS[name].value is not None:
             given[name] = FLAGS[name].value
-    spec = SweepSpec(**given)
+    spec = zoology_spec(**given) if FLAGS.mode == "zoology" else SweepSpec(**given)
     print(f"MQAR sweep: {dataclasses.asdict(spec)}", flush=True)
     if FLAGS.side_by_side != 1:
         cells_side_by_side(spec)

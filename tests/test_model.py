@@ -327,3 +327,28 @@ def test_full_remat_gives_the_same_loss_and_gradients_with_less_memory():
     assert t1 < t0, (t1, t0)
     with pytest.raises(ValueError, match="remat"):
         dataclasses.replace(cfg, remat="most")
+
+
+def test_no_mlp_and_learned_positions():
+    """model.mlp_hidden=0 (a block is its mixer alone) and model.abs_positions (learned absolute
+    positions added to the token embeddings, as Zoology's models have): the fast parameter
+    count equals the whole model's; decoding a prompt's chunk and then token by token over the
+    cache gives the forward pass's logits (the positions follow the cache); other positions
+    change the output; a sequence longer than the table is refused naming the key."""
+    cfg = model_config("hwh", "tiny").replace(mlp_hidden=0, abs_positions=32, dtype="float32")
+    assert count_params(cfg) == count_params_whole(cfg)
+    model = HybridLM(cfg, rngs=nnx.Rngs(0))
+    assert model.blocks[0].mlp is None and model.positions[...].shape == (32, cfg.d_model)
+    tokens = jax.random.randint(jax.random.key(1), (2, 24), 0, cfg.vocab_size)
+    full = model(tokens)
+    cache = model.init_cache(2, 32, dtype=jnp.float32)
+    logits, cache = model.extend(tokens[:, :10], cache, fresh=True)
+    steps = [logits]
+    for t in range(10, 24):
+        step, cache = model.extend(tokens[:, t : t + 1], cache)
+        steps.append(step)
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5, rtol=1e-5)
+    moved = model(tokens, positions=jnp.arange(24)[None] + 1)
+    assert np.abs(np.asarray(moved) - np.asarray(full)).max() > 1e-2
+    with pytest.raises(ValueError, match="model.abs_positions=32"):
+        model(jnp.zeros((1, 40), jnp.int32))

@@ -280,3 +280,64 @@ def test_a_signal_to_the_side_by_side_command_reaches_every_cell(tmp_path):
     for w, console in zip((32, 64), consoles):
         assert "stopped by SIGTERM at step" in console.read_text()
         assert (out / "cells" / f"transformer_{w}" / f"partial_transformer_{w}.npz").exists()
+
+
+def test_zoology_mode_is_zoologys_figure_2_set_up(tmp_path):
+    """--mode=zoology: Zoology's values by default (four settings, each its own models at its
+    own batch, 64 epochs of 100,000 examples, four learning rates 1e-4..1e-2, 3,000 test
+    examples, no MLP, attention one head with learned positions, GDN two heads); its data a
+    fixed set, each epoch a permutation of it, with zeros (no noise tokens) between the queries;
+    and a tiny sweep trains one cell per (arch, width, setting) and writes their rows."""
+    import numpy as np
+
+    from hwh_jax.layers.config import LayerSpec
+
+    z = mqar_sweep.zoology_spec()
+    assert z.lrs == pytest.approx(tuple(np.logspace(-4, -2, 4)))
+    assert [z.for_setting(i).batch_size for i in range(4)] == [512, 512, 256, 128]
+    assert z.for_setting(3).steps == 64 * (100_000 // 128) and z.eval_examples == 3_000
+    t, g, h = (mqar_sweep.sweep_config(a, 64, z) for a in ("transformer", "gdn", "hwh"))
+    assert t.layers == (LayerSpec(1, 0),) * 2 and t.head_dim == 64 and t.abs_positions == 512
+    assert g.layers == (LayerSpec(0, 2),) * 2 and g.la_key_dim == 32 and g.abs_positions == 0
+    assert h.layers == (LayerSpec(1, 1),) * 2 and h.abs_positions == 0
+    assert t.mlp_hidden == g.mlp_hidden == h.mlp_hidden == 0
+    with pytest.raises(ValueError, match="--archs: 'layerwise'"):
+        mqar_sweep.zoology_spec(archs=("layerwise",)).validate()
+
+    spec = mqar_sweep.zoology_spec(
+        archs=("transformer",),
+        widths=(16,),
+        settings=((16, 2), (32, 4)),
+        vocab=64,
+        train_examples=48,
+        epochs=2,
+        batch_size=16,
+        lrs=(3e-3,),
+        seeds=(0,),
+        eval_examples=8,
+        dtype="float32",
+    )
+    one = spec.for_setting(0)
+    assert one.steps == 2 * 3 and one.settings == ((16, 2),)
+    batches = [mqar_sweep.train_batch(one, s)[0] for s in range(one.steps)]
+    epochs = [sorted(tuple(r) for x, _, _ in batches[e * 3 : e * 3 + 3] for r in x) for e in (0, 1)]
+    assert epochs[0] == epochs[1] and len(set(epochs[0])) == 48  # every example once an epoch
+    assert [tuple(r) for r in batches[0][0]] != [tuple(r) for r in batches[3][0]]  # reshuffled
+    x, where, _ = batches[0]
+    between = np.ones_like(x, bool)
+    between[:, :4] = False  # the two key-value pairs
+    np.put_along_axis(between, where, False, axis=1)  # the queried keys (answers follow)
+    assert (x[between] == 0).all()
+
+    lines = []
+    mqar_sweep.sweep(spec, tmp_path, log=lines.append)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["seq_len"], r["pairs"]) for r in saved["runs"]] == [(16, 2), (32, 4)]
+    assert {(r["seq_len"], r["queries"]) for r in saved["rows"]} == {(16, 16), (32, 32)}
+    assert any(
+        "[2/2] transformer d=16 T=32:4: 1 seeds x 1 learning rates, 6 steps of 16" in s
+        for s in lines
+    )
+    again = []
+    mqar_sweep.sweep(spec, tmp_path, log=again.append)  # done: nothing trained again
+    assert all("already" in s for s in again)

@@ -16,11 +16,24 @@ As Zoology reports, each seed's score is that of its best learning rate, chosen 
 validation set of other sequences and reported on a test set; a cell is the mean over seeds with
 their standard deviation, and the share of test queries answered right pooled over the seeds
 with its 95% Wilson interval.
+
+``--mode=zoology`` (``zoology_spec``) is Zoology's own Figure 2 instead (its configs,
+``iclr24_zoology_figure2``): a model per (architecture, width, setting), trained on a fixed set
+of 100,000 examples of that setting for 64 epochs at Zoology's batch (512 sequences up to
+T = 128, 256 at 256, 128 at 512), learning rates 1e-4 to 1e-2 (four, log-spaced), AdamW with
+PyTorch's defaults (weight decay 0.01, betas 0.9 / 0.999, no clipping) and a cosine to 0 without
+warm-up, no noise tokens between the queries (``random_non_queries=False``), no MLP, and its
+heads and positions: attention one head with learned absolute positions, GDN two heads (short
+convolution, no positions), HwH one NoPE FA head beside one GDN head. Left from Zoology: its
+attention's dropout of 0.1, the BaseConv layer it puts in front of GDN, its cosine stepped once
+an epoch (here every step) and its last partial batch of an epoch (dropped here); it picks the
+learning rate on its test set, this on a validation set of other sequences.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import statistics
 import time
@@ -45,6 +58,13 @@ from hwh_jax.training.signals import StopOnSignal
 from hwh_jax.training.state import init_train_state
 
 ARCHS = ("transformer", "gdn", "layerwise", "hwh", "hwh_rope")
+MODES = ("mixed", "zoology")
+ZOOLOGY_ARCHS = ("transformer", "gdn", "hwh")
+
+
+def zoology_batch(length: int) -> int:
+    """Zoology's Figure 2 batch for sequences of ``length`` tokens."""
+    return 64 if length >= 1024 else 128 if length >= 512 else 256 if length >= 256 else 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,23 +84,45 @@ class SweepSpec:
     weight_decay: float = 0.1
     eval_examples: int = 256  # per setting, validation and test each
     dtype: str = "bfloat16"
+    mode: str = "mixed"  # "mixed": the settings in one model; "zoology": Zoology's Figure 2
+    train_examples: int = 0  # zoology: a fixed training set of this many examples a setting
+    epochs: int = 0  # zoology: passes over it (steps = epochs x train_examples // batch)
 
     def validate(self):
+        if self.mode not in MODES:
+            raise ValueError(f"--mode: {self.mode!r} is not one of {MODES}")
+        zoology = self.mode == "zoology"
+        archs = ZOOLOGY_ARCHS if zoology else ARCHS
         for arch in self.archs:
-            if arch not in ARCHS:
-                raise ValueError(f"--archs: {arch!r} is not one of {ARCHS}")
+            if arch not in archs:
+                raise ValueError(f"--archs: {arch!r} is not one of {archs} (--mode={self.mode})")
         for w in self.widths:
-            if w < self.heads or w % self.heads or (w // self.heads) % 2:
+            if zoology and w % 4:
+                raise ValueError(f"--widths: {w} must be a multiple of 4 in --mode=zoology")
+            if not zoology and (w < self.heads or w % self.heads or (w // self.heads) % 2):
                 raise ValueError(
                     f"--widths: {w} must split into --heads={self.heads} heads of an even dimension"
                 )
+        if zoology:
+            if self.train_examples < 1 or self.epochs < 1:
+                raise ValueError(
+                    f"--mode=zoology trains a fixed set: --train_examples "
+                    f"({self.train_examples}) and --epochs ({self.epochs}) must be >= 1"
+                )
+            for i in range(len(self.settings)):
+                one = self.for_setting(i)
+                if one.batch_size > self.train_examples:
+                    raise ValueError(
+                        f"--train_examples={self.train_examples} is fewer than a batch of "
+                        f"{one.batch_size} (--batch_size)"
+                    )
         for length, pairs in self.settings:
             if pairs * 4 > length or length >= self.vocab:
                 raise ValueError(
                     f"--settings: {pairs} pairs in {length} tokens (need 4 x pairs "
                     f"<= length < --vocab={self.vocab})"
                 )
-        for name in ("steps", "batch_size", "eval_examples"):
+        for name in ("steps", "batch_size", "eval_examples")[2 * zoology :]:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if not self.lrs or not self.seeds or min(self.lrs) <= 0:
@@ -90,12 +132,45 @@ class SweepSpec:
     def max_len(self) -> int:
         return max(length for length, _ in self.settings)
 
+    def for_setting(self, i: int) -> "SweepSpec":
+        """Zoology mode: the spec of setting ``i``'s own models: that setting alone, its batch
+        (``batch_size``, or 0 for Zoology's by length) and the steps of ``epochs`` passes."""
+        length, pairs = self.settings[i]
+        batch = self.batch_size or zoology_batch(length)
+        return dataclasses.replace(
+            self,
+            settings=((length, pairs),),
+            batch_size=batch,
+            steps=self.epochs * (self.train_examples // batch),
+        )
+
+
+def zoology_spec(**overrides) -> SweepSpec:
+    """Zoology's Figure 2 (module docstring), with ``overrides`` (e.g. fewer widths)."""
+    spec = dict(
+        mode="zoology",
+        archs=ZOOLOGY_ARCHS,
+        widths=(64, 128, 256, 512),
+        settings=((64, 4), (128, 8), (256, 16), (512, 64)),
+        lrs=tuple(float(x) for x in np.logspace(-4, -2, 4)),
+        train_examples=100_000,
+        epochs=64,
+        batch_size=0,  # Zoology's by sequence length
+        steps=0,  # from the epochs
+        eval_examples=3_000,
+        warmup_steps=0,
+        weight_decay=0.01,
+    )
+    return SweepSpec(**{**spec, **overrides})
+
 
 def sweep_config(arch: str, width: int, spec: SweepSpec) -> ModelConfig:
     """The 2-layer model of ``arch`` at ``width``: layer-wise = one FA layer after one GDN layer,
     HwH = 1 FA head (NoPE, or RoPE for hwh_rope) beside heads - 1 GDN heads in each layer (the
     full-size rules, an FA share below 1/4 and no FA heads in the first and last layer, cannot
     hold in two layers)."""
+    if spec.mode == "zoology":
+        return _zoology_config(arch, width, spec)
     h = spec.heads
     if arch in ("hwh", "hwh_rope"):
         layers = tuple(LayerSpec(1, h - 1, fa_rope=arch == "hwh_rope") for _ in range(2))
@@ -116,11 +191,34 @@ def sweep_config(arch: str, width: int, spec: SweepSpec) -> ModelConfig:
     )
 
 
+def _zoology_config(arch: str, width: int, spec: SweepSpec) -> ModelConfig:
+    """Zoology's 2-layer models without an MLP: attention one head with learned absolute
+    positions (its ``max_position_embeddings``), GDN two heads, HwH one NoPE FA head beside one
+    GDN head (each half the width)."""
+    heads = {"transformer": (1, 0), "gdn": (0, 2), "hwh": (1, 1)}[arch]
+    dim = width // sum(heads)
+    return ModelConfig(
+        vocab_size=spec.vocab,
+        d_model=width,
+        num_heads=sum(heads),
+        head_dim=dim,
+        la_key_dim=dim,
+        la_value_dim=dim,
+        mlp_hidden=0,
+        layers=(LayerSpec(*heads),) * 2,
+        abs_positions=spec.max_len if arch == "transformer" else 0,
+        arch=arch,
+        dtype=spec.dtype,
+        la_chunk_size=min(64, spec.max_len),
+    )
+
+
 def _setting_rows(spec: SweepSpec, i: int, n: int, seed: int):
     """``n`` rows of setting ``i`` at its own length: inputs [n, T_i], and each row's query
     positions and answers [n, pairs_i] (int32)."""
     length, pairs = spec.settings[i]
-    b = multiquery_ar(spec.vocab, n, length, pairs, seed=seed * 1009 + i)
+    noise = spec.mode != "zoology"  # Zoology's Figure 2: zeros between the queries
+    b = multiquery_ar(spec.vocab, n, length, pairs, random_non_queries=noise, seed=seed * 1009 + i)
     rows, where = np.nonzero(b.labels != IGNORE)  # row-major: each row's in order
     if len(rows) != n * pairs:
         raise AssertionError(
@@ -134,12 +232,27 @@ def train_batch(spec: SweepSpec, step: int, data_seed: int = 0) -> tuple:
     """Step ``step``'s batch: the settings mixed evenly (the remainder to the first ones), one
     (inputs, where, answers) group per setting at its own length, so no row is padded (Zoology pads
     every row to the longest; a causal model's predictions before a row's end do not depend on
-    the padding after it, so the loss is the same, at about half the tokens)."""
+    the padding after it, so the loss is the same, at about half the tokens). With
+    ``train_examples`` (Zoology mode, one setting): the next ``batch_size`` rows of the fixed
+    training set in this epoch's order."""
+    if spec.train_examples:
+        inputs, where, answers = _training_set(spec, data_seed)
+        per_epoch = spec.train_examples // spec.batch_size
+        epoch, k = divmod(step, per_epoch)
+        order = np.random.default_rng((data_seed, epoch)).permutation(spec.train_examples)
+        rows = order[k * spec.batch_size : (k + 1) * spec.batch_size]
+        return ((inputs[rows], where[rows], answers[rows]),)
     k, r = divmod(spec.batch_size, len(spec.settings))
     seed = 1_000_000 * (data_seed + 1) + step
     return tuple(
         _setting_rows(spec, i, k + (i < r), seed) for i in range(len(spec.settings)) if k + (i < r)
     )
+
+
+@functools.lru_cache(maxsize=2)
+def _training_set(spec: SweepSpec, data_seed: int):
+    """Zoology mode: the fixed training examples of the spec's one setting."""
+    return _setting_rows(spec, 0, spec.train_examples, 3 + data_seed)
 
 
 def eval_set(spec: SweepSpec, split: str) -> tuple:
@@ -155,12 +268,14 @@ def _trial_steps(cfg: ModelConfig, spec: SweepSpec):
     inputs, where, answers) -> [trials, N] correct queries a row): every function over a leading
     trial axis; ``groups`` a tuple of (inputs, where, answers) of any lengths, the loss the mean
     over all their queries."""
+    zoology = spec.mode == "zoology"  # torch's AdamW defaults, a cosine to 0
     opt = OptimizerSpec(
         lr=1.0,
-        min_lr_ratio=0.1,
+        min_lr_ratio=0.0 if zoology else 0.1,
         warmup_steps=spec.warmup_steps,
         total_steps=spec.steps,
         weight_decay=spec.weight_decay,
+        **(dict(b2=0.999, clip_norm=0.0) if zoology else {}),
     )
     tx, schedule = make_optimizer(opt)  # unit peak: each trial scales by its own lr
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))), nnx.Param)
@@ -467,38 +582,53 @@ def sweep(spec: SweepSpec, out: storage.PathLike, log=print, save_every: int = 1
                 f"another --out for other settings"
             )
         cells_done, rows = before["runs"], before["rows"]
-    kept = {(r["arch"], r["width"]) for r in cells_done}
-    total = len(spec.archs) * len(spec.widths)
+    kept = {_cell_key(r) for r in cells_done}
+    zoology = spec.mode == "zoology"
+    todo = [  # (arch, width, the spec its models train under, its setting in zoology mode)
+        (a, w, spec.for_setting(i) if zoology else spec, spec.settings[i] if zoology else None)
+        for a in spec.archs
+        for w in spec.widths
+        for i in range(len(spec.settings) if zoology else 1)
+    ]
     with StopOnSignal("saving the trials and stopping after this step") as stop:
-        for i, (arch, width) in enumerate((a, w) for a in spec.archs for w in spec.widths):
-            if (arch, width) in kept:
-                log(f"[{i + 1}/{total}] {arch} d={width}: in {out / 'results.json'} already")
+        for i, (arch, width, cell_spec, setting) in enumerate(todo):
+            name = f"{arch} d={width}" + (f" T={setting[0]}:{setting[1]}" if setting else "")
+            at = f"[{i + 1}/{len(todo)}] {name}"
+            if (arch, width, setting) in kept:
+                log(f"{at}: in {out / 'results.json'} already")
                 continue
             if stop.signal:
                 raise Stopped(
-                    f"stopped by {stop.signal} before {arch} d={width}; the same "
-                    f"command continues the sweep"
+                    f"stopped by {stop.signal} before {name}; the same command continues the sweep"
                 )
             log(
-                f"[{i + 1}/{total}] {arch} d={width}: {len(spec.seeds)} seeds x "
-                f"{len(spec.lrs)} learning rates, {spec.steps} steps"
+                f"{at}: {len(spec.seeds)} seeds x {len(spec.lrs)} learning rates, "
+                f"{cell_spec.steps} steps of {cell_spec.batch_size}"
             )
-            partial = out / f"partial_{arch}_{width}.npz"
+            suffix = f"_{setting[0]}_{setting[1]}" if setting else ""
+            partial = out / f"partial_{arch}_{width}{suffix}.npz"
             cell = run_cell(
-                arch, width, spec, log=log, partial=partial, save_every=save_every, stop=stop
+                arch, width, cell_spec, log=log, partial=partial, save_every=save_every, stop=stop
             )
+            if setting:
+                cell.update(seq_len=setting[0], pairs=setting[1])
             rows += cell["rows"]
             cells_done.append({k: v for k, v in cell.items() if k != "rows"})
-            cells = _write(out, dataclasses.asdict(spec), cells_done, rows)
+            _write(out, dataclasses.asdict(spec), cells_done, rows)
             partial.unlink(missing_ok=True)
-            mean = statistics.mean(
-                c["mean"] for c in cells if c["arch"] == arch and c["width"] == width
-            )
+            mean = statistics.mean(r["accuracy"] for r in cell["rows"])
             log(
-                f"[{i + 1}/{total}] {arch} d={width}: mean accuracy {mean:.3f} over "
-                f"{len(spec.settings)} settings ({cell['seconds']:.0f}s)"
+                f"{at}: mean accuracy {mean:.3f} over {len(cell_spec.settings)} "
+                f"settings and the seeds ({cell['seconds']:.0f}s)"
             )
     return summarize(rows)
+
+
+def _cell_key(run: dict) -> tuple:
+    """A finished run's cell: (arch, width, None), or (arch, width, (T, pairs)) in Zoology
+    mode, where each setting is a model of its own."""
+    setting = (run["seq_len"], run["pairs"]) if "seq_len" in run else None
+    return run["arch"], run["width"], setting
 
 
 def merge(folders: list[storage.PathLike], out: storage.PathLike) -> list[dict]:
@@ -526,7 +656,7 @@ def merge(folders: list[storage.PathLike], out: storage.PathLike) -> list[dict]:
                 f"{other!r}: sweeps of other settings"
             )
         for run in res["runs"]:
-            cell = (run["arch"], run["width"])
+            cell = _cell_key(run)
             if cell in seen:
                 raise ValueError(f"--report: {cell[0]} d={cell[1]} is in {seen[cell]} and {path}")
             seen[cell] = path

@@ -118,7 +118,7 @@ class ModelConfig:
     head_dim: int  # FA head dim D
     la_key_dim: int  # GDN key/query dim K
     la_value_dim: int  # GDN value dim V (= width of its slot in o_proj)
-    mlp_hidden: int  # SwiGLU hidden width
+    mlp_hidden: int  # SwiGLU hidden width; 0 = no MLP (a block is its mixer alone)
     layers: tuple[LayerSpec, ...]
     arch: str = "custom"  # schedule name, for display only
     q_per_kv: int = 1  # GQA: FA query heads per kv head (1 = MHA)
@@ -128,6 +128,8 @@ class ModelConfig:
     rope_scaling: tuple = ()  # ((key, value), ...), e.g. Llama 3.1's rope_type "llama3"
     conv_size: int = 4  # GDN short causal convolution width
     tie_embeddings: bool = True
+    abs_positions: int = 0  # learned absolute position embeddings of the first N positions,
+    # added to the token embeddings (Zoology's max_position_embeddings); 0 = none
     norm_eps: float = 1e-6
     dtype: str = "bfloat16"  # compute dtype of matmuls and activations
     param_dtype: str = "float32"
@@ -162,13 +164,15 @@ class ModelConfig:
             "head_dim",
             "la_key_dim",
             "la_value_dim",
-            "mlp_hidden",
             "q_per_kv",
             "conv_size",
             "la_chunk_size",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("mlp_hidden", "abs_positions"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ModelConfig.{name} must be >= 0, got {getattr(self, name)}")
         for l, spec in enumerate(self.layers):
             if spec.num_fa % self.q_per_kv:
                 raise ValueError(

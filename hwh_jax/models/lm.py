@@ -46,16 +46,18 @@ class Block(nnx.Module):
         )
         self.mixer_norm = RMSNorm(cfg.d_model, **norm_kw)
         self.mixer = HeadwiseMixer(cfg, spec, layer=layer, rngs=rngs)
-        self.mlp_norm = RMSNorm(cfg.d_model, **norm_kw)
-        self.mlp = SwiGLU(
-            cfg.d_model,
-            cfg.mlp_hidden,
-            out_std=INIT_STD / math.sqrt(2 * cfg.num_layers),
-            dtype=cfg.compute_dtype,
-            param_dtype=cfg.weight_dtype,
-            matmul_settings=cfg.matmul_settings(),
-            rngs=rngs,
-        )
+        self.mlp_norm = self.mlp = data(None)  # model.mlp_hidden = 0: the mixer alone
+        if cfg.mlp_hidden:
+            self.mlp_norm = RMSNorm(cfg.d_model, **norm_kw)
+            self.mlp = SwiGLU(
+                cfg.d_model,
+                cfg.mlp_hidden,
+                out_std=INIT_STD / math.sqrt(2 * cfg.num_layers),
+                dtype=cfg.compute_dtype,
+                param_dtype=cfg.weight_dtype,
+                matmul_settings=cfg.matmul_settings(),
+                rngs=rngs,
+            )
 
     def __call__(self, x, positions, segment_ids=None):
         x, delta = self.residual(x, None, positions, segment_ids)
@@ -63,14 +65,17 @@ class Block(nnx.Module):
 
     def residual(self, x, delta, positions, segment_ids=None):
         """(stream after the mixer's add, MLP output) from the stream x and the previous
-        block's MLP output ``delta`` (None: already in x), which is added here."""
+        block's MLP output ``delta`` (None: already in x), which is added here. Without an MLP
+        the mixer's output is the ``delta`` the next norm adds."""
         x, y = self.mixer_norm.add(x, delta)
+        if self.mlp is None:
+            return constrain(x), constrain(self.mixer(y, positions, segment_ids))
         x, y = self.mlp_norm.add(constrain(x), self.mixer(y, positions, segment_ids))
         return constrain(x), constrain(self.mlp(y))
 
     def input_weights(self):
         """(the mixer's, the MLP's) input weights concatenated, for ``extend``."""
-        return self.mixer.input_weight(), self.mlp.input_weight()
+        return self.mixer.input_weight(), None if self.mlp is None else self.mlp.input_weight()
 
     def extend(self, x, delta, t0, start, valid, cache, fresh: bool = False, weights=None):
         """``residual``'s step over the cache: (stream after the mixer's add, MLP output, new
@@ -80,6 +85,8 @@ class Block(nnx.Module):
         mixer_w, mlp_w = (None, None) if weights is None else weights
         x, h = self.mixer_norm.add(x, delta)
         y, cache = self.mixer.extend(h, t0, start, valid, cache, fresh, mixer_w)
+        if self.mlp is None:
+            return x, y, cache
         x, h = self.mlp_norm.add(x, y)
         return x, self.mlp.extend(h, mlp_w), cache
 
@@ -107,6 +114,13 @@ class HybridLM(nnx.Module):
             embedding_init=init,
             rngs=rngs,
         )
+        self.positions = data(None)  # model.abs_positions: learned absolute positions
+        if cfg.abs_positions:
+            self.positions = nnx.Param(
+                partitioned(nnx.initializers.normal(INIT_STD), (None, "embed"))(
+                    rngs.params(), (cfg.abs_positions, cfg.d_model), cfg.weight_dtype
+                )
+            )
         self.blocks = nnx.List(
             [Block(cfg, spec, layer=l, rngs=rngs) for l, spec in enumerate(cfg.layers)]
         )
@@ -141,11 +155,26 @@ class HybridLM(nnx.Module):
         rows = embedding.lookup(self.embed.embedding[...], tokens)
         return rows.astype(self.cfg.compute_dtype)
 
+    def embed_positions(self, x, positions):
+        """x [B, T, d] plus the learned rows of ``positions`` ([1 or B, T]) where
+        ``model.abs_positions`` is set (x as it is otherwise); positions past the table are an
+        error naming the key (checked where T is known: a prompt longer than the table)."""
+        if self.positions is None:
+            return x
+        table = self.positions[...]
+        if x.shape[1] > table.shape[0]:
+            raise ValueError(
+                f"{x.shape[1]} positions do not fit model.abs_positions={table.shape[0]}"
+            )
+        rows = jnp.take(table, jnp.clip(positions, 0, table.shape[0] - 1), axis=0)
+        return x + rows.astype(x.dtype)
+
     def hidden(self, tokens, positions=None, segment_ids=None):
         """tokens [B, T] int -> final hidden states [B, T, d] (after the final norm)."""
         if positions is None:
             positions = jnp.arange(tokens.shape[1])[None]
-        x, delta = constrain(self.embed_tokens(tokens)), None  # rows over the batch axes
+        x = self.embed_positions(self.embed_tokens(tokens), positions)
+        x, delta = constrain(x), None  # rows over the batch axes
         residual = remat.wrap(  # model.remat's policy
             _residual, self.cfg.remat, nnx.remat, self.cfg.kernel_platform
         )
@@ -198,7 +227,8 @@ class HybridLM(nnx.Module):
         ``input_weights()`` formed beforehand (default: each layer forms its own)."""
         t0, start = cache["t"], cache["start"]
         valid = (t0 + jnp.arange(tokens.shape[1]))[None] >= start[:, None]
-        x, delta = self.embed_tokens(tokens), None
+        positions = t0 + jnp.arange(tokens.shape[1])[None] - start[:, None]  # from each row's start
+        x, delta = self.embed_positions(self.embed_tokens(tokens), positions), None
         layers = []
         weights = input_weights or [None] * len(self.blocks)
         for block, c, w in zip(self.blocks, cache["layers"], weights):

@@ -49,10 +49,10 @@ def count_params_whole(cfg: ModelConfig) -> int:
 def param_table(cfg: ModelConfig) -> dict[str, int]:
     """{'embedding', 'mixers', 'mlps', 'norms', 'total', 'non_embedding'} parameter counts."""
     d = cfg.d_model
-    emb = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
+    emb = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2) + cfg.abs_positions * d
     mix = sum(mixer_params(cfg, s) for s in cfg.layers)
     mlp = 3 * d * cfg.mlp_hidden * cfg.num_layers
-    norms = d * (2 * cfg.num_layers + 1)
+    norms = d * ((2 if cfg.mlp_hidden else 1) * cfg.num_layers + 1)
     total = emb + mix + mlp + norms
     return {
         "embedding": emb,
