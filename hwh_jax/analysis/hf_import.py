@@ -136,7 +136,8 @@ def _tensors(folder: Path):
                 yield key, f.get_tensor(key)
 
 
-def _our_path(name: str):
+def our_path(name: str):
+    """(our parameter path, whether the tensor is transposed) of a checkpoint tensor name."""
     for pattern, template, transpose in _RULES:
         m = re.fullmatch(pattern, name)
         if m:
@@ -144,7 +145,8 @@ def _our_path(name: str):
     raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
 
 
-def _path_str(path) -> str:
+def param_path(path) -> str:
+    """A tree path of the model's state as ``blocks/0/mixer/fa/q_proj/kernel``."""
     keys = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
     return "/".join(keys[:-1] if keys and keys[-1] == "value" else keys)
 
@@ -165,10 +167,10 @@ def load_hf_checkpoint(folder: str | Path, *, dtype: str = "float32"):
     cfg = config_from_hf(hf, dtype=dtype)
     abstract = nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
-    want = {_path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
+    want = {param_path(p): x for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
     got = {}
     for name, t in _tensors(folder):
-        path, transpose = _our_path(name)
+        path, transpose = our_path(name)
         if path not in want:
             raise ValueError(
                 f"checkpoint tensor {name!r} -> {path!r}: no such parameter "
@@ -184,5 +186,5 @@ def load_hf_checkpoint(folder: str | Path, *, dtype: str = "float32"):
     missing = sorted(set(want) - set(got))
     if missing:
         raise ValueError(f"the checkpoint lacks {len(missing)} parameter(s), e.g. {missing[:3]}")
-    state = jax.tree_util.tree_map_with_path(lambda p, _: got[_path_str(p)], state)
+    state = jax.tree_util.tree_map_with_path(lambda p, _: got[param_path(p)], state)
     return nnx.merge(graphdef, state), cfg, hf

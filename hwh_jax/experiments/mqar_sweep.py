@@ -239,7 +239,7 @@ def train_batch(spec: SweepSpec, step: int, data_seed: int = 0) -> tuple:
         inputs, where, answers = _training_set(spec, data_seed)
         per_epoch = spec.train_examples // spec.batch_size
         epoch, k = divmod(step, per_epoch)
-        order = np.random.default_rng((data_seed, epoch)).permutation(spec.train_examples)
+        order = _epoch_order(spec.train_examples, data_seed, epoch)
         rows = order[k * spec.batch_size : (k + 1) * spec.batch_size]
         return ((inputs[rows], where[rows], answers[rows]),)
     k, r = divmod(spec.batch_size, len(spec.settings))
@@ -247,6 +247,12 @@ def train_batch(spec: SweepSpec, step: int, data_seed: int = 0) -> tuple:
     return tuple(
         _setting_rows(spec, i, k + (i < r), seed) for i in range(len(spec.settings)) if k + (i < r)
     )
+
+
+@functools.lru_cache(maxsize=2)
+def _epoch_order(n: int, data_seed: int, epoch: int) -> np.ndarray:
+    """The order of the fixed training set in ``epoch`` (drawn once an epoch, not a step)."""
+    return np.random.default_rng((data_seed, epoch)).permutation(n)
 
 
 @functools.lru_cache(maxsize=2)

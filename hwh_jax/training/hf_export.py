@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from hwh_jax import storage
+from hwh_jax.analysis.hf_import import our_path, param_path
 from hwh_jax.data.paths import resolve
 from hwh_jax.layers.config import ModelConfig
 
@@ -82,45 +83,43 @@ def llama_config(cfg: ModelConfig, *, max_positions: int, tokenizer, dtype: str)
 
 
 def llama_tensors(model, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """HF name -> array ([out, in] for the projections) of every parameter of ``model``."""
+    """HF name -> array of every parameter of ``model``: the names Llama's checkpoints hold,
+    each placed (and transposed to [out, in]) by the importer's own table
+    (``hf_import.our_path``), so export and import cannot disagree."""
     params = nnx.state(model, nnx.Param)
-    flat = {
-        _path(path): np.asarray(x) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+    ours = {
+        param_path(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
     }
-    out = {
-        "model.embed_tokens.weight": flat.pop("embed/embedding"),
-        "model.norm.weight": flat.pop("final_norm/weight"),
-    }
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = flat.pop("lm_head/kernel").T
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    names += [] if cfg.tie_embeddings else ["lm_head.weight"]
     for l in range(cfg.num_layers):
-        b, hf = f"blocks/{l}", f"model.layers.{l}"
-        out[f"{hf}.input_layernorm.weight"] = flat.pop(f"{b}/mixer_norm/weight")
-        out[f"{hf}.post_attention_layernorm.weight"] = flat.pop(f"{b}/mlp_norm/weight")
-        for p in "qkv":
-            out[f"{hf}.self_attn.{p}_proj.weight"] = flat.pop(f"{b}/mixer/fa/{p}_proj/kernel").T
-        out[f"{hf}.self_attn.o_proj.weight"] = flat.pop(f"{b}/mixer/o_proj/kernel").T
-        for p, ours in (("gate", "gate"), ("up", "up"), ("down", "down")):
-            out[f"{hf}.mlp.{p}_proj.weight"] = flat.pop(f"{b}/mlp/{ours}/kernel").T
-    if flat:
-        raise ValueError(f"parameters without a place in the Llama form: {sorted(flat)[:4]}")
+        hf = f"model.layers.{l}"
+        names += [f"{hf}.input_layernorm.weight", f"{hf}.post_attention_layernorm.weight"]
+        names += [f"{hf}.self_attn.{p}_proj.weight" for p in "qkvo"]
+        names += [f"{hf}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+    out = {}
+    for name in names:
+        path, transpose = our_path(name)
+        x = ours.pop(path)
+        out[name] = x.T if transpose else x
+    if ours:
+        raise ValueError(f"parameters without a place in the Llama form: {sorted(ours)[:4]}")
     return out
 
 
-def _path(path) -> str:
-    """A parameter's path as the importer writes it, e.g. ``blocks/0/mixer/fa/q_proj/kernel``."""
-    keys = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
-    return "/".join(keys[:-1] if keys and keys[-1] == "value" else keys)
-
-
-def write_tokenizer(tokenizer, out: Path) -> list[str]:
-    """The run's tokenizer as ``transformers`` files; the names written."""
+def check_tokenizer(tokenizer):
+    """Refuse (one line) a tokenizer without an exact ``transformers`` form."""
     if tokenizer.name != "gpt2_bpe":
         raise ValueError(
             f"tokenizer {tokenizer.name!r} has no exact transformers form here yet (a "
             f"SentencePiece model converted by transformers splits whitespace and newlines "
             f"otherwise); runs with data.tokenizer='gpt2' export"
         )
+
+
+def write_tokenizer(tokenizer, out: Path) -> list[str]:
+    """The run's tokenizer as ``transformers`` files; the names written."""
+    check_tokenizer(tokenizer)
     folder = resolve("gpt2_bpe")
     vocab = gzip.decompress((folder / "encoder.json.gz").read_bytes())
     merges = gzip.decompress((folder / "vocab.bpe.gz").read_bytes())
@@ -157,8 +156,7 @@ def export_llama(
             f"model.arch={cfg.arch!r} has no PyTorch form here yet: {why}. Exportable: models "
             f"of RoPE attention heads only (the transformer architecture)"
         )
-    if tokenizer.name != "gpt2_bpe":
-        write_tokenizer(tokenizer, None)  # refused before anything is written
+    check_tokenizer(tokenizer)  # refused before anything is written
     staged = storage.Staged(out)  # a bucket's folder is written locally, then uploaded
     out = staged.local
     np_dtype = np.float32
