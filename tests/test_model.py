@@ -334,7 +334,8 @@ def test_no_mlp_and_learned_positions():
     positions added to the token embeddings, as Zoology's models have): the fast parameter
     count equals the whole model's; decoding a prompt's chunk and then token by token over the
     cache gives the forward pass's logits (the positions follow the cache); other positions
-    change the output; a sequence longer than the table is refused naming the key."""
+    change the output; a sequence or a decode cache longer than the table is refused naming
+    the key."""
     cfg = model_config("hwh", "tiny").replace(mlp_hidden=0, abs_positions=32, dtype="float32")
     assert count_params(cfg) == count_params_whole(cfg)
     model = HybridLM(cfg, rngs=nnx.Rngs(0))
@@ -352,3 +353,5 @@ def test_no_mlp_and_learned_positions():
     assert np.abs(np.asarray(moved) - np.asarray(full)).max() > 1e-2
     with pytest.raises(ValueError, match="model.abs_positions=32"):
         model(jnp.zeros((1, 40), jnp.int32))
+    with pytest.raises(ValueError, match="cache of 40 time steps does not fit"):
+        model.init_cache(1, 40)

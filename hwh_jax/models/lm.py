@@ -202,6 +202,11 @@ class HybridLM(nnx.Module):
         """Empty cache for ``batch`` rows and at most ``max_len`` time steps; ``start`` [B]:
         the number of left-padding slots of each row (default none)."""
         dtype = self.cfg.compute_dtype if dtype is None else dtype
+        if self.cfg.abs_positions and max_len > self.cfg.abs_positions:
+            raise ValueError(  # a decode past the table would reuse its last row
+                f"a cache of {max_len} time steps does not fit "
+                f"model.abs_positions={self.cfg.abs_positions}"
+            )
         start = jnp.zeros((batch,), jnp.int32) if start is None else jnp.asarray(start, jnp.int32)
         return {
             "t": jnp.int32(0),
