@@ -232,6 +232,10 @@ def test_the_readmes_niah_headline_is_the_committed_rows():
     assert f"a uniform allocation {share} ({spread})" in readme
     longer = ROOT / "measurements" / "experiment_L512_longer_training"
     share, spread = at_4l("transformer_1800", 512, longer)
-    assert f"3x the steps answered {share} (seeds {spread}) at the training length" in readme
+    assert f"the Transformer answered {share} (seeds {spread}) at the training length" in readme
     share, spread = at_4l("transformer_1800", 2048, longer)
-    assert f"and {share} ({spread}) at 4x" in readme
+    assert f"and {share} ({spread}) at 4x, the layer-wise" in readme
+    share, spread = at_4l("layerwise_1800", 2048, longer)
+    assert f"the layer-wise hybrid {share} ({spread}) and" in readme
+    share, spread = at_4l("hwh_1800", 2048, longer)
+    assert f"HwH {share} ({spread}) at 4x, all three apart" in readme
