@@ -3,8 +3,10 @@ r"""A trained run as a Hugging Face folder: ``python -m launch.export_hf --check
 
 Writes ``config.json``, ``model.safetensors``, ``generation_config.json`` and the tokenizer's
 files, which ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` and
-``AutoTokenizer.from_pretrained(DIR)`` load without this project (``hwh_jax.training.hf_export``
-says which architectures have a PyTorch form; the others are refused in one line).
+``AutoTokenizer.from_pretrained(DIR)`` load without this project: the Transformer as Llama, the
+hybrids and linear-attention models with the modeling code written beside them
+(``trust_remote_code=True``; ``hwh_jax.training.hf_export`` says which linear heads have a
+PyTorch form; the others are refused in one line).
 """
 
 from absl import flags
@@ -27,11 +29,11 @@ def main(argv):
 
 
 def export():
-    from hwh_jax.training.hf_export import export_llama
+    from hwh_jax.training.hf_export import export
     from hwh_jax.training.restore import load_run
 
     run = load_run(FLAGS.checkpoint, FLAGS.step)
-    names = export_llama(
+    form, names = export(
         run.model,
         run.model_cfg,
         run.tokenizer,
@@ -39,7 +41,8 @@ def export():
         max_positions=int(run.config.seq_len),
         dtype=FLAGS.dtype,
     )
-    print(f"{run.name} (step {run.step}) -> {FLAGS.out}: {', '.join(names)}", flush=True)
+    how = "LlamaForCausalLM" if form == "llama" else "HwhForCausalLM, trust_remote_code=True"
+    print(f"{run.name} (step {run.step}) -> {FLAGS.out} ({how}): {', '.join(names)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,26 +1,31 @@
 """A trained run as a Hugging Face folder (``python -m launch.export_hf``).
 
-A model whose every layer holds RoPE full-attention heads only (the project's Transformer, and
-models imported from Llama checkpoints) is Llama's architecture: RMSNorm before attention and
-before a SwiGLU, RoPE with the two halves of a head rotated together, tied or untied
-embeddings, GQA. Its export is a standard ``LlamaForCausalLM`` folder that ``transformers``
-loads without remote code:
+Two forms, chosen by the architecture (``export``):
 
-    config.json          LlamaConfig (the run's sizes, rope theta and scaling, eps, tying)
-    model.safetensors    the weights in float32 or bfloat16, HF's names and [out, in] layout
-    generation_config.json
-    tokenizer files      GPT-2 BPE as GPT2TokenizerFast (vocab.json, merges.txt)
+- **Llama**: a model whose every layer holds RoPE full-attention heads only (the project's
+  Transformer, models imported from Llama checkpoints): RMSNorm before attention and before a
+  SwiGLU, RoPE with the two halves of a head rotated together, GQA. A standard
+  ``LlamaForCausalLM`` folder that ``transformers`` loads without remote code. The names are the
+  inverse of ``hwh_jax.analysis.hf_import`` (the round trip is exact).
+- **HwH**: every other model whose linear heads have a PyTorch form here (GDN, DeltaNet,
+  Lightning, RetNet): head-wise and layer-wise hybrids, pure linear-attention models, NoPE
+  heads, sliding windows, q/k norms, no MLP, learned positions. The folder carries the modeling
+  code (``hwh_jax/assets/hf_modeling``: ``HwhConfig``, ``HwhForCausalLM``, pure PyTorch), which
+  ``transformers`` loads with ``trust_remote_code=True``; ``import_hwh`` reads it back exactly.
 
-The names are the inverse of ``hwh_jax.analysis.hf_import`` (which reads such a folder back:
-the round trip is exact). Head-wise hybrids, linear-attention heads, NoPE heads, sliding
-windows, per-head q/k norms and models without an MLP have no PyTorch form here yet: their
-export is refused in one line naming what stands in the way.
+Both write ``config.json``, ``model.safetensors`` (float32 or bfloat16, [out, in] layout),
+``generation_config.json`` and the tokenizer (GPT-2 BPE as ``GPT2Tokenizer``: vocab.json,
+merges.txt; SentencePiece as tokenizer.model with ``tokenization_hwh.py``, remote code that
+encodes with SentencePiece itself). Mamba-2, GLA, HGRN and HGRN-2 heads are refused in one line
+naming what stands in the way.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import re
+import shutil
 from pathlib import Path
 
 import jax
@@ -29,10 +34,12 @@ from flax import nnx
 
 from hwh_jax import storage
 from hwh_jax.analysis.hf_import import our_path, param_path
-from hwh_jax.data.paths import resolve
-from hwh_jax.layers.config import ModelConfig
+from hwh_jax.data.paths import ASSETS, resolve
+from hwh_jax.layers.config import LayerSpec, ModelConfig
 
 DTYPES = ("float32", "bfloat16")
+HWH_KINDS = ("gdn", "deltanet", "lightning", "retnet")  # linear heads with a PyTorch form
+MODELING = ("configuration_hwh.py", "modeling_hwh.py")  # in hwh_jax/assets/hf_modeling
 
 
 def exportable(cfg: ModelConfig) -> str | None:
@@ -108,18 +115,34 @@ def llama_tensors(model, cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 
 def check_tokenizer(tokenizer):
-    """Refuse (one line) a tokenizer without an exact ``transformers`` form."""
-    if tokenizer.name != "gpt2_bpe":
-        raise ValueError(
-            f"tokenizer {tokenizer.name!r} has no exact transformers form here yet (a "
-            f"SentencePiece model converted by transformers splits whitespace and newlines "
-            f"otherwise); runs with data.tokenizer='gpt2' export"
-        )
+    """Refuse (one line) a tokenizer without a ``transformers`` form here."""
+    if tokenizer.name != "gpt2_bpe" and not tokenizer.name.startswith("sp_"):
+        raise ValueError(f"tokenizer {tokenizer.name!r} has no transformers form here")
 
 
 def write_tokenizer(tokenizer, out: Path) -> list[str]:
-    """The run's tokenizer as ``transformers`` files; the names written."""
+    """The run's tokenizer as ``transformers`` files; the names written. GPT-2 BPE: GPT-2's
+    own vocab.json and merges.txt. SentencePiece: its ``.model`` as tokenizer.model and
+    ``tokenization_hwh.py`` (remote code that encodes with SentencePiece itself: the ids equal
+    the project's; transformers' conversion into a fast tokenizer splits runs of spaces and
+    newlines otherwise)."""
     check_tokenizer(tokenizer)
+    if tokenizer.name.startswith("sp_"):
+        sp = tokenizer.sp
+        piece = lambda i: sp.id_to_piece(int(i)) if 0 <= int(i) < sp.get_piece_size() else None
+        shutil.copyfile(storage.local_copy(tokenizer.model_path), out / "tokenizer.model")
+        shutil.copyfile(ASSETS / "hf_modeling" / "tokenization_hwh.py", out / "tokenization_hwh.py")
+        config = {
+            "tokenizer_class": "HwhSentencePieceTokenizer",
+            "auto_map": {"AutoTokenizer": ["tokenization_hwh.HwhSentencePieceTokenizer", None]},
+            "eos_token": piece(sp.eos_id()),
+            "unk_token": piece(sp.unk_id()),
+            "pad_token": piece(sp.pad_id()),
+            "bos_token": piece(sp.bos_id()),
+            "model_max_length": 1_000_000,
+        }
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+        return ["tokenizer.model", "tokenization_hwh.py", "tokenizer_config.json"]
     folder = resolve("gpt2_bpe")
     vocab = gzip.decompress((folder / "encoder.json.gz").read_bytes())
     merges = gzip.decompress((folder / "vocab.bpe.gz").read_bytes())
@@ -142,37 +165,225 @@ def write_tokenizer(tokenizer, out: Path) -> list[str]:
     return ["vocab.json", "merges.txt", "tokenizer_config.json"]
 
 
-def export_llama(
+def hwh_exportable(cfg: ModelConfig) -> str | None:
+    """None if ``cfg`` has the HwH form (``modeling_hwh.py``), else what stands in the way."""
+    if any(spec.num_la for spec in cfg.layers) and cfg.la_kind not in HWH_KINDS:
+        return f"its linear heads are {cfg.la_kind!r} (the PyTorch form has {list(HWH_KINDS)})"
+    return None
+
+
+def hwh_config(cfg: ModelConfig, *, max_positions: int, tokenizer, dtype: str) -> dict:
+    """config.json of the HwH form of ``cfg``: ``HwhConfig``'s fields (they are
+    ``ModelConfig``'s), the classes to load by ``auto_map``."""
+    return {
+        "architectures": ["HwhForCausalLM"],
+        "model_type": "hwh",
+        "auto_map": {
+            "AutoConfig": "configuration_hwh.HwhConfig",
+            "AutoModelForCausalLM": "modeling_hwh.HwhForCausalLM",
+        },
+        "hwh_arch": cfg.arch,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.mlp_hidden,
+        "num_heads": cfg.num_heads,
+        "head_dim": cfg.head_dim,
+        "layers": [
+            {"num_fa": s.num_fa, "num_la": s.num_la, "fa_rope": s.fa_rope, "window": s.window}
+            for s in cfg.layers
+        ],
+        "q_per_kv": cfg.q_per_kv,
+        "qk_norm": cfg.qk_norm,
+        "rope_base": cfg.rope_theta,
+        "rope_pairing": cfg.rope_pairing,
+        "rope_freq_scaling": dict(cfg.rope_scaling) if cfg.rope_scaling else None,
+        "la_kind": cfg.la_kind,
+        "la_key_dim": cfg.la_key_dim,
+        "la_value_dim": cfg.la_value_dim,
+        "la_short_conv": cfg.la_short_conv,
+        "conv_size": cfg.conv_size,
+        "la_chunk_size": cfg.la_chunk_size,
+        "rms_norm_eps": cfg.norm_eps,
+        "abs_positions": cfg.abs_positions,
+        "max_position_embeddings": max_positions,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "bos_token_id": tokenizer.eos_id,
+        "eos_token_id": tokenizer.eos_id,
+        "torch_dtype": dtype,
+    }
+
+
+def config_from_hwh(hf: dict, *, dtype: str = "float32") -> ModelConfig:
+    """The ``ModelConfig`` of an HwH-form config.json (the inverse of ``hwh_config``)."""
+    layers = tuple(
+        LayerSpec(int(l["num_fa"]), int(l["num_la"]), bool(l["fa_rope"]), l["window"])
+        for l in hf["layers"]
+    )
+    return ModelConfig(
+        vocab_size=hf["vocab_size"],
+        d_model=hf["hidden_size"],
+        num_heads=hf["num_heads"],
+        head_dim=hf["head_dim"],
+        la_key_dim=hf["la_key_dim"],
+        la_value_dim=hf["la_value_dim"],
+        mlp_hidden=hf["intermediate_size"],
+        layers=layers,
+        arch=hf.get("hwh_arch", "custom"),
+        q_per_kv=hf["q_per_kv"],
+        qk_norm=hf["qk_norm"],
+        rope_theta=hf["rope_base"],
+        rope_pairing=hf["rope_pairing"],
+        rope_scaling=tuple(sorted((hf["rope_freq_scaling"] or {}).items())),
+        conv_size=hf["conv_size"],
+        tie_embeddings=hf["tie_word_embeddings"],
+        abs_positions=hf["abs_positions"],
+        norm_eps=hf["rms_norm_eps"],
+        dtype=dtype,
+        la_chunk_size=hf["la_chunk_size"],
+        la_kind=hf["la_kind"],
+        la_short_conv=hf["la_short_conv"],
+    )
+
+
+_CONV = re.compile(r"(^|/)[qkv]_conv/kernel$")
+
+
+def torch_name(path: str) -> tuple[str, str]:
+    """(name in ``HwhForCausalLM``'s state dict, layout change) of a parameter path of ours
+    (``param_path``): "T" a [in, out] kernel stored [out, in], "conv" a [W, C] convolution
+    stored [C, 1, W], "" as it is."""
+    if path == "lm_head/kernel":
+        return "lm_head.weight", "T"
+    if path == "embed/embedding":
+        return "model.embed.weight", ""
+    how = ""
+    if _CONV.search(path):
+        path, how = path[: -len("/kernel")], "conv"
+    elif path.endswith("/kernel"):
+        path, how = path[: -len("/kernel")] + "/weight", "T"
+    path = path.replace("o_norm/norm/weight", "o_norm/weight")
+    return "model." + path.replace("/", "."), how
+
+
+def _to_torch(x: np.ndarray, how: str) -> np.ndarray:
+    if how == "T":
+        return x.T
+    if how == "conv":
+        return x.T[:, None, :]
+    return x
+
+
+def _from_torch(x: np.ndarray, how: str) -> np.ndarray:
+    if how == "T":
+        return x.T
+    if how == "conv":
+        return x[:, 0, :].T
+    return x
+
+
+def hwh_tensors(model) -> dict[str, np.ndarray]:
+    """Torch name -> array of every parameter of ``model`` in ``HwhForCausalLM``'s layout."""
+    params = nnx.state(model, nnx.Param)
+    out = {}
+    for p, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        name, how = torch_name(param_path(p))
+        out[name] = _to_torch(np.asarray(x), how)
+    return out
+
+
+def import_hwh(folder, *, dtype: str = "float32"):
+    """(HybridLM, ModelConfig) of an HwH-form folder: the weights as exported, back in place."""
+    from safetensors.numpy import load_file
+
+    from hwh_jax.models.lm import HybridLM
+
+    folder = Path(folder)  # local path: safetensors memory-maps local files
+    cfg = config_from_hwh(json.loads((folder / "config.json").read_text()), dtype=dtype)
+    model = HybridLM(cfg, rngs=nnx.Rngs(0))
+    tensors = load_file(str(folder / "model.safetensors"))
+    state = nnx.state(model, nnx.Param)
+    leaves, tree = jax.tree_util.tree_flatten_with_path(state)
+    new = []
+    for p, x in leaves:
+        name, how = torch_name(param_path(p))
+        if name not in tensors:
+            raise ValueError(f"{folder}/model.safetensors has no {name} (our {param_path(p)})")
+        y = _from_torch(np.asarray(tensors.pop(name), np.float32), how)
+        if y.shape != x.shape:
+            raise ValueError(f"{name}: shape {y.shape} where the config gives {x.shape}")
+        new.append(y.astype(x.dtype))
+    if tensors:
+        raise ValueError(f"tensors without a place in the model: {sorted(tensors)[:4]}")
+    nnx.update(model, jax.tree_util.tree_unflatten(tree, new))
+    return model, cfg
+
+
+def export(
     model, cfg: ModelConfig, tokenizer, out, *, max_positions: int, dtype: str = "float32"
-) -> list[str]:
-    """Write the Llama form of ``model`` into the folder ``out``; the file names written."""
+) -> tuple[str, list[str]]:
+    """Write ``model`` into the folder ``out`` in its form (module docstring): (the form,
+    "llama" or "hwh"; the file names written)."""
+    if exportable(cfg) is None:
+        return "llama", export_llama(
+            model, cfg, tokenizer, out, max_positions=max_positions, dtype=dtype
+        )
+    return "hwh", export_hwh(model, cfg, tokenizer, out, max_positions=max_positions, dtype=dtype)
+
+
+def _write(out, tensors, config, tokenizer, dtype, extra=()) -> list[str]:
+    """The folder's files: weights in ``dtype``, config, generation config, tokenizer, and
+    ``extra`` files copied from hwh_jax/assets/hf_modeling."""
     from safetensors.numpy import save_file
 
-    if dtype not in DTYPES:
-        raise ValueError(f"--dtype={dtype!r}: one of {DTYPES}")
-    why = exportable(cfg)
-    if why is not None:
-        raise ValueError(
-            f"model.arch={cfg.arch!r} has no PyTorch form here yet: {why}. Exportable: models "
-            f"of RoPE attention heads only (the transformer architecture)"
-        )
-    check_tokenizer(tokenizer)  # refused before anything is written
     staged = storage.Staged(out)  # a bucket's folder is written locally, then uploaded
-    out = staged.local
+    local = staged.local
     np_dtype = np.float32
     if dtype == "bfloat16":
         import ml_dtypes
 
         np_dtype = ml_dtypes.bfloat16
-    tensors = {
-        k: np.ascontiguousarray(v.astype(np_dtype)) for k, v in llama_tensors(model, cfg).items()
-    }
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = llama_config(cfg, max_positions=max_positions, tokenizer=tokenizer, dtype=dtype)
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = {k: np.ascontiguousarray(v.astype(np_dtype)) for k, v in tensors.items()}
+    save_file(tensors, str(local / "model.safetensors"), metadata={"format": "pt"})
+    (local / "config.json").write_text(json.dumps(config, indent=2))
     generation = {"bos_token_id": tokenizer.eos_id, "eos_token_id": tokenizer.eos_id}
-    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    (local / "generation_config.json").write_text(json.dumps(generation, indent=2))
     names = ["config.json", "model.safetensors", "generation_config.json"]
-    names += write_tokenizer(tokenizer, out)
+    names += write_tokenizer(tokenizer, local)
+    source = ASSETS / "hf_modeling"
+    for name in extra:
+        shutil.copyfile(source / name, local / name)
+        names.append(name)
     staged.sync()
     return names
+
+
+def export_hwh(
+    model, cfg: ModelConfig, tokenizer, out, *, max_positions: int, dtype: str = "float32"
+) -> list[str]:
+    """Write the HwH form of ``model`` (``HwhForCausalLM``, its modeling code beside the
+    weights) into the folder ``out``; the file names written."""
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype={dtype!r}: one of {DTYPES}")
+    why = hwh_exportable(cfg)
+    if why is not None:
+        raise ValueError(f"model.arch={cfg.arch!r} has no PyTorch form here yet: {why}")
+    check_tokenizer(tokenizer)  # refused before anything is written
+    config = hwh_config(cfg, max_positions=max_positions, tokenizer=tokenizer, dtype=dtype)
+    return _write(out, hwh_tensors(model), config, tokenizer, dtype, MODELING)
+
+
+def export_llama(
+    model, cfg: ModelConfig, tokenizer, out, *, max_positions: int, dtype: str = "float32"
+) -> list[str]:
+    """Write the Llama form of ``model`` into the folder ``out``; the file names written."""
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype={dtype!r}: one of {DTYPES}")
+    why = exportable(cfg)
+    if why is not None:
+        raise ValueError(
+            f"model.arch={cfg.arch!r} has no Llama form: {why}. Models of RoPE attention heads "
+            f"only (the transformer architecture) have it; the others export in the HwH form"
+        )
+    check_tokenizer(tokenizer)  # refused before anything is written
+    config = llama_config(cfg, max_positions=max_positions, tokenizer=tokenizer, dtype=dtype)
+    return _write(out, llama_tensors(model, cfg), config, tokenizer, dtype)
