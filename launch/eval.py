@@ -18,7 +18,12 @@ flags.DEFINE_list("checkpoint", None, "launch.train workdir(s), comma-separated"
 flags.DEFINE_string("out", "", "output folder (default <first checkpoint>/evals/<suites>_step<N>)")
 flags.DEFINE_integer("step", None, "checkpoint step (default: the newest)")
 # Evaluation settings: unset flags keep hwh_jax.eval.EvalSpec's defaults (its docstring).
-flags.DEFINE_list("suite", None, "any of niah, mqar, ppl, longppl, retrieval, commonsense")
+flags.DEFINE_list(
+    "suite",
+    None,
+    "any of niah, mqar, ppl, longppl, retrieval, commonsense, and lm_eval:TASK[,TASK...] "
+    "(lm-evaluation-harness tasks: the shipped hwh_<task> or the harness's own)",
+)
 flags.DEFINE_list(
     "niah_tasks",
     None,
@@ -31,6 +36,7 @@ flags.DEFINE_integer("ppl_factor", None, "perplexity windows of this many traini
 flags.DEFINE_string("ppl_text", None, "text file for perplexity (default: held-out split)")
 flags.DEFINE_list("commonsense_tasks", None, "default: all seven")
 flags.DEFINE_integer("commonsense_limit", None, "first N examples per task (0 = all)")
+flags.DEFINE_integer("lm_eval_limit", None, "first N examples per harness task (0 = all)")
 flags.DEFINE_integer("mqar_examples", None, "sequences per MQAR setting")
 flags.DEFINE_integer("longppl_factor", None, "LongPPL windows as multiples of the training length")
 flags.DEFINE_integer(
@@ -55,6 +61,7 @@ SPEC_FLAGS = {
     "ppl_text": ("ppl_text", str),
     "commonsense_tasks": ("commonsense_tasks", tuple),
     "commonsense_limit": ("commonsense_limit", int),
+    "lm_eval_limit": ("lm_eval_limit", int),
     "mqar_examples": ("mqar_examples", int),
     "batch_size": ("batch_size", int),
     "longppl_factor": ("longppl_factor", int),
@@ -77,10 +84,32 @@ def evaluate():
         for name, (field, cast) in SPEC_FLAGS.items()
         if FLAGS[name].value is not None
     }
+    given.update(_harness_tasks(given.get("suites", ())))
     spec = suite.EvalSpec(**given)
     spec.validate()  # before loading anything
     with first_process_writes(FLAGS.out or default_out(spec.suites)) as out:
         _evaluate(spec, out)
+
+
+def _harness_tasks(items) -> dict:
+    """``--suite`` with ``lm_eval:TASK`` items: the suite "lm_eval" and its tasks, each
+    ``lm_eval:`` item and the items after it that are not suites (``lm_eval:hwh_arc_easy,
+    hwh_piqa``)."""
+    from hwh_jax.eval import suite
+
+    suites, tasks, harness = [], [], False
+    for item in items:
+        if item.startswith("lm_eval:"):
+            harness = True
+            tasks.append(item[len("lm_eval:") :])
+            if "lm_eval" not in suites:
+                suites.append("lm_eval")
+        elif harness and item not in suite.SUITES:
+            tasks.append(item)
+        else:
+            harness = False
+            suites.append(item)
+    return {"suites": tuple(suites), "lm_eval_tasks": tuple(tasks)} if tasks else {}
 
 
 def default_out(suites) -> storage.PathLike:

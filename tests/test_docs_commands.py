@@ -69,10 +69,17 @@ def test_the_docs_show_commands():
 _CHECK = """
 import importlib, json, sys
 from absl import flags
-importlib.import_module(sys.argv[1])
+module = importlib.import_module(sys.argv[1])
 FLAGS = flags.FLAGS
 own = set(FLAGS)
 for args in json.loads(sys.stdin.read()):
+    if hasattr(module, "check_args"):   # a launcher of another library's command line
+        try:
+            module.check_args(args)
+            print(json.dumps([0, ""]))
+        except (Exception, SystemExit) as e:
+            print(json.dumps([1, f"{type(e).__name__}: {e}"[-1500:]]))
+        continue
     for name in set(FLAGS) - own:       # a config's override flags, defined by the last parse
         delattr(FLAGS, name)
     FLAGS.unparse_flags()

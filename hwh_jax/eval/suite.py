@@ -1,5 +1,5 @@
 """The evaluation suite over one trained model: NIAH, MQAR, perplexity by position, the
-retrieval probe, commonsense.
+retrieval probe, commonsense, lm-evaluation-harness tasks.
 
 ``run_suite(subject, spec, out_dir)`` evaluates an ``EvalModel`` (a model with its tokenizer,
 training length and held-out text; ``hwh_jax.training.restore.LoadedRun.eval_model()`` makes
@@ -75,6 +75,9 @@ class EvalSpec:
     retrieval_documents: int = 64  # synthetic NIAH-format documents from held-out text
     commonsense_tasks: tuple = commonsense.TASKS
     commonsense_limit: int = 0  # first N examples per task; 0 = all
+    lm_eval_tasks: tuple = ()  # lm-evaluation-harness tasks of the "lm_eval" suite: the
+    #                                     shipped hwh_<task> (no download) or the harness's own
+    lm_eval_limit: int = 0  # first N examples per harness task; 0 = all
     longppl_factor: int = 4  # LongPPL windows of factor x training length
     longppl_short: int = 0  # the evaluator's short context; 0 = the training length
     longppl_alpha: float = 2.0  # key tokens: long - short log-prob > alpha ...
@@ -88,6 +91,11 @@ class EvalSpec:
         bad = [t for t in self.niah_tasks if t not in niah.TASKS]
         if bad:
             raise ValueError(f"unknown NIAH task(s) {bad}; known: {list(niah.TASKS)}")
+        if ("lm_eval" in self.suites) != bool(self.lm_eval_tasks):
+            raise ValueError(
+                "the lm_eval suite needs its tasks and tasks need the suite: "
+                "--suite=lm_eval:TASK[,TASK...] (e.g. lm_eval:hwh_arc_easy,hwh_piqa)"
+            )
         bad = [t for t in self.commonsense_tasks if t not in commonsense.TASKS]
         if bad:
             raise ValueError(f"unknown commonsense task(s) {bad}; known: {list(commonsense.TASKS)}")
@@ -277,6 +285,37 @@ def _commonsense(run: Run):
         run.save(False)
 
 
+def _lm_eval(run: Run):
+    """lm-evaluation-harness on the model (``hwh_jax.eval.harness``): each task's metrics, its
+    number of examples, and for accuracies the 95% Wilson interval."""
+    from hwh_jax.eval import harness  # lm_eval: an optional dependency (hwh-jax[eval])
+
+    spec, tasks = run.spec, list(run.spec.lm_eval_tasks)
+    shipped = [t[len("hwh_") :] for t in tasks if t.startswith("hwh_")]
+    lm = harness.HwhLM(
+        model=run.subject.model,
+        tokenizer=run.subject.tokenizer,
+        batch_size=spec.batch_size,
+        max_length=run.max_len,
+    )
+    results = harness.evaluate(
+        lm,
+        tasks,
+        include_path=harness.offline_tasks(shipped) if shipped else None,
+        limit=spec.lm_eval_limit or None,
+    )
+    out = {}
+    for task, metrics in harness.accuracies(results).items():
+        n = int(results["n-samples"][task]["effective"])
+        row = {"n": n, **metrics}
+        for name in ("acc", "acc_norm"):
+            if name in metrics:
+                row[f"{name}_interval"] = stats.wilson(metrics[name] * n, n)
+        out[task] = row
+        run.log(f"lm_eval {task}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
+    run.results["lm_eval"] = out
+
+
 # Every suite by name, in the order run_suite runs them: a suite is a function of the Run that
 # writes its results under its name; a new one is a function here and a line in this table.
 SUITES: dict[str, Callable[[Run], None]] = {
@@ -286,6 +325,7 @@ SUITES: dict[str, Callable[[Run], None]] = {
     "longppl": _longppl,
     "mqar": _mqar,
     "commonsense": _commonsense,
+    "lm_eval": _lm_eval,
 }
 
 

@@ -1,0 +1,212 @@
+"""The project's models as an lm-evaluation-harness model (``lm_eval``'s ``LM`` interface;
+``launch.lm_eval`` registers it as ``hwh``), and the shipped evaluation sets as harness tasks
+that need no download.
+
+The model runs the JAX model on this process's devices:
+
+    loglikelihood          (context, continuation) -> (summed log p, every token greedy): the
+                           pair encoded whole and split where the context ends
+                           (``commonsense.split_encode``), an empty context replaced by EOS,
+                           batched by length (``Scorer``)
+    loglikelihood_rolling  a text's log p in windows of ``max_length`` tokens (the harness's
+                           ``get_rolling_token_windows`` with EOS as the first context)
+    generate_until         greedy continuations (``Generator``), cut at the first stop string
+                           and after ``max_gen_toks`` tokens
+
+Tasks (``offline_tasks``): ``hwh_<task>`` for each task of ``commonsense.TASKS``, written as
+harness YAML over JSONL made from the shipped files by the in-house loader (the same
+contexts, choices and answers), so the harness's scoring and the in-house scorer's can be set
+side by side on the same items. The harness's own tasks (``arc_easy``, ...) run by name where
+their datasets are cached or downloadable.
+
+Several processes: every process builds the model (its shards); lm-eval's evaluator splits the
+requests by ``rank`` and gathers them on rank 0, which writes the results, as Levanter's
+harness integration does. Here each process scores its own requests on its own devices.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+
+import numpy as np
+from lm_eval.api.instance import Instance
+from lm_eval.api.model import LM
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from hwh_jax import storage
+from hwh_jax.eval import commonsense
+from hwh_jax.eval.scoring import Scorer
+
+# lm-eval's metrics for each shipped task, as the harness's own YAML of that task has them
+_METRICS = {
+    "lambada_openai": [("perplexity", "perplexity", False), ("acc", "mean", True)],
+    "winogrande": [("acc", "mean", True)],
+}
+_DEFAULT_METRICS = [("acc", "mean", True), ("acc_norm", "mean", True)]
+
+
+class HwhLM(LM):
+    """A model and its tokenizer scored as lm-eval asks (module docstring). ``launch.lm_eval``
+    registers a subclass of it as lm-eval's model "hwh" that loads a run by
+    ``checkpoint=RUN``."""
+
+    def __init__(self, model, tokenizer, batch_size: int | str = 32, max_length: int = 2048):
+        super().__init__()
+        self.model, self.tokenizer = model, tokenizer
+        self.max_length = int(max_length)
+        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 32
+        self.scorer = Scorer(model, batch_size=self.batch_size, max_len=self.max_length)
+        self._generator = None
+
+    @staticmethod
+    def parse_args(arg_string, additional_config: dict | None = None) -> dict:
+        """``checkpoint=RUN,step=N,batch_size=B,max_length=L`` (lm-eval's ``--model_args``, a
+        string or the dict lm-eval parsed it into) as a dict of strings; lm-eval's own ``--batch_size`` (in ``additional_config``) counts where it is
+        above its default of 1 and ``batch_size`` is not given here (else 32 sequences a
+        forward pass); its ``device`` is unused (JAX places the model)."""
+        if isinstance(arg_string, dict):  # lm-eval parsed them already
+            args = {k: str(v) for k, v in arg_string.items()}
+        else:
+            args = dict(kv.split("=", 1) for kv in arg_string.split(",") if kv)
+        given = (additional_config or {}).get("batch_size")
+        if "batch_size" not in args and str(given).isdigit() and int(given) > 1:
+            args["batch_size"] = given
+        return args
+
+    # ------------------------------------------------------------ lm-eval's three calls
+    def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False):
+        pairs = []
+        for context, continuation in (r.args for r in requests):
+            ctx, cont = commonsense.split_encode(self.tokenizer, context, continuation)
+            pairs.append((ctx or [self.tokenizer.eos_id], cont))
+        return self.scorer.loglikelihood(pairs)
+
+    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False):
+        out = []
+        for (text,) in (r.args for r in requests):
+            windows = [
+                make_disjoint_window(w)
+                for w in get_rolling_token_windows(
+                    token_list=self.tokenizer.encode(text),
+                    prefix_token=self.tokenizer.eos_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
+                )
+            ]
+            out.append(sum(lp for lp, _ in self.scorer.loglikelihood(windows)))
+        return out
+
+    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False):
+        from hwh_jax.inference import Generator
+
+        if self._generator is None:
+            self._generator = Generator(
+                self.model,
+                eos_id=self.tokenizer.eos_id,
+                vocab=self.tokenizer.vocab_size,
+                pad_id=self.tokenizer.pad_id,
+            )
+        out = []
+        for context, gen_kwargs in (r.args for r in requests):
+            kw = dict(gen_kwargs)
+            until = kw.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            n = int(kw.pop("max_gen_toks", 256))
+            if kw.get("do_sample") or float(kw.get("temperature", 0.0) or 0.0) > 0:
+                raise ValueError(f"generate_until: greedy decoding only, got {gen_kwargs}")
+            ids = self.tokenizer.encode(context)[-(self.max_length - n) :] or [
+                self.tokenizer.eos_id
+            ]
+            text = self.tokenizer.decode(self._generator.generate([ids], n)[0][0])
+            cut = min([text.find(s) for s in until if s and s in text], default=len(text))
+            out.append(text[:cut])
+        return out
+
+
+# ---------------------------------------------------------------- the shipped tasks
+def _task_yaml(task: str, data: str) -> str:
+    """lm-eval YAML of ``hwh_<task>`` over the JSONL ``data`` (rows of the in-house loader)."""
+    lines = [
+        f"task: hwh_{task}",
+        "dataset_path: json",
+        "dataset_kwargs:",
+        "  data_files:",
+        f"    test: {json.dumps(data)}",
+        "test_split: test",
+        'target_delimiter: ""',  # the continuations carry their leading space
+    ]
+    if task == "lambada_openai":
+        lines += [
+            "output_type: loglikelihood",
+            'doc_to_text: "{{context}}"',
+            'doc_to_target: "{{continuation}}"',
+        ]
+    elif task == "winogrande":  # partial scoring: one continuation after each option's context
+        lines += [
+            "output_type: multiple_choice",
+            "doc_to_text: gold",
+            "doc_to_target: continuation",
+            "doc_to_choice: contexts",
+        ]
+    else:
+        lines += [
+            "output_type: multiple_choice",
+            'doc_to_text: "{{context}}"',
+            "doc_to_target: gold",
+            "doc_to_choice: choices",
+        ]
+    lines.append("metric_list:")
+    for metric, agg, higher in _METRICS.get(task, _DEFAULT_METRICS):
+        lines += [
+            f"  - metric: {metric}",
+            f"    aggregation: {agg}",
+            f"    higher_is_better: {str(higher).lower()}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def offline_tasks(tasks=commonsense.TASKS, *, limit: int | None = None, folder=None) -> str:
+    """Write ``hwh_<task>`` YAMLs and their JSONL for ``tasks`` into ``folder`` (default: a new
+    temporary folder) and return it, for lm-eval's ``include_path``. ``limit``: the first N
+    examples of each (the in-house suite's ``commonsense_limit``)."""
+    unknown = [t for t in tasks if t not in commonsense.TASKS]
+    if unknown:
+        raise ValueError(f"no shipped harness task {unknown}; shipped: {list(commonsense.TASKS)}")
+    root = storage.path(folder or tempfile.mkdtemp(prefix="hwh_lm_eval_"))
+    root.mkdir(parents=True, exist_ok=True)
+    for task in tasks:
+        data = root / f"{task}.jsonl"
+        rows = commonsense.load_task(task, limit=limit)
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (root / f"hwh_{task}.yaml").write_text(_task_yaml(task, str(data)))
+    return str(root)
+
+
+def evaluate(lm: LM, tasks, *, include_path: str | None = None, limit=None, log_samples=False):
+    """lm-eval's ``simple_evaluate`` of ``lm`` on ``tasks`` (names; the shipped ``hwh_*``
+    found through ``include_path``) -> its results dict."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=include_path) if include_path else None
+    return simple_evaluate(
+        model=lm,
+        tasks=list(tasks),
+        task_manager=manager,
+        limit=limit,
+        log_samples=log_samples,
+        bootstrap_iters=0,
+    )
+
+
+def accuracies(results: dict) -> dict[str, dict[str, float]]:
+    """{task: {metric: value}} of an lm-eval results dict (its "metric,filter" keys split)."""
+    out = {}
+    for task, row in results["results"].items():
+        out[task] = {
+            k.split(",")[0]: float(v)
+            for k, v in row.items()
+            if "," in k and "stderr" not in k and isinstance(v, int | float | np.floating)
+        }
+    return out

@@ -1,0 +1,90 @@
+r"""lm-evaluation-harness over trained runs: ``python -m launch.lm_eval --model hwh
+--model_args checkpoint=RUN --tasks hwh_arc_easy,hwh_piqa [any lm_eval argument]``.
+
+lm-eval's own command line (``lm_eval``'s arguments, its output and ``--output_path``) with the
+project's model registered as ``hwh`` (``hwh_jax.eval.harness``; lm-eval has no plugin hook for
+models, so the plain ``lm_eval`` command does not know it) and the shipped evaluation sets as
+tasks ``hwh_<task>`` (arc_easy, arc_challenge, piqa, openbook_qa, hellaswag, winogrande,
+lambada_openai), written for ``--include_path`` when a task of that name is asked for: no
+download. The harness's own tasks run by name where their datasets are cached. An exported
+folder (``launch.export_hf``) runs under the plain command: ``lm_eval --model hf --model_args
+pretrained=DIR,trust_remote_code=True``.
+"""
+
+import multiprocessing
+import sys
+
+
+def main():
+    from lm_eval.__main__ import cli_evaluate
+
+    # lm-eval bootstraps some metrics' stderr in a process pool: forked from a process running
+    # JAX (many threads) that can deadlock, so the pool's processes start fresh
+    multiprocessing.set_start_method("spawn", force=True)
+
+    from hwh_jax.eval import harness
+
+    register()
+
+    argv = sys.argv[1:]
+    tasks = _value(argv, "--tasks")
+    shipped = [t[len("hwh_") :] for t in (tasks or "").split(",") if t.startswith("hwh_")]
+    if shipped and _value(argv, "--include_path") is None:
+        argv += ["--include_path", harness.offline_tasks(shipped)]
+    sys.argv = [sys.argv[0], *argv]
+    cli_evaluate()
+
+
+def check_args(argv) -> None:
+    """Parse ``argv`` as lm-eval's ``run`` command does, without running it (argparse exits
+    on a bad argument)."""
+    from lm_eval._cli import HarnessCLI
+
+    saved = sys.argv
+    try:
+        sys.argv = ["lm_eval", *argv]
+        HarnessCLI().parse_args()
+    finally:
+        sys.argv = saved
+
+
+def register():
+    """lm-eval's model "hwh": a ``launch.train`` run (``checkpoint=RUN[,step=N]``) loaded here
+    and scored by ``harness.HwhLM``."""
+    from lm_eval.api.registry import register_model
+
+    from hwh_jax.eval.harness import HwhLM
+    from hwh_jax.training.restore import load_run
+
+    @register_model("hwh")
+    class RunLM(HwhLM):
+        """A trained run as lm-eval's model "hwh"."""
+
+        @classmethod
+        def create_from_arg_obj(cls, arg_dict, additional_config=None):
+            return cls.create_from_arg_string(arg_dict, additional_config)
+
+        @classmethod
+        def create_from_arg_string(cls, arg_string, additional_config=None):
+            args = HwhLM.parse_args(arg_string, additional_config)
+            if not args.get("checkpoint"):
+                raise ValueError("--model_args checkpoint=RUN is needed (a launch.train workdir)")
+            step = args.pop("step", None)
+            run = load_run(args.pop("checkpoint"), None if step in (None, "") else int(step))
+            return cls(model=run.model, tokenizer=run.tokenizer, **args)
+
+    return RunLM
+
+
+def _value(argv, flag):
+    """The value given to ``flag`` (``--flag v`` or ``--flag=v``), or None."""
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+if __name__ == "__main__":
+    main()

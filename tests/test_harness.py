@@ -1,0 +1,142 @@
+"""lm-evaluation-harness: the project's model "hwh" asks the scorer what the in-house suite
+asks it, on the shipped tasks written as harness YAML; the exported PyTorch model under the
+harness's own "hf" model agrees with it; ``launch.lm_eval`` and ``launch.eval
+--suite=lm_eval:...`` run a trained run end to end."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from flax import nnx
+
+pytest.importorskip("lm_eval")  # an optional dependency (hwh-jax[eval])
+
+from hwh_jax.data.paths import resolve
+from hwh_jax.data.tokenizers import GPT2BPE
+from hwh_jax.eval import commonsense, harness
+from hwh_jax.models import HybridLM, model_config
+
+TASKS = commonsense.TASKS
+LIMIT = 6
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A random-initialised tiny HwH (fp32, GPT-2 BPE), its harness model and the shipped
+    tasks' YAML."""
+    cfg = model_config("hwh", "tiny", dtype="float32").replace(vocab_size=50304)
+    model = HybridLM(cfg, rngs=nnx.Rngs(2))
+    tok = GPT2BPE(resolve("gpt2_bpe"))
+    lm = harness.HwhLM(model=model, tokenizer=tok, batch_size=8, max_length=512)
+    folder = harness.offline_tasks(TASKS, limit=LIMIT, folder=tmp_path_factory.mktemp("tasks"))
+    return model, cfg, tok, lm, folder
+
+
+def _requests(tok, task):
+    """The in-house suite's requests of ``task``'s first LIMIT examples, in its order."""
+    out = []
+    for ex in commonsense.load_task(task, limit=LIMIT):
+        if task == "winogrande":
+            pairs = [(c, ex["continuation"]) for c in ex["contexts"]]
+        elif task == "lambada_openai":
+            pairs = [(ex["context"], ex["continuation"])]
+        else:
+            pairs = [(ex["context"], c) for c in ex["choices"]]
+        for ctx, cont in pairs:
+            c, k = commonsense.split_encode(tok, ctx, cont)
+            out.append((c or [tok.eos_id], k))
+    return out
+
+
+def test_the_harness_asks_what_the_in_house_suite_asks(tiny):
+    """Every shipped task through lm-eval: each document's requests score exactly what the
+    in-house scorer gives its own requests of that example, and the accuracies are equal."""
+    model, cfg, tok, lm, folder = tiny
+    res = harness.evaluate(
+        lm, [f"hwh_{t}" for t in TASKS], include_path=folder, limit=LIMIT, log_samples=True
+    )
+    got = harness.accuracies(res)
+    for task in TASKS:
+        samples = sorted(res["samples"][f"hwh_{task}"], key=lambda s: s["doc_id"])
+        theirs = [tuple(r[0]) for s in samples for r in s["resps"]]
+        ours = lm.scorer.loglikelihood(_requests(tok, task))
+        assert [(round(a, 4), g) for a, g in theirs] == [(round(a, 4), g) for a, g in ours], task
+        inhouse = commonsense.evaluate_task(lm.scorer, tok, task, limit=LIMIT, log=lambda *_: None)
+        assert got[f"hwh_{task}"]["acc"] == pytest.approx(inhouse["acc"]), task
+        if "acc_norm" in inhouse:
+            assert got[f"hwh_{task}"]["acc_norm"] == pytest.approx(inhouse["acc_norm"]), task
+
+
+def test_the_exported_model_under_the_harness_hf_model_agrees(tiny, tmp_path):
+    """The same model exported (``HwhForCausalLM``) and run by lm-eval's own "hf" model:
+    every request's log-likelihood within 1e-3 of the JAX model's (fp32), the same accuracy."""
+    import torch
+    from lm_eval.models.huggingface import HFLM
+
+    from hwh_jax.training.hf_export import export_hwh
+
+    model, cfg, tok, lm, folder = tiny
+    export_hwh(model, cfg, tok, tmp_path, max_positions=512)
+    hf = HFLM(
+        pretrained=str(tmp_path),
+        trust_remote_code=True,
+        dtype=torch.float32,
+        batch_size=8,
+        device="cpu",
+    )
+    tasks = ["hwh_arc_easy", "hwh_winogrande", "hwh_lambada_openai"]
+    ours = harness.evaluate(lm, tasks, include_path=folder, limit=LIMIT, log_samples=True)
+    theirs = harness.evaluate(hf, tasks, include_path=folder, limit=LIMIT, log_samples=True)
+    for task in tasks:
+        a, b = (sorted(r["samples"][task], key=lambda s: s["doc_id"]) for r in (ours, theirs))
+        lls = lambda samples: np.array([r[0][0] for s in samples for r in s["resps"]])
+        np.testing.assert_allclose(lls(b), lls(a), atol=1e-3, rtol=1e-5)
+        assert harness.accuracies(theirs)[task]["acc"] == harness.accuracies(ours)[task]["acc"]
+
+
+def test_launch_lm_eval_and_the_eval_suite_on_a_trained_run(tmp_path):
+    """A 4-step run of the main job's config; ``launch.lm_eval`` (lm-eval's command line with
+    "hwh" registered) writes lm-eval's results file; ``launch.eval --suite=lm_eval:...``
+    writes each task's n, accuracy and interval, the accuracy equal to lm-eval's."""
+    work = tmp_path / "run"
+    train = [
+        "launch.train",
+        "--config=configs/hwh_tiny.py",
+        f"--workdir={work}",
+        "--config.seq_len=64",
+        "--config.train.steps=4",
+        "--config.train.batch_size=4",
+        "--config.train.warmup_steps=1",
+        "--config.train.eval_every=0",
+        "--config.train.mesh=1,1,1",
+        "--config.eval.at_end=False",
+    ]
+    lm_eval = [
+        "launch.lm_eval",
+        "--model=hwh",
+        f"--model_args=checkpoint={work},max_length=256",
+        "--tasks=hwh_piqa,hwh_lambada_openai",
+        "--limit=8",
+        f"--output_path={tmp_path / 'lm_eval'}",
+    ]
+    suite = [
+        "launch.eval",
+        f"--checkpoint={work}",
+        "--suite=lm_eval:hwh_piqa,hwh_lambada_openai",
+        "--lm_eval_limit=8",
+        f"--out={tmp_path / 'suite'}",
+    ]
+    for argv in (train, lm_eval, suite):
+        done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = (tmp_path / "lm_eval").rglob("results_*.json")
+    theirs = json.loads(path.read_text())["results"]
+    (path,) = (tmp_path / "suite").rglob("results.json")
+    ours = json.loads(path.read_text())["lm_eval"]
+    for task in ("hwh_piqa", "hwh_lambada_openai"):
+        assert ours[task]["n"] == 8
+        assert ours[task]["acc"] == pytest.approx(theirs[task]["acc,none"])
+        lo, hi = ours[task]["acc_interval"]
+        assert lo <= ours[task]["acc"] <= hi
