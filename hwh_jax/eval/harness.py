@@ -19,9 +19,10 @@ contexts, choices and answers), so the harness's scoring and the in-house scorer
 side by side on the same items. The harness's own tasks (``arc_easy``, ...) run by name where
 their datasets are cached or downloadable.
 
-Several processes: every process builds the model (its shards); lm-eval's evaluator splits the
-requests by ``rank`` and gathers them on rank 0, which writes the results, as Levanter's
-harness integration does. Here each process scores its own requests on its own devices.
+Several processes (a model sharded over hosts): the jitted scorer is one program over every
+process's devices, so every process must score every request in the same order; the model
+reports itself to lm-eval as one process (``rank`` 0 of ``world_size`` 1) in each, rather than
+letting lm-eval split the requests between processes.
 """
 
 from __future__ import annotations
