@@ -4,11 +4,13 @@ r"""lm-evaluation-harness over trained runs: ``python -m launch.lm_eval --model 
 lm-eval's own command line (``lm_eval``'s arguments, its output and ``--output_path``) with the
 project's model registered as ``hwh`` (``hwh_jax.eval.harness``; lm-eval has no plugin hook for
 models, so the plain ``lm_eval`` command does not know it) and the shipped evaluation sets as
-tasks ``hwh_<task>`` (arc_easy, arc_challenge, piqa, openbook_qa, hellaswag, winogrande,
-lambada_openai), written for ``--include_path`` when a task of that name is asked for: no
-download. The harness's own tasks run by name where their datasets are cached. An exported
-folder (``launch.export_hf``) runs under the plain command: ``lm_eval --model hf --model_args
-pretrained=DIR,trust_remote_code=True``.
+tasks (arc_easy, arc_challenge, piqa, openbook_qa, hellaswag, winogrande, lambada_openai), no
+download: ``hwh_<task>`` (the in-house suite's prompts as harness YAML) and ``harness_<task>``
+(the harness's own YAML of the task over the same examples), written for ``--include_path``
+when a task of those names is asked for. The harness's own tasks run by name where their
+datasets are cached. An exported folder (``launch.export_hf``) runs under the plain command:
+``lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True``, or under this one
+with the shipped tasks.
 """
 
 import multiprocessing
@@ -27,10 +29,9 @@ def main():
     register()
 
     argv = sys.argv[1:]
-    tasks = _value(argv, "--tasks")
-    shipped = [t[len("hwh_") :] for t in (tasks or "").split(",") if t.startswith("hwh_")]
-    if shipped and _value(argv, "--include_path") is None:
-        argv += ["--include_path", harness.offline_tasks(shipped)]
+    folder = harness.task_folder((_value(argv, "--tasks") or "").split(","))
+    if folder is not None and _value(argv, "--include_path") is None:
+        argv += ["--include_path", folder]
     sys.argv = [sys.argv[0], *argv]
     cli_evaluate()
 

@@ -30,7 +30,9 @@ def tiny(tmp_path_factory):
     model = HybridLM(cfg, rngs=nnx.Rngs(2))
     tok = GPT2BPE(resolve("gpt2_bpe"))
     lm = harness.HwhLM(model=model, tokenizer=tok, batch_size=8, max_length=512)
-    folder = harness.offline_tasks(TASKS, limit=LIMIT, folder=tmp_path_factory.mktemp("tasks"))
+    folder = tmp_path_factory.mktemp("tasks")
+    harness.offline_tasks(TASKS, limit=LIMIT, folder=folder)
+    harness.harness_own_tasks(TASKS, limit=LIMIT, folder=folder)
     return model, cfg, tok, lm, folder
 
 
@@ -52,13 +54,20 @@ def _requests(tok, task):
 
 def test_the_harness_asks_what_the_in_house_suite_asks(tiny):
     """Every shipped task through lm-eval: each document's requests score exactly what the
-    in-house scorer gives its own requests of that example, and the accuracies are equal."""
+    in-house scorer gives its own requests of that example, and the accuracies are equal; the
+    harness's own task definitions (``harness_<task>``: its YAML over the same examples) ask
+    the same requests and give the same metrics."""
     model, cfg, tok, lm, folder = tiny
-    res = harness.evaluate(
-        lm, [f"hwh_{t}" for t in TASKS], include_path=folder, limit=LIMIT, log_samples=True
-    )
+    names = [f"{p}_{t}" for p in ("hwh", "harness") for t in TASKS]
+    res = harness.evaluate(lm, names, include_path=str(folder), limit=LIMIT, log_samples=True)
     got = harness.accuracies(res)
     for task in TASKS:
+        ours, own = (
+            sorted(res["samples"][f"{p}_{task}"], key=lambda s: s["doc_id"])
+            for p in ("hwh", "harness")
+        )
+        assert [s["arguments"] for s in ours] == [s["arguments"] for s in own], task
+        assert got[f"harness_{task}"] == got[f"hwh_{task}"], task
         samples = sorted(res["samples"][f"hwh_{task}"], key=lambda s: s["doc_id"])
         theirs = [tuple(r[0]) for s in samples for r in s["resps"]]
         ours = lm.scorer.loglikelihood(_requests(tok, task))
@@ -87,8 +96,8 @@ def test_the_exported_model_under_the_harness_hf_model_agrees(tiny, tmp_path):
         device="cpu",
     )
     tasks = ["hwh_arc_easy", "hwh_winogrande", "hwh_lambada_openai"]
-    ours = harness.evaluate(lm, tasks, include_path=folder, limit=LIMIT, log_samples=True)
-    theirs = harness.evaluate(hf, tasks, include_path=folder, limit=LIMIT, log_samples=True)
+    ours = harness.evaluate(lm, tasks, include_path=str(folder), limit=LIMIT, log_samples=True)
+    theirs = harness.evaluate(hf, tasks, include_path=str(folder), limit=LIMIT, log_samples=True)
     for task in tasks:
         a, b = (sorted(r["samples"][task], key=lambda s: s["doc_id"]) for r in (ours, theirs))
         lls = lambda samples: np.array([r[0][0] for s in samples for r in s["resps"]])

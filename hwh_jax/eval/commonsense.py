@@ -162,7 +162,9 @@ def evaluate_task(scorer, tokenizer, task: str, *, limit: int | None = None, log
             lps = np.array(per[i])
             acc.append(int(np.argmax(lps)) == ex["gold"])
             if task != "winogrande":
-                lengths = np.array([len(c) for c in ex["choices"]], float)
+                # the harness's acc_norm: per character of the choice, without the space
+                # that joins it to the context
+                lengths = np.array([len(c.removeprefix(" ")) for c in ex["choices"]], float)
                 acc_norm.append(int(np.argmax(lps / lengths)) == ex["gold"])
         result = {"acc": float(np.mean(acc))}
         if acc_norm:

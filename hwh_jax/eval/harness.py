@@ -135,8 +135,7 @@ def _task_yaml(task: str, data: str) -> str:
         "  data_files:",
         f"    test: {json.dumps(data)}",
         "test_split: test",
-        'target_delimiter: ""',  # the continuations carry their leading space
-    ]
+    ]  # the harness's target delimiter " " joins context and continuation
     if task == "lambada_openai":
         lines += [
             "output_type: loglikelihood",
@@ -167,6 +166,18 @@ def _task_yaml(task: str, data: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _unspaced(example: dict) -> dict:
+    """An in-house multiple-choice example with its continuations' leading space taken off: the
+    harness puts it back as the target delimiter, and its acc_norm counts the characters
+    without it. (A loglikelihood task's target keeps its space: the harness adds none.)"""
+    out = dict(example)
+    if "choices" in out:
+        out["choices"] = [c.removeprefix(" ") for c in out["choices"]]
+    if "contexts" in out:  # WinoGrande: the shared continuation is the target
+        out["continuation"] = out["continuation"].removeprefix(" ")
+    return out
+
+
 def offline_tasks(tasks=commonsense.TASKS, *, limit: int | None = None, folder=None) -> str:
     """Write ``hwh_<task>`` YAMLs and their JSONL for ``tasks`` into ``folder`` (default: a new
     temporary folder) and return it, for lm-eval's ``include_path``. ``limit``: the first N
@@ -178,10 +189,130 @@ def offline_tasks(tasks=commonsense.TASKS, *, limit: int | None = None, folder=N
     root.mkdir(parents=True, exist_ok=True)
     for task in tasks:
         data = root / f"{task}.jsonl"
-        rows = commonsense.load_task(task, limit=limit)
+        rows = [_unspaced(r) for r in commonsense.load_task(task, limit=limit)]
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
         (root / f"hwh_{task}.yaml").write_text(_task_yaml(task, str(data)))
     return str(root)
+
+
+# the harness's own YAML of each shipped task (under lm_eval/tasks) and the row of its dataset
+# schema made from one in-house example
+def _arc(ex):
+    q = ex["context"].removeprefix("Question: ").removesuffix("\nAnswer:")
+    labels = [chr(ord("A") + i) for i in range(len(ex["choices"]))]
+    text = [c[1:] for c in ex["choices"]]  # the in-house choices carry their leading space
+    return {
+        "question": q,
+        "choices": {"text": text, "label": labels},
+        "answerKey": labels[ex["gold"]],
+    }
+
+
+def _obqa(ex):
+    row = _arc(ex)
+    return {
+        "question_stem": ex["context"],
+        "choices": row["choices"],
+        "answerKey": row["answerKey"],
+    }
+
+
+def _piqa(ex):
+    goal = ex["context"].removeprefix("Question: ").removesuffix("\nAnswer:")
+    return {
+        "goal": goal,
+        "sol1": ex["choices"][0][1:],
+        "sol2": ex["choices"][1][1:],
+        "label": ex["gold"],
+    }
+
+
+def _hellaswag(ex):
+    label, _, ctx = ex["context"].partition(": ")
+    return {
+        "activity_label": label,
+        "ctx_a": ctx,
+        "ctx_b": "",
+        "endings": [c[1:] for c in ex["choices"]],
+        "label": str(ex["gold"]),
+    }
+
+
+def _winogrande(ex):
+    a, b = ex["contexts"]
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    n = a.rfind(" ", 0, n) + 1  # the blank starts a word: the options differ from there on
+    return {
+        "sentence": a[:n] + "_ " + ex["continuation"].strip(),
+        "option1": a[n:],
+        "option2": b[n:],
+        "answer": str(ex["gold"] + 1),
+    }
+
+
+def _lambada(ex):
+    return {"text": ex["context"] + ex["continuation"]}
+
+
+HARNESS_OWN = {
+    "arc_easy": ("arc/arc_easy.yaml", _arc),
+    "arc_challenge": ("arc/arc_challenge.yaml", _arc),
+    "piqa": ("piqa/piqa.yaml", _piqa),
+    "openbook_qa": ("openbookqa/openbookqa.yaml", _obqa),
+    "hellaswag": ("hellaswag/hellaswag.yaml", _hellaswag),
+    "winogrande": ("winogrande/default.yaml", _winogrande),
+    "lambada_openai": ("lambada/lambada_openai.yaml", _lambada),
+}
+
+
+def harness_own_tasks(tasks=commonsense.TASKS, *, limit: int | None = None, folder=None) -> str:
+    """Write ``harness_<task>`` for ``tasks``: the harness's own task definition (its YAML
+    included: prompts, choices, metrics, preprocessing) over the shipped examples rewritten in
+    its dataset's schema; returns the folder, for ``include_path``. Set beside ``hwh_<task>``
+    and the in-house suite, it measures what the harness's own definitions change."""
+    import lm_eval.tasks as own
+
+    root = storage.path(folder or tempfile.mkdtemp(prefix="hwh_lm_eval_own_"))
+    root.mkdir(parents=True, exist_ok=True)
+    base = storage.path(own.__file__).parent
+    for task in tasks:
+        yaml_path, to_row = HARNESS_OWN[task]
+        data = root / f"{task}_own.jsonl"
+        rows = [to_row(ex) for ex in commonsense.load_task(task, limit=limit)]
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        split = "validation" if task in ("piqa", "hellaswag", "winogrande") else "test"
+        lines = [
+            f"include: {json.dumps(str(base / yaml_path))}",
+            f"task: harness_{task}",
+            "tag: []",
+            "dataset_path: json",
+            "dataset_name: null",
+            "dataset_kwargs:",
+            "  data_files:",
+            f"    {split}: {json.dumps(str(data))}",
+            "training_split: null",
+            f"validation_split: {'validation' if split == 'validation' else 'null'}",
+            f"test_split: {'test' if split == 'test' else 'null'}",
+        ]
+        (root / f"harness_{task}.yaml").write_text("\n".join(lines) + "\n")
+    return str(root)
+
+
+def task_folder(names) -> str | None:
+    """The folder of the shipped tasks among ``names`` (``hwh_<task>`` and
+    ``harness_<task>``), written for ``include_path``; None if there are none."""
+    ours = [n.removeprefix("hwh_") for n in names if n.startswith("hwh_")]
+    own = [n.removeprefix("harness_") for n in names if n.startswith("harness_")]
+    if not ours and not own:
+        return None
+    folder = tempfile.mkdtemp(prefix="hwh_lm_eval_")
+    if ours:
+        offline_tasks(ours, folder=folder)
+    if own:
+        harness_own_tasks(own, folder=folder)
+    return folder
 
 
 def evaluate(lm: LM, tasks, *, include_path: str | None = None, limit=None, log_samples=False):

@@ -291,7 +291,7 @@ def _lm_eval(run: Run):
     from hwh_jax.eval import harness  # lm_eval: an optional dependency (hwh-jax[eval])
 
     spec, tasks = run.spec, list(run.spec.lm_eval_tasks)
-    shipped = [t[len("hwh_") :] for t in tasks if t.startswith("hwh_")]
+    folder = harness.task_folder(tasks)
     lm = harness.HwhLM(
         model=run.subject.model,
         tokenizer=run.subject.tokenizer,
@@ -301,7 +301,7 @@ def _lm_eval(run: Run):
     results = harness.evaluate(
         lm,
         tasks,
-        include_path=harness.offline_tasks(shipped) if shipped else None,
+        include_path=folder,
         limit=spec.lm_eval_limit or None,
     )
     out = {}
