@@ -52,6 +52,8 @@ def check_args(argv) -> None:
 def register():
     """lm-eval's model "hwh": a ``launch.train`` run (``checkpoint=RUN[,step=N]``) loaded here
     and scored by ``harness.HwhLM``."""
+    # lm-eval's own models first: it looks them up only while its registry is empty
+    import lm_eval.models  # noqa: F401 (imported for its registrations)
     from lm_eval.api.registry import register_model
 
     from hwh_jax.eval.harness import HwhLM
