@@ -126,6 +126,19 @@ def test_bfloat16_and_refusals(exported, tmp_path):
     export_llama(model, cfg, tok, tmp_path / "bf16", max_positions=256, dtype="bfloat16")
     w = load_file(str(tmp_path / "bf16" / "model.safetensors"))["model.embed_tokens.weight"]
     assert w.dtype == ml_dtypes.bfloat16
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hwh_model, hwh_cfg, _ = _hwh_export("hwh", tmp_path / "hwh_fp32")  # the same model in bf16:
+    export_hwh(hwh_model, hwh_cfg, tok, tmp_path / "hwh_bf16", max_positions=64, dtype="bfloat16")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hwh_bf16", trust_remote_code=True)
+    assert hf.dtype == torch.bfloat16
+    row = list(range(5, 40))
+    with torch.no_grad():
+        theirs = hf(torch.tensor([row])).logits.float().numpy()
+    ours = np.asarray(hwh_model(jnp.asarray([row], jnp.int32)))
+    rms = lambda x: float(np.sqrt(np.mean(np.square(x))))
+    assert rms(theirs - ours) < 0.05 * rms(ours)  # bf16 weights and products: a few % apart
     hwh = model_config("hwh", "tiny")
     with pytest.raises(ValueError, match="model.arch='hwh' has no Llama form: layer 0 has 8"):
         export_llama(jax.eval_shape(lambda: 0), hwh, tok, tmp_path / "x", max_positions=64)
