@@ -149,3 +149,38 @@ def test_launch_lm_eval_and_the_eval_suite_on_a_trained_run(tmp_path):
         assert ours[task]["acc"] == pytest.approx(theirs[task]["acc,none"])
         lo, hi = ours[task]["acc_interval"]
         assert lo <= ours[task]["acc"] <= hi
+
+
+def test_rolling_loglikelihood_and_generation(tiny):
+    """``loglikelihood_rolling`` of a text within one window is the log-likelihood of all its
+    tokens after EOS; over windows of 16 tokens it is the sum of each window's, every token
+    counted once; ``generate_until`` is the Generator's greedy continuation cut at the first
+    stop string."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    from hwh_jax.inference import Generator
+
+    model, cfg, tok, lm, _ = tiny
+    text = "It was the best of times, it was the worst of times, it was the age of wisdom"
+    ids = tok.encode(text)
+    req = lambda kind, args: Instance(request_type=kind, doc={}, arguments=args, idx=0)
+    (whole,) = lm.loglikelihood_rolling([req("loglikelihood_rolling", (text,))])
+    ((expected, _),) = lm.scorer.loglikelihood([([tok.eos_id], ids)])
+    assert whole == pytest.approx(expected, rel=1e-5)
+    short = harness.HwhLM(model=model, tokenizer=tok, batch_size=8, max_length=16)
+    (windowed,) = short.loglikelihood_rolling([req("loglikelihood_rolling", (text,))])
+    windows = [
+        make_disjoint_window(w)
+        for w in get_rolling_token_windows(ids, tok.eos_id, max_seq_len=16, context_len=1)
+    ]
+    assert sum(len(c) for _, c in windows) == len(ids) > 16
+    by_hand = sum(lm.scorer.loglikelihood([w])[0][0] for w in windows)
+    assert windowed == pytest.approx(by_hand, rel=1e-5) and windowed != pytest.approx(whole)
+    gen = Generator(model, eos_id=tok.eos_id, vocab=tok.vocab_size, pad_id=tok.pad_id)
+    full = tok.decode(gen.generate([ids], 12)[0][0])
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    (out,) = lm.generate_until(
+        [req("generate_until", (text, {"until": [stop], "max_gen_toks": 12}))]
+    )
+    assert out == full[: full.index(stop)]

@@ -116,6 +116,11 @@ class HwhLM(LM):
             n = int(kw.pop("max_gen_toks", 256))
             if kw.get("do_sample") or float(kw.get("temperature", 0.0) or 0.0) > 0:
                 raise ValueError(f"generate_until: greedy decoding only, got {gen_kwargs}")
+            if n >= self.max_length:
+                raise ValueError(
+                    f"generate_until: max_gen_toks={n} leaves no room for a context in "
+                    f"max_length={self.max_length} (--model_args max_length=...)"
+                )
             ids = self.tokenizer.encode(context)[-(self.max_length - n) :] or [
                 self.tokenizer.eos_id
             ]
