@@ -14,6 +14,7 @@ with the shipped tasks.
 """
 
 import multiprocessing
+import shutil
 import sys
 
 
@@ -33,7 +34,11 @@ def main():
     if folder is not None and _value(argv, "--include_path") is None:
         argv += ["--include_path", folder]
     sys.argv = [sys.argv[0], *argv]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    finally:  # the shipped tasks' JSONL and YAML, written for this run
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def check_args(argv) -> None:

@@ -63,3 +63,23 @@ LONG_FILES_FIRST = (
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+def train_main_job(workdir) -> None:
+    """The main job's config (configs/hwh_tiny.py) trained 4 steps of 4 x 64 tokens into
+    ``workdir`` by ``launch.train`` (a run for the tests of what follows training: export,
+    evaluation launchers)."""
+    argv = [
+        "launch.train",
+        "--config=configs/hwh_tiny.py",
+        f"--workdir={workdir}",
+        "--config.seq_len=64",
+        "--config.train.steps=4",
+        "--config.train.batch_size=4",
+        "--config.train.warmup_steps=1",
+        "--config.train.eval_every=0",
+        "--config.train.mesh=1,1,1",
+        "--config.eval.at_end=False",
+    ]
+    done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -13,6 +13,8 @@ from flax import nnx
 
 pytest.importorskip("lm_eval")  # an optional dependency (hwh-jax[eval])
 
+from conftest import train_main_job
+
 from hwh_jax.data.paths import resolve
 from hwh_jax.data.tokenizers import GPT2BPE
 from hwh_jax.eval import commonsense, harness
@@ -110,18 +112,7 @@ def test_launch_lm_eval_and_the_eval_suite_on_a_trained_run(tmp_path):
     "hwh" registered) writes lm-eval's results file; ``launch.eval --suite=lm_eval:...``
     writes each task's n, accuracy and interval, the accuracy equal to lm-eval's."""
     work = tmp_path / "run"
-    train = [
-        "launch.train",
-        "--config=configs/hwh_tiny.py",
-        f"--workdir={work}",
-        "--config.seq_len=64",
-        "--config.train.steps=4",
-        "--config.train.batch_size=4",
-        "--config.train.warmup_steps=1",
-        "--config.train.eval_every=0",
-        "--config.train.mesh=1,1,1",
-        "--config.eval.at_end=False",
-    ]
+    train_main_job(work)
     lm_eval = [
         "launch.lm_eval",
         "--model=hwh",
@@ -137,7 +128,7 @@ def test_launch_lm_eval_and_the_eval_suite_on_a_trained_run(tmp_path):
         "--lm_eval_limit=8",
         f"--out={tmp_path / 'suite'}",
     ]
-    for argv in (train, lm_eval, suite):
+    for argv in (lm_eval, suite):
         done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
     (path,) = (tmp_path / "lm_eval").rglob("results_*.json")

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import train_main_job
 from flax import nnx
 
 from hwh_jax.data.paths import resolve
@@ -82,23 +83,10 @@ def test_launch_export_hf_then_transformers_alone_generates_text(tmp_path):
     from hwh_jax.training.restore import load_run
 
     work, out = tmp_path / "run", tmp_path / "hf"
-    for argv in (
-        [
-            "launch.train",
-            "--config=configs/hwh_tiny.py",
-            f"--workdir={work}",
-            "--config.seq_len=64",
-            "--config.train.steps=4",
-            "--config.train.batch_size=4",
-            "--config.train.warmup_steps=1",
-            "--config.train.eval_every=0",
-            "--config.train.mesh=1,1,1",
-            "--config.eval.at_end=False",
-        ],
-        ["launch.export_hf", f"--checkpoint={work}", f"--out={out}"],
-    ):
-        done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-2000:]
+    train_main_job(work)
+    argv = ["launch.export_hf", f"--checkpoint={work}", f"--out={out}"]
+    done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
     assert "(step 4) -> " in done.stdout and "HwhForCausalLM, trust_remote_code=True" in done.stdout
     text = "It was  the best\n\nof times,\tit was"
     ids = load_run(str(work), None).tokenizer.encode(text)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 from typing import Callable
 
@@ -298,12 +299,11 @@ def _lm_eval(run: Run):
         batch_size=spec.batch_size,
         max_length=run.max_len,
     )
-    results = harness.evaluate(
-        lm,
-        tasks,
-        include_path=folder,
-        limit=spec.lm_eval_limit or None,
-    )
+    try:
+        results = harness.evaluate(lm, tasks, include_path=folder, limit=spec.lm_eval_limit or None)
+    finally:  # the tasks' JSONL and YAML, written for this evaluation
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     out = {}
     for task, metrics in harness.accuracies(results).items():
         n = int(results["n-samples"][task]["effective"])

@@ -105,32 +105,35 @@ def delta_rule_step(q, k, v, g, beta, state):
     return torch.einsum("bhkv,bhk->bhv", h, q), h
 
 
-def delta_rule_chunked(q, k, v, g, beta, state, chunk: int):
-    """The gated delta rule over a sequence in chunks of ``chunk`` tokens (the WY form): q, k
-    [B, T, H, K] (q scaled), v [B, T, H, V], g, beta [B, T, H], state [B, H, K, V]; all fp32.
-    Returns (o [B, T, H, V], final state). Padding the last chunk with g = beta = 0 leaves the
-    state as the real tokens left it."""
+def chunked(q, k, v, g, state, chunk: int, beta=None):
+    """A linear state over a sequence in chunks of ``chunk`` tokens: q, k [B, T, H, K] (q
+    scaled), v [B, T, H, V], g [B, T, H], state [B, H, K, V] or None; all fp32. ``beta`` None:
+    a decaying state, S <- e^g S + k v^T; ``beta`` [B, T, H]: the gated delta rule, its
+    in-chunk corrections in the WY form. Returns (o [B, T, H, V], final state). Padding the
+    last chunk with g = 0 and zero k, v (beta) leaves the state as the real tokens left it."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     pad = (-T) % chunk
     q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(1, 2) for x in (q, k, v))
-    g, beta = (F.pad(x, (0, 0, 0, pad)).transpose(1, 2) for x in (g, beta))
     N, C = (T + pad) // chunk, chunk
-    q, k = q.reshape(B, H, N, C, K), k.reshape(B, H, N, C, K)
-    v, g, beta = v.reshape(B, H, N, C, V), g.reshape(B, H, N, C).cumsum(-1), beta.reshape(B, H, N, C)
+    q, k, v = q.reshape(B, H, N, C, K), k.reshape(B, H, N, C, K), v.reshape(B, H, N, C, V)
+    g = F.pad(g, (0, 0, 0, pad)).transpose(1, 2).reshape(B, H, N, C).cumsum(-1)
     lower = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device))
     decay = torch.where(lower, g[..., :, None] - g[..., None, :], -math.inf).exp()
-    k_beta = k * beta[..., None]
-    a = ((k_beta @ k.transpose(-1, -2)) * decay).masked_fill(~lower.tril(-1), 0.0)
-    eye = torch.eye(C, dtype=q.dtype, device=q.device)
-    t_inv = torch.linalg.solve_triangular(eye + a, eye.expand_as(a), upper=False)
-    u = t_inv @ (v * beta[..., None])
-    w = t_inv @ (k_beta * g.exp()[..., None])
+    u, w = v, None  # the values each chunk writes, and (delta rule) what its state takes back
+    if beta is not None:
+        beta = F.pad(beta, (0, 0, 0, pad)).transpose(1, 2).reshape(B, H, N, C)
+        k_beta = k * beta[..., None]
+        a = ((k_beta @ k.transpose(-1, -2)) * decay).masked_fill(~lower.tril(-1), 0.0)
+        eye = torch.eye(C, dtype=q.dtype, device=q.device)
+        t_inv = torch.linalg.solve_triangular(eye + a, eye.expand_as(a), upper=False)
+        u = t_inv @ (v * beta[..., None])
+        w = t_inv @ (k_beta * g.exp()[..., None])
     S = torch.zeros(B, H, K, V, dtype=q.dtype, device=q.device) if state is None else state
     out = []
     for n in range(N):
         qn, kn, gn = q[:, :, n], k[:, :, n], g[:, :, n]
-        v_new = u[:, :, n] - w[:, :, n] @ S
+        v_new = u[:, :, n] if w is None else u[:, :, n] - w[:, :, n] @ S
         scores = (qn @ kn.transpose(-1, -2)) * decay[:, :, n]
         out.append((qn * gn.exp()[..., None]) @ S + scores @ v_new)
         last = gn[..., -1:]
@@ -143,30 +146,6 @@ def decay_step(q, k, v, g, state):
     """One token of a decaying state: S <- e^g S + k v^T, o = S^T q (q scaled); g [B, H]."""
     h = state * g.exp()[..., None, None] + k[..., :, None] * v[..., None, :]
     return torch.einsum("bhkv,bhk->bhv", h, q), h
-
-
-def decay_chunked(q, k, v, g, state, chunk: int):
-    """A decaying state over a sequence in chunks (shapes as ``delta_rule_chunked``, no beta)."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    pad = (-T) % chunk
-    q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(1, 2) for x in (q, k, v))
-    g = F.pad(g, (0, 0, 0, pad)).transpose(1, 2)
-    N, C = (T + pad) // chunk, chunk
-    q, k, v = q.reshape(B, H, N, C, K), k.reshape(B, H, N, C, K), v.reshape(B, H, N, C, V)
-    g = g.reshape(B, H, N, C).cumsum(-1)
-    lower = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device))
-    decay = torch.where(lower, g[..., :, None] - g[..., None, :], -math.inf).exp()
-    S = torch.zeros(B, H, K, V, dtype=q.dtype, device=q.device) if state is None else state
-    out = []
-    for n in range(N):
-        qn, kn, vn, gn = q[:, :, n], k[:, :, n], v[:, :, n], g[:, :, n]
-        scores = (qn @ kn.transpose(-1, -2)) * decay[:, :, n]
-        out.append((qn * gn.exp()[..., None]) @ S + scores @ vn)
-        last = gn[..., -1:]
-        S = S * last.exp()[..., None] + (kn * (last - gn).exp()[..., None]).transpose(-1, -2) @ vn
-    o = torch.stack(out, dim=2).reshape(B, H, N * C, V)[:, :, :T]
-    return o.transpose(1, 2), S
 
 
 def causal_conv(x, weight, window):
@@ -311,10 +290,8 @@ class LinearHeads(nn.Module):
             else:
                 o, state = decay_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], state)
             o = o[:, None]
-        elif self.delta:
-            o, state = delta_rule_chunked(q, k, v, g, beta, state, self.chunk)
         else:
-            o, state = decay_chunked(q, k, v, g, state, self.chunk)
+            o, state = chunked(q, k, v, g, state, self.chunk, beta if self.delta else None)
         if cache is not None:
             cache["state"] = state
             if self.has_conv:
