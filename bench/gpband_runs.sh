@@ -5,6 +5,7 @@
 # Workdirs (checkpoints) go to ${WORK:-/tmp/gpband}; OUT_DIR gets logs, summaries, plots.
 # WINDOW=N analyses every model over N tokens (one window longer than every training length,
 # so a band's edge is not bounded by the window); unset, each over its own training length.
+# NUM_SAMPLES=N analyses N held-out windows (default 8; the held-out split holds 6 of 4096).
 # SEED=S trains with --config.seed=S (initialisation and data order; default 0).
 set -euo pipefail
 OUT=$1; STEPS=${2:-300}; TPS=${3:-32768}; shift 3 || true
@@ -25,6 +26,6 @@ for L in $LENGTHS; do
   ckpts+=("$WORK/tf_$L")
 done
 echo "=== analysis ($(date -u +%T))"
-python -m launch.analyze --checkpoint="$(IFS=,; echo "${ckpts[*]}")" --num_samples=8 \
+python -m launch.analyze --checkpoint="$(IFS=,; echo "${ckpts[*]}")" --num_samples="${NUM_SAMPLES:-8}" \
   --num_queries=32 --seq_len="${WINDOW:-0}" --out="$OUT/analysis" 2>&1 | grep -v "^I[0-9]" | tee "$OUT/analyze.log"
 echo "=== done ($(date -u +%T))"

@@ -89,7 +89,11 @@ def _samples(tok, run, seq_len, n, rng, cfg):
             raise ValueError(f"no tokenizer for this model to read {p}; use --data=random")
         stream = np.asarray(tok.encode(read_text(p)), np.int32)
     if len(stream) < n * seq_len:
-        raise ValueError(f"{FLAGS.data}: {len(stream)} tokens < {n} samples x {seq_len}")
+        raise ValueError(
+            f"--data={FLAGS.data}: {len(stream)} tokens < --num_samples={n} x --seq_len={seq_len}; "
+            f"lower one of them (at most {len(stream) // seq_len} samples of {seq_len}) or pass a "
+            "longer text as --data"
+        )
     starts = rng.choice(len(stream) // seq_len, n, replace=False) * seq_len
     return np.stack([stream[s : s + seq_len] for s in starts])
 
