@@ -517,6 +517,40 @@ def test_niah_by_depth_from_the_committed_runs():
     assert cells[0] == "0/63"
 
 
+def test_commonsense_table_from_the_committed_runs():
+    """commonsense_table against a direct computation on the committed HwH / HwH-RoPE runs: a
+    cell is the seeds' mean, range and t interval; chance is 1 / choices over the items scored
+    (25.0 for ARC's first 500, whose items all have four choices, 50.0 for PIQA)."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    from hwh_jax.eval.stats import seeds_interval
+    from hwh_jax.experiments.report import commonsense_table
+
+    root = Path(__file__).resolve().parents[1] / "measurements"
+    root = root / "experiment_L512_rope_commonsense"
+    rows = {
+        a: [
+            json.loads((root / a / f"seed{s}" / "eval" / "results.json").read_text())["commonsense"]
+            for s in range(3)
+        ]
+        for a in ("hwh", "hwh_rope")
+    }
+    table = commonsense_table(rows).splitlines()
+    assert table[0] == "| task | metric | examples | chance | hwh | hwh_rope |"
+    for task, metric, chance in (("piqa", "acc", "50.0"), ("hellaswag", "acc_norm", "25.0")):
+        line = next(l for l in table if l.startswith(f"| {task} | {metric} |"))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[2:4] == ["500", chance]
+        for cell, runs in zip(cells[4:], rows.values()):
+            vals = [100 * r[task][metric] for r in runs]
+            lo, hi = seeds_interval(vals)
+            want = f"{statistics.mean(vals):.1f} ({min(vals):.1f}-{max(vals):.1f}"
+            assert cell == want + f"; t {lo:.1f}-{hi:.1f})"
+    assert not any(l.startswith("| winogrande | acc_norm") for l in table)  # not measured
+
+
 @pytest.mark.parametrize("task", [t for t in niah.TASKS if t not in niah.SINGLE])
 def test_ruler_multi_needle_variants(gpt2, task):
     """The multi-key, -value and -query tasks as RULER's niah.py renders them: k needles

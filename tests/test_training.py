@@ -392,7 +392,7 @@ def test_every_config_builds_and_its_tiny_form_trains_a_step(arch):
 def test_experiment_configs_match_parameters_and_tokens():
     """configs/experiment.py: the six architectures of the reproduction at `small` have the same
     parameter count within 5% (at the vocabulary a 8192-piece tokenizer gives), train on the
-    same number of tokens at L and 2L, and end with the retrieval probe, NIAH at L, 2L, 4L, MQAR
+    same number of tokens at L and 2L in micro-batches of 8,192 tokens, and end with the retrieval probe, NIAH at L, 2L, 4L, MQAR
     and perplexity."""
     from configs import experiment
     from hwh_jax.models.params import count_params
@@ -406,6 +406,9 @@ def test_experiment_configs_match_parameters_and_tokens():
             assert tuple(config.eval.niah_factors) == (1, 2, 4)
             assert set(config.eval.suites) == {"retrieval", "niah", "mqar", "ppl"}
             assert 0 < config.data.retrieval_share < 1
+            # one split everywhere: micro-batches of 8,192 tokens, whatever memory a run has
+            micro = config.train.batch_size // config.train.grad_accum * config.seq_len
+            assert micro == 8192, (arch, L, config.train.grad_accum)
         params[arch] = count_params(model_for_run(config, 8192))
     assert len(tokens) == 1, tokens
     spread = (max(params.values()) - min(params.values())) / min(params.values())

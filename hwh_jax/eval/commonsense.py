@@ -117,6 +117,15 @@ def load_task(task: str, folder: storage.PathLike | None = None, limit: int | No
     return out[:limit] if limit else out
 
 
+def chance(task: str, limit: int | None = None) -> float | None:
+    """The accuracy of a uniform guess over the first ``limit`` examples of ``task`` (the mean
+    of 1 / its number of choices); None for lambada_openai (a free continuation)."""
+    if task == "lambada_openai":
+        return None
+    examples = load_task(task, limit=limit)
+    return sum(1 / len(ex.get("choices") or ex["contexts"]) for ex in examples) / len(examples)
+
+
 def split_encode(tokenizer, context: str, continuation: str):
     """(context ids, continuation ids) by encoding the whole and splitting, as the harness
     does, so that tokens spanning the boundary are counted as the continuation's."""

@@ -14,7 +14,7 @@ import math
 import statistics
 
 from hwh_jax import storage
-from hwh_jax.eval import stats
+from hwh_jax.eval import commonsense, stats
 from hwh_jax.eval.suite import compare
 from hwh_jax.metrics import read_metrics
 from hwh_jax.plotting import finish_line_chart, pyplot
@@ -333,6 +333,43 @@ def depth_figure(named_rows: dict[str, list[dict]], path: storage.PathLike):
     finish_line_chart(fig, ax, path, xlabel="needle depth (% of the context)", ylabel="right (%)")
 
 
+def commonsense_table(named_rows: dict[str, list[dict]]) -> str:
+    """Zero-shot accuracy per task and configuration: the mean over its runs (seeds) with the
+    runs' range and the 95% t interval of the mean (the seed as the unit; every seed is asked the
+    same items, so the items are not pooled), beside a uniform guess's accuracy on those items.
+    ``named_rows``: configuration -> each run's ``results["commonsense"]``."""
+    tasks = [
+        t for t in commonsense.TASKS if any(t in r for rows in named_rows.values() for r in rows)
+    ]
+    lines = [
+        "| task | metric | examples | chance | " + " | ".join(named_rows) + " |",
+        "|---|---|---:|---:|" + "---|" * len(named_rows),
+    ]
+    for task in tasks:
+        n = {r[task]["examples"] for rows in named_rows.values() for r in rows if task in r}
+        if len(n) > 1:
+            raise ValueError(f"commonsense {task}: runs scored different examples {sorted(n)}")
+        n = n.pop()
+        guess = commonsense.chance(task, limit=n)
+        for metric in ("acc", "acc_norm"):
+            cells = []
+            for rows in named_rows.values():
+                vals = [100 * r[task][metric] for r in rows if metric in r.get(task, {})]
+                if not vals:
+                    cells.append("-")
+                    continue
+                ci = stats.seeds_interval(vals)
+                cells.append(
+                    f"{statistics.mean(vals):.1f} ({min(vals):.1f}-{max(vals):.1f}"
+                    + (f"; t {ci[0]:.1f}-{ci[1]:.1f})" if ci else ")")
+                )
+            if all(c == "-" for c in cells):
+                continue
+            chance_s = "-" if guess is None else f"{100 * guess:.1f}"
+            lines.append(f"| {task} | {metric} | {n} | {chance_s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def report(workdirs: list[storage.PathLike], out_dir: storage.PathLike) -> str:
     """Write report.md (tables), experiments.json and the cross-model figures into out_dir.
 
@@ -396,6 +433,16 @@ def report(workdirs: list[storage.PathLike], out_dir: storage.PathLike) -> str:
         text += (
             "\nNIAH by needle depth (prompts right of those asked, every task and seed of a "
             f"configuration together):\n\n{depth_table(by_config)}\n"
+        )
+    sense = {}
+    for w, e in by_dir.items():
+        if "commonsense" in e["results"]:
+            name = next((g for g, dirs in groups.items() if w in dirs), e["name"])
+            sense.setdefault(name, []).append(e["results"]["commonsense"])
+    if sense:
+        text += (
+            "\nZero-shot commonsense, % (mean over runs (range; 95% t interval, the seed as the "
+            f"unit)):\n\n{commonsense_table(sense)}\n"
         )
     text += (
         "\nTraining (every run; loss = mean of the last logged steps):\n\n"
