@@ -246,3 +246,8 @@ def test_the_readmes_niah_headline_is_the_committed_rows():
     assert f"the layer-wise hybrid {share} ({spread}) and" in readme
     share, spread = at_4l("hwh_1800", 2048, longer)
     assert f"HwH {share} ({spread}) at 4x, all three apart" in readme
+    group = ROOT / "measurements" / "experiment_L512_rope_commonsense"
+    share, spread = at_4l("hwh_rope", 2048, group)
+    assert f"RoPE in its FA heads answered {share} ({spread}) at 4x" in readme
+    share, spread = at_4l("hwh", 2048, group)
+    assert f"against HwH's {share} ({spread}), every seed apart" in readme
