@@ -215,7 +215,7 @@ def test_report_keeps_runs_cut_before_their_evaluation(tmp_path):
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = report([run], tmp_path / "rep")
     mean_last_50 = sum(10.0 - s / 10 for s in range(11, 61)) / 50
-    assert f"| cut | 60 | {mean_last_50:.4f} (last 50) | 4.5000 | 7 | no (cut short) |" in text
+    assert f"| cut | 60 | - | {mean_last_50:.4f} (last 50) | 4.5000 | 7 | no (cut short) |" in text
     assert "NIAH" not in text  # no finished run: no NIAH table
     exps = json.loads((tmp_path / "rep" / "experiments.json").read_text())
     assert exps[0]["closing_eval"] is False and exps[0]["steps"] == 60
@@ -324,7 +324,7 @@ def test_an_evaluation_cut_during_niah_keeps_what_it_measured(gpt2, tmp_path):
     text = report([tmp_path, done], tmp_path / "rep")
     row = next(line for line in text.splitlines() if line.startswith(f"| {tmp_path.name} | "))
     assert row.count(" - ") == 3  # 512 of the three tasks: not measured
-    assert "partial (cut during it)" in text and "| 3 | 6.0000 (last 3) | - | - | yes |" in text
+    assert "partial (cut during it)" in text and "| 3 | - | 6.0000 (last 3) | - | - | yes |" in text
 
 
 @pytest.mark.parametrize("right,n", [(0, 10), (5, 10), (10, 10), (37, 100), (1, 3)])

@@ -247,7 +247,8 @@ def run_table(exps: list[dict]) -> str:
 
 def training_row(workdir: storage.PathLike, last: int = 50) -> dict:
     """What a run's metrics.jsonl says, finished or not: steps reached, mean train loss of the
-    last ``last`` logged steps, the last held-out loss, median steady tokens/s."""
+    last ``last`` logged steps, the last held-out loss, median steady tokens/s; and the
+    micro-batch split of its memory_plan.json (rows x micro-batches a step)."""
     workdir = storage.path(workdir)
     path = workdir / "metrics.jsonl"
     if not path.exists():
@@ -259,8 +260,11 @@ def training_row(workdir: storage.PathLike, last: int = 50) -> dict:
     held = [r["loss"] for r in rows if r["split"] == "heldout"]
     tps, _ = _steady(rows)
     tail = sorted(train)[-last:]
+    plan = workdir / "memory_plan.json"  # the micro-batch split the step ran with
+    plan = json.loads(plan.read_text()) if plan.exists() else {}
     return {
         "name": run_name(workdir),
+        "split": f"{plan['micro_batch']} x {plan['grad_accum']}" if plan else "-",
         "steps": max(train),
         "train_loss_tail": statistics.mean(train[s] for s in tail),
         "tail": len(tail),
@@ -446,10 +450,12 @@ def report(workdirs: list[storage.PathLike], out_dir: storage.PathLike) -> str:
         )
     text += (
         "\nTraining (every run; loss = mean of the last logged steps):\n\n"
-        + "| run | steps | train loss | held-out loss | median tokens/s | closing evaluation |\n"
-        "|---|---:|---:|---:|---:|---|\n"
+        + "| run | steps | micro-batches | train loss | held-out loss | median tokens/s | "
+        "closing evaluation |\n"
+        "|---|---:|---|---:|---:|---:|---|\n"
         + "".join(
-            f"| {r['name']} | {r['steps']} | {r['train_loss_tail']:.4f} (last {r['tail']}) | "
+            f"| {r['name']} | {r['steps']} | {r['split']} | {r['train_loss_tail']:.4f} "
+            f"(last {r['tail']}) | "
             f"{_fmt(r['heldout_loss'], '.4f')} | {_fmt(r['tokens_per_s'], ',.0f')} | "
             f"{_eval_state(by_dir.get(w))} |\n"
             for w, r in zip(workdirs, rows)
