@@ -37,6 +37,7 @@ class KernelMesh:
     mesh: Mesh
     batch_axes: tuple[str, ...] = ("data", "fsdp")
     head_axis: str | None = "tensor"
+    seq_axis: str | None = "sequence"  # the time dimension's axis (absent from the mesh: none)
 
     def batch_spec(self, batch: int):
         """Mesh axes for a batch dimension of size ``batch`` (None: not sharded)."""
@@ -49,6 +50,11 @@ class KernelMesh:
         n = self.mesh.shape.get(self.head_axis, 1) if self.head_axis else 1
         return self.head_axis if n > 1 and heads % n == 0 else None
 
+    def seq_spec(self, length: int):
+        """The mesh axis a time dimension of ``length`` is split over (None: not split)."""
+        n = self.mesh.shape.get(self.seq_axis, 1) if self.seq_axis else 1
+        return self.seq_axis if n > 1 and length % n == 0 else None
+
 
 _CURRENT: contextvars.ContextVar[KernelMesh | None] = contextvars.ContextVar(
     "kernels_pallas_mesh", default=None
@@ -56,9 +62,15 @@ _CURRENT: contextvars.ContextVar[KernelMesh | None] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def kernel_mesh(mesh: Mesh | None, batch_axes=("data", "fsdp"), head_axis="tensor"):
+def kernel_mesh(
+    mesh: Mesh | None, batch_axes=("data", "fsdp"), head_axis="tensor", seq_axis="sequence"
+):
     """Kernels traced inside run per shard of ``mesh`` (None or one device: no change)."""
-    km = None if mesh is None or mesh.size == 1 else KernelMesh(mesh, tuple(batch_axes), head_axis)
+    km = (
+        None
+        if mesh is None or mesh.size == 1
+        else KernelMesh(mesh, tuple(batch_axes), head_axis, seq_axis)
+    )
     token = _CURRENT.set(km)
     try:
         yield km

@@ -1,6 +1,7 @@
 """``gated_delta_rule`` and ``gated_delta_rule_step``: the public entries, which check shapes
 and run the implementation their ``GDNSettings`` choose; under ``kernel_mesh`` the chunked
-Pallas kernels run per device shard."""
+Pallas kernels run per device shard, and a mesh with a sequence axis splits the time dimension
+(``sequence.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from kernels_pallas.gdn import reference
 from kernels_pallas.gdn.chunk_reference import gated_delta_rule_chunk_reference
 from kernels_pallas.gdn.pallas import gated_delta_rule_pallas
 from kernels_pallas.gdn.reference import gated_delta_rule_recurrent
+from kernels_pallas.gdn.sequence import over_shards
 from kernels_pallas.gdn.settings import GDNSettings
 from kernels_pallas.gdn.step import step_pallas
 
@@ -64,13 +66,22 @@ def gated_delta_rule(
     kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state)
     if g is None and impl != "pallas":
         g = jnp.zeros(q.shape[:3], jnp.float32)
+    km = sharding.current()
+    axis = km.seq_spec(q.shape[1]) if km is not None else None
+    if axis is not None:  # the time dimension split over a mesh axis
+        if impl == "recurrent":
+            scan, extra = gated_delta_rule_recurrent, {}
+        elif impl == "chunk_reference":
+            scan, extra = gated_delta_rule_chunk_reference, {"chunk_size": settings.chunk_size}
+        else:
+            scan, extra = gated_delta_rule_pallas, {"settings": settings}
+        return over_shards(scan, km, axis, q, k, v, g, beta, **kw, **extra)
     if impl == "recurrent":
         return gated_delta_rule_recurrent(q, k, v, g, beta, **kw)
     if impl == "chunk_reference":
         return gated_delta_rule_chunk_reference(
             q, k, v, g, beta, chunk_size=settings.chunk_size, **kw
         )
-    km = sharding.current()
     if km is None:
         return gated_delta_rule_pallas(q, k, v, g, beta, settings=settings, **kw)
     return _pallas_per_shard(km, q, k, v, g, beta, settings=settings, **kw)

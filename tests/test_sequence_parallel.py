@@ -1,0 +1,96 @@
+"""The time dimension split over a mesh axis: each op's outputs, final state and gradients equal
+the unsplit op's (8 fake CPU devices, fp32)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+import kernels_pallas
+from hwh_jax.layers.heads.parts import RESET_LOG_DECAY
+from kernels_pallas.gdn import GDNSettings
+
+TOL = 2e-5  # fp32: the split run folds the shards' states in another order of additions
+
+
+def _mesh(batch: int, seq: int) -> Mesh:
+    devices = np.asarray(jax.devices()[: batch * seq]).reshape(batch, 1, 1, seq)
+    return Mesh(devices, ("data", "fsdp", "tensor", "sequence"))
+
+
+def _inputs(B, T, H, K, V, seed=0, documents=False, decay=True):
+    ks = jax.random.split(jax.random.key(seed), 6)
+    q = jax.random.normal(ks[0], (B, T, H, K))
+    k = jax.random.normal(ks[1], (B, T, H, K))
+    k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+    v = jax.random.normal(ks[2], (B, T, H, V))
+    beta = jax.nn.sigmoid(jax.random.normal(ks[3], (B, T, H)))
+    g = -jax.nn.softplus(jax.random.normal(ks[4], (B, T, H))) * 0.3 if decay else None
+    if documents:  # document starts at random tokens, some inside shards, one on a boundary
+        starts = jax.random.bernoulli(ks[5], 0.05, (B, T)).at[:, T // 2].set(True)
+        g = jnp.where(starts[..., None], RESET_LOG_DECAY, jnp.zeros((B, T, H)) if g is None else g)
+    h0 = jax.random.normal(ks[5], (B, H, K, V)) * 0.1
+    return q, k, v, g, beta, h0
+
+
+def _run(mesh, impl, args, final: bool):
+    q, k, v, g, beta, h0 = args
+    settings = GDNSettings(impl=impl, chunk_size=16)
+
+    def loss(q, k, v, g, beta, h0):
+        o, s = kernels_pallas.gated_delta_rule(
+            q, k, v, g, beta, initial_state=h0, output_final_state=final, settings=settings
+        )
+        w = jnp.cos(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape)  # every output
+        return (o * w).sum() + (jnp.sum(s * s) if final else 0.0), (o, s)
+
+    argnums = tuple(i for i, x in enumerate(args) if x is not None)
+    fn = jax.value_and_grad(loss, argnums=argnums, has_aux=True)
+    with kernels_pallas.kernel_mesh(mesh):
+        (value, (o, s)), grads = jax.jit(fn)(*args)
+    return value, o, s, grads
+
+
+@pytest.mark.parametrize(
+    "seq, batch, T, documents, decay",
+    [
+        (2, 2, 96, False, True),  # with data parallelism; 48 tokens a shard: a partial chunk
+        (4, 2, 72, True, True),  # 18 a shard, documents starting inside shards and on a boundary
+        (8, 1, 40, True, False),  # DeltaNet (no decay), 5 tokens a shard: every chunk partial
+    ],
+)
+def test_gated_delta_rule_over_a_sequence_axis_equals_the_unsplit_run(
+    seq, batch, T, documents, decay
+):
+    args = _inputs(batch, T, 2, 16, 8, documents=documents, decay=decay)
+    for impl in ("chunk_reference", "recurrent"):
+        want = _run(None, impl, args, final=True)
+        got = _run(_mesh(batch, seq), impl, args, final=True)
+        for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+            np.testing.assert_allclose(g, w, rtol=TOL, atol=TOL, err_msg=impl)
+    # without the final state, and with no initial state: the first shard starts from zero
+    q, k, v, g, beta, _ = args
+    want = _run(None, "chunk_reference", (q, k, v, g, beta, None), final=False)
+    got = _run(_mesh(batch, seq), "chunk_reference", (q, k, v, g, beta, None), final=False)
+    for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+        np.testing.assert_allclose(g, w, rtol=TOL, atol=TOL)
+
+
+def test_a_planted_error_in_the_passed_state_is_caught():
+    """The test above can fail: shards that ignore the state they receive (each from zero)
+    differ from the unsplit run."""
+    args = _inputs(1, 32, 2, 16, 8)
+    q, k, v, g, beta, _ = args
+    want = _run(None, "chunk_reference", (q, k, v, g, beta, None), final=False)[1]
+    halves = [
+        kernels_pallas.gated_delta_rule(
+            *(x[:, i : i + 16] for x in (q, k, v, g, beta)),
+            settings=GDNSettings(impl="chunk_reference", chunk_size=16),
+        )[0]
+        for i in (0, 16)
+    ]
+    np.testing.assert_allclose(halves[0], want[:, :16], rtol=TOL, atol=TOL)
+    assert np.abs(np.asarray(halves[1] - want[:, 16:])).max() > 1e-2
