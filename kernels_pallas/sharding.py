@@ -5,7 +5,9 @@ operands and run the whole batch on every device. The trainer therefore traces i
 ``kernel_mesh(mesh)``, and the kernel entry points that see a mesh there wrap their kernel in a
 ``shard_map``: batch rows over the batch axes (data, fsdp) and heads over the tensor axis, each
 device running the kernel on its own rows and heads (the ops are independent per row and
-head). An axis that does not divide its dimension is left unsharded (that dimension is then
+head). A ``sequence`` axis in the mesh splits the time dimension: the gated delta rule runs per
+time shard and passes its states between them (``gdn/sequence.py``); the ops that do not yet
+split time take the whole sequence on each device of that axis (their inputs gathered). An axis that does not divide its dimension is left unsharded (that dimension is then
 computed whole on each device of that axis: correct, only redundant).
 
 ``kernel_mesh`` is a context manager and a decorator; the context is read at trace time.
@@ -83,14 +85,18 @@ def current() -> KernelMesh | None:
 
 
 def constrain(x, heads: int | None = None):
-    """x [B, ..., X] with its rows over the batch axes of the current ``kernel_mesh`` and, given
-    ``heads`` (X = heads * per-head size), its last dimension over the tensor axis when that
-    divides ``heads``; replicated otherwise. No mesh (or one device): x unchanged."""
+    """x [B, ..., X] with its rows over the batch axes of the current ``kernel_mesh``, the time
+    dimension of x [B, T, ..., X] over the sequence axis when the mesh has one that divides T,
+    and, given ``heads`` (X = heads * per-head size), its last dimension over the tensor axis
+    when that divides ``heads``; replicated otherwise. No mesh (or one device): x unchanged."""
     km = current()
     if km is None:
         return x
     last = km.head_spec(heads) if heads else None
-    spec = P(km.batch_spec(x.shape[0]), *([None] * (x.ndim - 2)), last)
+    middle = [None] * (x.ndim - 2)
+    if middle:
+        middle[0] = km.seq_spec(x.shape[1])
+    spec = P(km.batch_spec(x.shape[0]), *middle, last)
     return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(km.mesh, spec))
 
 

@@ -454,7 +454,7 @@ def test_checkpoints_none_of_which_restores_refuse_a_fresh_start(corpus, four_st
         ("lr", float("inf"), "train.lr must be a finite number > 0, got inf"),
         ("b1", 1.5, "train.b1 must be a finite number >= 0 and < 1, got 1.5"),
         ("stop_at_step", 9, "train.stop_at_step must be an integer >= 0 and <= 6, got 9"),
-        ("mesh", ("a", "b"), "train.mesh must be three sizes"),
+        ("mesh", ("a", "b"), "train.mesh must be three or four sizes"),
         ("clip_norm", -1.0, "train.clip_norm must be a finite number >= 0"),
         ("warmup_steps", -1, "train.warmup_steps"),
         ("z_loss", float("nan"), "train.z_loss"),

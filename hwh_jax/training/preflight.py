@@ -98,10 +98,24 @@ def check_heads(cfg, mesh_shape: dict, *, allow_unsplit: bool = False) -> list[i
     return [i for i, _ in layers]
 
 
+def check_sequence(seq_len: int, mesh_shape: dict) -> None:
+    """A sequence axis splits every sequence into equal shards: it must divide seq_len."""
+    n = mesh_shape.get("sequence", 1)
+    if seq_len % n:
+        dims = ",".join(str(mesh_shape[a]) for a in mesh_shape)
+        fits = seq_len - seq_len % n
+        raise ValueError(
+            f"seq_len={seq_len} does not split over the sequence axis of {n} devices "
+            f"(train.mesh={dims}): set seq_len to a multiple of {n} (e.g. {fits}) or change "
+            f"the mesh's last size"
+        )
+
+
 def check_run(config, mesh_shape: dict, *, processes: int = 1) -> list[int]:
     """Every check above for a run config on a mesh ({axis: size}); the model's head counts
     from its size and schedule (the vocabulary does not matter here)."""
     c = config.train
     check_batch(c.batch_size, mesh_shape, grad_accum=c.grad_accum, processes=processes)
+    check_sequence(config.seq_len, mesh_shape)
     cfg = model_for_run(config, config.model.vocab_size or 1)
     return check_heads(cfg, mesh_shape, allow_unsplit=c.get("allow_unsplit_heads", False))

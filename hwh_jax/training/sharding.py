@@ -1,8 +1,10 @@
 """Device mesh and the one table that maps logical axis names onto it.
 
 Weights carry logical names (``nnx.with_partitioning``); ``RULES`` says which mesh axis each
-name is split over. The mesh has axes (data, fsdp, tensor): batch over data x fsdp, weights
-over fsdp (ZeRO-3 style: gathered per layer by XLA) and tensor (Megatron-style heads / MLP).
+name is split over. The mesh has axes (data, fsdp, tensor, sequence): batch over data x fsdp,
+weights over fsdp (ZeRO-3 style: gathered per layer by XLA) and tensor (Megatron-style heads /
+MLP), and the activations' time dimension over sequence (``kernels_pallas.sharding.constrain``;
+the recurrences pass their states between time shards: ``kernels_pallas/gdn/sequence.py``).
 A weight dimension that a mesh axis does not divide stays replicated along that axis.
 """
 
@@ -18,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 log = logging.getLogger(__name__)
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "sequence")
 
 RULES = (
     ("batch", ("data", "fsdp")),
@@ -32,11 +34,13 @@ RULES = (
 )
 
 
-def mesh_shape(dims, num_devices: int) -> tuple[int, int, int]:
-    """Resolve (data, fsdp, tensor) with at most one -1 (= the rest of the devices)."""
+def mesh_shape(dims, num_devices: int) -> tuple[int, int, int, int]:
+    """Resolve (data, fsdp, tensor[, sequence]) with at most one -1 (= the rest of the devices);
+    three sizes leave the sequence axis at 1."""
     dims = [int(d) for d in dims]
-    if len(dims) != 3:
-        raise ValueError(f"mesh needs 3 sizes (data, fsdp, tensor), got {dims}")
+    if len(dims) not in (3, 4):
+        raise ValueError(f"mesh needs 3 or 4 sizes (data, fsdp, tensor[, sequence]), got {dims}")
+    dims = dims + [1] * (4 - len(dims))
     if dims.count(-1) > 1 or any(d == 0 or d < -1 for d in dims):
         raise ValueError(f"mesh sizes must be positive with at most one -1, got {dims}")
     known = math.prod(d for d in dims if d != -1)

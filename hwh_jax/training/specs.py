@@ -110,13 +110,13 @@ def run_specs(config, data_files: bool = True) -> RunSpecs:
     checks.number("seed", config.seed, lo=0, integer=True)
     mesh = tuple(c.mesh)
     if (
-        len(mesh) != 3
+        len(mesh) not in (3, 4)
         or any(not isinstance(d, int) or isinstance(d, bool) or (d < 1 and d != -1) for d in mesh)
         or mesh.count(-1) > 1
     ):
         raise ValueError(
-            f"train.mesh must be three sizes (data, fsdp, tensor), each >= 1 or one "
-            f"of them -1 (the remaining devices), got {mesh!r}"
+            f"train.mesh must be three or four sizes (data, fsdp, tensor[, sequence]), each "
+            f">= 1 or one of them -1 (the remaining devices), got {mesh!r}"
         )
     if c.profile_at and c.profile_at + c.profile_steps > (c.stop_at_step or c.steps):
         raise ValueError(
