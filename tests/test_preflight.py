@@ -63,3 +63,17 @@ def test_the_trainer_refuses_before_writing_anything(tmp_path):
     with pytest.raises(ValueError, match="train.batch_size=12 does not split"):
         train_and_evaluate(config, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_sequence_axis_that_does_not_divide_seq_len_is_refused():
+    """The time shards are equal: seq_len 4095 over a sequence axis of 8 is refused, naming the
+    key, the mesh and a length that splits; three mesh sizes leave the axis at 1."""
+    from hwh_jax.training import sharding
+
+    with pytest.raises(ValueError, match=r"seq_len=4095 .*train.mesh=1,1,1,8.*e.g. 4088"):
+        preflight.check_sequence(4095, {"data": 1, "fsdp": 1, "tensor": 1, "sequence": 8})
+    preflight.check_sequence(4096, {"data": 1, "fsdp": 1, "tensor": 1, "sequence": 8})
+    assert sharding.mesh_shape((2, 2, 2), 8) == (2, 2, 2, 1)
+    assert sharding.mesh_shape((1, 2, 1, -1), 8) == (1, 2, 1, 4)
+    with pytest.raises(ValueError, match="3 or 4 sizes"):
+        sharding.mesh_shape((1, 1), 8)
