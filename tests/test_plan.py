@@ -39,7 +39,7 @@ def test_the_tiny_hwh_steps_compile_for_v5e_2x2_and_fit(tmp_path):
         "--context=512",
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert r["fits"] and r["chips"] == 4 and r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert r["fits"] and r["chips"] == 4 and r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1, "sequence": 1}
     m = r["memory"]
     assert 0 < m["step_bytes"] <= m["hbm"] == 16 * 2**30
     assert m["arguments"] > 0 and m["temporaries"] > 0
@@ -93,7 +93,7 @@ def test_the_tiny_hwh_steps_compile_for_v5p_2x2x1(tmp_path):
     inf = r["inference"]
     assert inf["decode"]["fits"] and inf["prefill"]["fits"]
     # served over the slice: 4 requests, one a chip; the weights over fsdp 2, gathered
-    assert inf["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
+    assert inf["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1, "sequence": 1}
     assert inf["decode"]["collectives"]["all-gather"]["count"] > 0
     assert inf["prefill"]["kernels"].get("gdn_scan_fwd", 0) >= 1
 
