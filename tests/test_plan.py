@@ -39,7 +39,11 @@ def test_the_tiny_hwh_steps_compile_for_v5e_2x2_and_fit(tmp_path):
         "--context=512",
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert r["fits"] and r["chips"] == 4 and r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1, "sequence": 1}
+    assert (
+        r["fits"]
+        and r["chips"] == 4
+        and r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1, "sequence": 1}
+    )
     m = r["memory"]
     assert 0 < m["step_bytes"] <= m["hbm"] == 16 * 2**30
     assert m["arguments"] > 0 and m["temporaries"] > 0
