@@ -26,10 +26,10 @@ from absl import flags
 ROOT = pathlib.Path(__file__).resolve().parents[1]  # local path: the checkout's configs/
 sys.path.insert(0, str(ROOT))
 
-from hwh_jax.training import sharding as shd  # noqa: E402
-from hwh_jax.training import steps as st  # noqa: E402
-from hwh_jax.training import trainer  # noqa: E402
-from hwh_jax.training.state import init_train_state  # noqa: E402
+from hwh_jax.training import sharding as shd  # noqa: E402 - after the checkout joins sys.path
+from hwh_jax.training import steps as st  # noqa: E402 - after the checkout joins sys.path
+from hwh_jax.training import trainer  # noqa: E402 - after the checkout joins sys.path
+from hwh_jax.training.state import init_train_state  # noqa: E402 - after the checkout joins sys.path
 
 
 def experiment_config(arg: str, seed: int):
