@@ -13,7 +13,7 @@ from kernels_pallas.gdn import reference
 from kernels_pallas.gdn.chunk_reference import gated_delta_rule_chunk_reference
 from kernels_pallas.gdn.pallas import gated_delta_rule_pallas
 from kernels_pallas.gdn.reference import gated_delta_rule_recurrent
-from kernels_pallas.gdn.sequence import over_shards
+from kernels_pallas.gdn.sequence import operands, over_shards
 from kernels_pallas.gdn.settings import GDNSettings
 from kernels_pallas.gdn.step import step_pallas
 
@@ -89,17 +89,7 @@ def gated_delta_rule(
 
 def _pallas_per_shard(km, q, k, v, g, beta, *, initial_state, output_final_state, **kw):
     """The Pallas kernels on each device's rows and heads (``kernels_pallas.sharding``)."""
-    b, h = km.batch_spec(q.shape[0]), km.head_spec(q.shape[2])
-    x4, x3, st = sharding.P(b, None, h, None), sharding.P(b, None, h), sharding.P(b, h, None, None)
-    named = {
-        "q": (q, x4),
-        "k": (k, x4),
-        "v": (v, x4),
-        "g": (g, x3),
-        "beta": (beta, x3),
-        "initial_state": (initial_state, st),
-    }
-    names = [n for n, (x, _) in named.items() if x is not None]  # g None: no decay
+    names, args, specs, x4, st = operands(km, None, q, k, v, g, beta, initial_state)
 
     def local(*args):
         a = dict(zip(names, args))
@@ -115,8 +105,7 @@ def _pallas_per_shard(km, q, k, v, g, beta, *, initial_state, output_final_state
         )
         return (o, s) if output_final_state else o
 
-    args, specs = [named[n][0] for n in names], [named[n][1] for n in names]
-    out = sharding.per_shard(local, km, tuple(specs), (x4, st) if output_final_state else x4)(*args)
+    out = sharding.per_shard(local, km, specs, (x4, st) if output_final_state else x4)(*args)
     return out if output_final_state else (out, None)
 
 

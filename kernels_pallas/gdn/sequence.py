@@ -28,15 +28,14 @@ import jax.numpy as jnp
 from kernels_pallas import sharding
 
 
-def over_shards(scan, km, axis: str, q, k, v, g, beta, *, initial_state, output_final_state, **kw):
-    """``scan(q, k, v, g, beta, initial_state=, output_final_state=True, **kw)`` (one of the
-    gated delta rule's implementations) on each shard of ``km.mesh``: rows over the batch axes,
-    heads over the head axis, time over ``axis``, the states passed between time shards as the
-    module docstring says. Returns (o [B, T, H, V], final state [B, H, K, V] or None)."""
+def operands(km, time_axis, q, k, v, g, beta, initial_state):
+    """The gated delta rule's operands laid over ``km.mesh``: rows over the batch axes, heads
+    over the head axis, time over ``time_axis`` (None: unsplit). Returns (the names of those
+    given, their arrays, their PartitionSpecs, the [B, T, H, X] spec, the state's spec); g or
+    the initial state None is left out."""
     b, h = km.batch_spec(q.shape[0]), km.head_spec(q.shape[2])
-    x4, x3 = sharding.P(b, axis, h, None), sharding.P(b, axis, h)
+    x4, x3 = sharding.P(b, time_axis, h, None), sharding.P(b, time_axis, h)
     st = sharding.P(b, h, None, None)
-    n = km.mesh.shape[axis]
     named = {
         "q": (q, x4),
         "k": (k, x4),
@@ -46,6 +45,16 @@ def over_shards(scan, km, axis: str, q, k, v, g, beta, *, initial_state, output_
         "initial_state": (initial_state, st),
     }
     names = [name for name, (x, _) in named.items() if x is not None]
+    return names, [named[n][0] for n in names], tuple(named[n][1] for n in names), x4, st
+
+
+def over_shards(scan, km, axis: str, q, k, v, g, beta, *, initial_state, output_final_state, **kw):
+    """``scan(q, k, v, g, beta, initial_state=, output_final_state=True, **kw)`` (one of the
+    gated delta rule's implementations) on each shard of ``km.mesh``: rows over the batch axes,
+    heads over the head axis, time over ``axis``, the states passed between time shards as the
+    module docstring says. Returns (o [B, T, H, V], final state [B, H, K, V] or None)."""
+    names, args, specs, x4, st = operands(km, axis, q, k, v, g, beta, initial_state)
+    n = km.mesh.shape[axis]
 
     def local(*args):
         a = dict(zip(names, args))
@@ -70,7 +79,6 @@ def over_shards(scan, km, axis: str, q, k, v, g, beta, *, initial_state, output_
         last = jax.lax.psum(jnp.where(me == n - 1, s_out, 0.0), axis)  # the last shard's
         return o, last
 
-    specs = tuple(named[name][1] for name in names)
     out = (x4, st) if output_final_state else x4
-    result = sharding.per_shard(local, km, specs, out)(*(named[name][0] for name in names))
+    result = sharding.per_shard(local, km, specs, out)(*args)
     return result if output_final_state else (result, None)
