@@ -428,21 +428,18 @@ def report(workdirs: list[storage.PathLike], out_dir: storage.PathLike) -> str:
             f"interval of their mean, the seed as the unit)):\n\n"
             f"{seeds_length_table(over)}\n"
         )
-    by_config = {}  # a seed folder's runs together, a single run alone
+    by_config, sense = {}, {}  # a seed folder's runs together, a single run alone
     for w, e in by_dir.items():
         name = next((g for g, dirs in groups.items() if w in dirs), e["name"])
         by_config.setdefault(name, []).extend(e["results"].get("niah", []))
+        if "commonsense" in e["results"]:
+            sense.setdefault(name, []).append(e["results"]["commonsense"])
     if any(by_config.values()):
         depth_figure(by_config, out_dir / "niah_by_depth.png")
         text += (
             "\nNIAH by needle depth (prompts right of those asked, every task and seed of a "
             f"configuration together):\n\n{depth_table(by_config)}\n"
         )
-    sense = {}
-    for w, e in by_dir.items():
-        if "commonsense" in e["results"]:
-            name = next((g for g, dirs in groups.items() if w in dirs), e["name"])
-            sense.setdefault(name, []).append(e["results"]["commonsense"])
     if sense:
         text += (
             "\nZero-shot commonsense, % (mean over runs (range; 95% t interval, the seed as the "
