@@ -14,7 +14,6 @@ the relative L2 error of the whole gradient against the reference and their cosi
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import pathlib
 import sys
 import time
@@ -26,6 +25,7 @@ from absl import flags
 ROOT = pathlib.Path(__file__).resolve().parents[1]  # local path: the checkout's configs/
 sys.path.insert(0, str(ROOT))
 
+from configs import experiment  # noqa: E402 - after the checkout joins sys.path
 from hwh_jax.training import sharding as shd  # noqa: E402 - after the checkout joins sys.path
 from hwh_jax.training import steps as st  # noqa: E402 - after the checkout joins sys.path
 from hwh_jax.training import trainer  # noqa: E402 - after the checkout joins sys.path
@@ -33,10 +33,7 @@ from hwh_jax.training.state import init_train_state  # noqa: E402 - after the ch
 
 
 def experiment_config(arg: str, seed: int):
-    spec = importlib.util.spec_from_file_location("experiment", ROOT / "configs" / "experiment.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config(arg)
+    config = experiment.get_config(arg)
     config.unlock()
     config.eval.suites = ()  # no closing evaluation: only the first batch is used
     config.data.workers = 0
