@@ -5,9 +5,11 @@ operands and run the whole batch on every device. The trainer therefore traces i
 ``kernel_mesh(mesh)``, and the kernel entry points that see a mesh there wrap their kernel in a
 ``shard_map``: batch rows over the batch axes (data, fsdp) and heads over the tensor axis, each
 device running the kernel on its own rows and heads (the ops are independent per row and
-head). A ``sequence`` axis in the mesh splits the time dimension: the gated delta rule runs per
-time shard and passes its states between them (``gdn/sequence.py``); the ops that do not yet
-split time take the whole sequence on each device of that axis (their inputs gathered). An axis that does not divide its dimension is left unsharded (that dimension is then
+head). A ``sequence`` axis in the mesh
+splits the time dimension: the linear recurrences (the gated delta rule, the decays, HGRN's
+gates) run per time shard and pass their states between them (``time_shards.py``); attention
+and the short convolutions are left to GSPMD, which gathers what they need over that axis.
+An axis that does not divide its dimension is left unsharded (that dimension is then
 computed whole on each device of that axis: correct, only redundant).
 
 ``kernel_mesh`` is a context manager and a decorator; the context is read at trace time.

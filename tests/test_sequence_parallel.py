@@ -94,3 +94,70 @@ def test_a_planted_error_in_the_passed_state_is_caught():
     ]
     np.testing.assert_allclose(halves[0], want[:, :16], rtol=TOL, atol=TOL)
     assert np.abs(np.asarray(halves[1] - want[:, 16:])).max() > 1e-2
+
+
+def _value_and_grads(fn, mesh, args):
+    """(value, outputs, gradients) of ``fn(*args) -> (out, final state)`` weighted over every
+    output and the final state, under ``mesh`` (None: unsplit)."""
+
+    def loss(*xs):
+        o, s = fn(*xs)
+        w = jnp.cos(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape)
+        return (o * w).sum() + jnp.sum(s * s), (o, s)
+
+    argnums = tuple(i for i, x in enumerate(args) if x is not None)
+    with kernels_pallas.kernel_mesh(mesh):
+        return jax.jit(jax.value_and_grad(loss, argnums=argnums, has_aux=True))(*args)
+
+
+def _assert_split_equals_unsplit(fn, args, batch, seq):
+    want = _value_and_grads(fn, None, args)
+    got = _value_and_grads(fn, _mesh(batch, seq), args)
+    for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):  # atol: of the leaf's scale
+        scale = max(float(np.abs(np.asarray(w)).max()), 1.0)
+        np.testing.assert_allclose(g, w, rtol=TOL, atol=TOL * scale)
+
+
+@pytest.mark.parametrize(
+    "seq, batch, T, per_key, documents",
+    [
+        (2, 2, 96, False, False),  # Lightning / RetNet / Mamba-2's scalar decay, a partial chunk
+        (4, 2, 72, True, True),  # GLA / HGRN-2's decay per key, documents inside shards
+        (8, 1, 40, False, True),  # 5 tokens a shard
+    ],
+)
+def test_decay_attention_over_a_sequence_axis_equals_the_unsplit_run(
+    seq, batch, T, per_key, documents
+):
+    q, k, v, g, _, h0 = _inputs(batch, T, 2, 16, 8, documents=documents)
+    if per_key:  # a different decay in every key dimension
+        spread = jnp.linspace(0.2, 2.0, 16)
+        g = jnp.maximum(g[..., None] * spread, RESET_LOG_DECAY)
+    for impl in ("chunk_reference", "recurrent"):
+        settings = kernels_pallas.DecaySettings(impl=impl, chunk_size=16)
+
+        def fn(q, k, v, g, h0, settings=settings):
+            return kernels_pallas.decay_attention(
+                q, k, v, g, initial_state=h0, output_final_state=True, settings=settings
+            )
+
+        _assert_split_equals_unsplit(fn, (q, k, v, g, h0), batch, seq)
+        _assert_split_equals_unsplit(fn, (q, k, v, g, None), batch, seq)
+
+
+@pytest.mark.parametrize("seq, batch, T", [(2, 2, 96), (8, 1, 40)])
+def test_gated_recurrence_over_a_sequence_axis_equals_the_unsplit_run(seq, batch, T):
+    ks = jax.random.split(jax.random.key(1), 3)
+    a = jax.nn.sigmoid(jax.random.normal(ks[0], (batch, T, 24)) + 2.0)
+    a = a.at[:, T // 3].set(0.0)  # a document start inside a shard: the gate closes
+    b = jax.random.normal(ks[1], (batch, T, 24))
+    h0 = jax.random.normal(ks[2], (batch, 24))
+    for impl in ("scan", "recurrent"):
+        settings = kernels_pallas.GatedRecurrenceSettings(impl=impl)
+
+        def fn(a, b, h0, settings=settings):
+            return kernels_pallas.gated_recurrence(
+                a, b, initial_state=h0, output_final_state=True, settings=settings
+            )
+
+        _assert_split_equals_unsplit(fn, (a, b, h0), batch, seq)

@@ -1,10 +1,15 @@
 """``gated_recurrence``: the public entry, which checks shapes and runs the implementation its
 ``GatedRecurrenceSettings`` choose; under ``kernel_mesh`` the Pallas kernels run per device
-shard (rows over the batch axes, channels over the tensor axis where it divides them)."""
+shard (rows over the batch axes, channels over the tensor axis where it divides them), and a
+mesh with a sequence axis splits the time dimension (``kernels_pallas.time_shards``: a shard's
+transition is the product of its gates, and the state it receives adds A_t h_in to its
+zero-start outputs, A_t the gates' product up to t)."""
 
 from __future__ import annotations
 
-from kernels_pallas import dispatch, sharding
+import jax.numpy as jnp
+
+from kernels_pallas import dispatch, sharding, time_shards
 from kernels_pallas.gated_recurrence.pallas import gated_recurrence_pallas
 from kernels_pallas.gated_recurrence.reference import (
     gated_recurrence_recurrent,
@@ -43,24 +48,40 @@ def gated_recurrence(
     impl = dispatch.record(settings, settings.choose())
     kw = dict(initial_state=initial_state, output_final_state=output_final_state)
     if impl == "recurrent":
-        return gated_recurrence_recurrent(a, b, **kw)
-    if impl == "scan":
-        return gated_recurrence_scan(a, b, **kw)
+        scan, extra = gated_recurrence_recurrent, {}
+    elif impl == "scan":
+        scan, extra = gated_recurrence_scan, {}
+    else:
+        scan, extra = gated_recurrence_pallas, {"settings": settings}
     km = sharding.current()
-    if km is None:
-        return gated_recurrence_pallas(a, b, settings=settings, **kw)
-    x = sharding.P(km.batch_spec(a.shape[0]), None, km.head_spec(a.shape[2]))
+    axis = km.seq_spec(a.shape[1]) if km is not None else None
+    if km is None or (axis is None and impl != "pallas"):  # XLA partitions the jnp forms
+        return scan(a, b, **kw, **extra)
+    return _over_shards(scan, km, axis, a, b, **kw, **extra)
+
+
+def _over_shards(scan, km, axis, a, b, *, initial_state, output_final_state, **kw):
+    """``scan`` on each device's rows and channels (``kernels_pallas.sharding``), time over
+    ``axis`` (None: each device takes the whole sequence), the states passed between time
+    shards as the module docstring says."""
+    x = sharding.P(km.batch_spec(a.shape[0]), axis, km.head_spec(a.shape[2]))
     st = sharding.P(x[0], x[2])
     args, specs = [a, b], [x, x]
     if initial_state is not None:
         args.append(initial_state)
         specs.append(st)
+    n = km.mesh.shape[axis] if axis is not None else 1
 
     def local(a, b, h0=None):
-        h, s = gated_recurrence_pallas(
-            a, b, initial_state=h0, output_final_state=output_final_state, settings=settings
-        )
-        return (h, s) if output_final_state else h
+        if axis is None:
+            h, s = scan(a, b, initial_state=h0, output_final_state=output_final_state, **kw)
+            return (h, s) if output_final_state else h
+        h, s0 = scan(a, b, output_final_state=True, **kw)
+        gates = jnp.cumprod(a.astype(jnp.float32), axis=1)  # [B, T, D]
+        first = jnp.zeros_like(s0) if h0 is None else h0.astype(jnp.float32)
+        h_in, last = time_shards.passed_states(s0, gates[:, -1], lambda m, s: m * s, axis, n, first)
+        h = h + gates * h_in[:, None]
+        return (h, last) if output_final_state else h
 
     out = sharding.per_shard(local, km, tuple(specs), (x, st) if output_final_state else x)(*args)
     return out if output_final_state else (out, None)

@@ -1,31 +1,33 @@
 """The gated delta rule with its time dimension split over a mesh axis (sequence parallelism).
 
 The state update S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T ([K, V] per
-head, fla's layout) is linear in the state, so a shard of the sequence maps the state it receives
-to the state it hands on as S_out = M S_in + S_0: S_0 its final state from a zero start, M [K, K]
-the product of its tokens' transitions alpha_t (I - beta_t k_t k_t^T). Each shard
+head, fla's layout) is linear in the state: a shard's tokens map the state it receives to
+S_out = M S_in + S_0 (``kernels_pallas.time_shards``), M [K, K] the product of its tokens'
+transitions alpha_t (I - beta_t k_t k_t^T). Each shard runs its tokens once with the value
+columns widened to [v, 0] and the start [0, I]: the columns of the state evolve independently,
+so the final state is [S_0, M] and the outputs are [o_0, scale q_t^T P_t], o_0 the zero-start
+outputs and P_t the transitions' product up to token t. With S_in folded from the gathered
+pairs, the outputs are o_0 + (scale q_t^T P_t) S_in: no second pass, and no [K, K] product per
+token is formed. Cost: one scan of V + K columns against one of V unsplit, on T / n tokens.
+In bf16 the correction term is rounded to bf16 as the outputs are (the kernels' output
+dtype), a second rounding the unsplit run does not make.
 
-1. runs its own tokens once with the value columns widened to [v, 0] and the start [0, I]: the
-   columns of the state evolve independently, so the final state is [S_0, M] (one scan of V + K
-   columns gives both; no [K, K] product per token is formed);
-2. gathers every shard's (S_0, M) over the axis (``all_gather``: n x (K V + K K) floats per row
-   and head) and folds them in order up to itself, which gives the state it receives;
-3. runs its tokens again from that state: its outputs and final state are the unsplit run's.
-
-The backward is JAX's transpose of these steps (the gather's is a reduce-scatter), so the
-gradients are the unsplit run's too; the per-shard scan is whichever implementation the
-settings choose (the Pallas kernels on GPU and TPU). Cost: a scan of V + K columns and one of V
-against one of V unsplit, per shard of T / n tokens; a decay of exp(-80) at a document's first
-token (``RESET_LOG_DECAY``) zeroes M's rows there, so documents that start inside a shard cut
-the state passed across it as they cut it in the unsplit run.
+The per-shard scan is whichever implementation the settings choose (the Pallas kernels on GPU
+and TPU). A decay of exp(-80) at a document's first token (``RESET_LOG_DECAY``) zeroes the
+rows of M and P_t there, so documents that start inside a shard cut the state passed across it
+as they cut it in the unsplit run.
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
-from kernels_pallas import sharding
+from kernels_pallas import sharding, time_shards
+
+
+def _matmul(m, s):
+    """M S for [B, H, K, K] and [B, H, K, V]."""
+    return jnp.einsum("bhij,bhjv->bhiv", m, s, precision="highest")
 
 
 def operands(km, time_axis, q, k, v, g, beta, initial_state):
@@ -65,19 +67,16 @@ def over_shards(scan, km, axis: str, q, k, v, g, beta, *, initial_state, output_
         wide_v = jnp.concatenate([v, jnp.zeros((*v.shape[:3], K), v.dtype)], axis=-1)
         eye = jnp.broadcast_to(jnp.eye(K, dtype=f32), (B, H, K, K))
         start = jnp.concatenate([jnp.zeros((B, H, K, V), f32), eye], axis=-1)
-        _, wide = scan(q, k, wide_v, g, beta, initial_state=start, output_final_state=True, **kw)
-        s0s = jax.lax.all_gather(wide[..., :V], axis)  # [n, B, H, K, V]
-        ms = jax.lax.all_gather(wide[..., V:], axis)  # [n, B, H, K, K]
-        me = jax.lax.axis_index(axis)
-        s_in = a["initial_state"].astype(f32) if "initial_state" in a else jnp.zeros_like(s0s[0])
-        for j in range(n - 1):  # the states shards 1..n-1 receive, in order; n is small
-            passed = jnp.einsum("bhij,bhjv->bhiv", ms[j], s_in, precision="highest") + s0s[j]
-            s_in = jnp.where(j < me, passed, s_in)
-        o, s_out = scan(q, k, v, g, beta, initial_state=s_in, output_final_state=True, **kw)
-        if not output_final_state:
-            return o
-        last = jax.lax.psum(jnp.where(me == n - 1, s_out, 0.0), axis)  # the last shard's
-        return o, last
+        o, wide = scan(q, k, wide_v, g, beta, initial_state=start, output_final_state=True, **kw)
+        first = (
+            a["initial_state"].astype(f32) if "initial_state" in a else jnp.zeros((B, H, K, V), f32)
+        )
+        s_in, last = time_shards.passed_states(
+            wide[..., :V], wide[..., V:], _matmul, axis, n, first
+        )
+        seen = jnp.einsum("bthi,bhiv->bthv", o[..., V:].astype(f32), s_in, precision="highest")
+        o = (o[..., :V].astype(f32) + seen).astype(v.dtype)
+        return (o, last) if output_final_state else o
 
     out = (x4, st) if output_final_state else x4
     result = sharding.per_shard(local, km, specs, out)(*args)
