@@ -24,10 +24,12 @@ from kernels_pallas.attention.op import choose
 
 def attention_checks():
     out = []
-    for B, T, H, G, D, w in [
-        (2, 1024, 16, 16, 128, None),
-        (2, 1000, 8, 2, 64, None),
-        (1, 2048, 8, 4, 128, 256),
+    for B, T, H, G, D, w, docs in [
+        (2, 1024, 16, 16, 128, None, False),
+        (2, 1000, 8, 2, 64, None, False),
+        (1, 2048, 8, 4, 128, 256, False),
+        (2, 2048, 8, 2, 128, None, True),  # documents apart (segment ids): a packed batch
+        (2, 2048, 8, 2, 128, 512, True),
     ]:
         ks = jax.random.split(jax.random.key(T), 4)
         q = jax.random.normal(ks[0], (B, T, H, D), jnp.bfloat16)
@@ -35,20 +37,25 @@ def attention_checks():
         v = jax.random.normal(ks[2], (B, T, G, D), jnp.bfloat16)
         do = jax.random.normal(ks[3], (B, T, H, D), jnp.bfloat16)
 
+        seg = (jnp.arange(T)[None] * (3 + jnp.arange(B)[:, None]) // T) if docs else None
+
         def grads(impl):
-            f = lambda q, k, v: attention(q, k, v, window=w, settings=AttentionSettings(impl=impl))
+            f = lambda q, k, v: attention(
+                q, k, v, window=w, segment_ids=seg, settings=AttentionSettings(impl=impl)
+            )
             o, vjp = jax.vjp(f, q, k, v)
             return (o, *vjp(do))
 
         fast = jax.jit(lambda: grads("auto"))()
         ref = jax.jit(lambda: grads("reference"))()
         q32 = [x.astype(jnp.float32) for x in (q, k, v)]
-        exact = attention_reference(*q32, window=w)
+        exact = attention_reference(*q32, window=w, segment_ids=seg)
         row = {
             "check": "attention",
             "shape": [B, T, H, G, D],
             "window": w,
-            "impl": choose(AttentionSettings(), q, window=w),
+            "documents": docs,
+            "impl": choose(AttentionSettings(), q, window=w, segment_ids=seg),
             "rel_o_fast_vs_fp32": rel_err(fast[0], exact),
             "rel_o_ref_bf16_vs_fp32": rel_err(ref[0], exact),
             **{f"rel_d{n}_fast_vs_ref": rel_err(a, b) for n, a, b in zip("qkv", fast[1:], ref[1:])},
@@ -110,7 +117,7 @@ def main():
     print("\nattention fast path vs fp32 reference (bf16 inputs):")
     for r in att:
         print(
-            f"  {r['shape']} w={r['window']} impl={r['impl']}: o {r['rel_o_fast_vs_fp32']:.2e}"
+            f"  {r['shape']} w={r['window']} docs={r['documents']} impl={r['impl']}: o {r['rel_o_fast_vs_fp32']:.2e}"
             f" (bf16 reference {r['rel_o_ref_bf16_vs_fp32']:.2e}); dq/dk/dv vs reference "
             f"{r['rel_dq_fast_vs_ref']:.1e}/{r['rel_dk_fast_vs_ref']:.1e}/"
             f"{r['rel_dv_fast_vs_ref']:.1e}"

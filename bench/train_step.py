@@ -70,6 +70,19 @@ def sample_tokens(rng, vocab: int, shape, dist: str) -> np.ndarray:
     return rng.choice(vocab, size=shape, p=p / p.sum()).astype(np.int32)
 
 
+def packed_documents(rng, B: int, T: int, mean: int):
+    """(segment ids, positions) [B, T] of rows packed with documents of ``mean`` tokens on
+    average (lengths geometric, as a packed corpus's roughly are); 0: one document a row."""
+    if mean <= 0:
+        return np.ones((B, T), np.int32), np.tile(np.arange(T, dtype=np.int32), (B, 1))
+    starts = rng.random((B, T)) < 1.0 / mean
+    starts[:, 0] = True
+    seg = np.cumsum(starts, axis=1).astype(np.int32)
+    idx = np.where(starts, np.arange(T), 0)
+    pos = np.arange(T) - np.maximum.accumulate(idx, axis=1)
+    return seg, pos.astype(np.int32)
+
+
 def time_step(
     arch,
     size,
@@ -87,6 +100,7 @@ def time_step(
     tokens="zipf",
     loss_impl="auto",
     micro_batch=0,
+    documents=0,
 ):
     overrides = {**(overrides or {}), **({"vocab_size": vocab_size} if vocab_size else {})}
     cfg = model_config(arch, size, dtype=dtype, **overrides)
@@ -99,13 +113,15 @@ def time_step(
         "rng": jnp.zeros((2,), jnp.uint32),
         "bad_step": jnp.int32(-1),
     }
-    tok = sample_tokens(np.random.default_rng(0), cfg.vocab_size, (B, T + 1), tokens)
+    rng = np.random.default_rng(0)
+    tok = sample_tokens(rng, cfg.vocab_size, (B, T + 1), tokens)
+    seg, pos = packed_documents(rng, B, T, documents)
     batch = jax.device_put(
         {
             "inputs": tok[:, :-1],
             "targets": tok[:, 1:],
-            "segment_ids": np.ones((B, T), np.int32),
-            "positions": np.tile(np.arange(T), (B, 1)),
+            "segment_ids": seg,
+            "positions": pos,
             "loss_mask": np.ones((B, T), np.float32),
         }
     )
@@ -120,6 +136,7 @@ def time_step(
                 loss_impl=loss_impl,
                 grad_accum=grad_accum,
                 micro_batch=micro_batch or B,
+                document_mask=documents > 0,
             ),
             donate_argnums=0,
         )
@@ -186,6 +203,7 @@ def time_step(
         "arch": arch,
         "size": size,
         "T": T,
+        "documents": documents,
         "B": B,
         **({"micro_batch": micro_batch, "grad_accum": grad_accum} if grad_accum > 1 else {}),
         "vocab_size": cfg.vocab_size,
@@ -280,6 +298,13 @@ def main():
         help="run each step's batch as micro-batches of this many sequences, "
         "gradients accumulated, as launch.train's memory plan does (0: one)",
     )
+    ap.add_argument(
+        "--documents",
+        type=int,
+        default=0,
+        help="rows packed with documents of this many tokens on average, kept apart "
+        "(train.document_mask=True); 0: one document a row, no masks",
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     try:
@@ -312,6 +337,7 @@ def main():
                             args.tokens,
                             args.loss_impl,
                             args.micro_batch,
+                            args.documents,
                         )
                         break
                     except Exception as e:  # XLA reports OOM as several types

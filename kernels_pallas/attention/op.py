@@ -16,13 +16,8 @@ from kernels_pallas.attention.reference import attention_reference
 from kernels_pallas.attention.settings import AttentionSettings
 
 
-def _cudnn_ok(q, window, segment_ids):
-    return (
-        q.dtype in (jnp.bfloat16, jnp.float16)
-        and q.shape[-1] <= 128
-        and q.shape[-1] % 8 == 0
-        and segment_ids is None
-    )
+def _cudnn_ok(q):
+    return q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] <= 128 and q.shape[-1] % 8 == 0
 
 
 def choose(settings: AttentionSettings, q, *, window=None, segment_ids=None) -> str:
@@ -30,9 +25,9 @@ def choose(settings: AttentionSettings, q, *, window=None, segment_ids=None) -> 
     if settings.impl != "auto":
         return settings.impl
     platform = settings.target()
-    if platform == "gpu" and _cudnn_ok(q, window, segment_ids):
+    if platform == "gpu" and _cudnn_ok(q):
         return "cudnn"
-    if platform == "tpu" and segment_ids is None:
+    if platform == "tpu":
         from kernels_pallas.attention import tpu
 
         if tpu.supported(q.shape[1], q.shape[-1]):
@@ -78,28 +73,28 @@ def attention(
         return attention_reference(
             q, k, v, causal=causal, window=window, scale=scale, segment_ids=segment_ids
         )
-    if segment_ids is not None:
-        raise ValueError(
-            f"attention: impl={impl!r} does not take segment_ids here (auto picks "
-            f"the reference for them)"
-        )
     kernel = functools.partial(
         _kernel, impl, causal=causal, window=window, scale=scale, interpret=settings.interpret
     )
     km = sharding.current()
+    args = (q, k, v) if segment_ids is None else (q, k, v, segment_ids)
     if km is None:
-        return kernel(q, k, v)
+        return kernel(*args)
     h = km.head_spec(G) if km.head_spec(H) else None  # q and kv heads split alike or not at all
     qkv = sharding.P(km.batch_spec(B), None, h, None)
-    return sharding.per_shard(kernel, km, (qkv,) * 3, qkv)(q, k, v)
+    specs = (qkv,) * 3 + (() if segment_ids is None else (sharding.P(km.batch_spec(B), None),))
+    return sharding.per_shard(kernel, km, specs, qkv)(*args)
 
 
-def _kernel(impl, q, k, v, *, causal, window, scale, interpret):
+def _kernel(impl, q, k, v, segment_ids=None, *, causal, window, scale, interpret):
     if impl == "cudnn":
+        # documents as a mask, which cuDNN takes as a [B, 1, T, T] bias (T^2 a row in memory)
+        same = None if segment_ids is None else _same_segment(segment_ids)
         return jax.nn.dot_product_attention(
             q,
             k,
             v,
+            mask=same,
             scale=scale,
             is_causal=causal,
             implementation="cudnn",
@@ -107,4 +102,18 @@ def _kernel(impl, q, k, v, *, causal, window, scale, interpret):
         )
     from kernels_pallas.attention.tpu import splash_attention
 
-    return splash_attention(q, k, v, causal=causal, window=window, scale=scale, interpret=interpret)
+    return splash_attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        window=window,
+        scale=scale,
+        segment_ids=segment_ids,
+        interpret=interpret,
+    )
+
+
+def _same_segment(segment_ids):
+    """[B, T] -> [B, 1, T, T]: whether query t and key s are in one segment."""
+    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]

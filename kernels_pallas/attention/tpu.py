@@ -51,8 +51,11 @@ def _build(T, heads, causal, window, interpret):
     return sk.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
 
 
-def splash_attention(q, k, v, *, causal=True, window=None, scale=None, interpret=False):
-    """q [B,T,H,D], k/v [B,T,G,D] -> [B,T,H,D]."""
+def splash_attention(
+    q, k, v, *, causal=True, window=None, scale=None, segment_ids=None, interpret=False
+):
+    """q [B,T,H,D], k/v [B,T,G,D] -> [B,T,H,D]; segment_ids [B, T]: attend within a segment
+    (splash's own ``SegmentIds``, which skips no block but masks per token)."""
     B, T, H, D = q.shape
     G = k.shape[2]
     scale = D**-0.5 if scale is None else scale
@@ -60,5 +63,13 @@ def splash_attention(q, k, v, *, causal=True, window=None, scale=None, interpret
     qg = jnp.transpose((q * scale).astype(q.dtype).reshape(B, T, G, H // G, D), (0, 2, 3, 1, 4))
     kg = jnp.transpose(k, (0, 2, 1, 3))  # [B, G, T, D]
     vg = jnp.transpose(v, (0, 2, 1, 3))
-    o = jax.vmap(jax.vmap(kernel))(qg, kg, vg)  # [B, G, H/G, T, D]
+    if segment_ids is None:
+        o = jax.vmap(jax.vmap(kernel))(qg, kg, vg)  # [B, G, H/G, T, D]
+    else:
+
+        def row(q, k, v, seg):  # one row's G groups
+            ids = sk.SegmentIds(q=seg, kv=seg)
+            return jax.vmap(lambda q, k, v: kernel(q, k, v, segment_ids=ids))(q, k, v)
+
+        o = jax.vmap(row)(qg, kg, vg, segment_ids.astype(jnp.int32))
     return jnp.transpose(o, (0, 3, 1, 2, 4)).reshape(B, T, H, D)
