@@ -109,7 +109,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if size == "tiny":
         t.lr, t.warmup_steps = 3e-3, 25
     t.z_loss = 0.0  # e.g. 1e-4 for PaLM's z-loss
-    t.document_mask = False  # attend / recur within documents only
+    t.document_mask = True  # attend / recur within documents only (False: across them)
     t.mesh = (-1, 1, 1)  # (data, fsdp, tensor); -1 = the remaining devices
     t.allow_unsplit_heads = False  # run a tensor axis that some layers' head counts
     #                                        cannot split (refused otherwise: training/preflight.py)

@@ -66,6 +66,7 @@ def get_config(arg: str = "hwh"):
     t = config.train
     t.steps, t.batch_size = 600, 64 * 512 // L
     t.warmup_steps, t.lr = 60, 1e-3
+    t.document_mask = False  # as the committed measurements were trained
     t.grad_accum = 4  # micro-batches of 8,192 tokens wherever a run trains, however many share
     #                            a GPU: held-out losses were seen to follow the split the memory
     #                            planner chose (docs/results.md, "Held-out loss and the split")

@@ -23,10 +23,10 @@ GDN_TRAIN = {
     "gdn_state_grads",
     "gdn_wy_bwd",
 }
-SPLASH_TRAIN = {
-    "splash_mqa_fwd_residuals",
-    "splash_mqa_dkv_no_residuals",
-    "splash_mqa_dq_no_residuals",
+SPLASH_TRAIN = {  # train.document_mask (the default): splash's kernels that take segment ids
+    "splash_mqa_fwd_segmented_residuals",
+    "splash_mqa_dkv_segmented_no_residuals",
+    "splash_mqa_dq_segmented_no_residuals",
 }
 
 

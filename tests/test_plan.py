@@ -2,6 +2,7 @@
 (compile-only TPU devices, ``libtpu``), the plan's fields checked; a config too large for the
 slice refused with the memory it needs, the chip's HBM and the remedies; slice names parsed."""
 
+import gzip
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hwh_jax.profiling import hlo
 from hwh_jax.training import tpu_slices
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,27 +31,30 @@ def plan(tmp_path, *args):
 
 
 def test_the_tiny_hwh_steps_compile_for_v5e_2x2_and_fit(tmp_path):
-    """The train step over the slice, and the prefill and decode steps on one of its chips."""
+    """The train step over the slice, its sequences split over two chips, and the prefill and
+    decode steps on one of its chips."""
     out, r = plan(
         tmp_path,
         "--config=configs/hwh_tiny.py",
         "--topology=v5e:2x2",
-        "--config.train.mesh=1,4,1",
+        "--config.train.mesh=1,2,1,2",
         "--inference",
         "--context=512",
+        "--hlo",
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert (
         r["fits"]
         and r["chips"] == 4
-        and r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1, "sequence": 1}
+        and r["mesh"] == {"data": 1, "fsdp": 2, "tensor": 1, "sequence": 2}
     )
     m = r["memory"]
     assert 0 < m["step_bytes"] <= m["hbm"] == 16 * 2**30
     assert m["arguments"] > 0 and m["temporaries"] > 0
     # the planner chose the whole batch (it fits) after probing the smallest micro-batch
     assert r["plan"]["micro_batch"] == 16 and r["plan"]["grad_accum"] == 1
-    assert [p[0] for p in r["plan"]["probes"]] == [4, 16]
+    probed = [p[0] for p in r["plan"]["probes"]]
+    assert probed[0] == 2 and probed[-1] == 16, probed  # one row a batch shard first
     # GDN runs as its Mosaic kernels on TPU (no XLA fallback), forward and backward
     for kernel in (
         "gdn_wy_inverse",
@@ -61,6 +66,14 @@ def test_the_tiny_hwh_steps_compile_for_v5e_2x2_and_fit(tmp_path):
     ):
         assert r["kernels"].get(kernel, 0) >= 1, r["kernels"]
     assert r["collectives"]["all-gather"]["count"] > 0  # FSDP gathers the weights
+    # over the sequence axis: the GDN shards' (state, transition) pairs gathered ([2 x 8 rows,
+    # heads, K, K], the state's K x V alike), the short convolutions' halos passed on
+    text = gzip.decompress((tmp_path / "train_step.hlo.txt.gz").read_bytes()).decode()
+    gathered = {
+        tuple(s) for c in hlo.collectives(text) if c.op == "all-gather" for s in c.shapes
+    }
+    assert any(len(s) == 4 and s[0] == 16 and s[2] == s[3] == 16 for s in gathered), gathered
+    assert r["collectives"]["collective-permute"]["count"] > 0
     assert r["cost"]["flops"] > 0 and r["cost"]["bytes_accessed"] > 0
     e = r["estimate"]
     assert 0 < e["step_s_overlapped"] <= e["step_s_serial"]
