@@ -69,9 +69,7 @@ def test_the_tiny_hwh_steps_compile_for_v5e_2x2_and_fit(tmp_path):
     # over the sequence axis: the GDN shards' (state, transition) pairs gathered ([2 x 8 rows,
     # heads, K, K], the state's K x V alike), the short convolutions' halos passed on
     text = gzip.decompress((tmp_path / "train_step.hlo.txt.gz").read_bytes()).decode()
-    gathered = {
-        tuple(s) for c in hlo.collectives(text) if c.op == "all-gather" for s in c.shapes
-    }
+    gathered = {tuple(s) for c in hlo.collectives(text) if c.op == "all-gather" for s in c.shapes}
     assert any(len(s) == 4 and s[0] == 16 and s[2] == s[3] == 16 for s in gathered), gathered
     assert r["collectives"]["collective-permute"]["count"] > 0
     assert r["cost"]["flops"] > 0 and r["cost"]["bytes_accessed"] > 0
