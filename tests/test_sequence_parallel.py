@@ -161,3 +161,25 @@ def test_gated_recurrence_over_a_sequence_axis_equals_the_unsplit_run(seq, batch
             )
 
         _assert_split_equals_unsplit(fn, (a, b, h0), batch, seq)
+
+
+@pytest.mark.parametrize(
+    "seq, batch, window, documents",
+    [(2, 2, None, True), (4, 1, 24, True), (8, 1, None, False)],
+)
+def test_attention_over_a_sequence_axis_equals_the_unsplit_run(seq, batch, window, documents):
+    """Each time shard's queries over the gathered keys and values, masked by global position
+    (causal, a window reaching back across shards, documents across shard boundaries), GQA."""
+    T = 96
+    ks = jax.random.split(jax.random.key(2), 3)
+    q = jax.random.normal(ks[0], (batch, T, 4, 8))
+    k, v = (jax.random.normal(x, (batch, T, 2, 8)) for x in ks[1:])
+    seg = jnp.asarray(np.repeat([[0, 1, 2]], batch, 0).repeat([30, 41, 25], axis=1))
+    seg = seg if documents else None
+    settings = kernels_pallas.AttentionSettings(impl="reference")
+
+    def fn(q, k, v):
+        o = kernels_pallas.attention(q, k, v, window=window, segment_ids=seg, settings=settings)
+        return o, jnp.zeros(())
+
+    _assert_split_equals_unsplit(fn, (q, k, v), batch, seq)

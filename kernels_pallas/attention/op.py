@@ -2,7 +2,8 @@
 ``AttentionSettings`` choose. Under ``kernel_mesh`` the cuDNN and splash kernels run per shard
 (``shard_map``: batch rows over the batch axes, heads over the tensor axis): left to GSPMD,
 cuDNN's partitioner rejects an FSDP step ("Query, key and value should have same sharding").
-The reference is plain XLA and stays with GSPMD."""
+The reference is plain XLA and stays with GSPMD, except over a sequence axis: there each device
+keeps its queries and gathers the keys and values (``_reference_over_time_shards``)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,10 @@ def attention(
     if window is not None and window < 1:
         raise ValueError(f"attention: window must be >= 1, got {window}")
     impl = dispatch.record(settings, choose(settings, q, window=window, segment_ids=segment_ids))
+    km = sharding.current()
+    axis = km.seq_spec(T) if km is not None else None
+    if impl == "reference" and axis is not None:
+        return _reference_over_time_shards(km, axis, q, k, v, causal, window, scale, segment_ids)
     if impl == "reference":
         return attention_reference(
             q, k, v, causal=causal, window=window, scale=scale, segment_ids=segment_ids
@@ -76,7 +81,6 @@ def attention(
     kernel = functools.partial(
         _kernel, impl, causal=causal, window=window, scale=scale, interpret=settings.interpret
     )
-    km = sharding.current()
     args = (q, k, v) if segment_ids is None else (q, k, v, segment_ids)
     if km is None:
         return kernel(*args)
@@ -84,6 +88,35 @@ def attention(
     qkv = sharding.P(km.batch_spec(B), None, h, None)
     specs = (qkv,) * 3 + (() if segment_ids is None else (sharding.P(km.batch_spec(B), None),))
     return sharding.per_shard(kernel, km, specs, qkv)(*args)
+
+
+def _reference_over_time_shards(km, axis, q, k, v, causal, window, scale, segment_ids):
+    """The reference with the time dimension over ``axis``: each device keeps its queries and
+    gathers the keys and values (and their segment ids), masking by global position, so its
+    score matrix is [T / n, T] a head, not [T, T]."""
+    b = km.batch_spec(q.shape[0])
+    h = km.head_spec(k.shape[2]) if km.head_spec(q.shape[2]) else None
+    x, seg = sharding.P(b, axis, h, None), sharding.P(b, axis)
+    args, specs = (q, k, v), (x, x, x)
+    if segment_ids is not None:
+        args, specs = (*args, segment_ids), (*specs, seg)
+
+    def local(q, k, v, seg=None):
+        gather = functools.partial(jax.lax.all_gather, axis_name=axis, axis=1, tiled=True)
+        offset = jax.lax.axis_index(axis) * q.shape[1]
+        return attention_reference(
+            q,
+            gather(k),
+            gather(v),
+            causal=causal,
+            window=window,
+            scale=scale,
+            segment_ids=seg,
+            q_offset=offset,
+            kv_segment_ids=None if seg is None else gather(seg),
+        )
+
+    return sharding.per_shard(local, km, specs, x)(*args)
 
 
 def _kernel(impl, q, k, v, segment_ids=None, *, causal, window, scale, interpret):

@@ -27,16 +27,33 @@ def attention_mask(T_q, T_k, *, causal=True, window=None, q_offset=0):
     return mask
 
 
-def attention_reference(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None):
-    """q [B,T,H,D], k/v [B,S,G,D] -> [B,T,H,D] in q's dtype; segment_ids [B,T] (T == S)."""
+def attention_reference(
+    q,
+    k,
+    v,
+    *,
+    causal=True,
+    window=None,
+    scale=None,
+    segment_ids=None,
+    q_offset=None,
+    kv_segment_ids=None,
+):
+    """q [B,T,H,D], k/v [B,S,G,D] -> [B,T,H,D] in q's dtype; segment_ids [B,T] (T == S).
+
+    ``q_offset``: the position of the first query among the keys (default S - T: the queries
+    are the last T; a traced value is allowed), with ``kv_segment_ids`` [B, S] the keys'
+    segments when they are not the queries' (a time shard's queries over all the keys)."""
     B, T, H, D = q.shape
     S, G = k.shape[1], k.shape[2]
     scale = D**-0.5 if scale is None else scale
     qg = q.reshape(B, T, G, H // G, D).astype(jnp.float32)
     logits = jnp.einsum("btgrd,bsgd->bgrts", qg, k.astype(jnp.float32), precision=_HI) * scale
-    mask = attention_mask(T, S, causal=causal, window=window, q_offset=S - T)[None, None, None]
+    q_offset = S - T if q_offset is None else q_offset
+    mask = attention_mask(T, S, causal=causal, window=window, q_offset=q_offset)[None, None, None]
     if segment_ids is not None:
-        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None, None]
+        kv_seg = segment_ids if kv_segment_ids is None else kv_segment_ids
+        mask = mask & (segment_ids[:, :, None] == kv_seg[:, None, :])[:, None, None]
     logits = jnp.where(mask, logits, -jnp.inf)
     p = jax.nn.softmax(logits, axis=-1, where=mask)
     p = jnp.where(mask, p, 0.0)
