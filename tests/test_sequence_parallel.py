@@ -133,7 +133,7 @@ def test_decay_attention_over_a_sequence_axis_equals_the_unsplit_run(
     if per_key:  # a different decay in every key dimension
         spread = jnp.linspace(0.2, 2.0, 16)
         g = jnp.maximum(g[..., None] * spread, RESET_LOG_DECAY)
-    for impl in ("chunk_reference", "recurrent"):
+    for impl in ("chunk_reference",) + (("recurrent",) if seq == 8 else ()):
         settings = kernels_pallas.DecaySettings(impl=impl, chunk_size=16)
 
         def fn(q, k, v, g, h0, settings=settings):
