@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# docs/training.md's table of the four mesh axes for HwH-1.4B at long context, planned by the
+# TPU compiler on any host (launch.plan, compile-only v5p devices):
+#   bash bench/long_context_plans.sh OUT_DIR [CELL ...]
+# CELL: CONTEXT_K:TOPOLOGY:MESH:BATCH, e.g. 64:v5p-32:1,4,1,4:4 (the defaults below). Each cell
+# writes OUT_DIR/plan_hwh_1b4_<context>k_<topology>_<mesh>.json and a .log holding the compile's
+# wall time and peak host memory (GNU time); render the table with
+#   python bench/plan_table.py OUT_DIR/plan_hwh_1b4_*.json
+# The meshes keep a chip's tokens near 16K (one sequence over data x fsdp groups, its tokens over
+# the sequence axis) and the accumulation at 1, so that each cell compiles once (2-20 minutes
+# each for the 1.4B model on a 2-core host; 64 chips take about 6 GB of host memory, 256 chips
+# up to 17 GB).
+set -uo pipefail
+OUT=$1; shift
+mkdir -p "$OUT"
+CELLS=("$@")
+if [ ${#CELLS[@]} -eq 0 ]; then
+  CELLS=(
+    8:v5p-32:1,16,1,1:16 64:v5p-32:1,4,1,4:4 256:v5p-32:1,1,1,16:1 1024:v5p-32:1,1,1,16:1
+    8:v5p-128:1,64,1,1:64 64:v5p-128:1,16,1,4:16 256:v5p-128:1,4,1,16:4 1024:v5p-128:1,1,1,64:1
+  )
+fi
+for cell in "${CELLS[@]}"; do
+  IFS=: read -r ctx topo mesh batch <<<"$cell"
+  name="plan_hwh_1b4_${ctx}k_${topo//-/}_${mesh//,/}"
+  echo "== $name" >&2
+  /usr/bin/time -v python -m launch.plan --config=configs/hwh_1b4.py --topology="$topo" \
+    --config.seq_len=$((ctx * 1024)) --config.train.mesh="$mesh" \
+    --config.train.batch_size="$batch" --config.train.grad_accum=1 \
+    --out="$OUT/$name" >"$OUT/$name.log" 2>&1
+  echo "exit $?" >>"$OUT/$name.log"
+  if [ -f "$OUT/$name/plan.json" ]; then cp "$OUT/$name/plan.json" "$OUT/$name.json"; fi
+  grep -E "Elapsed|Maximum resident|memory per chip|does not|exit" "$OUT/$name.log" >&2
+done
