@@ -1,5 +1,7 @@
-r"""Checks that need an accelerator: the attention fast path against its reference, and one
-jitted training step of the model, with the kernel choices the dispatchers made.
+r"""Checks that need an accelerator: the attention fast path against its reference, one
+jitted training step of the model, with the kernel choices the dispatchers made, and the
+exported PyTorch model's fla path against its pure-PyTorch form (where torch and fla are
+installed).
 
   python bench/gpu_checks.py            # prints JSON lines, ends with a summary table
 """
@@ -65,6 +67,43 @@ def attention_checks():
     return out
 
 
+def exported_fla_checks():
+    """The exported PyTorch model's linear heads on a CUDA device: fla's kernels (the path the
+    model takes where fla is installed) against the pure-PyTorch chunked form, fp32, outputs
+    and final states (a prompt not a multiple of the chunk, a carried initial state)."""
+    import torch
+
+    from hwh_jax.assets.hf_modeling import modeling_hwh as m
+
+    if m.fla_ops() is None:
+        return [{"check": "exported_fla", "skipped": "fla is not installed"}]
+    out = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    B, T, H, K, V = 2, 1000, 4, 64, 64
+    for delta in (True, False):
+        r = lambda *shape: torch.randn(*shape, device="cuda", generator=gen)
+        q, k, v = r(B, T, H, K) * K**-0.5, r(B, T, H, K), r(B, T, H, V)
+        if delta:
+            k = k / k.norm(dim=-1, keepdim=True)
+        g = -torch.nn.functional.softplus(r(B, T, H)) * 0.1
+        beta = torch.sigmoid(r(B, T, H)) if delta else None
+        s0 = r(B, H, K, V) * 0.1
+        o_ref, s_ref = m.chunked(q, k, v, g, s0, 64, beta)
+        o_fla, s_fla = m.fla_chunked(q, k, v, g, s0, beta)
+        rel = lambda a, b: float((a - b).abs().max() / b.abs().max())
+        out.append(
+            {
+                "check": "exported_fla",
+                "op": "chunk_gated_delta_rule" if delta else "chunk_simple_gla",
+                "shape": [B, T, H, K, V],
+                "out_rel_err": rel(o_fla, o_ref),
+                "state_rel_err": rel(s_fla, s_ref),
+            }
+        )
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
 def train_step_timing(arch, size, B, T):
     cfg = model_config(arch, size)
     model = HybridLM(cfg, rngs=nnx.Rngs(0))
@@ -111,6 +150,7 @@ def train_step_timing(arch, size, B, T):
 
 
 def main():
+    fla = exported_fla_checks()  # before JAX takes the GPU's memory
     print(json.dumps({"device": jax.devices()[0].device_kind, "jax": jax.__version__}))
     att = attention_checks()
     steps = [train_step_timing(a, "small", 8, 2048) for a in ("transformer", "hwh")]
@@ -122,6 +162,8 @@ def main():
             f"{r['rel_dq_fast_vs_ref']:.1e}/{r['rel_dk_fast_vs_ref']:.1e}/"
             f"{r['rel_dv_fast_vs_ref']:.1e}"
         )
+    for r in fla:
+        print(f"  exported model, fla against pure PyTorch: {r}")
     for r in steps:
         print(
             f"  train step {r['arch']}-{r['size']} B{r['B']} T{r['T']}: {r['step_ms']:.1f} ms, "

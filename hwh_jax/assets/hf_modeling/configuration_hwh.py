@@ -19,7 +19,10 @@ class HwhConfig(PretrainedConfig):
     int or None}``. ``intermediate_size`` 0: blocks without an MLP. ``rope_base`` and
     ``rope_freq_scaling`` (Llama 3.1's "llama3" scaling or None) set the RoPE frequencies;
     ``rope_pairing`` "half" rotates dims (r, r + D/2), "interleaved" (2r, 2r + 1).
-    ``abs_positions`` > 0: learned absolute positions for that many tokens.
+    ``abs_positions`` > 0: learned absolute positions for that many tokens. ``la_backend``
+    "auto" runs the linear heads' sequences through fla's kernels on a CUDA device where fla is
+    installed (``pip install flash-linear-attention``), "torch" always through the pure-PyTorch
+    chunked form.
     """
 
     model_type = "hwh"
@@ -42,6 +45,7 @@ class HwhConfig(PretrainedConfig):
         la_short_conv: bool = False,
         conv_size: int = 4,
         la_chunk_size: int = 64,
+        la_backend: str = "auto",
         rms_norm_eps: float = 1e-6,
         abs_positions: int = 0,
         max_position_embeddings: int = 2048,
@@ -65,11 +69,14 @@ class HwhConfig(PretrainedConfig):
         self.la_short_conv = la_short_conv
         self.conv_size = conv_size
         self.la_chunk_size = la_chunk_size
+        self.la_backend = la_backend
         self.rms_norm_eps = rms_norm_eps
         self.abs_positions = abs_positions
         self.max_position_embeddings = max_position_embeddings
         if la_kind not in LA_KINDS:
             raise ValueError(f"la_kind={la_kind!r}: this modeling file has {LA_KINDS}")
+        if la_backend not in ("auto", "torch"):
+            raise ValueError(f"la_backend={la_backend!r}: 'auto' (fla on CUDA where installed) or 'torch'")
         if rope_pairing not in ("half", "interleaved"):
             raise ValueError(f"rope_pairing={rope_pairing!r}: 'half' or 'interleaved'")
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)

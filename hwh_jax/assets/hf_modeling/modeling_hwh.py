@@ -19,7 +19,9 @@ each with its output RMSNorm(o) * SiLU(x W_g) per head. GDN and DeltaNet convolv
 
 Pure PyTorch: the linear heads run a chunked form over a sequence (``la_chunk_size`` tokens a
 chunk, the WY form for the delta rule) and a recurrent step for one token; nothing here needs a
-GPU kernel. The state a layer carries between calls (``HwhCache``): the FA heads' keys and
+GPU kernel. On a CUDA device with fla installed (``flash-linear-attention``), sequences go
+through fla's Triton kernels instead (``chunk_gated_delta_rule``, ``chunk_simple_gla``; fp32 in
+and out, the same state layout), unless ``config.la_backend = "torch"``. The state a layer carries between calls (``HwhCache``): the FA heads' keys and
 values, the LA heads' fp32 state [B, n, K, V] and the last ``conv_size - 1`` inputs of their
 convolutions. Rows may be left-padded (``attention_mask`` zeros first): padding is invisible to
 attention and leaves the linear state untouched, and positions count from each row's first
@@ -28,6 +30,7 @@ token.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -142,6 +145,29 @@ def chunked(q, k, v, g, state, chunk: int, beta=None):
     return o.transpose(1, 2), S
 
 
+@functools.cache
+def fla_ops():
+    """fla's chunked kernels (gated delta rule, gated linear attention with a scalar decay)
+    where fla is installed, else None."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        from fla.ops.simple_gla import chunk_simple_gla
+    except ImportError:
+        return None
+    return chunk_gated_delta_rule, chunk_simple_gla
+
+
+def fla_chunked(q, k, v, g, state, beta=None):
+    """``chunked`` through fla's kernels (CUDA tensors; q already scaled, so scale 1)."""
+    delta_rule, simple_gla = fla_ops()
+    kw = dict(scale=1.0, initial_state=state, output_final_state=True)
+    if beta is not None:
+        o, S = delta_rule(q, k, v, g, beta, **kw)
+    else:
+        o, S = simple_gla(q, k, v, g, **kw)
+    return o.float(), S.float()
+
+
 def decay_step(q, k, v, g, state):
     """One token of a decaying state: S <- e^g S + k v^T, o = S^T q (q scaled); g [B, H]."""
     h = state * g.exp()[..., None, None] + k[..., :, None] * v[..., None, :]
@@ -226,6 +252,7 @@ class LinearHeads(nn.Module):
         self.kind, self.num_heads, self.key_dim, self.value_dim = config.la_kind, n, K, V
         self.delta = self.kind in ("gdn", "deltanet")
         self.chunk = config.la_chunk_size
+        self.backend = getattr(config, "la_backend", "auto")  # exports before the field: auto
         self.q_proj = nn.Linear(d, n * K, bias=False)
         self.k_proj = nn.Linear(d, n * K, bias=False)
         self.v_proj = nn.Linear(d, n * V, bias=False)
@@ -291,7 +318,11 @@ class LinearHeads(nn.Module):
                 o, state = decay_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], state)
             o = o[:, None]
         else:
-            o, state = chunked(q, k, v, g, state, self.chunk, beta if self.delta else None)
+            b = beta if self.delta else None
+            if self.backend == "auto" and q.is_cuda and fla_ops() is not None:
+                o, state = fla_chunked(q, k, v, g, state, b)  # fla picks its own chunk
+            else:
+                o, state = chunked(q, k, v, g, state, self.chunk, b)
         if cache is not None:
             cache["state"] = state
             if self.has_conv:
