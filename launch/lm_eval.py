@@ -11,11 +11,32 @@ when a task of those names is asked for. The harness's own tasks run by name whe
 datasets are cached. An exported folder (``launch.export_hf``) runs under the plain command:
 ``lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True``, or under this one
 with the shipped tasks.
+
+Several processes (one model sharded over hosts; every host the same command): each starts
+``jax.distributed`` as the other launchers do and runs every request in step with the others
+(the model reports itself to lm-eval as one process); the first process writes
+(``--output_path``, ``--log_samples``, W&B and Hub logging) and prints the results, the others
+run with those arguments removed and their console output dropped.
 """
 
+import contextlib
 import multiprocessing
+import os
 import shutil
 import sys
+
+import launch
+
+# lm-eval's arguments that write or upload results: given to the first process only
+WRITERS = {
+    "--output_path": 1,
+    "-o": 1,
+    "--log_samples": 0,
+    "-s": 0,
+    "--wandb_args": 1,
+    "--wandb_config_args": 1,
+    "--hf_hub_log_args": 1,
+}
 
 
 def main():
@@ -25,20 +46,45 @@ def main():
     # JAX (many threads) that can deadlock, so the pool's processes start fresh
     multiprocessing.set_start_method("spawn", force=True)
 
+    launch.begin()  # jax.distributed where several processes run the job
+    import jax
+
     from hwh_jax.eval import harness
 
     register()
 
-    argv = sys.argv[1:]
+    argv = first_process_argv(sys.argv[1:], jax.process_index())
     folder = harness.task_folder((_value(argv, "--tasks") or "").split(","))
     if folder is not None and _value(argv, "--include_path") is None:
         argv += ["--include_path", folder]
     sys.argv = [sys.argv[0], *argv]
     try:
-        cli_evaluate()
+        with contextlib.ExitStack() as stack:
+            if jax.process_index():  # the first process prints the results
+                devnull = stack.enter_context(open(os.devnull, "w"))
+                stack.enter_context(contextlib.redirect_stdout(devnull))
+            cli_evaluate()
     finally:  # the shipped tasks' JSONL and YAML, written for this run
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def first_process_argv(argv, process_index: int) -> list[str]:
+    """``argv`` for the process ``process_index``: as given on the first, without ``WRITERS``
+    (and their values) on the others."""
+    if process_index == 0:
+        return list(argv)
+    out, skip = [], 0
+    for a in argv:
+        if skip:
+            skip -= 1
+            continue
+        name = a.split("=", 1)[0]
+        if name in WRITERS:
+            skip = WRITERS[name] if "=" not in a else 0
+            continue
+        out.append(a)
+    return out
 
 
 def check_args(argv) -> None:

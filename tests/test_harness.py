@@ -142,6 +142,20 @@ def test_launch_lm_eval_and_the_eval_suite_on_a_trained_run(tmp_path):
         assert lo <= ours[task]["acc"] <= hi
 
 
+def test_only_the_first_process_writes_results():
+    """``launch.lm_eval`` on several processes: the first keeps every argument, the others lose
+    the ones that write or upload results (with their values, in either spelling) and keep
+    the rest, so that every process runs the same requests."""
+    from launch.lm_eval import check_args, first_process_argv
+
+    argv = ["--model", "hwh", "--output_path", "out", "--log_samples", "--tasks=hwh_piqa",
+            "-o=x", "--wandb_args", "project=p", "--limit", "8"]  # fmt: skip
+    assert first_process_argv(argv, 0) == argv
+    rest = first_process_argv(argv, 3)
+    assert rest == ["--model", "hwh", "--tasks=hwh_piqa", "--limit", "8"]
+    check_args(rest)  # still lm-eval's command line
+
+
 def test_rolling_loglikelihood_and_generation(tiny):
     """``loglikelihood_rolling`` of a text within one window is the log-likelihood of all its
     tokens after EOS; over windows of 16 tokens it is the sum of each window's, every token
