@@ -189,3 +189,14 @@ def test_rolling_loglikelihood_and_generation(tiny):
         [req("generate_until", (text, {"until": [stop], "max_gen_toks": 12}))]
     )
     assert out == full[: full.index(stop)]
+    # several prompts of different lengths and two max_gen_toks, batched (three rows a batch,
+    # left-padded): each row generates what it generates alone, in the requests' order
+    texts = [text[:n] for n in (9, 40, 25, 60, 14)]
+    lengths = [12, 5, 12, 12, 5]
+    asked = [
+        req("generate_until", (t, {"until": ["\n\n\n"], "max_gen_toks": n}))
+        for t, n in zip(texts, lengths, strict=True)
+    ]
+    batched = harness.HwhLM(model=model, tokenizer=tok, batch_size=3).generate_until(asked)
+    alone = [tok.decode(gen.generate([tok.encode(t)], n)[0][0]) for t, n in zip(texts, lengths)]
+    assert batched == alone and len(set(alone)) > 1  # rows that differ: the order counts

@@ -11,7 +11,8 @@ The model runs the JAX model on this process's devices:
     loglikelihood_rolling  a text's log p in windows of ``max_length`` tokens (the harness's
                            ``get_rolling_token_windows`` with EOS as the first context)
     generate_until         greedy continuations (``Generator``), cut at the first stop string
-                           and after ``max_gen_toks`` tokens
+                           and after ``max_gen_toks`` tokens; prompts of one ``max_gen_toks``
+                           batched (``batch_size`` rows, left-padded, longest first)
 
 Tasks (``offline_tasks``): ``hwh_<task>`` for each task of ``commonsense.TASKS``, written as
 harness YAML over JSONL made from the shipped files by the in-house loader (the same
@@ -108,8 +109,8 @@ class HwhLM(LM):
                 vocab=self.tokenizer.vocab_size,
                 pad_id=self.tokenizer.pad_id,
             )
-        out = []
-        for context, gen_kwargs in (r.args for r in requests):
+        rows = {}  # max_gen_toks -> [(request index, prompt ids, stop strings)]
+        for i, (context, gen_kwargs) in enumerate(r.args for r in requests):
             kw = dict(gen_kwargs)
             until = kw.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)
@@ -124,9 +125,19 @@ class HwhLM(LM):
             ids = self.tokenizer.encode(context)[-(self.max_length - n) :] or [
                 self.tokenizer.eos_id
             ]
-            text = self.tokenizer.decode(self._generator.generate([ids], n)[0][0])
-            cut = min([text.find(s) for s in until if s and s in text], default=len(text))
-            out.append(text[:cut])
+            rows.setdefault(n, []).append((i, ids, until))
+        out = [""] * len(requests)
+        for n, group in rows.items():
+            # the longest prompts first and together: the least padding, and an early
+            # out-of-memory if any
+            group.sort(key=lambda row: -len(row[1]))
+            for s in range(0, len(group), self.batch_size):
+                part = group[s : s + self.batch_size]
+                made = self._generator.generate([ids for _, ids, _ in part], n)[0]
+                for (i, _, until), tokens in zip(part, made, strict=True):
+                    text = self.tokenizer.decode(tokens)
+                    cut = min([text.find(u) for u in until if u and u in text], default=len(text))
+                    out[i] = text[:cut]
         return out
 
 
