@@ -144,7 +144,10 @@ HWH_CASES = {
     "hwh": ("hwh", {}),
     "gdn": ("gdn", {}),
     "layerwise": ("layerwise", {}),
-    "swa_gqa_qknorm": ("swa", {"q_per_kv": 2, "qk_norm": True, "tie_embeddings": False}),
+    "swa_gqa_qknorm": (
+        "swa",
+        {"window": 8, "q_per_kv": 2, "qk_norm": True, "tie_embeddings": False},
+    ),
     "hwh_deltanet": ("hwh", {"la_kind": "deltanet"}),
     "hwh_lightning_conv": ("hwh", {"la_kind": "lightning", "la_short_conv": True}),
     "hwh_retnet_nomlp_abspos": ("hwh", {"la_kind": "retnet", "mlp_hidden": 0, "abs_positions": 64}),
@@ -153,7 +156,9 @@ HWH_CASES = {
 
 def _hwh_export(case, out):
     arch, changes = HWH_CASES[case]
-    cfg = model_config(arch, "tiny", dtype="float32").replace(
+    changes = dict(changes)
+    window = changes.pop("window", None)  # of the SWA layers: 8, shorter than the test's rows
+    cfg = model_config(arch, "tiny", dtype="float32", window=window).replace(
         vocab_size=50304, la_chunk_size=16, **changes
     )
     model = HybridLM(cfg, rngs=nnx.Rngs(5))
@@ -188,6 +193,9 @@ def test_hwh_form_logits_and_cached_steps_equal_the_jax_models(case, tmp_path):
             steps.append(out.logits[0].numpy())
     np.testing.assert_allclose(whole, ours, atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(np.concatenate(steps), ours, atol=1e-4, rtol=1e-4)
+    for spec, layer in zip(cfg.layers, cache.layers, strict=True):  # windows keep window - 1 keys
+        if spec.num_fa:
+            assert layer["fa"]["k"].shape[1] == min(37, (spec.window or 99) - 1)
 
 
 def test_hwh_form_generates_as_the_project_and_reads_back_exactly(tmp_path):

@@ -22,8 +22,8 @@ chunk, the WY form for the delta rule) and a recurrent step for one token; nothi
 GPU kernel. On a CUDA device with fla installed (``flash-linear-attention``), sequences go
 through fla's Triton kernels instead (``chunk_gated_delta_rule``, ``chunk_simple_gla``; fp32 in
 and out, the same state layout), unless ``config.la_backend = "torch"``. The state a layer carries between calls (``HwhCache``): the FA heads' keys and
-values, the LA heads' fp32 state [B, n, K, V] and the last ``conv_size - 1`` inputs of their
-convolutions. Rows may be left-padded (``attention_mask`` zeros first): padding is invisible to
+values (sliding-window heads: the last ``window - 1`` of them), the LA heads' fp32 state
+[B, n, K, V] and the last ``conv_size - 1`` inputs of their convolutions. Rows may be left-padded (``attention_mask`` zeros first): padding is invisible to
 attention and leaves the linear state untouched, and positions count from each row's first
 token.
 """
@@ -218,16 +218,20 @@ class AttentionHeads(nn.Module):
         if self.rope:
             w = rope_frequencies(D, self.rope_base, self.rope_scaling)
             q, k = apply_rope(q, positions, w, self.pairing), apply_rope(k, positions, w, self.pairing)
-        key_valid = valid
+        key_valid, k0 = valid, t0  # k0: the time of the first key at hand
         if cache is not None:
             if "k" in cache:
                 k = torch.cat([cache["k"], k], dim=1)
                 v = torch.cat([cache["v"], v], dim=1)
                 key_valid = torch.cat([cache["valid"], valid], dim=1)
-            cache.update(k=k, v=v, valid=key_valid)
+                k0 = cache["k0"]
+            # a window's heads keep only the keys a later query can see: the last window - 1
+            keep = k.shape[1] if self.window is None else min(k.shape[1], self.window - 1)
+            cut = k.shape[1] - keep
+            cache.update(k=k[:, cut:], v=v[:, cut:], valid=key_valid[:, cut:], k0=k0 + cut)
         S = k.shape[1]
         q_time = t0 + torch.arange(T, device=x.device)
-        k_time = torch.arange(S, device=x.device)
+        k_time = k0 + torch.arange(S, device=x.device)
         mask = k_time[None, :] <= q_time[:, None]
         if self.window is not None:
             mask = mask & (k_time[None, :] > q_time[:, None] - self.window)
@@ -403,7 +407,8 @@ class HwhCache:
         for layer in self.layers:
             for part in layer.values():
                 for key, x in part.items():
-                    part[key] = x.index_select(0, beam_idx.to(x.device))
+                    if torch.is_tensor(x):  # not k0, the time of the first key kept
+                        part[key] = x.index_select(0, beam_idx.to(x.device))
 
 
 @dataclass
