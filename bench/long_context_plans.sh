@@ -4,7 +4,9 @@
 #   bash bench/long_context_plans.sh OUT_DIR [CELL ...]
 # CELL: CONTEXT_K:TOPOLOGY:MESH:BATCH[:REMAT], e.g. 64:v5p-32:1,4,1,4:4 (the defaults below); REMAT
 # starts the planner's remat policies there (model.remat; default the config's, none), which
-# saves the compiles of the lighter policies where a cell cannot fit under them. Each cell
+# saves the compiles of the lighter policies where a cell cannot fit under them (at 256K the
+# 16-chip step under model.remat=none needs more than a v5p chip's 95 GiB: 11 minutes a
+# compile, and the planner would try up to five). Each cell
 # writes OUT_DIR/plan_hwh_1b4_<context>k_<topology>_<mesh>.json and a .log holding the compile's
 # wall time and peak host memory (GNU time); render the table with
 #   python bench/plan_table.py OUT_DIR/plan_hwh_1b4_*.json
@@ -18,8 +20,9 @@ mkdir -p "$OUT"
 CELLS=("$@")
 if [ ${#CELLS[@]} -eq 0 ]; then
   CELLS=(
-    8:v5p-32:1,16,1,1:16 64:v5p-32:1,4,1,4:4 256:v5p-32:1,1,1,16:1 1024:v5p-32:1,1,1,16:1:full
-    8:v5p-128:1,64,1,1:64 64:v5p-128:1,16,1,4:16 256:v5p-128:1,4,1,16:4 1024:v5p-128:1,1,1,64:1
+    8:v5p-32:1,16,1,1:16 64:v5p-32:1,4,1,4:4 256:v5p-32:1,1,1,16:1:full 1024:v5p-32:1,1,1,16:1:full
+    8:v5p-128:1,64,1,1:64 64:v5p-128:1,16,1,4:16 256:v5p-128:1,4,1,16:4:full
+    1024:v5p-128:1,1,1,64:1:full
   )
 fi
 for cell in "${CELLS[@]}"; do

@@ -3,7 +3,8 @@ r"""docs/tpu.md's sizing table from ``launch.plan``'s JSON files (``--out`` fold
   python bench/plan_table.py measurements/benchmark_rows/2026-12-05-cpu/plan_*.json
 
 One row a plan: model, context, slice and mesh, whether it fits, memory per chip, the
-micro-batch and accumulation, the compiler's FLOPs and bytes per chip a step (a loop body
+micro-batch and accumulation (and the remat policy the planner settled on, in plans that
+record it), the compiler's FLOPs and bytes per chip a step (a loop body
 scaled by its trip count; the Mosaic kernels' own work is not in XLA's cost analysis), the bytes a chip sends a step (ring algorithm), the estimated step
 (everything overlapped - nothing overlapped) and tokens/s. A plan that did not fit shows its
 error's first clause.
@@ -32,7 +33,8 @@ def row(r: dict) -> str:
     return (
         f"| {r['arch']} {r['seq_len'] // 1024}K | {r['topology']} ({r['chips']}), {mesh} | "
         f"{'yes' if r['fits'] else 'no'}: {m['step_bytes'] / GIB:.1f} of "
-        f"{m['hbm'] / GIB:.0f} GiB | {p['micro_batch']} x {p['grad_accum']} | "
+        f"{m['hbm'] / GIB:.0f} GiB | {p['micro_batch']} x {p['grad_accum']}"
+        f"{', remat ' + p['remat'] if p.get('remat') else ''} | "
         f"{c['flops'] * p['grad_accum'] / 1e12:.0f} TFLOP, "
         f"{c['bytes_accessed'] * p['grad_accum'] / GIB:,.0f} GiB | {sent / GIB:.1f} GiB | "
         f"{e['step_s_overlapped']:.2f}-{e['step_s_serial']:.2f} s | "
