@@ -92,6 +92,19 @@ def test_bad_inputs_raise():
         AttentionSettings(impl="flash")
 
 
+def test_auto_takes_cudnn_for_documents_only_at_even_lengths():
+    """On a GPU, "auto" gives documents to cuDNN as a bias where its backward takes one (an
+    even length), else to the reference; without documents any length goes to cuDNN."""
+    from kernels_pallas.attention.op import choose
+
+    gpu = AttentionSettings(platform="gpu")
+    seg = jnp.zeros((1, 8), jnp.int32)
+    q = lambda T: jnp.zeros((1, T, 2, 64), jnp.bfloat16)
+    assert choose(gpu, q(8), segment_ids=seg) == "cudnn"
+    assert choose(gpu, q(7), segment_ids=seg[:, :7]) == "reference"
+    assert choose(gpu, q(7)) == "cudnn"
+
+
 def test_splash_interpret_keeps_documents_apart():
     """Splash with segment ids (the TPU path of a packed batch) equals the reference's masks:
     values and gradients, a causal and a windowed case, documents of two rows cut apart."""

@@ -26,7 +26,8 @@ def choose(settings: AttentionSettings, q, *, window=None, segment_ids=None) -> 
     if settings.impl != "auto":
         return settings.impl
     platform = settings.target()
-    if platform == "gpu" and _cudnn_ok(q):
+    # cuDNN takes documents as a bias, and its backward with a bias needs an even length
+    if platform == "gpu" and _cudnn_ok(q) and (segment_ids is None or q.shape[1] % 2 == 0):
         return "cudnn"
     if platform == "tpu":
         from kernels_pallas.attention import tpu

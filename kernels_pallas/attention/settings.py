@@ -12,8 +12,10 @@ from kernels_pallas.dispatch import KernelSettings
 class AttentionSettings(KernelSettings):
     """impl: "auto" | "reference" (XLA einsum + softmax, fp32 inside) | "cudnn"
     (``jax.nn.dot_product_attention``, GPU) | "splash" (JAX's splash attention kernel, TPU);
-    "auto" takes cuDNN on GPU for bf16/fp16 heads of at most 128 without segment ids, splash on
-    TPU for lengths that are multiples of 128 without segment ids, else the reference.
+    "auto" takes cuDNN on GPU for bf16/fp16 heads of at most 128 (with segment ids: a
+    same-document mask, a [B, 1, T, T] bias, and an even length, which cuDNN's backward with a
+    bias needs), splash on TPU for lengths that are multiples of 128 (segment ids as splash's
+    own), else the reference.
     ``interpret`` runs splash in TPU interpret mode."""
 
     OP = "attention"
