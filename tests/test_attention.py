@@ -1,5 +1,7 @@
 """The attention dispatcher against its reference, and the reference against jax.nn."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -103,6 +105,42 @@ def test_auto_takes_cudnn_for_documents_only_at_even_lengths():
     assert choose(gpu, q(8), segment_ids=seg) == "cudnn"
     assert choose(gpu, q(7), segment_ids=seg[:, :7]) == "reference"
     assert choose(gpu, q(7)) == "cudnn"
+
+
+@pytest.mark.parametrize("window", [None, (255, 0), (700, 0), (0, 0), (100, None)])
+def test_splash_block_tables_equal_splashs_own_masks(window):
+    """The causal and local masks that answer whole blocks without evaluating them say what
+    splash's own masks say of any slice (any, all), and give splash's block tables (forward
+    and backward, three block sizes) equal to those of splash's own masks."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi
+
+    from kernels_pallas.attention import tpu
+
+    T = 2048
+    if window is None:
+        fast, theirs = tpu._CausalBand((T, T)), sm.CausalMask((T, T))
+    else:
+        fast = tpu._LocalBand((T, T), window_size=window, offset=0)
+        theirs = sm.LocalMask((T, T), window_size=window, offset=0)
+    n = 20  # every slice of a small mask of the same band: what any() and all() answer
+    w = None if window is None else tuple(None if x is None else min(x, 5) for x in window)
+    small = tpu._CausalBand((n, n)) if w is None else tpu._LocalBand((n, n), w, offset=0)
+    exact = sm.CausalMask((n, n)) if w is None else sm.LocalMask((n, n), w, offset=0)
+    for q0, q1, k0, k1 in itertools.product(range(n), range(1, n + 1), range(n), range(1, n + 1)):
+        if q0 < q1 and k0 < k1:
+            idx = (slice(q0, q1), slice(k0, k1))
+            assert small[idx].any() == exact[idx].any(), idx
+            assert small[idx].all() == exact[idx].all(), idx
+    for block in (128, 256, 512):
+        for dkv in (False, True):
+            ours, _ = mi._process_mask(sm.MultiHeadMask([fast] * 2), (block, block), is_dkv=dkv)
+            ref, _ = mi._process_mask(sm.MultiHeadMask([theirs] * 2), (block, block), is_dkv=dkv)
+            for field in ref._fields:
+                a, b = getattr(ours, field), getattr(ref, field)
+                assert (a is None) == (b is None), field
+                if b is not None:
+                    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=field)
 
 
 def test_splash_interpret_keeps_documents_apart():
