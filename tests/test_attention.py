@@ -143,19 +143,6 @@ def test_splash_block_tables_equal_splashs_own_masks(window):
                     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=field)
 
 
-def test_splash_blocks_keep_the_block_tables_at_most_512_a_side():
-    """Up to 256K tokens splash runs blocks of 512 (or T); longer, blocks grow with T so that
-    T / block stays 512 (the block tables' side), the products still in tiles of 512."""
-    from kernels_pallas.attention.tpu import block_sizes
-
-    for T in (128, 2048, 65536, 262144):
-        assert set(block_sizes(T).values()) == {min(512, T)}
-    for T in (524288, 1048576, 4194304):
-        sizes = block_sizes(T)
-        assert T // sizes["block_q"] == T // sizes["block_kv_dkv"] == 512
-        assert sizes["block_kv_compute"] == sizes["block_kv_dkv_compute"] == 512
-
-
 def test_splash_interpret_keeps_documents_apart():
     """Splash with segment ids (the TPU path of a packed batch) equals the reference's masks:
     values and gradients, a causal and a windowed case, documents of two rows cut apart."""

@@ -64,25 +64,6 @@ def _kernel(T, heads, causal, window, interpret):
         return _build(T, heads, causal, window, interpret)
 
 
-def block_sizes(T: int) -> dict:
-    """Splash's block sizes for T tokens: 512 (or T) up to 256K tokens; longer, blocks that
-    keep T / block at 512, so that the block tables splash holds in a chip's scalar memory
-    stay the size they are at 256K (at 1M in blocks of 512 they were 8 MiB against v5p's
-    1 MiB, and the TPU compiler refused the step), the products still in tiles of 512."""
-    block = min(T, max(512, T // 512))
-    tile = min(block, 512)
-    return dict(
-        block_q=block,
-        block_kv=block,
-        block_kv_compute=tile,
-        block_q_dkv=block,
-        block_kv_dkv=block,
-        block_kv_dkv_compute=tile,
-        block_q_dq=block,
-        block_kv_dq=block,
-    )
-
-
 def _build(T, heads, causal, window, interpret):
     if window is not None:
         one = _LocalBand((T, T), window_size=(window - 1, 0 if causal else None), offset=0)
@@ -91,7 +72,17 @@ def _build(T, heads, causal, window, interpret):
     else:
         one = sm.FullMask((T, T))
     mask = sm.MultiHeadMask([one] * heads)
-    sizes = sk.BlockSizes(**block_sizes(T))
+    block = min(512, T)
+    sizes = sk.BlockSizes(
+        block_q=block,
+        block_kv=block,
+        block_kv_compute=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_kv_dkv_compute=block,
+        block_q_dq=block,
+        block_kv_dq=block,
+    )
     return sk.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
 
 
