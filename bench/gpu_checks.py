@@ -41,17 +41,19 @@ def attention_checks():
 
         seg = (jnp.arange(T)[None] * (3 + jnp.arange(B)[:, None]) // T) if docs else None
 
-        def grads(impl):
+        def grads(impl, q, k, v, do, seg):  # arguments, not constants: XLA would fold them
             f = lambda q, k, v: attention(
                 q, k, v, window=w, segment_ids=seg, settings=AttentionSettings(impl=impl)
             )
             o, vjp = jax.vjp(f, q, k, v)
             return (o, *vjp(do))
 
-        fast = jax.jit(lambda: grads("auto"))()
-        ref = jax.jit(lambda: grads("reference"))()
+        fast = jax.jit(grads, static_argnums=0)("auto", q, k, v, do, seg)
+        ref = jax.jit(grads, static_argnums=0)("reference", q, k, v, do, seg)
         q32 = [x.astype(jnp.float32) for x in (q, k, v)]
-        exact = attention_reference(*q32, window=w, segment_ids=seg)
+        exact = jax.jit(
+            lambda q, k, v, seg: attention_reference(q, k, v, window=w, segment_ids=seg)
+        )(*q32, seg)
         row = {
             "check": "attention",
             "shape": [B, T, H, G, D],

@@ -8,7 +8,8 @@ device running the kernel on its own rows and heads (the ops are independent per
 head). A ``sequence`` axis in the mesh
 splits the time dimension: the linear recurrences (the gated delta rule, the decays, HGRN's
 gates) run per time shard and pass their states between them (``time_shards.py``); attention
-and the short convolutions are left to GSPMD, which gathers what they need over that axis.
+keeps each device's queries and gathers the keys and values (``attention/op.py``); the short
+convolutions are left to GSPMD, which passes each shard its halo.
 An axis that does not divide its dimension is left unsharded (that dimension is then
 computed whole on each device of that axis: correct, only redundant).
 

@@ -2,8 +2,9 @@
 without one: the loss and every gradient of a batch, and the losses of two steps (HwH, the Transformer), for the
 model family's architectures and every linear-head kind, with and without document masks, on 8
 fake CPU devices in fp32. The linear recurrences pass states between time shards
-(``kernels_pallas.time_shards``); attention and the short convolutions are left to GSPMD, which
-gathers what they need over the axis; these tests hold both to the unsplit run."""
+(``kernels_pallas.time_shards``); attention keeps each device's queries over the gathered keys
+and values; the short convolutions are left to GSPMD, which passes their halos; these tests
+hold all of it to the unsplit run."""
 
 from __future__ import annotations
 

@@ -183,3 +183,34 @@ def test_attention_over_a_sequence_axis_equals_the_unsplit_run(seq, batch, windo
         return o, jnp.zeros(())
 
     _assert_split_equals_unsplit(fn, (q, k, v), batch, seq)
+
+
+@pytest.mark.parametrize("window, documents", [(None, True), (150, False)])
+def test_splash_over_a_sequence_axis_equals_the_unsplit_run(window, documents):
+    """Splash (the Pallas interpreter) with its queries split over a sequence axis of 2: each
+    device runs its rows of the whole sequence's mask tables over the gathered keys; values and
+    gradients equal the unsplit reference's (causal, a window reaching into the other shard,
+    documents across the shard boundary), two batch rows over the data axis, GQA."""
+    T, batch = 256, 2
+    ks = jax.random.split(jax.random.key(3), 3)
+    q = jax.random.normal(ks[0], (batch, T, 4, 64))
+    k, v = (jax.random.normal(x, (batch, T, 2, 64)) for x in ks[1:])
+    seg = jnp.asarray(np.repeat([[0, 1, 2]], batch, 0).repeat([70, 100, 86], axis=1))
+    seg = seg if documents else None
+
+    def fn(settings):
+        return lambda q, k, v: (
+            kernels_pallas.attention(q, k, v, window=window, segment_ids=seg, settings=settings),
+            jnp.zeros(()),
+        )
+
+    reference = kernels_pallas.AttentionSettings(impl="reference")
+    splash = kernels_pallas.AttentionSettings(impl="splash", interpret=True)
+    want = _value_and_grads(fn(reference), None, (q, k, v))
+    mesh = _mesh(batch, 2)
+    with kernels_pallas.kernel_mesh(mesh):
+        jaxpr = str(jax.make_jaxpr(fn(splash))(q, k, v))
+    assert "all_gather" in jaxpr and "f32[1,128,4,64]" in jaxpr  # a row's 128 queries a device
+    got = _value_and_grads(fn(splash), mesh, (q, k, v))
+    for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+        np.testing.assert_allclose(g, w, rtol=TOL, atol=TOL * max(float(np.abs(w).max()), 1.0))

@@ -2,8 +2,11 @@
 ``AttentionSettings`` choose. Under ``kernel_mesh`` the cuDNN and splash kernels run per shard
 (``shard_map``: batch rows over the batch axes, heads over the tensor axis): left to GSPMD,
 cuDNN's partitioner rejects an FSDP step ("Query, key and value should have same sharding").
-The reference is plain XLA and stays with GSPMD, except over a sequence axis: there each device
-keeps its queries and gathers the keys and values (``_reference_over_time_shards``)."""
+Over a sequence axis each device keeps its queries and gathers the keys and values: splash
+with its rows of the mask tables (``tpu.splash_over_time_shards``), the reference with its
+rows of the mask (``_reference_over_time_shards``). cuDNN, whose causal mask in JAX has no
+query offset, computes every query of the gathered sequence on each device of that axis.
+Elsewhere the reference is plain XLA and stays with GSPMD."""
 
 from __future__ import annotations
 
@@ -21,6 +24,13 @@ def _cudnn_ok(q):
     return q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] <= 128 and q.shape[-1] % 8 == 0
 
 
+def _time_shards(T: int) -> int:
+    """How many devices the current ``kernel_mesh`` splits a time dimension of T over."""
+    km = sharding.current()
+    axis = km.seq_spec(T) if km is not None else None
+    return 1 if axis is None else km.mesh.shape[axis]
+
+
 def choose(settings: AttentionSettings, q, *, window=None, segment_ids=None) -> str:
     """The implementation ``attention`` runs for these inputs."""
     if settings.impl != "auto":
@@ -32,7 +42,7 @@ def choose(settings: AttentionSettings, q, *, window=None, segment_ids=None) -> 
     if platform == "tpu":
         from kernels_pallas.attention import tpu
 
-        if tpu.supported(q.shape[1], q.shape[-1]):
+        if tpu.supported(q.shape[1], q.shape[-1], _time_shards(q.shape[1])):
             return "splash"
     return "reference"
 
@@ -75,6 +85,21 @@ def attention(
     axis = km.seq_spec(T) if km is not None else None
     if impl == "reference" and axis is not None:
         return _reference_over_time_shards(km, axis, q, k, v, causal, window, scale, segment_ids)
+    if impl == "splash" and axis is not None:
+        from kernels_pallas.attention.tpu import splash_over_time_shards
+
+        return splash_over_time_shards(
+            km,
+            axis,
+            q,
+            k,
+            v,
+            causal=causal,
+            window=window,
+            scale=scale,
+            segment_ids=segment_ids,
+            interpret=settings.interpret,
+        )
     if impl == "reference":
         return attention_reference(
             q, k, v, causal=causal, window=window, scale=scale, segment_ids=segment_ids

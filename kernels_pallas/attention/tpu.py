@@ -14,6 +14,8 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
+from kernels_pallas import sharding
+
 BLOCK = 128  # splash tiles the sequence in blocks of this many tokens
 
 
@@ -51,20 +53,25 @@ class _LocalBand(_Band, sm.LocalMask):
         return self.window_size
 
 
-def supported(T: int, D: int) -> bool:
-    return T % BLOCK == 0 and D % 64 == 0
+def supported(T: int, D: int, q_shards: int = 1) -> bool:
+    """Whether splash takes T tokens of head size D, its queries split in ``q_shards``."""
+    return T % q_shards == 0 and (T // q_shards) % BLOCK == 0 and D % 64 == 0
 
 
 @functools.lru_cache(maxsize=32)
-def _kernel(T, heads, causal, window, interpret):
+def _kernel(T, heads, causal, window, interpret, q_shards=1):
     """The splash kernel for these static settings, cached. Built at compile-time evaluation: it
     holds its mask tables as arrays, and built first under a trace (a ``shard_map`` of
-    ``kernel_mesh``) they were that trace's tracers, leaked into every later call."""
+    ``kernel_mesh``) they were that trace's tracers, leaked into every later call.
+
+    ``q_shards`` > 1: the kernel of a sequence axis of that many devices, each holding T /
+    q_shards queries and all T keys; its mask tables are the whole sequence's, laid out so that
+    each device takes its rows of them (``splash_over_time_shards``)."""
     with jax.ensure_compile_time_eval():
-        return _build(T, heads, causal, window, interpret)
+        return _build(T, heads, causal, window, interpret, q_shards)
 
 
-def _build(T, heads, causal, window, interpret):
+def _build(T, heads, causal, window, interpret, q_shards=1):
     if window is not None:
         one = _LocalBand((T, T), window_size=(window - 1, 0 if causal else None), offset=0)
     elif causal:
@@ -72,7 +79,7 @@ def _build(T, heads, causal, window, interpret):
     else:
         one = sm.FullMask((T, T))
     mask = sm.MultiHeadMask([one] * heads)
-    block = min(512, T)
+    block = min(512, T // q_shards)
     sizes = sk.BlockSizes(
         block_q=block,
         block_kv=block,
@@ -83,7 +90,9 @@ def _build(T, heads, causal, window, interpret):
         block_q_dq=block,
         block_kv_dq=block,
     )
-    return sk.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+    return sk.make_splash_mqa(
+        mask, block_sizes=sizes, head_shards=1, q_seq_shards=q_shards, interpret=interpret
+    )
 
 
 def splash_attention(
@@ -92,19 +101,56 @@ def splash_attention(
     """q [B,T,H,D], k/v [B,T,G,D] -> [B,T,H,D]; segment_ids [B, T]: attend within a segment
     (splash's own ``SegmentIds``, which skips no block but masks per token)."""
     B, T, H, D = q.shape
+    kernel = _kernel(T, H // k.shape[2], causal, window, interpret)
+    return _run(kernel, q, k, v, scale, segment_ids, segment_ids)
+
+
+def _run(kernel, q, k, v, scale, q_segment_ids, kv_segment_ids):
+    """q [B,Tq,H,D], k/v [B,T,G,D] through ``kernel`` -> [B,Tq,H,D]."""
+    B, Tq, H, D = q.shape
     G = k.shape[2]
     scale = D**-0.5 if scale is None else scale
-    kernel = _kernel(T, H // G, causal, window, interpret)
-    qg = jnp.transpose((q * scale).astype(q.dtype).reshape(B, T, G, H // G, D), (0, 2, 3, 1, 4))
+    qg = jnp.transpose((q * scale).astype(q.dtype).reshape(B, Tq, G, H // G, D), (0, 2, 3, 1, 4))
     kg = jnp.transpose(k, (0, 2, 1, 3))  # [B, G, T, D]
     vg = jnp.transpose(v, (0, 2, 1, 3))
-    if segment_ids is None:
-        o = jax.vmap(jax.vmap(kernel))(qg, kg, vg)  # [B, G, H/G, T, D]
+    if q_segment_ids is None:
+        o = jax.vmap(jax.vmap(kernel))(qg, kg, vg)  # [B, G, H/G, Tq, D]
     else:
 
-        def row(q, k, v, seg):  # one row's G groups
-            ids = sk.SegmentIds(q=seg, kv=seg)
+        def row(q, k, v, q_seg, kv_seg):  # one row's G groups
+            ids = sk.SegmentIds(q=q_seg, kv=kv_seg)
             return jax.vmap(lambda q, k, v: kernel(q, k, v, segment_ids=ids))(q, k, v)
 
-        o = jax.vmap(row)(qg, kg, vg, segment_ids.astype(jnp.int32))
-    return jnp.transpose(o, (0, 3, 1, 2, 4)).reshape(B, T, H, D)
+        seg = (q_segment_ids.astype(jnp.int32), kv_segment_ids.astype(jnp.int32))
+        o = jax.vmap(row)(qg, kg, vg, *seg)
+    return jnp.transpose(o, (0, 3, 1, 2, 4)).reshape(B, Tq, H, D)
+
+
+def splash_over_time_shards(
+    km, axis, q, k, v, *, causal=True, window=None, scale=None, segment_ids=None, interpret=False
+):
+    """Splash with the time dimension of q, k, v [B, T, ...] (and ``segment_ids`` [B, T]) split
+    over the mesh axis ``axis`` of ``km``: each device keeps its T / n queries, gathers the keys
+    and values (and their segment ids) and runs its rows of the whole sequence's mask tables,
+    so its block tables are (T / n) x T blocks, not T x T, and it computes only its queries.
+    Batch rows and kv groups are split as in ``attention``'s other kernels."""
+    B, T, H, D = q.shape
+    G = k.shape[2]
+    n = km.mesh.shape[axis]
+    kernel = _kernel(T, H // G, causal, window, interpret, n)
+    b = km.batch_spec(B)
+    h = km.head_spec(G) if km.head_spec(H) else None
+    x, seg = sharding.P(b, axis, h, None), sharding.P(b, axis)
+    tables = kernel.manual_sharding_spec(
+        jax.sharding.NamedSharding(km.mesh, sharding.P(None, axis))
+    )
+    args, specs = (kernel, q, k, v), (tables, x, x, x)
+    if segment_ids is not None:
+        args, specs = (*args, segment_ids), (*specs, seg)
+
+    def local(kernel, q, k, v, seg=None):
+        gather = functools.partial(jax.lax.all_gather, axis_name=axis, axis=1, tiled=True)
+        kv_seg = None if seg is None else gather(seg)
+        return _run(kernel, q, gather(k), gather(v), scale, seg, kv_seg)
+
+    return sharding.per_shard(local, km, specs, x)(*args)
