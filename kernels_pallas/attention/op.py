@@ -3,8 +3,7 @@
 (``shard_map``: batch rows over the batch axes, heads over the tensor axis): left to GSPMD,
 cuDNN's partitioner rejects an FSDP step ("Query, key and value should have same sharding").
 Over a sequence axis each device keeps its queries and gathers the keys and values: splash
-with its rows of the mask tables (``tpu.splash_over_time_shards``), the reference with its
-rows of the mask (``_reference_over_time_shards``). cuDNN, whose causal mask in JAX has no
+with its rows of the mask tables, the reference with its rows of the mask (``_over_time_shards``). cuDNN, whose causal mask in JAX has no
 query offset, computes every query of the gathered sequence on each device of that axis.
 Elsewhere the reference is plain XLA and stays with GSPMD."""
 
@@ -83,22 +82,9 @@ def attention(
     impl = dispatch.record(settings, choose(settings, q, window=window, segment_ids=segment_ids))
     km = sharding.current()
     axis = km.seq_spec(T) if km is not None else None
-    if impl == "reference" and axis is not None:
-        return _reference_over_time_shards(km, axis, q, k, v, causal, window, scale, segment_ids)
-    if impl == "splash" and axis is not None:
-        from kernels_pallas.attention.tpu import splash_over_time_shards
-
-        return splash_over_time_shards(
-            km,
-            axis,
-            q,
-            k,
-            v,
-            causal=causal,
-            window=window,
-            scale=scale,
-            segment_ids=segment_ids,
-            interpret=settings.interpret,
+    if axis is not None and impl in ("reference", "splash"):
+        return _over_time_shards(
+            km, axis, impl, q, k, v, causal, window, scale, segment_ids, settings.interpret
         )
     if impl == "reference":
         return attention_reference(
@@ -116,30 +102,45 @@ def attention(
     return sharding.per_shard(kernel, km, specs, qkv)(*args)
 
 
-def _reference_over_time_shards(km, axis, q, k, v, causal, window, scale, segment_ids):
-    """The reference with the time dimension over ``axis``: each device keeps its queries and
-    gathers the keys and values (and their segment ids), masking by global position, so its
-    score matrix is [T / n, T] a head, not [T, T]."""
+def _over_time_shards(km, axis, impl, q, k, v, causal, window, scale, segment_ids, interpret):
+    """Attention with the time dimension over ``axis``: each device keeps its T / n queries and
+    gathers the keys and values (and their segment ids), masking by global position. The
+    reference masks its [T / n, T] scores a head from its offset; splash runs its rows of the
+    whole sequence's block tables (``tpu.sharded_kernel``), so it too computes only its queries.
+    Batch rows and kv groups are split as for the other kernels."""
     b = km.batch_spec(q.shape[0])
     h = km.head_spec(k.shape[2]) if km.head_spec(q.shape[2]) else None
-    x, seg = sharding.P(b, axis, h, None), sharding.P(b, axis)
-    args, specs = (q, k, v), (x, x, x)
-    if segment_ids is not None:
-        args, specs = (*args, segment_ids), (*specs, seg)
+    x = sharding.P(b, axis, h, None)
+    if impl == "splash":
+        from kernels_pallas.attention import tpu
 
-    def local(q, k, v, seg=None):
+        kernel = tpu.sharded_kernel(
+            q.shape[1], q.shape[2] // k.shape[2], causal, window, interpret, km.mesh.shape[axis]
+        )
+        tables = kernel.manual_sharding_spec(
+            jax.sharding.NamedSharding(km.mesh, sharding.P(None, axis))
+        )
+    else:
+        kernel, tables = None, None
+    args, specs = (kernel, q, k, v), (tables, x, x, x)
+    if segment_ids is not None:
+        args, specs = (*args, segment_ids), (*specs, sharding.P(b, axis))
+
+    def local(kernel, q, k, v, seg=None):
         gather = functools.partial(jax.lax.all_gather, axis_name=axis, axis=1, tiled=True)
-        offset = jax.lax.axis_index(axis) * q.shape[1]
+        k, v, kv_seg = gather(k), gather(v), None if seg is None else gather(seg)
+        if kernel is not None:
+            return tpu.run(kernel, q, k, v, scale, seg, kv_seg)
         return attention_reference(
             q,
-            gather(k),
-            gather(v),
+            k,
+            v,
             causal=causal,
             window=window,
             scale=scale,
             segment_ids=seg,
-            q_offset=offset,
-            kv_segment_ids=None if seg is None else gather(seg),
+            q_offset=jax.lax.axis_index(axis) * q.shape[1],
+            kv_segment_ids=kv_seg,
         )
 
     return sharding.per_shard(local, km, specs, x)(*args)

@@ -14,8 +14,6 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
-from kernels_pallas import sharding
-
 BLOCK = 128  # splash tiles the sequence in blocks of this many tokens
 
 
@@ -66,7 +64,7 @@ def _kernel(T, heads, causal, window, interpret, q_shards=1):
 
     ``q_shards`` > 1: the kernel of a sequence axis of that many devices, each holding T /
     q_shards queries and all T keys; its mask tables are the whole sequence's, laid out so that
-    each device takes its rows of them (``splash_over_time_shards``)."""
+    each device takes its rows of them (``attention/op.py``'s ``_over_time_shards``)."""
     with jax.ensure_compile_time_eval():
         return _build(T, heads, causal, window, interpret, q_shards)
 
@@ -102,10 +100,16 @@ def splash_attention(
     (splash's own ``SegmentIds``, which skips no block but masks per token)."""
     B, T, H, D = q.shape
     kernel = _kernel(T, H // k.shape[2], causal, window, interpret)
-    return _run(kernel, q, k, v, scale, segment_ids, segment_ids)
+    return run(kernel, q, k, v, scale, segment_ids, segment_ids)
 
 
-def _run(kernel, q, k, v, scale, q_segment_ids, kv_segment_ids):
+def sharded_kernel(T, heads, causal, window, interpret, q_shards):
+    """The kernel of a sequence axis of ``q_shards`` devices (see ``_kernel``): pass it into the
+    ``shard_map`` with ``kernel.manual_sharding_spec`` over (heads, the sequence axis)."""
+    return _kernel(T, heads, causal, window, interpret, q_shards)
+
+
+def run(kernel, q, k, v, scale, q_segment_ids, kv_segment_ids):
     """q [B,Tq,H,D], k/v [B,T,G,D] through ``kernel`` -> [B,Tq,H,D]."""
     B, Tq, H, D = q.shape
     G = k.shape[2]
@@ -124,33 +128,3 @@ def _run(kernel, q, k, v, scale, q_segment_ids, kv_segment_ids):
         seg = (q_segment_ids.astype(jnp.int32), kv_segment_ids.astype(jnp.int32))
         o = jax.vmap(row)(qg, kg, vg, *seg)
     return jnp.transpose(o, (0, 3, 1, 2, 4)).reshape(B, Tq, H, D)
-
-
-def splash_over_time_shards(
-    km, axis, q, k, v, *, causal=True, window=None, scale=None, segment_ids=None, interpret=False
-):
-    """Splash with the time dimension of q, k, v [B, T, ...] (and ``segment_ids`` [B, T]) split
-    over the mesh axis ``axis`` of ``km``: each device keeps its T / n queries, gathers the keys
-    and values (and their segment ids) and runs its rows of the whole sequence's mask tables,
-    so its block tables are (T / n) x T blocks, not T x T, and it computes only its queries.
-    Batch rows and kv groups are split as in ``attention``'s other kernels."""
-    B, T, H, D = q.shape
-    G = k.shape[2]
-    n = km.mesh.shape[axis]
-    kernel = _kernel(T, H // G, causal, window, interpret, n)
-    b = km.batch_spec(B)
-    h = km.head_spec(G) if km.head_spec(H) else None
-    x, seg = sharding.P(b, axis, h, None), sharding.P(b, axis)
-    tables = kernel.manual_sharding_spec(
-        jax.sharding.NamedSharding(km.mesh, sharding.P(None, axis))
-    )
-    args, specs = (kernel, q, k, v), (tables, x, x, x)
-    if segment_ids is not None:
-        args, specs = (*args, segment_ids), (*specs, seg)
-
-    def local(kernel, q, k, v, seg=None):
-        gather = functools.partial(jax.lax.all_gather, axis_name=axis, axis=1, tiled=True)
-        kv_seg = None if seg is None else gather(seg)
-        return _run(kernel, q, gather(k), gather(v), scale, seg, kv_seg)
-
-    return sharding.per_shard(local, km, specs, x)(*args)
