@@ -2,15 +2,16 @@ r"""lm-evaluation-harness over trained runs: ``python -m launch.lm_eval --model 
 --model_args checkpoint=RUN --tasks hwh_arc_easy,hwh_piqa [any lm_eval argument]``.
 
 lm-eval's own command line (``lm_eval``'s arguments, its output and ``--output_path``) with the
-project's model registered as ``hwh`` (``hwh_jax.eval.harness``; lm-eval has no plugin hook for
-models, so the plain ``lm_eval`` command does not know it) and the shipped evaluation sets as
-tasks (arc_easy, arc_challenge, piqa, openbook_qa, hellaswag, winogrande, lambada_openai), no
-download: ``hwh_<task>`` (the in-house suite's prompts as harness YAML) and ``harness_<task>``
-(the harness's own YAML of the task over the same examples), written for ``--include_path``
-when a task of those names is asked for. The harness's own tasks run by name where their
-datasets are cached. An exported folder (``launch.export_hf``) runs under the plain command:
-``lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True``, or under this one
-with the shipped tasks.
+project's model registered as ``hwh`` (``RunLM``: a run scored by ``hwh_jax.eval.harness``) and
+the shipped evaluation sets as tasks (arc_easy, arc_challenge, piqa, openbook_qa, hellaswag,
+winogrande, lambada_openai), no download: ``hwh_<task>`` (the in-house suite's prompts as
+harness YAML) and ``harness_<task>`` (the harness's own YAML of the task over the same
+examples), written for ``--include_path`` when a task of those names is asked for. The plain
+``lm_eval --model hwh`` command finds the same ``RunLM`` through the start-up hook the package
+installs (``hwh_jax/lm_eval_hook.py``) and the shipped tasks in a folder written by
+``launch.lm_eval_tasks``; this command adds several processes. The harness's own tasks run by
+name where their datasets are cached. An exported folder (``launch.export_hf``) runs under the
+plain command as ``lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True``.
 
 Several processes (one model sharded over hosts; every host the same command): each starts
 ``jax.distributed`` as the other launchers do and runs every request in step with the others
@@ -42,11 +43,7 @@ WRITERS = {
 def main():
     from lm_eval.__main__ import cli_evaluate
 
-    # lm-eval bootstraps some metrics' stderr in a process pool: forked from a process running
-    # JAX (many threads) that can deadlock, so the pool's processes start fresh
-    multiprocessing.set_start_method("spawn", force=True)
-
-    launch.begin()  # jax.distributed where several processes run the job
+    start()
     import jax
 
     from hwh_jax.eval import harness
@@ -67,6 +64,21 @@ def main():
     finally:  # the shipped tasks' JSONL and YAML, written for this run
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+_started = False
+
+
+def start() -> None:
+    """Once a process: lm-eval's worker pools spawned, not forked, and ``launch.begin``."""
+    global _started
+    if _started:
+        return
+    # lm-eval bootstraps some metrics' stderr in a process pool: forked from a process running
+    # JAX (many threads) that can deadlock, so the pool's processes start fresh
+    multiprocessing.set_start_method("spawn", force=True)
+    launch.begin()  # jax.distributed where several processes run the job
+    _started = True
 
 
 def first_process_argv(argv, process_index: int) -> list[str]:
@@ -100,19 +112,19 @@ def check_args(argv) -> None:
         sys.argv = saved
 
 
-def register():
-    """lm-eval's model "hwh": a ``launch.train`` run (``checkpoint=RUN[,step=N]``) loaded here
-    and scored by ``harness.HwhLM``."""
-    # lm-eval's own models first: it looks them up only while its registry is empty
-    import lm_eval.models  # noqa: F401 (imported for its registrations)
-    from lm_eval.api.registry import register_model
-
+def __getattr__(name):
+    """``RunLM``, lm-eval's model "hwh", made on first use (``launch.lm_eval:RunLM`` is the name
+    the plain ``lm_eval`` command finds it by, ``hwh_jax/lm_eval_hook.py``): ``start`` first, so
+    the device defaults are set before JAX starts."""
+    if name != "RunLM":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    start()
     from hwh_jax.eval.harness import HwhLM
     from hwh_jax.training.restore import load_run
 
-    @register_model("hwh")
     class RunLM(HwhLM):
-        """A trained run as lm-eval's model "hwh"."""
+        """A ``launch.train`` run (``checkpoint=RUN[,step=N]``) loaded here and scored by
+        ``harness.HwhLM``."""
 
         @classmethod
         def create_from_arg_obj(cls, arg_dict, additional_config=None):
@@ -127,7 +139,20 @@ def register():
             run = load_run(args.pop("checkpoint"), None if step in (None, "") else int(step))
             return cls(model=run.model, tokenizer=run.tokenizer, **args)
 
+    RunLM.__module__ = __name__
+    globals()["RunLM"] = RunLM
     return RunLM
+
+
+def register():
+    """Register ``RunLM`` as lm-eval's model "hwh" (where the start-up hook has not)."""
+    # lm-eval's own models first: it looks them up only while its registry is empty
+    import lm_eval.models  # noqa: F401 (imported for its registrations)
+    from lm_eval.api.registry import register_model
+
+    run_lm = sys.modules[__name__].RunLM
+    register_model("hwh")(run_lm)
+    return run_lm
 
 
 def _value(argv, flag):
@@ -141,4 +166,7 @@ def _value(argv, flag):
 
 
 if __name__ == "__main__":
-    main()
+    # run as the importable module, whose RunLM is the one the registry names
+    from launch import lm_eval
+
+    lm_eval.main()

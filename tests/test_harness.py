@@ -1,9 +1,10 @@
 """lm-evaluation-harness: the project's model "hwh" asks the scorer what the in-house suite
 asks it, on the shipped tasks written as harness YAML; the exported PyTorch model under the
-harness's own "hf" model agrees with it; ``launch.lm_eval`` and ``launch.eval
+harness's own "hf" model agrees with it; the plain ``lm_eval`` command and ``launch.eval
 --suite=lm_eval:...`` run a trained run end to end."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -107,29 +108,34 @@ def test_the_exported_model_under_the_harness_hf_model_agrees(tiny, tmp_path):
         assert harness.accuracies(theirs)[task]["acc"] == harness.accuracies(ours)[task]["acc"]
 
 
-def test_launch_lm_eval_and_the_eval_suite_on_a_trained_run(tmp_path):
-    """A 4-step run of the main job's config; ``launch.lm_eval`` (lm-eval's command line with
-    "hwh" registered) writes lm-eval's results file; ``launch.eval --suite=lm_eval:...``
-    writes each task's n, accuracy and interval, the accuracy equal to lm-eval's."""
-    work = tmp_path / "run"
+def test_the_plain_lm_eval_command_and_the_eval_suite_on_a_trained_run(tmp_path):
+    """A 4-step run of the main job's config; lm-eval's own ``lm_eval`` command (which finds
+    "hwh" through the installed start-up hook) on tasks written by ``launch.lm_eval_tasks``
+    writes lm-eval's results file; ``launch.eval --suite=lm_eval:...`` writes each task's n,
+    accuracy and interval, the accuracy equal to lm-eval's."""
+    work, tasks = tmp_path / "run", tmp_path / "tasks"
     train_main_job(work)
+    write = [sys.executable, "-m", "launch.lm_eval_tasks", f"--out={tasks}",
+             "--tasks=hwh_piqa,hwh_lambada_openai", "--limit=8"]  # fmt: skip
     lm_eval = [
-        "launch.lm_eval",
+        os.path.join(os.path.dirname(sys.executable), "lm_eval"),
         "--model=hwh",
         f"--model_args=checkpoint={work},max_length=256",
         "--tasks=hwh_piqa,hwh_lambada_openai",
-        "--limit=8",
+        f"--include_path={tasks}",
         f"--output_path={tmp_path / 'lm_eval'}",
     ]
     suite = [
+        sys.executable,
+        "-m",
         "launch.eval",
         f"--checkpoint={work}",
         "--suite=lm_eval:hwh_piqa,hwh_lambada_openai",
         "--lm_eval_limit=8",
         f"--out={tmp_path / 'suite'}",
     ]
-    for argv in (lm_eval, suite):
-        done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True)
+    for argv in (write, lm_eval, suite):
+        done = subprocess.run(argv, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
     (path,) = (tmp_path / "lm_eval").rglob("results_*.json")
     theirs = json.loads(path.read_text())["results"]
@@ -140,6 +146,22 @@ def test_launch_lm_eval_and_the_eval_suite_on_a_trained_run(tmp_path):
         assert ours[task]["acc"] == pytest.approx(theirs[task]["acc,none"])
         lo, hi = ours[task]["acc_interval"]
         assert lo <= ours[task]["acc"] <= hi
+
+
+def test_launch_lm_eval_registers_the_class_the_start_up_hook_names(monkeypatch):
+    """The hook's lazy name and ``launch.lm_eval``'s registration are one class, in either
+    order, so both commands can run in one environment; lm-eval's own models stay found."""
+    from lm_eval.api.registry import get_model, model_registry
+
+    import launch.lm_eval
+    from hwh_jax import lm_eval_hook
+
+    monkeypatch.setattr(launch.lm_eval, "_started", True)  # not the launchers' process set-up
+    lm_eval_hook.install()  # lm_eval.models is imported (the test module's harness import)
+    assert get_model("hwh") is launch.lm_eval.RunLM
+    assert launch.lm_eval.register() is launch.lm_eval.RunLM  # a second registration agrees
+    assert f"{launch.lm_eval.RunLM.__module__}:RunLM" == lm_eval_hook.TARGET
+    assert get_model("hf").__name__ == "HFLM" and "hwh" in model_registry
 
 
 def test_only_the_first_process_writes_results():

@@ -316,18 +316,19 @@ def harness_own_tasks(tasks=commonsense.TASKS, *, limit: int | None = None, fold
     return str(root)
 
 
-def task_folder(names) -> str | None:
-    """The folder of the shipped tasks among ``names`` (``hwh_<task>`` and
-    ``harness_<task>``), written for ``include_path``; None if there are none."""
+def task_folder(names, *, folder=None, limit: int | None = None) -> str | None:
+    """The folder (default: a new temporary one) of the shipped tasks among ``names``
+    (``hwh_<task>`` and ``harness_<task>``), written for ``include_path``; None if there are
+    none."""
     ours = [n.removeprefix("hwh_") for n in names if n.startswith("hwh_")]
     own = [n.removeprefix("harness_") for n in names if n.startswith("harness_")]
     if not ours and not own:
         return None
-    folder = tempfile.mkdtemp(prefix="hwh_lm_eval_")
+    folder = str(folder or tempfile.mkdtemp(prefix="hwh_lm_eval_"))
     if ours:
-        offline_tasks(ours, folder=folder)
+        offline_tasks(ours, folder=folder, limit=limit)
     if own:
-        harness_own_tasks(own, folder=folder)
+        harness_own_tasks(own, folder=folder, limit=limit)
     return folder
 
 
