@@ -12,8 +12,8 @@
 #   python bench/plan_table.py OUT_DIR/plan_hwh_1b4_*.json
 # The meshes keep a chip's tokens near 16K (one sequence over data x fsdp groups, its tokens over
 # the sequence axis) and the accumulation at 1, so that each cell compiles once (2-20 minutes
-# each for the 1.4B model on a 2-core host and 11-20 GB of host memory; 1M tokens on 64 chips
-# needs more than 24 GB).
+# each for the 1.4B model on a 2-core host and 11-20 GB of host memory; 1M tokens with sequence
+# 64 needs more than 24 GB, so the 1M cells keep sequence 16 and add fsdp).
 set -uo pipefail
 OUT=$1; shift
 mkdir -p "$OUT"
@@ -23,7 +23,7 @@ if [ ${#CELLS[@]} -eq 0 ]; then
     8:v5p-32:1,16,1,1:16 64:v5p-32:1,4,1,4:4 256:v5p-32:1,1,1,16:1:full 1024:v5p-32:1,1,1,16:1:full
     8:v5p-128:1,64,1,1:64 64:v5p-128:1,16,1,4:16 256:v5p-128:1,4,1,16:4:full
     8:v5p-512:1,256,1,1:256 64:v5p-512:1,64,1,4:64 256:v5p-512:1,16,1,16:16:full
-    1024:v5p-128:1,1,1,64:1:full  # more than 24 GB of host memory
+    1024:v5p-128:1,4,1,16:4:full 1024:v5p-512:1,16,1,16:16:full
   )
 fi
 for cell in "${CELLS[@]}"; do
