@@ -1,6 +1,6 @@
 """What pyproject.toml cannot say: the package installs one start-up line, ``hwh_jax_lm_eval.pth``,
 into site-packages, by which lm-eval's own ``lm_eval`` command finds the model "hwh"
-(``hwh_jax/lm_eval_hook.py`` says why and what it does). A plain install carries it in the wheel
+(``_hwh_lm_eval_hook.py`` says why and what it does). A plain install carries it in the wheel
 (``build_py``); an editable install in the editable wheel's root, beside setuptools' own
 start-up files (``editable_wheel``)."""
 

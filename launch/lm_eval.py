@@ -8,7 +8,7 @@ winogrande, lambada_openai), no download: ``hwh_<task>`` (the in-house suite's p
 harness YAML) and ``harness_<task>`` (the harness's own YAML of the task over the same
 examples), written for ``--include_path`` when a task of those names is asked for. The plain
 ``lm_eval --model hwh`` command finds the same ``RunLM`` through the start-up hook the package
-installs (``hwh_jax/lm_eval_hook.py``) and the shipped tasks in a folder written by
+installs (``_hwh_lm_eval_hook.py``) and the shipped tasks in a folder written by
 ``launch.lm_eval_tasks``; this command adds several processes. The harness's own tasks run by
 name where their datasets are cached. An exported folder (``launch.export_hf``) runs under the
 plain command as ``lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True``.
@@ -114,7 +114,7 @@ def check_args(argv) -> None:
 
 def __getattr__(name):
     """``RunLM``, lm-eval's model "hwh", made on first use (``launch.lm_eval:RunLM`` is the name
-    the plain ``lm_eval`` command finds it by, ``hwh_jax/lm_eval_hook.py``): ``start`` first, so
+    the plain ``lm_eval`` command finds it by, ``_hwh_lm_eval_hook.py``): ``start`` first, so
     the device defaults are set before JAX starts."""
     if name != "RunLM":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -153,8 +153,8 @@ def test_launch_lm_eval_registers_the_class_the_start_up_hook_names(monkeypatch)
     order, so both commands can run in one environment; lm-eval's own models stay found."""
     from lm_eval.api.registry import get_model, model_registry
 
+    import _hwh_lm_eval_hook as lm_eval_hook
     import launch.lm_eval
-    from hwh_jax import lm_eval_hook
 
     monkeypatch.setattr(launch.lm_eval, "_started", True)  # not the launchers' process set-up
     lm_eval_hook.install()  # lm_eval.models is imported (the test module's harness import)
