@@ -139,7 +139,7 @@ def __getattr__(name):
             run = load_run(args.pop("checkpoint"), None if step in (None, "") else int(step))
             return cls(model=run.model, tokenizer=run.tokenizer, **args)
 
-    RunLM.__module__ = __name__
+    RunLM.__qualname__ = "RunLM"  # as if defined at the top: found (and pickled) by this name
     globals()["RunLM"] = RunLM
     return RunLM
 
