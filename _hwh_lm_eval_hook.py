@@ -7,11 +7,9 @@ site-packages (``hwh_jax_lm_eval.pth``, written by ``setup.py`` for plain and ed
 that calls ``install``: a finder that waits for ``lm_eval.models`` to be imported and then
 registers "hwh" under lm-eval's lazy form, the name ``launch.lm_eval:RunLM``. Nothing of the
 project is imported until lm-eval asks for "hwh"; a Python that never imports lm-eval pays for
-this module only (a couple of milliseconds at start-up; it imports nothing).
+importing this module only, which imports nothing but ``sys``.
 ``python -m launch.lm_eval`` registers the same class itself and needs none of this.
 """
-
-from __future__ import annotations
 
 import sys
 

@@ -2,9 +2,10 @@
 ``AttentionSettings`` choose. Under ``kernel_mesh`` the cuDNN and splash kernels run per shard
 (``shard_map``: batch rows over the batch axes, heads over the tensor axis): left to GSPMD,
 cuDNN's partitioner rejects an FSDP step ("Query, key and value should have same sharding").
-Over a sequence axis each device keeps its queries and gathers the keys and values: splash
-with its rows of the mask tables, the reference with its rows of the mask (``_over_time_shards``). cuDNN, whose causal mask in JAX has no
-query offset, computes every query of the gathered sequence on each device of that axis.
+Over a sequence axis each device keeps its queries and gathers the keys and values
+(``_over_time_shards``): splash with its rows of the mask tables, the reference with its rows
+of the mask. cuDNN, whose causal mask in JAX has no query offset, computes every query of the
+gathered sequence on each device of that axis.
 Elsewhere the reference is plain XLA and stays with GSPMD."""
 
 from __future__ import annotations
