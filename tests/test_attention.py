@@ -1,5 +1,6 @@
 """The attention dispatcher against its reference, and the reference against jax.nn."""
 
+import functools
 import itertools
 
 import jax
@@ -346,3 +347,97 @@ def test_decode_attention_plan_fills_the_device_and_caps_the_splits():
     assert plan(1, 1, 32768, one.replace(max_splits=256)).splits(32768) == 256
     assert plan(4, 2, 96, default).block == 32 and plan(4, 2, 40, default) is None
     assert plan(1, 5, 32768, default) is None and plan(1, 8, 32768, default) is not None
+
+
+def _documents(B, T, seed):
+    """[B, T] segment ids: 2-4 documents a row, cut anywhere (inside shards and on their edges)."""
+    rng = np.random.default_rng(seed)
+    seg = np.ones((B, T), np.int32)
+    for b in range(B):
+        for c in rng.integers(1, T, rng.integers(1, 4)):
+            seg[b, c:] += 1
+    return jnp.asarray(seg)
+
+
+@pytest.mark.parametrize(
+    "shards,documents,causal",
+    [(2, False, True), (4, True, True), (3, True, True), (2, True, False)],
+)
+def test_shard_rows_merge_equals_the_whole_sequences_rows(shards, documents, causal):
+    """``shard_rows`` (a shard's diagonal block and its prefix, merged by log-sum-exp, the
+    backward run per block with the merged output and lse, the blocks past the shard dropped)
+    on XLA blocks: for every shard, the values and the gradients of q, k and v equal those of
+    ``attention_reference`` over the whole sequence, with the shard's index traced and GQA."""
+    from kernels_pallas.attention import shard_rows
+
+    B, L, H, G, D = 2, 12, 4, 2, 16
+    T = shards * L
+    q, k, v = qkv(B, T, H, G, D, seed=7)
+    dy = qkv(B, T, H, G, D, seed=8)[0]
+    seg = _documents(B, T, seed=9) if documents else None
+
+    def whole(q, k, v):
+        return jnp.sum(attention_reference(q, k, v, causal=causal, segment_ids=seg) * dy)
+
+    want = jax.grad(whole, argnums=(0, 1, 2))(q, k, v)
+
+    @jax.jit
+    def shard(i, q_rows, k, v):
+        rows = lambda x: jax.lax.dynamic_slice_in_dim(x, i * L, L, axis=1)
+        q_seg = None if seg is None else rows(seg)
+
+        def loss(q_rows, k, v):
+            o = shard_rows.shard_rows(q_rows, k, v, i, shards=shards, causal=causal,
+                                      segment_ids=q_seg, kv_segment_ids=seg,
+                                      blocks=shard_rows.REFERENCE)  # fmt: skip
+            return jnp.sum(o * rows(dy)), o
+
+        return jax.grad(loss, argnums=(0, 1, 2), has_aux=True)(q_rows, k, v)
+
+    out, dq, dk, dv = [], [], jnp.zeros_like(k), jnp.zeros_like(v)
+    for i in range(shards):
+        (dq_i, dk_i, dv_i), o_i = shard(jnp.int32(i), q[:, i * L : (i + 1) * L], k, v)
+        out.append(o_i)
+        dq.append(dq_i)
+        dk, dv = dk + dk_i, dv + dv_i
+    ref = attention_reference(q, k, v, causal=causal, segment_ids=seg)
+    np.testing.assert_allclose(jnp.concatenate(out, 1), ref, atol=2e-5, rtol=2e-5)
+    for got, w in zip((jnp.concatenate(dq, 1), dk, dv), want):
+        np.testing.assert_allclose(got, w, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS fakes them on CPU)")
+def test_cudnn_over_a_sequence_axis_runs_each_devices_rows(monkeypatch):
+    """With impl="cudnn" over a sequence axis, each device runs ``shard_rows`` on its own queries
+    (the scores are [T / n, ...], not [T, T]) inside the shard_map, and the values and gradients
+    equal one device's reference; the XLA blocks stand in for cuDNN's, which a CPU lacks."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from hwh_jax.training.sharding import make_mesh
+    from kernels_pallas import kernel_mesh
+    from kernels_pallas.attention import shard_rows
+
+    monkeypatch.setattr(shard_rows, "CUDNN", shard_rows.REFERENCE)
+    monkeypatch.setattr(shard_rows, "supported", lambda: True)
+    mesh = make_mesh((2, 1, 1, 4))
+    B, T, H, G, D = 2, 64, 4, 2, 16
+    q, k, v = qkv(B, T, H, G, D, seed=10)
+    dy = qkv(B, T, H, G, D, seed=11)[0]
+    seg = _documents(B, T, seed=12)
+
+    def f(settings, q, k, v, seg):
+        loss = lambda q, k, v: jnp.sum(attention(q, k, v, segment_ids=seg, settings=settings) * dy)
+        return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    want = jax.jit(functools.partial(f, AttentionSettings(impl="reference")))(q, k, v, seg)
+    split = NamedSharding(mesh, P("data", "sequence"))
+    args = [jax.device_put(a, split) for a in (q, k, v, seg)]
+    cudnn = functools.partial(f, AttentionSettings(impl="cudnn"))
+    with kernel_mesh(mesh):
+        jaxpr = str(jax.make_jaxpr(cudnn)(*args))
+        got = jax.jit(cudnn)(*args)
+    assert "shard_map" in jaxpr
+    assert "f32[1,2,2,16,16]" in jaxpr and "f32[1,2,2,64,64]" not in jaxpr  # a diagonal, no [T, T]
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)

@@ -4,8 +4,9 @@
 cuDNN's partitioner rejects an FSDP step ("Query, key and value should have same sharding").
 Over a sequence axis each device keeps its queries and gathers the keys and values
 (``_over_time_shards``): splash with its rows of the mask tables, the reference with its rows
-of the mask. cuDNN, whose causal mask in JAX has no query offset, computes every query of the
-gathered sequence on each device of that axis.
+of the mask, cuDNN as two blocks merged by log-sum-exp (``shard_rows``). cuDNN with a sliding
+window, or with documents at an odd shard length, computes every query of the gathered
+sequence on each device of that axis (JAX's cuDNN mask has no query offset).
 Elsewhere the reference is plain XLA and stays with GSPMD."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas import dispatch, sharding
+from kernels_pallas.attention import shard_rows
 from kernels_pallas.attention.reference import attention_reference
 from kernels_pallas.attention.settings import AttentionSettings
 
@@ -83,7 +85,10 @@ def attention(
     impl = dispatch.record(settings, choose(settings, q, window=window, segment_ids=segment_ids))
     km = sharding.current()
     axis = km.seq_spec(T) if km is not None else None
-    if axis is not None and impl in ("reference", "splash"):
+    if axis is not None and (
+        impl in ("reference", "splash")
+        or (impl == "cudnn" and _rows_ok(km, axis, T, window, segment_ids))
+    ):
         return _over_time_shards(
             km, axis, impl, q, k, v, causal, window, scale, segment_ids, settings.interpret
         )
@@ -103,12 +108,20 @@ def attention(
     return sharding.per_shard(kernel, km, specs, qkv)(*args)
 
 
+def _rows_ok(km, axis, T, window, segment_ids) -> bool:
+    """Whether cuDNN can take each device's rows alone (``shard_rows``): no window, JAX's private
+    cuDNN rules present, and with documents an even shard length (cuDNN's bias backward)."""
+    L = T // km.mesh.shape[axis]
+    return window is None and shard_rows.supported() and (segment_ids is None or L % 2 == 0)
+
+
 def _over_time_shards(km, axis, impl, q, k, v, causal, window, scale, segment_ids, interpret):
     """Attention with the time dimension over ``axis``: each device keeps its T / n queries and
     gathers the keys and values (and their segment ids), masking by global position. The
     reference masks its [T / n, T] scores a head from its offset; splash runs its rows of the
-    whole sequence's block tables (``tpu.sharded_kernel``), so it too computes only its queries.
-    Batch rows and kv groups are split as for the other kernels."""
+    whole sequence's block tables (``tpu.sharded_kernel``), so it too computes only its queries;
+    cuDNN runs ``shard_rows`` (its diagonal block and its prefix, merged). Batch rows and kv
+    groups are split as for the other kernels."""
     b = km.batch_spec(q.shape[0])
     h = km.head_spec(k.shape[2]) if km.head_spec(q.shape[2]) else None
     x = sharding.P(b, axis, h, None)
@@ -130,6 +143,19 @@ def _over_time_shards(km, axis, impl, q, k, v, causal, window, scale, segment_id
     def local(kernel, q, k, v, seg=None):
         gather = functools.partial(jax.lax.all_gather, axis_name=axis, axis=1, tiled=True)
         k, v, kv_seg = gather(k), gather(v), None if seg is None else gather(seg)
+        if impl == "cudnn":
+            return shard_rows.shard_rows(
+                q,
+                k,
+                v,
+                jax.lax.axis_index(axis),
+                shards=km.mesh.shape[axis],
+                causal=causal,
+                scale=scale,
+                segment_ids=seg,
+                kv_segment_ids=kv_seg,
+                blocks=shard_rows.CUDNN,
+            )
         if kernel is not None:
             return tpu.run(kernel, q, k, v, scale, seg, kv_seg)
         return attention_reference(

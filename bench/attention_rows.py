@@ -1,0 +1,152 @@
+r"""What causal attention over a sequence mesh axis costs each device on cuDNN, and its accuracy,
+on one GPU.
+
+  python bench/attention_rows.py --out attention_rows.jsonl
+
+Over a sequence axis of n devices each device keeps its T / n queries and gathers the keys and
+values. cuDNN runs that device's rows as two blocks merged by log-sum-exp
+(``kernels_pallas.attention.shard_rows``); without them each device computed every query of
+the gathered sequence (JAX's cuDNN mask has no query offset). This script times, on one GPU,
+the forward+backward of the last shard's rows (the slowest device: its prefix is the longest)
+against cuDNN over the whole sequence (what every device computed before), the all-gather not
+included (the same in both); and checks every shard's rows, stacked, against the fp32 reference
+over the whole sequence, beside cuDNN over the whole sequence (bf16 inputs).
+Heads: B = 1, 4 query and kv heads of 128 (HwH-1.4B's layers have 0-5 full-attention heads);
+the accuracy rows B = 2, 8 query heads over 2 kv heads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import _bench
+import jax
+import jax.numpy as jnp
+from _bench import forward_backward, median_ms, rel_err
+
+from kernels_pallas.attention import AttentionSettings, attention, attention_reference
+from kernels_pallas.attention import shard_rows as rows_mod
+
+CUDNN = AttentionSettings(impl="cudnn")
+BLOCKS = rows_mod.CUDNN
+
+
+def _inputs(B, T, H, G, D, documents, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 4)
+    q = jax.random.normal(ks[0], (B, T, H, D), jnp.bfloat16)
+    k = jax.random.normal(ks[1], (B, T, G, D), jnp.bfloat16)
+    v = jax.random.normal(ks[2], (B, T, G, D), jnp.bfloat16)
+    do = jax.random.normal(ks[3], (B, T, H, D), jnp.bfloat16)
+    # 3 + b documents in row b, cut at uneven places (inside shards)
+    seg = (jnp.arange(T)[None] * (3 + jnp.arange(B)[:, None]) // T) if documents else None
+    return q, k, v, do, seg
+
+
+def _whole(attn):
+    """(q, k, v, dO, seg) -> attention over the whole sequence and its gradients (the segment
+    ids an argument, not a constant XLA would fold into a [T, T] mask at compile time)."""
+
+    def f(q, k, v, do, seg):
+        return forward_backward(lambda q, k, v: attn(q, k, v, segment_ids=seg))(q, k, v, do)
+
+    return f
+
+
+def _rows_step(shards, L):
+    """(q_rows, k, v, dO_rows, seg, index) -> shard ``index``'s rows on cuDNN's blocks and
+    their gradients."""
+
+    def f(q_rows, k, v, do_rows, seg, index):
+        fn = lambda q_rows, k, v: _rows(q_rows, k, v, seg, index, shards, L)
+        return forward_backward(fn)(q_rows, k, v, do_rows)
+
+    return f
+
+
+def _rows(q_rows, k, v, seg, index, shards, L):
+    q_seg = None if seg is None else jax.lax.dynamic_slice_in_dim(seg, index * L, L, 1)
+    return rows_mod.shard_rows(
+        q_rows, k, v, index, shards=shards, segment_ids=q_seg, kv_segment_ids=seg,
+        blocks=BLOCKS,
+    )  # fmt: skip
+
+
+def accuracy(T, shards, documents):
+    B, H, G, D = 2, 8, 2, 128
+    L = T // shards
+    q, k, v, do, seg = _inputs(B, T, H, G, D, documents)
+    want = jax.jit(_whole(attention_reference))(
+        *[x.astype(jnp.float32) for x in (q, k, v, do)], seg
+    )
+    plain = jax.jit(_whole(functools.partial(attention, settings=CUDNN)))(q, k, v, do, seg)
+    step = jax.jit(_rows_step(shards, L))
+    o, dq, dk, dv = [], [], 0.0, 0.0
+    for i in range(shards):
+        sl = slice(i * L, (i + 1) * L)
+        out = step(q[:, sl], k, v, do[:, sl], seg, jnp.int32(i))
+        o.append(out[0])
+        dq.append(out[1])
+        dk, dv = dk + out[2].astype(jnp.float32), dv + out[3].astype(jnp.float32)
+    got = (jnp.concatenate(o, 1), jnp.concatenate(dq, 1), dk, dv)
+    row = {"check": "accuracy", "T": T, "shards": shards, "documents": documents}
+    for name, a, b, w in zip(("o", "dq", "dk", "dv"), got, plain, want):
+        row[f"rows_err_{name}"] = rel_err(a, w)
+        row[f"whole_err_{name}"] = rel_err(b, w)
+    return row
+
+
+def timing(T, shards, documents):
+    B, H, G, D = 1, 4, 4, 128
+    L = T // shards
+    q, k, v, do, seg = _inputs(B, T, H, G, D, documents)
+    whole = jax.jit(_whole(functools.partial(attention, settings=CUDNN)))
+    step = jax.jit(_rows_step(shards, L))
+    last = jnp.int32(shards - 1)
+    row = {"check": "timing", "T": T, "shards": shards, "documents": documents, "heads": H}
+    row["whole_fwd_bwd_ms"] = median_ms(whole, q, k, v, do, seg)
+    row["last_rows_fwd_bwd_ms"] = median_ms(step, q[:, -L:], k, v, do[:, -L:], seg, last)
+    row["ratio"] = row["last_rows_fwd_bwd_ms"] / row["whole_fwd_bwd_ms"]
+    row["work_ratio"] = (2 * shards - 1) / shards**2  # pairs attended, causal
+    return row
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768, 65536])
+    p.add_argument("--shards", type=int, nargs="+", default=[2, 4, 8])
+    p.add_argument("--documents-up-to", type=int, default=32768,
+                   help="time with documents (a [B, 1, T/n, T] bias) up to this length")  # fmt: skip
+    p.add_argument("--accuracy-tokens", type=int, default=4096)
+    p.add_argument("--out", default="")
+    args = p.parse_args()
+    _bench.print_device()
+    out = []
+    for n in args.shards:
+        for docs in (False, True):
+            _bench.emit(out, accuracy(args.accuracy_tokens, n, docs))
+    for T in args.tokens:
+        for n in args.shards:
+            for docs in (False, True) if T <= args.documents_up_to else (False,):
+                _bench.emit(out, timing(T, n, docs))
+    print(f"\n{'T':>6s} {'n':>2s} {'docs':>5s} {'whole ms':>9s} {'rows ms':>8s} {'ratio':>6s} "
+          f"{'work':>5s}")  # fmt: skip
+    for r in out:
+        if r["check"] == "timing":
+            print(
+                f"{r['T']:6d} {r['shards']:2d} {str(r['documents']):>5s} "
+                f"{r['whole_fwd_bwd_ms']:9.2f} {r['last_rows_fwd_bwd_ms']:8.2f} "
+                f"{r['ratio']:6.2f} {r['work_ratio']:5.2f}"
+            )
+    for r in out:
+        if r["check"] == "accuracy":
+            errs = " ".join(
+                f"{n} {r[f'rows_err_{n}']:.1e}/{r[f'whole_err_{n}']:.1e}"
+                for n in ("o", "dq", "dk", "dv")
+            )
+            print(f"accuracy T{r['T']} n{r['shards']} docs={r['documents']}: rows/whole {errs}")
+    _bench.write_jsonl(args.out, out)
+
+
+if __name__ == "__main__":
+    main()
