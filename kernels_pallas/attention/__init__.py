@@ -6,6 +6,7 @@ cached.py     a chunk of queries over a KV cache block by block (online softmax;
 decode.py     one query token over a KV cache, split over its slots (Triton; decode)
 settings.py   ``AttentionSettings``, ``DecodeAttentionSettings``
 op.py         ``attention``: shapes checked, reference / cuDNN / splash dispatched
+shard_rows.py a time shard's queries over the gathered keys on cuDNN (blocks merged by lse)
 """
 
 from kernels_pallas.attention.cached import cached_attention_blockwise
