@@ -203,3 +203,15 @@ def ceilings() -> dict:
     cp = jax.jit(lambda x: x * 1)
     tc = median_ms(cp, x, reps=10)
     return {"matmul_tflops": 2 * 8192**3 / t / 1e9, "copy_tbps": 2 * x.nbytes / tc / 1e9}
+
+
+def attention_inputs(B, T, H, G, D, documents, seed=0):
+    """bf16 q [B, T, H, D], k and v [B, T, G, D], a cotangent like q, and with ``documents``
+    segment ids [B, T]: 3 + b documents in row b, cut at uneven places (None without)."""
+    ks = jax.random.split(jax.random.key(seed), 4)
+    q = jax.random.normal(ks[0], (B, T, H, D), jnp.bfloat16)
+    k = jax.random.normal(ks[1], (B, T, G, D), jnp.bfloat16)
+    v = jax.random.normal(ks[2], (B, T, G, D), jnp.bfloat16)
+    do = jax.random.normal(ks[3], (B, T, H, D), jnp.bfloat16)
+    seg = (jnp.arange(T)[None] * (3 + jnp.arange(B)[:, None]) // T) if documents else None
+    return q, k, v, do, seg

@@ -23,24 +23,13 @@ import functools
 import _bench
 import jax
 import jax.numpy as jnp
-from _bench import forward_backward, median_ms, rel_err
+from _bench import attention_inputs, forward_backward, median_ms, rel_err
 
 from kernels_pallas.attention import AttentionSettings, attention, attention_reference
 from kernels_pallas.attention import shard_rows as rows_mod
 
 CUDNN = AttentionSettings(impl="cudnn")
 BLOCKS = rows_mod.CUDNN
-
-
-def _inputs(B, T, H, G, D, documents, seed=0):
-    ks = jax.random.split(jax.random.key(seed), 4)
-    q = jax.random.normal(ks[0], (B, T, H, D), jnp.bfloat16)
-    k = jax.random.normal(ks[1], (B, T, G, D), jnp.bfloat16)
-    v = jax.random.normal(ks[2], (B, T, G, D), jnp.bfloat16)
-    do = jax.random.normal(ks[3], (B, T, H, D), jnp.bfloat16)
-    # 3 + b documents in row b, cut at uneven places (inside shards)
-    seg = (jnp.arange(T)[None] * (3 + jnp.arange(B)[:, None]) // T) if documents else None
-    return q, k, v, do, seg
 
 
 def _whole(attn):
@@ -75,7 +64,7 @@ def _rows(q_rows, k, v, seg, index, shards, L):
 def accuracy(T, shards, documents):
     B, H, G, D = 2, 8, 2, 128
     L = T // shards
-    q, k, v, do, seg = _inputs(B, T, H, G, D, documents)
+    q, k, v, do, seg = attention_inputs(B, T, H, G, D, documents)
     want = jax.jit(_whole(attention_reference))(
         *[x.astype(jnp.float32) for x in (q, k, v, do)], seg
     )
@@ -99,7 +88,7 @@ def accuracy(T, shards, documents):
 def timing(T, shards, documents):
     B, H, G, D = 1, 4, 4, 128
     L = T // shards
-    q, k, v, do, seg = _inputs(B, T, H, G, D, documents)
+    q, k, v, do, seg = attention_inputs(B, T, H, G, D, documents)
     whole = jax.jit(_whole(functools.partial(attention, settings=CUDNN)))
     step = jax.jit(_rows_step(shards, L))
     last = jnp.int32(shards - 1)

@@ -15,7 +15,7 @@ import time
 import jax
 import jax.numpy as jnp
 import optax
-from _bench import rel_err
+from _bench import attention_inputs, rel_err
 from flax import nnx
 
 import kernels_pallas
@@ -33,13 +33,7 @@ def attention_checks():
         (2, 2048, 8, 2, 128, None, True),  # documents apart (segment ids): a packed batch
         (2, 2048, 8, 2, 128, 512, True),
     ]:
-        ks = jax.random.split(jax.random.key(T), 4)
-        q = jax.random.normal(ks[0], (B, T, H, D), jnp.bfloat16)
-        k = jax.random.normal(ks[1], (B, T, G, D), jnp.bfloat16)
-        v = jax.random.normal(ks[2], (B, T, G, D), jnp.bfloat16)
-        do = jax.random.normal(ks[3], (B, T, H, D), jnp.bfloat16)
-
-        seg = (jnp.arange(T)[None] * (3 + jnp.arange(B)[:, None]) // T) if docs else None
+        q, k, v, do, seg = attention_inputs(B, T, H, G, D, docs, seed=T)
 
         def grads(impl, q, k, v, do, seg):  # arguments, not constants: XLA would fold them
             f = lambda q, k, v: attention(
