@@ -406,6 +406,14 @@ def test_shard_rows_merge_equals_the_whole_sequences_rows(shards, documents, cau
         np.testing.assert_allclose(got, w, atol=2e-5, rtol=2e-5)
 
 
+def test_shard_rows_finds_jaxs_private_cudnn_rules_as_it_calls_them():
+    """The cuDNN blocks call JAX's private rules by position; this JAX has them with those
+    parameters (a JAX that changes them makes ``attention`` compute every query instead)."""
+    from kernels_pallas.attention import shard_rows
+
+    assert shard_rows.supported()
+
+
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS fakes them on CPU)")
 def test_cudnn_over_a_sequence_axis_runs_each_devices_rows(monkeypatch):
     """With impl="cudnn" over a sequence axis, each device runs ``shard_rows`` on its own queries

@@ -35,6 +35,7 @@ the same algorithm for the CPU, where the tests hold the merge to ``attention_re
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import NamedTuple
 
 import jax
@@ -58,21 +59,34 @@ def _cudnn_module():
     return fa
 
 
+# the private rules' parameters as JAX 0.10 and 0.11 have them (the calls below pass them by
+# position); another JAX whose rules differ takes the path that computes every query
+_FWD_PARAMS = (
+    "query", "key", "value", "bias", "q_seqlen", "kv_seqlen", "q_offsets", "kv_offsets",
+    "page_table_k", "page_table_v", "scale", "seed", "dropout_rate", "variadic_args",
+    "mask_type", "layout", "sliding_window_length", "cudnn_version", "return_residual",
+)  # fmt: skip
+_BWD_PARAMS = (
+    "scale", "seed", "dropout_rate", "variadic_args", "mask_type", "layout",
+    "sliding_window_length", "is_training", "return_residual", "res", "grad_output",
+)  # fmt: skip
+
+
+@functools.cache
 def supported() -> bool:
-    """Whether this JAX has the cuDNN rules the blocks call."""
+    """Whether this JAX has the cuDNN rules the blocks call, with the parameters they pass."""
     try:
         fa = _cudnn_module()
-    except ImportError:
+        fwd = inspect.signature(fa._dot_product_attention_fwd_rule).parameters
+        bwd = inspect.signature(fa._dot_product_attention_bwd_rule).parameters
+        names = ("combine_bias_and_mask", "check_cudnn_version", "MaskType", "AttentionLayout")
+    except (ImportError, AttributeError):
         return False
-    names = (
-        "_dot_product_attention_fwd_rule",
-        "_dot_product_attention_bwd_rule",
-        "combine_bias_and_mask",
-        "check_cudnn_version",
-        "MaskType",
-        "AttentionLayout",
+    return (
+        tuple(fwd) == _FWD_PARAMS
+        and tuple(bwd) == _BWD_PARAMS
+        and all(hasattr(fa, n) for n in names)
     )
-    return all(hasattr(fa, n) for n in names)
 
 
 def _cudnn_static(fa, q, mask, causal):
