@@ -360,26 +360,36 @@ def _documents(B, T, seed):
 
 
 @pytest.mark.parametrize(
-    "shards,documents,causal",
-    [(2, False, True), (4, True, True), (3, True, True), (2, True, False)],
+    "shards,documents,causal,window,L",
+    [
+        (2, False, True, None, 12),
+        (4, True, True, None, 12),
+        (3, True, True, None, 12),
+        (2, True, False, None, 12),
+        (4, False, True, 5, 12),  # within a block: the block before is a band
+        (4, True, True, 30, 12),  # reaching three blocks back: whole blocks and bands
+        (2, True, True, 20, 128),  # 64 of 128 queries see the 64 keys before the shard
+    ],
 )
-def test_shard_rows_merge_equals_the_whole_sequences_rows(shards, documents, causal):
-    """``shard_rows`` (a shard's diagonal block and its prefix, merged by log-sum-exp, the
-    backward run per block with the merged output and lse, the blocks past the shard dropped)
-    on XLA blocks: for every shard, the values and the gradients of q, k and v equal those of
-    ``attention_reference`` over the whole sequence, with the shard's index traced and GQA."""
+def test_shard_rows_merge_equals_the_whole_sequences_rows(shards, documents, causal, window, L):
+    """``shard_rows`` (a shard's diagonal block and the blocks before it, merged by
+    log-sum-exp, the backward run per block with the merged output and lse, the blocks before
+    the sequence dropped) on XLA blocks: for every shard, the values and the gradients of q, k
+    and v equal those of ``attention_reference`` over the whole sequence, with the shard's
+    index traced, GQA, documents and sliding windows."""
     from kernels_pallas.attention import shard_rows
 
-    B, L, H, G, D = 2, 12, 4, 2, 16
+    B, H, G, D = 2, 4, 2, 16
     T = shards * L
     q, k, v = qkv(B, T, H, G, D, seed=7)
     dy = qkv(B, T, H, G, D, seed=8)[0]
     seg = _documents(B, T, seed=9) if documents else None
 
     def whole(q, k, v):
-        return jnp.sum(attention_reference(q, k, v, causal=causal, segment_ids=seg) * dy)
+        o = attention_reference(q, k, v, causal=causal, window=window, segment_ids=seg)
+        return jnp.sum(o * dy), o
 
-    want = jax.grad(whole, argnums=(0, 1, 2))(q, k, v)
+    want, ref = jax.grad(whole, argnums=(0, 1, 2), has_aux=True)(q, k, v)
 
     @jax.jit
     def shard(i, q_rows, k, v):
@@ -388,7 +398,7 @@ def test_shard_rows_merge_equals_the_whole_sequences_rows(shards, documents, cau
 
         def loss(q_rows, k, v):
             o = shard_rows.shard_rows(q_rows, k, v, i, shards=shards, causal=causal,
-                                      segment_ids=q_seg, kv_segment_ids=seg,
+                                      window=window, segment_ids=q_seg, kv_segment_ids=seg,
                                       blocks=shard_rows.REFERENCE)  # fmt: skip
             return jnp.sum(o * rows(dy)), o
 
@@ -400,7 +410,6 @@ def test_shard_rows_merge_equals_the_whole_sequences_rows(shards, documents, cau
         out.append(o_i)
         dq.append(dq_i)
         dk, dv = dk + dk_i, dv + dv_i
-    ref = attention_reference(q, k, v, causal=causal, segment_ids=seg)
     np.testing.assert_allclose(jnp.concatenate(out, 1), ref, atol=2e-5, rtol=2e-5)
     for got, w in zip((jnp.concatenate(dq, 1), dk, dv), want):
         np.testing.assert_allclose(got, w, atol=2e-5, rtol=2e-5)
@@ -415,7 +424,8 @@ def test_shard_rows_finds_jaxs_private_cudnn_rules_as_it_calls_them():
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS fakes them on CPU)")
-def test_cudnn_over_a_sequence_axis_runs_each_devices_rows(monkeypatch):
+@pytest.mark.parametrize("window", [None, 20])
+def test_cudnn_over_a_sequence_axis_runs_each_devices_rows(monkeypatch, window):
     """With impl="cudnn" over a sequence axis, each device runs ``shard_rows`` on its own queries
     (the scores are [T / n, ...], not [T, T]) inside the shard_map, and the values and gradients
     equal one device's reference; the XLA blocks stand in for cuDNN's, which a CPU lacks."""
@@ -435,7 +445,8 @@ def test_cudnn_over_a_sequence_axis_runs_each_devices_rows(monkeypatch):
     seg = _documents(B, T, seed=12)
 
     def f(settings, q, k, v, seg):
-        loss = lambda q, k, v: jnp.sum(attention(q, k, v, segment_ids=seg, settings=settings) * dy)
+        attn = functools.partial(attention, window=window, segment_ids=seg, settings=settings)
+        loss = lambda q, k, v: jnp.sum(attn(q, k, v) * dy)
         return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
 
     want = jax.jit(functools.partial(f, AttentionSettings(impl="reference")))(q, k, v, seg)

@@ -4,9 +4,9 @@
 cuDNN's partitioner rejects an FSDP step ("Query, key and value should have same sharding").
 Over a sequence axis each device keeps its queries and gathers the keys and values
 (``_over_time_shards``): splash with its rows of the mask tables, the reference with its rows
-of the mask, cuDNN as two blocks merged by log-sum-exp (``shard_rows``). cuDNN with a sliding
-window, or with documents at an odd shard length, computes every query of the gathered
-sequence on each device of that axis (JAX's cuDNN mask has no query offset).
+of the mask, cuDNN as blocks merged by log-sum-exp (``shard_rows``). cuDNN with documents or a
+window at an odd shard length computes every query of the gathered sequence on each device of
+that axis (JAX's cuDNN mask has no query offset).
 Elsewhere the reference is plain XLA and stays with GSPMD."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def attention(
     axis = km.seq_spec(T) if km is not None else None
     if axis is not None and (
         impl in ("reference", "splash")
-        or (impl == "cudnn" and _rows_ok(km, axis, T, window, segment_ids))
+        or (impl == "cudnn" and _rows_ok(km, axis, T, causal, window, segment_ids))
     ):
         return _over_time_shards(
             km, axis, impl, q, k, v, causal, window, scale, segment_ids, settings.interpret
@@ -108,11 +108,13 @@ def attention(
     return sharding.per_shard(kernel, km, specs, qkv)(*args)
 
 
-def _rows_ok(km, axis, T, window, segment_ids) -> bool:
-    """Whether cuDNN can take each device's rows alone (``shard_rows``): no window, JAX's private
-    cuDNN rules present, and with documents an even shard length (cuDNN's bias backward)."""
+def _rows_ok(km, axis, T, causal, window, segment_ids) -> bool:
+    """Whether cuDNN can take each device's rows alone (``shard_rows``): JAX's private cuDNN
+    rules present, a window only with the causal mask, and with documents or a window (cuDNN
+    takes their masks as a bias) an even shard length (its backward with a bias needs one)."""
     L = T // km.mesh.shape[axis]
-    return window is None and shard_rows.supported() and (segment_ids is None or L % 2 == 0)
+    biased = segment_ids is not None or window is not None
+    return shard_rows.supported() and (causal or window is None) and (not biased or L % 2 == 0)
 
 
 def _over_time_shards(km, axis, impl, q, k, v, causal, window, scale, segment_ids, interpret):
@@ -151,6 +153,7 @@ def _over_time_shards(km, axis, impl, q, k, v, causal, window, scale, segment_id
                 jax.lax.axis_index(axis),
                 shards=km.mesh.shape[axis],
                 causal=causal,
+                window=window,
                 scale=scale,
                 segment_ids=seg,
                 kv_segment_ids=kv_seg,
