@@ -362,8 +362,6 @@ def _documents(B, T, seed):
 @pytest.mark.parametrize(
     "shards,documents,causal,window,L",
     [
-        (2, False, True, None, 12),
-        (4, True, True, None, 12),
         (3, True, True, None, 12),
         (2, True, False, None, 12),
         (4, False, True, 5, 12),  # within a block: the block before is a band
