@@ -4,9 +4,10 @@
 cuDNN's partitioner rejects an FSDP step ("Query, key and value should have same sharding").
 Over a sequence axis each device keeps its queries and gathers the keys and values
 (``_over_time_shards``): splash with its rows of the mask tables, the reference with its rows
-of the mask, cuDNN as blocks merged by log-sum-exp (``shard_rows``). cuDNN with documents or a
-window at an odd shard length computes every query of the gathered sequence on each device of
-that axis (JAX's cuDNN mask has no query offset).
+of the mask, cuDNN as blocks merged by log-sum-exp (``shard_rows``). cuDNN under a JAX without
+the private rules ``shard_rows`` calls, or with documents or a window at an odd shard length,
+computes every query of the gathered sequence on each device of that axis (JAX's cuDNN mask
+has no query offset).
 Elsewhere the reference is plain XLA and stays with GSPMD."""
 
 from __future__ import annotations
