@@ -214,11 +214,16 @@ def _band(window, layout, L):
     return u - t >= (d - 1) * L + c - window + 1
 
 
+def _leading(keys) -> bool:
+    """Whether ``keys`` are the sequence's first keys in order on every device (a slice)."""
+    return isinstance(keys, np.ndarray) and (keys.ravel() == np.arange(keys.size)).all()
+
+
 def _take(x, keys):
     """x [B, T, ...] at keys [m, c] -> [m B, c, ...], block-major."""
     B, (m, c) = x.shape[0], keys.shape
-    if isinstance(keys, np.ndarray) and keys[0, 0] == 0 and (np.diff(keys.ravel()) == 1).all():
-        x = x[:, : m * c]  # the same contiguous keys on every device: a slice
+    if _leading(keys):
+        x = x[:, : m * c]
     else:
         x = jnp.take(x, keys.reshape(-1), axis=1)
     x = x.reshape(B, m, c, *x.shape[2:])
@@ -231,7 +236,7 @@ def _put(like, keys, x):
     B = x.shape[0] // m
     x = jnp.swapaxes(x.reshape(m, B, *x.shape[1:]), 0, 1).reshape(B, -1, *x.shape[2:])
     x = x.astype(like.dtype)
-    if isinstance(keys, np.ndarray) and keys[0, 0] == 0 and (np.diff(keys.ravel()) == 1).all():
+    if _leading(keys):
         return jnp.zeros_like(like).at[:, : x.shape[1]].set(x)
     return jnp.zeros_like(like).at[:, keys.reshape(-1)].add(x)
 
