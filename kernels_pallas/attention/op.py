@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from kernels_pallas import dispatch, sharding
 from kernels_pallas.attention import shard_rows
-from kernels_pallas.attention.reference import attention_reference
+from kernels_pallas.attention.reference import attention_reference, same_segment
 from kernels_pallas.attention.settings import AttentionSettings
 
 
@@ -180,7 +180,7 @@ def _over_time_shards(km, axis, impl, q, k, v, causal, window, scale, segment_id
 def _kernel(impl, q, k, v, segment_ids=None, *, causal, window, scale, interpret):
     if impl == "cudnn":
         # documents as a mask, which cuDNN takes as a [B, 1, T, T] bias (T^2 a row in memory)
-        same = None if segment_ids is None else _same_segment(segment_ids)
+        same = same_segment(segment_ids, segment_ids)
         return jax.nn.dot_product_attention(
             q,
             k,
@@ -203,8 +203,3 @@ def _kernel(impl, q, k, v, segment_ids=None, *, causal, window, scale, interpret
         segment_ids=segment_ids,
         interpret=interpret,
     )
-
-
-def _same_segment(segment_ids):
-    """[B, T] -> [B, 1, T, T]: whether query t and key s are in one segment."""
-    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]

@@ -27,6 +27,14 @@ def attention_mask(T_q, T_k, *, causal=True, window=None, q_offset=0):
     return mask
 
 
+def same_segment(q_segment_ids, kv_segment_ids):
+    """[B, T] and [B, S] segment ids -> [B, 1, T, S] bool: whether query t and key s are in one
+    document (None without segment ids)."""
+    if q_segment_ids is None:
+        return None
+    return (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :])[:, None]
+
+
 def attention_reference(
     q,
     k,
@@ -53,7 +61,7 @@ def attention_reference(
     mask = attention_mask(T, S, causal=causal, window=window, q_offset=q_offset)[None, None, None]
     if segment_ids is not None:
         kv_seg = segment_ids if kv_segment_ids is None else kv_segment_ids
-        mask = mask & (segment_ids[:, :, None] == kv_seg[:, None, :])[:, None, None]
+        mask = mask & same_segment(segment_ids, kv_seg)[:, :, None]
     logits = jnp.where(mask, logits, -jnp.inf)
     p = jax.nn.softmax(logits, axis=-1, where=mask)
     p = jnp.where(mask, p, 0.0)

@@ -46,6 +46,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels_pallas.attention.reference import same_segment
+
 _HI = jax.lax.Precision.HIGHEST
 
 
@@ -245,12 +247,14 @@ def _tile(x, m):
     return jnp.tile(x, (m,) + (1,) * (x.ndim - 1))
 
 
-def _same(q_seg, kv_seg):
-    return None if q_seg is None else (q_seg[:, :, None] == kv_seg[:, None, :])[:, None]
-
-
 def _diagonal(x, index, L):
     return None if x is None else jax.lax.dynamic_slice_in_dim(x, index * L, L, axis=1)
+
+
+def _on_diagonal(q_seg, k, v, kv_seg, index, L):
+    """The diagonal call's keys, values and document mask (the shard's own L keys)."""
+    k, v, kv_seg = (_diagonal(x, index, L) for x in (k, v, kv_seg))
+    return k, v, same_segment(q_seg, kv_seg)
 
 
 def _off_diagonal(q, k, v, q_seg, kv_seg, layout, window):
@@ -260,7 +264,7 @@ def _off_diagonal(q, k, v, q_seg, kv_seg, layout, window):
     m, B, L = keys.shape[0], q.shape[0], q.shape[1]
     mask = None
     if q_seg is not None:
-        mask = _same(_tile(q_seg[:, :c], m), _take(kv_seg, keys))
+        mask = same_segment(_tile(q_seg[:, :c], m), _take(kv_seg, keys))
     band = _band(window, layout, L)
     if band is not None:
         band = jnp.asarray(band).repeat(B, axis=0)[:, None]
@@ -274,9 +278,9 @@ def _forward(blocks, causal, window, scale, q, k, v, q_seg, kv_seg, index):
     m, c = layout.keys.shape[0], layout.c
     o_parts, lse_parts = [], []
     if causal:
-        diag = [_diagonal(x, index, L) for x in (k, v, kv_seg)]
-        mask = _same(q_seg, diag[2])
-        o, lse = blocks.forward(q, diag[0], diag[1], mask, True, window, scale)
+        o, lse = blocks.forward(
+            q, *_on_diagonal(q_seg, k, v, kv_seg, index, L), True, window, scale
+        )
         o_parts.append(o[None])
         lse_parts.append(lse[None])
     if m:
@@ -313,9 +317,8 @@ def _backward(blocks, causal, window, scale, q, k, v, q_seg, kv_seg, index, o, l
         )
         dk, dv = _put(k, layout.keys, g[1]), _put(v, layout.keys, g[2])
     if causal:
-        diag = [_diagonal(x, index, L) for x in (k, v, kv_seg)]
-        mask = _same(q_seg, diag[2])
-        g = blocks.backward(q, diag[0], diag[1], mask, True, window, scale, o, lse, do)
+        diag = _on_diagonal(q_seg, k, v, kv_seg, index, L)
+        g = blocks.backward(q, *diag, True, window, scale, o, lse, do)
         dq = dq + g[0].astype(jnp.float32)
         add = lambda x, d: jax.lax.dynamic_update_slice_in_dim(
             x, _diagonal(x, index, L) + d.astype(x.dtype), index * L, axis=1
