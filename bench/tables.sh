@@ -13,6 +13,12 @@
 #       decay_key  the same with a decay per key dimension (GLA, HGRN-2) against fla's chunk_gla,
 #                  and the Pallas kernels under a steep decay (--gate_bias -4: their exact form)
 #       delta_rule DeltaNet (the GDN kernels with g = 0) against fla's chunk_delta_rule
+#       causality  every architecture (and HwH with each linear kind) at small/380m/1b4, batch 1 and 8,
+#                  T 2K and 8K: nothing before a changed token moves, in the forward, the training
+#                  forward, the loss's gradient and prefill, at init and after 50 steps; the kernels
+#                  alone (bench/causality.py; --sizes/--archs for a part)
+#       memorize   one fixed batch against a fresh batch every step (bench/memorize.py): 380m HwH and
+#                  the Transformer at the step2k batch and at 1, then small, 5 architectures x 3 seeds
 #       hgrn       HGRN's element-wise recurrence (associative scan, Pallas kernels) against fla's chunk_hgrn
 #                  (the mixer parts at B=8, T=2K and B=2, T=8K, 16 heads of 128; each fla op
 #                  autotunes on first use, minutes on a bare machine: one or two parts a call)
@@ -59,7 +65,14 @@ for part in "$@"; do
     hgrn)
       python3 bench/gated_recurrence.py --profile --shapes 8,2048,2048 2,8192,2048 --out "$OUT/hgrn.jsonl"
       python3 bench/fla_gdn_anchor.py hgrn 8,2048,1,2048,2048 2,8192,1,2048,2048 | tee "$OUT/hgrn_fla.jsonl" ;;
-    *) echo "unknown part $part (gdn, step2k, steplong, decode, decay, decay_key, delta_rule, hgrn)"; exit 2 ;;
+    causality)
+      python3 bench/causality.py --out "$OUT/causality.jsonl" ;;
+    memorize)
+      python3 bench/memorize.py --archs hwh transformer --size 380m --T 2048 --B 22 1 --steps 34 \
+        --out "$OUT/memorize_380m.jsonl"
+      python3 bench/memorize.py --archs transformer gdn layerwise hwh --variant hwh_conv1:hwh:conv_size=1 \
+        --size small --T 2048 --B 8 --steps 60 --seeds 0 1 2 --out "$OUT/memorize_small.jsonl" ;;
+    *) echo "unknown part $part (gdn, step2k, steplong, decode, decay, decay_key, delta_rule, hgrn, causality, memorize)"; exit 2 ;;
   esac 2>&1 | grep -v "^I[0-9]" | tee "$OUT/$part.log"
 done
 echo "=== done ($(date -u +%T))"

@@ -28,7 +28,11 @@ operation and source line each came from, how much of the step the device was bu
 kernel to the last, and which kernels the idle gaps follow (``hwh_jax.profiling.profile``).
 ``--micro_batch M`` runs each step's batch as micro-batches of M sequences with their gradients
 accumulated (the last holding the rows left), the step ``launch.train`` runs when its memory
-plan splits the batch. ``--hlo DIR`` writes each row's compiled program (XLA's fusions and the
+plan splits the batch. The batch is the same every step, so the loss (``first_loss`` after the
+first step, ``loss`` after the last) is not a training curve: a model that memorises fast learns
+these independent tokens by heart and goes below ``batch_unigram_entropy`` (the entropy of the
+batch's token frequencies, the lowest a causal model can reach without memorising); the script
+warns when it does (docs/benchmarks.md, "Loss on a fixed batch"). ``--hlo DIR`` writes each row's compiled program (XLA's fusions and the
 kernels' operands, to read what a fusion in the profile does).
 """
 
@@ -68,6 +72,15 @@ def sample_tokens(rng, vocab: int, shape, dist: str) -> np.ndarray:
         raise ValueError(f"unknown token distribution {dist!r}; known: zipf, uniform")
     p = 1.0 / np.arange(1, vocab + 1)
     return rng.choice(vocab, size=shape, p=p / p.sum()).astype(np.int32)
+
+
+def unigram_entropy(targets: np.ndarray) -> float:
+    """The empirical entropy (nats) of the token ids in ``targets``: the loss a model that
+    knows only their frequencies reaches; below it, the model predicts the independent random
+    tokens of the fixed batch from their context, which it can only have memorised."""
+    counts = np.bincount(targets.ravel())
+    p = counts[counts > 0] / targets.size
+    return float(-(p * np.log(p)).sum())
 
 
 def packed_documents(rng, B: int, T: int, mean: int):
@@ -144,7 +157,7 @@ def time_step(
         .compile()
     )
     state, m = step(state, batch)
-    jax.block_until_ready(m["loss"])
+    first_loss = float(m["loss"])
     compile_s = time.time() - t0
     hlo = step.as_text() if hlo_dir or profile_dir else None  # MBs of text: printed once
     if hlo_dir:
@@ -184,6 +197,16 @@ def time_step(
         prof = profile.summarize(profile_dir, steps=profile_steps, top=profile_top, hlo_text=hlo)
         print(profile.format_summary(prof, ms), flush=True)
     tps = B * T / ms * 1e3
+    floor = unigram_entropy(tok[:, 1:])
+    last_loss = float(m["loss"])
+    if last_loss < floor - 0.5:  # the fixed batch learnt by heart (docs/benchmarks.md)
+        print(
+            f"warning: {arch} {size} T={T} B={B}: loss {first_loss:.3f} -> {last_loss:.3f} after "
+            f"{2 + 4 * steps + (profile_steps if profile_dir else 0)} steps on one fixed batch, "
+            f"below its unigram entropy {floor:.3f}: the model memorised the batch (a leak of "
+            f"future tokens would also do this: bench/memorize.py tells them apart)",
+            flush=True,
+        )
     kind = jax.devices()[0].device_kind
     peak = peak_flops(kind)
     fpt = flops_per_token(cfg, T)
@@ -226,7 +249,9 @@ def time_step(
         "flops_per_token": fpt,
         "mfu": fpt * tps / peak if peak else None,
         "compile_s": compile_s,
-        "loss": float(m["loss"]),
+        "loss": last_loss,
+        "first_loss": first_loss,
+        "batch_unigram_entropy": floor,
         "step_mem_gib": step_bytes / 2**30 if step_bytes else None,
         "process_peak_mem_gib": mem / 2**30 if mem else None,
         "kernels": kernels_pallas.chosen(),
@@ -355,7 +380,7 @@ def main():
                 write_jsonl(args.out, rows)  # after every row: a cut run keeps its rows
     print(
         f"\n{'size':6s} {'T':>6s} {'arch':12s} {'B':>4s} {'step ms':>9s} {'waited':>8s} "
-        f"{'tok/s':>10s} {'MFU':>6s} {'mem GiB':>8s}"
+        f"{'tok/s':>10s} {'MFU':>6s} {'mem GiB':>8s} {'loss first -> last':>18s} {'H1':>5s}"
     )
     for r in rows:
         if r.get("oom"):
@@ -365,7 +390,8 @@ def main():
         mem = f"{r['step_mem_gib']:.1f}" if r["step_mem_gib"] else "n/a"
         print(
             f"{r['size']:6s} {r['T']:6d} {r['arch']:12s} {r['B']:4d} {r['step_ms']:9.1f} "
-            f"{r['step_latency_ms']:8.1f} {r['tokens_per_s']:10,.0f} {mfu:>6s} {mem:>8s}"
+            f"{r['step_latency_ms']:8.1f} {r['tokens_per_s']:10,.0f} {mfu:>6s} {mem:>8s} "
+            f"{r['first_loss']:8.3f} -> {r['loss']:6.3f} {r['batch_unigram_entropy']:5.2f}"
         )
 
 

@@ -98,6 +98,26 @@ def test_train_step_bench_rows_and_profile(tmp_path):
     assert len(row["waited_ms"]) == 2 and [len(c) for c in row["call_ms"]] == [2, 2, 2]
     assert row["profile"]["steps"] == 2
     assert "tok/s" in stdout
+    assert 0 < row["batch_unigram_entropy"] < row["first_loss"]  # 2 steps: nothing learnt yet
+
+
+def test_memorize_bench_tells_memorising_from_a_leak(tmp_path):
+    """A fixed batch of independent tokens learnt by heart: its loss falls far below the
+    batch's unigram entropy while a batch never seen scores no better than chance; fresh
+    batches every step stay near the distribution's entropy."""
+    rows, stdout = _run(
+        tmp_path,
+        "memorize.py",
+        *("--archs", "hwh", "--size", "tiny", "--T", "64", "--B", "2"),
+        *("--steps", "40", "--lr", "3e-3"),
+        profile=False,
+    )
+    (row,) = rows
+    unigram = row["cond_entropy"]["0"]
+    assert row["fixed_losses"][-1] < unigram - 2
+    assert row["fixed_unseen_loss"] > row["zipf_entropy"]  # nothing general was learnt
+    assert row["fresh_losses"][-1] > row["zipf_entropy"] - 0.5
+    assert "H(x|prev)" in stdout
 
 
 def test_gated_recurrence_bench_rows(tmp_path):

@@ -1,0 +1,410 @@
+r"""Causality on the device: change the tokens after a position p and require nothing before p
+to move, for every architecture, size, batch and length, in every path the project runs, at
+initialisation and after training; then the kernels alone.
+
+  python bench/causality.py --out $OUT/causality.jsonl                # the whole matrix
+  python bench/causality.py --sizes small --archs hwh transformer --kernels ''   # a part
+
+A model's check (``model_rows``): tokens ``a`` [B, T] and ``b``, equal but in row 0 from
+position p on (p = T/2 + 37: no multiple of any chunk or block size). Then, with the model's
+own kernels (the dispatchers' choices on this device, bf16 compute):
+- ``plain``: the residual stream after the embedding and after every block, and the final
+  hidden state, as ``HybridLM.hidden`` computes them;
+- ``train_fwd``: the same under ``jax.vjp`` (the primal the training step differentiates:
+  custom_vjp forward rules included);
+- ``grad``: the gradient of the step's loss (the fused LM head + loss, ``train_loss``) over the
+  positions whose targets did not change (row 0 before p - 1, all other rows): a backward that
+  moved information from later positions would change it (batch 1 and the smallest batch at
+  the 380m and 1b4 sizes, where a batch-8 backward at 8K would not fit);
+- ``prefill``: the logits of ``extend`` over a fresh cache (the inference path).
+Each state is compared through a fixed random projection to 16 values a position (a change
+survives it with probability 1), in fp32. Required: in row 0 before p and in every position
+of the other rows, the largest change between ``a`` and ``b`` is at most that of two runs of
+``a`` (``rerun``; 0 where the device is deterministic). ``moved_after_p`` shows the change does
+reach the later positions. ``--trained_steps`` (50) steps of AdamW at lr 1e-3 on fresh random
+batches (1 x 2,048) then repeat every check on the trained weights (a path whose weights are
+zero at init cannot leak at init).
+
+The kernels alone (``kernel_rows``): short_conv, gated_delta_rule with each ``wy_apply``,
+decay_attention (per head and per key), gated_recurrence, and attention at 1, 2, 3, 5 heads
+(HwH's FA head counts, no positional encoding) with the dispatchers' choices, forward and
+gradient of a prefix loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from _bench import emit, print_device, write_jsonl
+from flax import nnx
+from train_step import sample_tokens
+
+import kernels_pallas
+from hwh_jax.layers import heads
+from hwh_jax.models import HybridLM, model_config
+from hwh_jax.training.steps import train_loss
+from kernels_pallas import (
+    AttentionSettings,
+    DecaySettings,
+    GDNSettings,
+    attention,
+    decay_attention,
+    gated_delta_rule,
+    gated_recurrence,
+    short_conv,
+)
+
+PROJ = 16
+
+
+def split_p(T: int) -> int:
+    return T // 2 + 37
+
+
+def arch_list(archs, kinds):
+    """(label, arch, overrides): the named architectures, then HwH with each zoo kind."""
+    out = [(a, a, {}) for a in archs]
+    out += [(f"hwh_{k}", "hwh", {"la_kind": k}) for k in kinds]
+    return out
+
+
+def token_pair(vocab, B, T, seed):
+    rng = np.random.default_rng(seed)
+    a = sample_tokens(rng, vocab, (B, T + 1), "zipf")
+    b = a.copy()
+    p = split_p(T)
+    b[0, p:] = sample_tokens(rng, vocab, (T + 1 - p,), "zipf")
+    return a, b
+
+
+def _project(x, key):
+    """[..., d] -> [..., PROJ] fp32 by a fixed Gaussian projection."""
+    r = jax.random.normal(key, (x.shape[-1], PROJ), jnp.float32)
+    return x.astype(jnp.float32) @ r
+
+
+def _streams(model, tokens):
+    """[L + 2, B, T, PROJ]: the stream after the embedding and after every block, then the
+    final hidden state (``HybridLM.hidden``'s loop, every state kept)."""
+    key = jax.random.key(7)
+    positions = jnp.arange(tokens.shape[1])[None]
+    x = model.embed_positions(model.embed_tokens(tokens), positions)
+    delta, out = None, [_project(x, key)]
+    for block in model.blocks:
+        x, delta = block.residual(x, delta, positions, None)
+        out.append(_project(x + delta, key))
+    out.append(_project(model.final_norm.add(x, delta)[1], key))
+    return jnp.stack(out)
+
+
+def model_paths(graphdef):
+    """{"fwd": f(params, batch) -> {plain, train_fwd, prefill}, "grad": f(params, batch) ->
+    gradients}: the paths the module docstring lists, the three forward ones in one program
+    (one compile a shape)."""
+
+    def plain(params, batch):
+        return _streams(nnx.merge(graphdef, params), batch["inputs"])
+
+    def train_fwd(params, batch):
+        return jax.vjp(lambda p: plain(p, batch), params)[0]
+
+    def grad(params, batch):
+        return jax.grad(lambda p: train_loss(graphdef, p, batch)[0])(params)
+
+    def prefill(params, batch):
+        model = nnx.merge(graphdef, params)
+        B, T = batch["inputs"].shape
+        logits, _ = model.extend(batch["inputs"], model.init_cache(B, T), fresh=True)
+        return _project(logits, jax.random.key(8))
+
+    def fwd(params, batch):
+        return {
+            "plain": plain(params, batch),
+            "train_fwd": train_fwd(params, batch),
+            "prefill": prefill(params, batch),
+        }
+
+    return {"fwd": fwd, "grad": grad}
+
+
+def batch_of(tok, loss_mask=None):
+    B, T = tok.shape[0], tok.shape[1] - 1
+    return {
+        "inputs": jnp.asarray(tok[:, :-1]),
+        "targets": jnp.asarray(tok[:, 1:]),
+        "segment_ids": jnp.ones((B, T), jnp.int32),
+        "positions": jnp.tile(jnp.arange(T, dtype=jnp.int32), (B, 1)),
+        "loss_mask": jnp.ones((B, T), jnp.float32) if loss_mask is None else loss_mask,
+    }
+
+
+def prefix_mask(B, T):
+    """1 where the target did not change: row 0 before p - 1 (targets are the next inputs),
+    every position of the other rows."""
+    m = np.ones((B, T), np.float32)
+    m[0, split_p(T) - 1 :] = 0
+    return jnp.asarray(m)
+
+
+def compare(x_a, x_b, x_a2, T):
+    """Largest |change| (fp32) in the unchanged region, after p in row 0, and between reruns;
+    states [..., B, T, P] (leading layer axis allowed)."""
+    p = split_p(T)
+    d = np.abs(np.asarray(x_a, np.float32) - np.asarray(x_b, np.float32))
+    d = d.reshape(-1, *d.shape[-3:])  # [layers, B, T, P]
+    rerun = float(np.abs(np.asarray(x_a, np.float32) - np.asarray(x_a2, np.float32)).max())
+    before = np.concatenate([d[:, 0, :p].ravel(), d[:, 1:].ravel()])
+    per_layer = [
+        float(max(d[l, 0, :p].max(), d[l, 1:].max() if d.shape[1] > 1 else 0.0))
+        for l in range(d.shape[0])
+    ]
+    return {
+        "before_p": float(before.max()),
+        "moved_after_p": float(d[:, 0, p:].max()),
+        "rerun": rerun,
+        "scale": float(np.abs(np.asarray(x_a, np.float32)).max()),
+        "worst_layer": int(np.argmax(per_layer)),
+        "causal": bool(before.max() <= rerun),
+    }
+
+
+def compare_grads(g_a, g_b, g_a2):
+    la, lb, la2 = (jax.tree.leaves(g) for g in (g_a, g_b, g_a2))
+    diff = max(float(jnp.abs(x - y).max()) for x, y in zip(la, lb))
+    rerun = max(float(jnp.abs(x - y).max()) for x, y in zip(la, la2))
+    scale = max(float(jnp.abs(x).max()) for x in la)
+    return {"before_p": diff, "rerun": rerun, "scale": scale, "causal": bool(diff <= rerun)}
+
+
+def compile_all(fns, params, shapes, threads):
+    """{(path, B, T): compiled} for every path and shape, compiled on ``threads`` threads (XLA
+    compiles outside the GIL)."""
+    pshape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+
+    lowered = {}
+    for B, T, paths in shapes:  # tracing stays on this thread (nnx's graph contexts)
+        b = jax.eval_shape(lambda: batch_of(np.zeros((B, T + 1), np.int32)))
+        for path in paths:
+            lowered[(path, B, T)] = jax.jit(fns[path]).lower(pshape, b)
+    with concurrent.futures.ThreadPoolExecutor(threads) as ex:
+        done = ex.map(lambda item: (item[0], item[1].compile()), lowered.items())
+        return dict(done)
+
+
+def model_rows(label, arch, size, overrides, batches, lengths, trained_steps, threads, seed):
+    cfg = model_config(arch, size, dtype="bfloat16", remat="full", **overrides)
+    graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(seed)), nnx.Param)
+    fns = model_paths(graphdef)
+    big = size in ("380m", "1b4")
+    shapes = []
+    for T in lengths:
+        for B in batches:
+            paths = ["fwd"]
+            if not big or B == min(batches):
+                paths.append("grad")
+            shapes.append((B, T, paths))
+    if trained_steps and not any(B == 1 and T == 2048 and "grad" in ps for B, T, ps in shapes):
+        shapes.append((1, 2048, ["grad"]))
+    t0 = time.time()
+    compiled = compile_all(fns, params, shapes, threads)
+    compile_s = time.time() - t0
+    rows = []
+    for stage in ("init", "trained") if trained_steps else ("init",):
+        if stage == "trained":
+            params = train(compiled[("grad", 1, 2048)], params, cfg.vocab_size, trained_steps, seed)
+        for B, T, paths in shapes:
+            if (B, T) == (1, 2048) and paths == ["grad"]:
+                continue
+            a, b = token_pair(cfg.vocab_size, B, T, seed=B * 100003 + T)
+            mask = prefix_mask(B, T)
+            ba, bb = batch_of(a, mask), batch_of(b, mask)
+            row = {
+                "model": label,
+                "arch": arch,
+                "size": size,
+                "stage": stage,
+                "B": B,
+                "T": T,
+                "p": split_p(T),
+                **({"overrides": overrides} if overrides else {}),
+            }
+            for path in paths:
+                f = compiled[(path, B, T)]
+                xa, xb, xa2 = f(params, ba), f(params, bb), f(params, ba)
+                if path == "grad":
+                    row["grad"] = compare_grads(xa, xb, xa2)
+                else:
+                    for name in xa:
+                        row[name] = compare(xa[name], xb[name], xa2[name], T)
+                del xa, xb, xa2
+            checked = [k for k in ("plain", "train_fwd", "prefill", "grad") if k in row]
+            row["causal"] = all(row[k]["causal"] for k in checked)
+            row["kernels"] = kernels_pallas.chosen()
+            row["compile_s"] = round(compile_s, 1)
+            rows.append(row)
+    return rows
+
+
+def train(grad_fn, params, vocab, steps, seed):
+    """``steps`` AdamW steps (lr 1e-3) on fresh random batches of 1 x 2,048, with the compiled
+    gradient of the loss over every position."""
+    tx = optax.adamw(1e-3, b2=0.95, weight_decay=0.1)
+    opt = tx.init(params)
+    update = jax.jit(lambda g, o, p: tx.update(g, o, p))
+    rng = np.random.default_rng(seed + 1)
+    for _ in range(steps):
+        g = grad_fn(params, batch_of(sample_tokens(rng, vocab, (1, 2049), "zipf")))
+        u, opt = update(g, opt, params)
+        params = optax.apply_updates(params, u)
+    return params
+
+
+def kernel_rows(B, T, seed=0):
+    """The kernels alone at [B, T], bf16, the dispatchers' choices (module docstring)."""
+    p = split_p(T)
+    H, K, V, D = 4, 128, 128, 512
+
+    def maker(*shapes):  # inputs of a case from a key: (dtype, transform) per input
+        def make(key):
+            ks = jax.random.split(key, len(shapes))
+            return [
+                f(jax.random.normal(k, s, jnp.float32)).astype(dt)
+                for k, (s, dt, f) in zip(ks, shapes)
+            ]
+
+        return make
+
+    bf, f32, ident = jnp.bfloat16, jnp.float32, lambda x: x
+    unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    logsig = lambda x: jax.nn.log_sigmoid(x + 3.0)
+    qkv = [((B, T, H, K), bf, ident), ((B, T, H, K), bf, unit), ((B, T, H, V), bf, ident)]
+    cases = {}
+    w = jax.random.normal(jax.random.key(5), (4, H * K), jnp.float32).astype(bf)
+    cases["short_conv"] = (
+        lambda x: short_conv(x, w, heads=H, normalize=True),
+        maker(((B, T, H * K), bf, ident)),
+    )
+    gdn_in = maker(*qkv, ((B, T, H), f32, logsig), ((B, T, H), f32, jax.nn.sigmoid))
+    for wy in ("triton", "mosaic"):
+        s = GDNSettings(wy_apply=wy)
+        cases[f"gated_delta_rule/{wy}"] = (
+            lambda q, k, v, g, beta, s=s: gated_delta_rule(q, k, v, g, beta, settings=s)[0],
+            gdn_in,
+        )
+    decay = lambda q, k, v, g: decay_attention(q, k, v, g, settings=DecaySettings())[0]
+    cases["decay_attention/per_head"] = (decay, maker(*qkv, ((B, T, H), f32, logsig)))
+    cases["decay_attention/per_key"] = (decay, maker(*qkv, ((B, T, H, K), f32, logsig)))
+    cases["gated_recurrence"] = (
+        lambda a, x: gated_recurrence(a, x)[0],
+        maker(((B, T, D), bf, lambda x: jax.nn.sigmoid(x + 2)), ((B, T, D), bf, ident)),
+    )
+    for h in (1, 2, 3, 5):
+        cases[f"attention/{h}_heads_nope"] = (
+            lambda q, k, v: attention(q, k, v, settings=AttentionSettings()),
+            maker(*[((B, T, h, 64), bf, ident)] * 3),
+        )
+    # a control the check must flag: attention without the causal mask
+    cases["control/attention_not_causal"] = (
+        lambda q, k, v: attention(q, k, v, causal=False, settings=AttentionSettings()),
+        maker(*[((B, T, 2, 64), bf, ident)] * 3),
+    )
+    rows = []
+    for name, (fn, make) in cases.items():
+        args = make(jax.random.key(seed))
+        other = make(jax.random.key(seed + 1))  # row 0 from p on taken from other inputs
+        changed = [x.at[0, p:].set(y[0, p:]) for x, y in zip(args, other)]
+
+        def prefix_loss(*xs):
+            o = fn(*xs).astype(jnp.float32)
+            return (o[0, :p] ** 2).sum() + (o[1:] ** 2).sum()
+
+        fwd = jax.jit(fn)
+        gr = jax.jit(jax.grad(prefix_loss, argnums=tuple(range(len(args)))))
+        try:
+            oa, ob, oa2 = fwd(*args), fwd(*changed), fwd(*args)
+            flat = lambda x: x.reshape(B, T, -1)
+            row = {
+                "kernel": name,
+                "B": B,
+                "T": T,
+                "p": p,
+                "fwd": compare(flat(oa), flat(ob), flat(oa2), T),
+            }
+            ga, gb, ga2 = gr(*args), gr(*changed), gr(*args)
+            # gradients of inputs before p (row 0) and of other rows must not move
+            row["grad"] = compare(
+                jnp.concatenate([x.reshape(B, T, -1).astype(jnp.float32) for x in ga], -1),
+                jnp.concatenate([x.reshape(B, T, -1).astype(jnp.float32) for x in gb], -1),
+                jnp.concatenate([x.reshape(B, T, -1).astype(jnp.float32) for x in ga2], -1),
+                T,
+            )
+            row["causal"] = row["fwd"]["causal"] and row["grad"]["causal"]
+            if name.startswith("control/"):
+                row["expect_causal"] = False
+        except Exception as e:  # noqa: BLE001  # a kernel that does not take this shape here
+            row = {"kernel": name, "B": B, "T": T, "error": f"{type(e).__name__}: {e}"[:300]}
+        row["kernels"] = kernels_pallas.chosen()
+        rows.append(row)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--archs", nargs="*", default=["transformer", "gdn", "layerwise", "swa", "hwh"])
+    ap.add_argument(
+        "--kinds",
+        nargs="*",
+        default=[k for k in heads.names() if k != "gdn"],
+        help="HwH with each of these linear-head kinds (model.la_kind)",
+    )
+    ap.add_argument("--sizes", nargs="*", default=["small", "380m", "1b4"])
+    ap.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    ap.add_argument("--lengths", nargs="+", type=int, default=[2048, 8192])
+    ap.add_argument("--trained_steps", type=int, default=50)
+    ap.add_argument(
+        "--kernels",
+        nargs="*",
+        default=["1,2048", "8,8192"],
+        help="B,T shapes of the kernels-alone checks ('' for none)",
+    )
+    ap.add_argument("--threads", type=int, default=8, help="parallel compiles")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    print_device()
+    rows = []
+    for shape in filter(None, args.kernels):
+        B, T = map(int, shape.split(","))
+        for r in kernel_rows(B, T, args.seed):
+            emit(rows, r)
+        write_jsonl(args.out, rows)
+    for size in args.sizes:
+        for label, arch, ov in arch_list(args.archs, args.kinds):
+            for r in model_rows(
+                label,
+                arch,
+                size,
+                ov,
+                args.batches,
+                args.lengths,
+                args.trained_steps,
+                args.threads,
+                args.seed,
+            ):
+                emit(rows, r)
+            write_jsonl(args.out, rows)
+    bad = [r for r in rows if r.get("causal") != r.get("expect_causal", True)]
+    print(f"\n{len(rows)} rows, {len(rows) - len(bad)} as expected (causal; the controls not)")
+    for r in bad:
+        keys = ("model", "kernel", "size", "stage", "B", "T", "error")
+        print("NOT AS EXPECTED:", {k: r[k] for k in keys if k in r})
+
+
+if __name__ == "__main__":
+    main()
