@@ -115,7 +115,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     #                                        cannot split (refused otherwise: training/preflight.py)
     t.log_every = 25 if size == "tiny" else 50
     t.eval_every = 50 if size == "tiny" else 1000
-    t.eval_batches = 20  # held-out batches per evaluation (0 = all)
+    t.eval_sequences = 320  # held-out sequences per evaluation, the same rows for every
+    #                                        run whatever its batch (data.pipeline.eval_order; 0 = all)
     t.final_eval = True  # held-out evaluation after the last step
     t.checkpoint_every = 100 if size == "tiny" else 1000
     t.checkpoint_minutes = 0.0  # also save when this much wall time passed since

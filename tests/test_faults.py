@@ -46,7 +46,7 @@ def tiny(corpus, arch="transformer", **train):
     config.data.heldout_fraction = 0.05
     t = config.train
     t.steps, t.batch_size, t.lr, t.warmup_steps = 6, 8, 3e-3, 2
-    t.log_every, t.eval_every, t.checkpoint_every, t.eval_batches = 1, 0, 2, 2
+    t.log_every, t.eval_every, t.checkpoint_every, t.eval_sequences = 1, 0, 2, 16
     t.mesh = (1, 1, 1)
     config.eval.at_end = False
     for k, v in train.items():

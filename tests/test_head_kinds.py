@@ -36,7 +36,7 @@ def test_a_kind_from_one_module_trains_in_the_trainer_and_generates(tmp_path, mo
     config.data.paths, config.data.sp_vocab_size = (str(corpus),), 512
     t = config.train
     t.steps, t.batch_size, t.lr, t.warmup_steps, t.mesh = 4, 8, 3e-3, 1, (1, 1, 1)
-    t.log_every, t.eval_every, t.checkpoint_every, t.eval_batches = 1, 0, 0, 1
+    t.log_every, t.eval_every, t.checkpoint_every, t.eval_sequences = 1, 0, 0, 8
     config.eval.at_end = False
     result = train_and_evaluate(config, tmp_path / "run")
     assert sorted(result.losses) == [1, 2, 3, 4] and np.isfinite(result.losses[4])

@@ -233,7 +233,7 @@ def _run_config(corpus, **train):
     config.data.heldout_fraction = 0.05
     t = config.train
     t.steps, t.batch_size, t.lr = 3, 8, 3e-3
-    t.log_every, t.eval_every, t.checkpoint_every, t.eval_batches = 1, 0, 0, 2
+    t.log_every, t.eval_every, t.checkpoint_every, t.eval_sequences = 1, 0, 0, 16
     t.mesh = (1, 1, 1)
     config.eval.at_end = False
     for k, v in train.items():

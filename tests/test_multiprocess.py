@@ -43,7 +43,7 @@ def _args(corpus, workdir, **train):
         "log_every": 1,
         "eval_every": 0,
         "checkpoint_every": 0,
-        "eval_batches": 2,
+        "eval_sequences": 16,
         "warmup_steps": 1,
         **train,
     }

@@ -73,7 +73,7 @@ def train_args(workdir, *extra):
         "--config.train.log_every=1",
         "--config.train.eval_every=0",
         "--config.train.checkpoint_every=4",
-        "--config.train.eval_batches=2",
+        "--config.train.eval_sequences=16",
         "--config.eval.at_end=False",
         *extra,
     ]

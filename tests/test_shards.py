@@ -393,7 +393,7 @@ def test_training_from_shards_resumes_exactly_after_sigterm(gpt2, tmp_path, monk
         c.data.heldout_fraction = 0.05
         t = c.train
         t.steps, t.batch_size, t.lr, t.warmup_steps = 6, 8, 3e-3, 2
-        t.log_every, t.eval_every, t.checkpoint_every, t.eval_batches = 1, 0, 2, 2
+        t.log_every, t.eval_every, t.checkpoint_every, t.eval_sequences = 1, 0, 2, 16
         t.mesh = (1, 1, 1)
         c.eval.at_end = False
         return c

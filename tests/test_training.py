@@ -45,7 +45,7 @@ def small_config(corpus, arch="transformer", **train):
     config.data.heldout_fraction = 0.05
     t = config.train
     t.steps, t.batch_size, t.lr, t.warmup_steps = 6, 8, 3e-3, 2
-    t.log_every, t.eval_every, t.checkpoint_every, t.eval_batches = 1, 0, 0, 2
+    t.log_every, t.eval_every, t.checkpoint_every, t.eval_sequences = 1, 0, 0, 16
     t.mesh = (1, 1, 1)  # one device: multi-device runs are test_meshes_agree_...'s business
     config.eval.at_end = False  # the evaluation suite after training: tests/test_launch.py
     for k, v in train.items():
@@ -560,3 +560,41 @@ def test_the_ratio_grid_names_its_cells_and_refuses_a_cell_before_training():
         grid_cells(["gru"], ["3"], 512)
     with pytest.raises(ValueError, match="both --mixers and --ratios"):
         grid_cells(["gdn"], [], 512)
+
+
+def test_heldout_loss_scores_the_same_rows_whatever_the_micro_batch():
+    """The held-out evaluation scores one fixed set of rows (a seeded sample spread over the
+    stream, not its first book) whatever the micro-batch: the same tokens and, for the same
+    weights, the same loss (the sums' order aside)."""
+    import types
+
+    from flax import nnx
+
+    from hwh_jax.data.packing import PackedSequences
+    from hwh_jax.data.pipeline import eval_batches, eval_order
+    from hwh_jax.models import HybridLM, model_config
+    from hwh_jax.training.loop import heldout_loss
+    from hwh_jax.training.steps import make_eval_step
+
+    stream = np.random.default_rng(0).integers(2, 300, 40 * 33 + 7).astype(np.int32)
+    seqs = PackedSequences(stream, 32, eos_id=1, pad_id=0)  # 41 rows, the last one short
+    rows = eval_order(len(seqs), 13)
+    assert len(set(rows.tolist())) == 13 and rows.max() > 13  # a sample, not the first rows
+    assert (eval_order(len(seqs), 13) == rows).all() and len(eval_order(len(seqs), 0)) == 41
+    cfg = model_config("transformer", "tiny", dtype="float32", vocab_size=300)
+    graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    eval_step = jax.jit(make_eval_step(graphdef))
+    losses = {}
+    for micro in (1, 3, 5, 13, 16):
+        tokens = sum(
+            float(b["loss_mask"].sum()) for b in eval_batches(seqs, batch=micro, sequences=13)
+        )
+        assert tokens == sum(float(seqs[int(i)]["loss_mask"].sum()) for i in rows)
+        steps = types.SimpleNamespace(
+            plan=types.SimpleNamespace(micro_batch=micro),
+            eval_step=eval_step,
+            batch_sharding=sharding,
+        )
+        losses[micro] = heldout_loss(seqs, steps, params, 13)
+    assert max(losses.values()) - min(losses.values()) < 1e-5, losses

@@ -291,15 +291,22 @@ def train_dataset(
     return ds
 
 
-def eval_batches(seqs: PackedSequences, *, batch: int, max_batches: int | None = None):
-    """Deterministic held-out batches (in order; the last one padded with masked rows)."""
-    n = len(seqs)
-    count = -(-n // batch)
-    if max_batches:
-        count = min(count, max_batches)
-    for b in range(count):
-        rows = [seqs[i] if i < n else _masked(seqs[0]) for i in range(b * batch, (b + 1) * batch)]
-        yield _stack(rows)
+def eval_order(n: int, sequences: int, seed: int = 0) -> np.ndarray:
+    """The held-out rows an evaluation scores: the first ``sequences`` (0: all ``n``) of a
+    permutation of the held-out stream fixed by ``seed``, so that every run scores the same
+    text whatever its micro-batch, batch or devices, and a sample is spread over the stream
+    (in stream order the first rows are all one book)."""
+    order = np.random.default_rng(seed).permutation(n)
+    return order[: min(sequences, n)] if sequences else order
+
+
+def eval_batches(seqs: PackedSequences, *, batch: int, sequences: int = 0, seed: int = 0):
+    """Deterministic held-out batches of ``batch`` rows over ``eval_order``'s rows (the last
+    batch padded with masked rows, which score nothing)."""
+    rows = eval_order(len(seqs), sequences, seed)
+    for b in range(0, len(rows), batch):
+        part = [seqs[int(i)] for i in rows[b : b + batch]]
+        yield _stack(part + [_masked(part[0])] * (batch - len(part)))
 
 
 def _masked(row):

@@ -56,13 +56,15 @@ def put(batch_sharding, batch) -> dict:
     }
 
 
-def heldout_loss(heldout, steps, params, max_batches: int) -> float | None:
-    """Mean held-out loss per token of ``params`` over the held-out stream (None without
-    one), in batches of the memory plan's micro-batch (``steps``: the compiled ``Steps``)."""
+def heldout_loss(heldout, steps, params, sequences: int) -> float | None:
+    """Mean held-out loss per token of ``params`` over ``sequences`` rows of the held-out
+    stream (``pipeline.eval_order``: the same rows for every run; 0: all; None without a
+    held-out stream), in batches of the memory plan's micro-batch (``steps``: the compiled
+    ``Steps``), which change the order of the sums only."""
     if heldout is None:
         return None
     total, count = 0.0, 0.0
-    for b in eval_batches(heldout, batch=steps.plan.micro_batch, max_batches=max_batches or None):
+    for b in eval_batches(heldout, batch=steps.plan.micro_batch, sequences=sequences):
         s, n = steps.eval_step(params, put(steps.batch_sharding, b))
         total, count = total + float(s), count + float(n)
     return total / max(count, 1.0)
@@ -164,7 +166,7 @@ class Loop:
             self.data.splits.heldout,
             self.steps,
             self.state["params"],
-            self.train_config.eval_batches,
+            self.train_config.eval_sequences,
         )
 
     def record_heldout(self, step: int, loss: float | None, echo: bool = False):

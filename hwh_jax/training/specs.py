@@ -95,7 +95,7 @@ def run_specs(config, data_files: bool = True) -> RunSpecs:
         evaluation.validate()
     for key in ("log_every", "profile_steps", "keep_checkpoints", "batch_size"):
         checks.number(f"train.{key}", c[key], lo=1, integer=True)
-    for key in ("eval_every", "checkpoint_every", "eval_batches", "profile_at", "grad_accum"):
+    for key in ("eval_every", "checkpoint_every", "eval_sequences", "profile_at", "grad_accum"):
         checks.number(f"train.{key}", c[key], lo=0, integer=True)
     checks.number("train.stop_at_step", c.stop_at_step, lo=0, hi=c.steps, integer=True)
     checks.number("train.z_loss", c.z_loss, lo=0)

@@ -511,7 +511,7 @@ def evaluate_final(ctx, data, model, mesh, start, steps, trained: Trained) -> Ev
     final = None
     if c.final_eval:
         params = trained.state["params"]
-        final = heldout_loss(data.splits.heldout, steps, params, c.eval_batches)
+        final = heldout_loss(data.splits.heldout, steps, params, c.eval_sequences)
         record_heldout(start.metrics, trained.heldout, trained.step, final)
     spec = ctx.specs.eval
     if spec is None:
