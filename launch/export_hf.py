@@ -17,6 +17,13 @@ flags.DEFINE_string("checkpoint", None, "launch.train workdir")
 flags.DEFINE_integer("step", None, "checkpoint step (default: the newest that proves itself)")
 flags.DEFINE_string("out", None, "folder to write")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "dtype of the saved weights")
+flags.DEFINE_integer(
+    "max_length",
+    2048,
+    "the longest input config.json declares (max_position_embeddings; lm-eval's hf model cuts "
+    "its inputs to it), at least the training length: the length lm-eval's hwh model scores at "
+    "by default; the training length is written beside it (trained_length)",
+)
 flags.mark_flags_as_required(["checkpoint", "out"])
 FLAGS = flags.FLAGS
 
@@ -33,13 +40,18 @@ def export():
     from hwh_jax.training.restore import load_run
 
     run = load_run(FLAGS.checkpoint, FLAGS.step)
+    trained = int(run.config.seq_len)
+    longest = max(trained, FLAGS.max_length)
+    if run.model_cfg.abs_positions:  # learned positions: no further than the table
+        longest = min(longest, run.model_cfg.abs_positions)
     form, names = export(
         run.model,
         run.model_cfg,
         run.tokenizer,
         FLAGS.out,
-        max_positions=int(run.config.seq_len),
+        max_positions=longest,
         dtype=FLAGS.dtype,
+        trained_length=trained,
     )
     how = "LlamaForCausalLM" if form == "llama" else "HwhForCausalLM, trust_remote_code=True"
     print(f"{run.name} (step {run.step}) -> {FLAGS.out} ({how}): {', '.join(names)}", flush=True)

@@ -1,5 +1,5 @@
 r"""lm-evaluation-harness over trained runs: ``python -m launch.lm_eval --model hwh
---model_args checkpoint=RUN --tasks hwh_arc_easy,hwh_piqa [any lm_eval argument]``.
+--model_args pretrained=RUN --tasks hwh_arc_easy,hwh_piqa [any lm_eval argument]``.
 
 lm-eval's own command line (``lm_eval``'s arguments, its output and ``--output_path``) with the
 project's model registered as ``hwh`` (``RunLM``: a run scored by ``hwh_jax.eval.harness``) and
@@ -123,7 +123,7 @@ def __getattr__(name):
     from hwh_jax.training.restore import load_run
 
     class RunLM(HwhLM):
-        """A ``launch.train`` run (``checkpoint=RUN[,step=N]``) loaded here and scored by
+        """A ``launch.train`` run (``pretrained=RUN[,step=N]``) loaded here and scored by
         ``harness.HwhLM``."""
 
         @classmethod
@@ -134,7 +134,7 @@ def __getattr__(name):
         def create_from_arg_string(cls, arg_string, additional_config=None):
             args = HwhLM.parse_args(arg_string, additional_config)
             if not args.get("checkpoint"):
-                raise ValueError("--model_args checkpoint=RUN is needed (a launch.train workdir)")
+                raise ValueError("--model_args pretrained=RUN is needed (a launch.train workdir)")
             step = args.pop("step", None)
             run = load_run(args.pop("checkpoint"), None if step in (None, "") else int(step))
             return cls(model=run.model, tokenizer=run.tokenizer, **args)

@@ -1,6 +1,6 @@
 r"""The shipped evaluation sets as lm-eval tasks in a folder, for the plain ``lm_eval`` command's
 ``--include_path``: ``python -m launch.lm_eval_tasks --out=DIR [--tasks=hwh_piqa,harness_piqa]
-[--limit=N]``, then ``lm_eval --model hwh --model_args checkpoint=RUN --tasks hwh_piqa
+[--limit=N]``, then ``lm_eval --model hwh --model_args pretrained=RUN --tasks hwh_piqa
 --include_path DIR``.
 
 Writes ``hwh_<task>`` (the in-house suite's prompts as harness YAML) and ``harness_<task>`` (the
@@ -15,6 +15,7 @@ from hwh_jax.eval import commonsense
 from launch import one_line_errors, run_main
 
 ALL = [f"{kind}_{t}" for kind in ("hwh", "harness") for t in commonsense.TASKS]
+ALL.append("harness_wikitext2")  # rolling log-likelihood over the shipped WikiText-2 articles
 
 flags.DEFINE_string("out", None, "folder to write the tasks into")
 flags.DEFINE_list("tasks", ALL, "hwh_<task> and harness_<task> names")

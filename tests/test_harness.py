@@ -81,46 +81,112 @@ def test_the_harness_asks_what_the_in_house_suite_asks(tiny):
             assert got[f"hwh_{task}"]["acc_norm"] == pytest.approx(inhouse["acc_norm"]), task
 
 
-def test_the_exported_model_under_the_harness_hf_model_agrees(tiny, tmp_path):
-    """The same model exported (``HwhForCausalLM``) and run by lm-eval's own "hf" model:
-    every request's log-likelihood within 1e-3 of the JAX model's (fp32), the same accuracy."""
+@pytest.fixture(scope="module")
+def main_run(tmp_path_factory):
+    """A 4-step run of the main job's config (SentencePiece vocabulary, seq_len 64)."""
+    work = tmp_path_factory.mktemp("main_run") / "run"
+    train_main_job(work)
+    return work
+
+
+GEN_TASK = """task: gen_lambada
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{context}}}}"
+doc_to_target: "{{{{continuation}}}}"
+generation_kwargs:
+  until: ["\\n", "."]
+  max_gen_toks: 8
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def test_the_export_scores_as_the_run_under_lm_evals_hf_model(main_run, tmp_path):
+    """The main job's run (SentencePiece) through ``--model hwh`` and exported through lm-eval's
+    own ``hf`` model, with the arguments docs/export.md gives: multiple choice (PIQA's items
+    with the longest answers, over 256 tokens, and short ones), rolling log-likelihood
+    (WikiText-2 articles of thousands of tokens with literal ``<unk>``) and greedy generation
+    give the same metrics and every log-likelihood within 1e-3 (a whole article's, a sum over
+    thousands of tokens in fp32 on both sides, within 1e-6 of itself)."""
     import torch
     from lm_eval.models.huggingface import HFLM
 
-    from hwh_jax.training.hf_export import export_hwh
+    from hwh_jax.training.restore import load_run
 
-    model, cfg, tok, lm, folder = tiny
-    export_hwh(model, cfg, tok, tmp_path, max_positions=512)
-    hf = HFLM(
-        pretrained=str(tmp_path),
-        trust_remote_code=True,
-        dtype=torch.float32,
-        batch_size=8,
-        device="cpu",
+    out = tmp_path / "hf"
+    done = subprocess.run(
+        [sys.executable, "-m", "launch.export_hf", f"--checkpoint={main_run}", f"--out={out}"],
+        capture_output=True,
+        text=True,
     )
-    tasks = ["hwh_arc_easy", "hwh_winogrande", "hwh_lambada_openai"]
-    ours = harness.evaluate(lm, tasks, include_path=str(folder), limit=LIMIT, log_samples=True)
-    theirs = harness.evaluate(hf, tasks, include_path=str(folder), limit=LIMIT, log_samples=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert (config["max_position_embeddings"], config["trained_length"]) == (2048, 64)
+    assert all((f.stat().st_mode & 0o777) == 0o644 for f in out.iterdir())
+    run = load_run(main_run)
+    tok = run.tokenizer
+    folder = tmp_path / "tasks"
+    harness.task_folder(["hwh_piqa", "harness_wikitext2"], folder=folder)
+    # PIQA: the 3 items with the longest answer and 3 short ones
+    rows = [json.loads(line) for line in (folder / "piqa.jsonl").read_text().splitlines()]
+    longest = max(len(tok.encode(c)) for r in rows for c in r["choices"])
+    assert longest > 256  # an answer longer than the training length by far
+    rows.sort(key=lambda r: -max(len(c) for c in r["choices"]))
+    (folder / "piqa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:3] + rows[-3:]))
+    gen_rows = [
+        {"context": ex["context"], "continuation": ex["continuation"]}
+        for ex in commonsense.load_task("lambada_openai", limit=4)
+    ]
+    (folder / "gen.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gen_rows))
+    (folder / "gen_lambada.yaml").write_text(
+        GEN_TASK.format(data=json.dumps(str(folder / "gen.jsonl")))
+    )
+    tasks = ["hwh_piqa", "harness_wikitext2", "gen_lambada"]
+    ours = harness.HwhLM(model=run.model, tokenizer=tok, batch_size=4)
+    hf = HFLM(
+        pretrained=str(out), trust_remote_code=True, dtype=torch.float32, batch_size=4, device="cpu"
+    )
+    assert hf.max_length == ours.max_length == 2048 and hf.prefix_token_id == tok.eos_id
+    kw = dict(include_path=str(folder), limit=3, log_samples=True)
+    a, b = harness.evaluate(ours, tasks, **kw), harness.evaluate(hf, tasks, **kw)
     for task in tasks:
-        a, b = (sorted(r["samples"][task], key=lambda s: s["doc_id"]) for r in (ours, theirs))
-        lls = lambda samples: np.array([r[0][0] for s in samples for r in s["resps"]])
-        np.testing.assert_allclose(lls(b), lls(a), atol=1e-3, rtol=1e-5)
-        assert harness.accuracies(theirs)[task]["acc"] == harness.accuracies(ours)[task]["acc"]
+        sa, sb = (sorted(r["samples"][task], key=lambda s: s["doc_id"]) for r in (a, b))
+        ra, rb = ([r for s in ss for r in s["resps"]] for ss in (sa, sb))
+        if task == "gen_lambada":
+            assert ra == rb, task
+        else:  # [[log-likelihood, greedy]] (multiple choice) or [log-likelihood] (rolling)
+            ll = lambda r: r[0][0] if isinstance(r[0], (list, tuple)) else r[0]
+            lls_a, lls_b = (np.array([ll(r) for r in rs], float) for rs in (ra, rb))
+            # within 1e-3, or 1e-6 of a document's sum over thousands of tokens (fp32 sums)
+            np.testing.assert_allclose(lls_b, lls_a, atol=1e-3, rtol=1e-6)
+        ma, mb = a["results"][task], b["results"][task]
+        for k, v in ma.items():
+            if isinstance(v, float) and "stderr" not in k:
+                assert mb[k] == pytest.approx(v, rel=1e-6, abs=1e-6), (task, k)
 
 
-def test_the_plain_lm_eval_command_and_the_eval_suite_on_a_trained_run(tmp_path):
+def test_the_plain_lm_eval_command_and_the_eval_suite_on_a_trained_run(main_run, tmp_path):
     """A 4-step run of the main job's config; lm-eval's own ``lm_eval`` command (which finds
     "hwh" through the installed start-up hook) on tasks written by ``launch.lm_eval_tasks``
-    writes lm-eval's results file; ``launch.eval --suite=lm_eval:...`` writes each task's n,
+    writes lm-eval's results file, in a folder named after the run, reporting the batch that
+    ran; ``launch.eval --suite=lm_eval:...`` writes each task's n,
     accuracy and interval, the accuracy equal to lm-eval's."""
-    work, tasks = tmp_path / "run", tmp_path / "tasks"
-    train_main_job(work)
+    work, tasks = main_run, tmp_path / "tasks"
     write = [sys.executable, "-m", "launch.lm_eval_tasks", f"--out={tasks}",
              "--tasks=hwh_piqa,hwh_lambada_openai", "--limit=8"]  # fmt: skip
     lm_eval = [
         os.path.join(os.path.dirname(sys.executable), "lm_eval"),
         "--model=hwh",
-        f"--model_args=checkpoint={work},max_length=256",
+        f"--model_args=pretrained={work},max_length=256",
+        "--batch_size=8",
         "--tasks=hwh_piqa,hwh_lambada_openai",
         f"--include_path={tasks}",
         f"--output_path={tmp_path / 'lm_eval'}",
@@ -138,7 +204,10 @@ def test_the_plain_lm_eval_command_and_the_eval_suite_on_a_trained_run(tmp_path)
         done = subprocess.run(argv, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
     (path,) = (tmp_path / "lm_eval").rglob("results_*.json")
-    theirs = json.loads(path.read_text())["results"]
+    assert path.parent.name.endswith(work.name)  # lm-eval's folder named after pretrained=RUN
+    header = json.loads(path.read_text())
+    assert header["config"]["batch_size"] in (8, "8")  # what ran: lm-eval's --batch_size
+    theirs = header["results"]
     (path,) = (tmp_path / "suite").rglob("results.json")
     ours = json.loads(path.read_text())["lm_eval"]
     for task in ("hwh_piqa", "hwh_lambada_openai"):
@@ -146,6 +215,23 @@ def test_the_plain_lm_eval_command_and_the_eval_suite_on_a_trained_run(tmp_path)
         assert ours[task]["acc"] == pytest.approx(theirs[task]["acc,none"])
         lo, hi = ours[task]["acc_interval"]
         assert lo <= ours[task]["acc"] <= hi
+
+
+def test_model_args_name_the_run_and_the_batch_is_lm_evals():
+    """``pretrained=`` or ``checkpoint=`` name the run; the batch is lm-eval's --batch_size
+    (32 for "auto" or none), and one in the model args is refused, naming the flag."""
+    parse = harness.HwhLM.parse_args
+    assert parse("pretrained=r,step=3", {"batch_size": 4}) == {
+        "checkpoint": "r",
+        "step": "3",
+        "batch_size": "4",
+    }
+    assert parse({"checkpoint": "r"}, {"batch_size": "auto"})["batch_size"] == "32"
+    assert parse("checkpoint=r", None)["batch_size"] == "32"
+    with pytest.raises(ValueError, match="--batch_size 16"):
+        parse("pretrained=r,batch_size=16", {"batch_size": 1})
+    with pytest.raises(ValueError, match="two runs"):
+        parse("pretrained=a,checkpoint=b")
 
 
 def test_launch_lm_eval_registers_the_class_the_start_up_hook_names(monkeypatch):

@@ -29,6 +29,7 @@ letting lm-eval split the requests between processes.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 
 import numpy as np
@@ -51,7 +52,7 @@ _DEFAULT_METRICS = [("acc", "mean", True), ("acc_norm", "mean", True)]
 class HwhLM(LM):
     """A model and its tokenizer scored as lm-eval asks (module docstring). ``launch.lm_eval``
     registers a subclass of it as lm-eval's model "hwh" that loads a run by
-    ``checkpoint=RUN``."""
+    ``pretrained=RUN``."""
 
     def __init__(self, model, tokenizer, batch_size: int | str = 32, max_length: int = 2048):
         super().__init__()
@@ -63,17 +64,31 @@ class HwhLM(LM):
 
     @staticmethod
     def parse_args(arg_string, additional_config: dict | None = None) -> dict:
-        """``checkpoint=RUN,step=N,batch_size=B,max_length=L`` (lm-eval's ``--model_args``, a
-        string or the dict lm-eval parsed it into) as a dict of strings; lm-eval's own ``--batch_size`` (in ``additional_config``) counts where it is
-        above its default of 1 and ``batch_size`` is not given here (else 32 sequences a
-        forward pass); its ``device`` is unused (JAX places the model)."""
+        """lm-eval's ``--model_args`` (a string or the dict lm-eval parsed it into):
+        ``pretrained=RUN`` (or ``checkpoint=RUN``: a ``launch.train`` workdir; lm-eval names
+        its results folder after ``pretrained``), ``step=N``, ``max_length=L``, as a dict of
+        strings with the run under "checkpoint". The batch is lm-eval's own ``--batch_size``
+        (in ``additional_config``; the one its results header reports; "auto": 32 sequences a
+        forward pass), so ``batch_size`` in the model args is refused; its ``device`` is
+        unused (JAX places the model)."""
         if isinstance(arg_string, dict):  # lm-eval parsed them already
             args = {k: str(v) for k, v in arg_string.items()}
         else:
             args = dict(kv.split("=", 1) for kv in arg_string.split(",") if kv)
-        given = (additional_config or {}).get("batch_size")
-        if "batch_size" not in args and str(given).isdigit() and int(given) > 1:
-            args["batch_size"] = given
+        if "batch_size" in args:
+            raise ValueError(
+                f"--model_args batch_size={args['batch_size']}: give lm-eval's --batch_size "
+                f"{args['batch_size']} instead (the batch its results report)"
+            )
+        if "pretrained" in args:
+            if args.get("checkpoint", args["pretrained"]) != args["pretrained"]:
+                raise ValueError(
+                    f"--model_args names two runs: pretrained={args['pretrained']} and "
+                    f"checkpoint={args['checkpoint']}; give one"
+                )
+            args["checkpoint"] = args.pop("pretrained")
+        given = str((additional_config or {}).get("batch_size", "auto"))
+        args["batch_size"] = given if given.isdigit() else "32"
         return args
 
     # ------------------------------------------------------------ lm-eval's three calls
@@ -272,6 +287,18 @@ def _lambada(ex):
     return {"text": ex["context"] + ex["continuation"]}
 
 
+def wikitext2_articles() -> list[dict]:
+    """The shipped WikiText-2 test split (``assets/wikitext2``, its tokenised form with
+    ``<unk>``) as documents of lm-eval's ``wikitext`` task: one ``{"page": text}`` per article,
+    cut before each top-level heading " = Title = "."""
+    from hwh_jax.data.paths import resolve
+    from hwh_jax.data.sources import read_text
+
+    text = read_text(resolve("wikitext2/test.txt.gz"))
+    pages = re.split(r"(?m)^(?= = [^=\n].* = $)", text)
+    return [{"page": p} for p in pages if p.strip()]
+
+
 HARNESS_OWN = {
     "arc_easy": ("arc/arc_easy.yaml", _arc),
     "arc_challenge": ("arc/arc_challenge.yaml", _arc),
@@ -281,6 +308,8 @@ HARNESS_OWN = {
     "winogrande": ("winogrande/default.yaml", _winogrande),
     "lambada_openai": ("lambada/lambada_openai.yaml", _lambada),
 }
+# rolling log-likelihood (perplexity) over whole documents: lm-eval's own task definition
+HARNESS_ROLLING = {"wikitext2": ("wikitext/wikitext.yaml", wikitext2_articles)}
 
 
 def harness_own_tasks(tasks=commonsense.TASKS, *, limit: int | None = None, folder=None) -> str:
@@ -290,13 +319,22 @@ def harness_own_tasks(tasks=commonsense.TASKS, *, limit: int | None = None, fold
     and the in-house suite, it measures what the harness's own definitions change."""
     import lm_eval.tasks as own
 
+    unknown = [t for t in tasks if t not in HARNESS_OWN and t not in HARNESS_ROLLING]
+    if unknown:
+        raise ValueError(
+            f"no shipped harness task {unknown}; shipped: {[*HARNESS_OWN, *HARNESS_ROLLING]}"
+        )
     root = storage.path(folder or tempfile.mkdtemp(prefix="hwh_lm_eval_own_"))
     root.mkdir(parents=True, exist_ok=True)
     base = storage.path(own.__file__).parent
     for task in tasks:
-        yaml_path, to_row = HARNESS_OWN[task]
         data = root / f"{task}_own.jsonl"
-        rows = [to_row(ex) for ex in commonsense.load_task(task, limit=limit)]
+        if task in HARNESS_ROLLING:
+            yaml_path, documents = HARNESS_ROLLING[task]
+            rows = documents()[:limit]
+        else:
+            yaml_path, to_row = HARNESS_OWN[task]
+            rows = [to_row(ex) for ex in commonsense.load_task(task, limit=limit)]
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
         split = "validation" if task in ("piqa", "hellaswag", "winogrande") else "test"
         lines = [

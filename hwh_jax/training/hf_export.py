@@ -125,7 +125,9 @@ def write_tokenizer(tokenizer, out: Path) -> list[str]:
     own vocab.json and merges.txt. SentencePiece: its ``.model`` as tokenizer.model and
     ``tokenization_hwh.py`` (remote code that encodes with SentencePiece itself: the ids equal
     the project's; transformers' conversion into a fast tokenizer splits runs of spaces and
-    newlines otherwise)."""
+    newlines otherwise). Both as the project encodes: special-token strings in a text are
+    text (``split_special_tokens``), and the start token is the end-of-text token, with which
+    the project begins a text it scores (``bos_token`` = ``eos_token``)."""
     check_tokenizer(tokenizer)
     if tokenizer.name.startswith("sp_"):
         sp = tokenizer.sp
@@ -138,7 +140,8 @@ def write_tokenizer(tokenizer, out: Path) -> list[str]:
             "eos_token": piece(sp.eos_id()),
             "unk_token": piece(sp.unk_id()),
             "pad_token": piece(sp.pad_id()),
-            "bos_token": piece(sp.bos_id()),
+            "bos_token": piece(sp.eos_id()),
+            "split_special_tokens": True,
             "model_max_length": 1_000_000,
         }
         (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
@@ -157,6 +160,7 @@ def write_tokenizer(tokenizer, out: Path) -> list[str]:
                 "eos_token": eos,
                 "unk_token": eos,
                 "add_prefix_space": False,
+                "split_special_tokens": True,
                 "model_max_length": 1_000_000,
             },
             indent=2,
@@ -319,15 +323,24 @@ def import_hwh(folder, *, dtype: str = "float32"):
 
 
 def export(
-    model, cfg: ModelConfig, tokenizer, out, *, max_positions: int, dtype: str = "float32"
+    model,
+    cfg: ModelConfig,
+    tokenizer,
+    out,
+    *,
+    max_positions: int,
+    dtype: str = "float32",
+    trained_length: int | None = None,
 ) -> tuple[str, list[str]]:
     """Write ``model`` into the folder ``out`` in its form (module docstring): (the form,
-    "llama" or "hwh"; the file names written)."""
+    "llama" or "hwh"; the file names written). ``max_positions``: config.json's
+    ``max_position_embeddings``, the longest input a reader of the folder is told it takes
+    (lm-eval's ``hf`` model cuts its inputs to it); ``trained_length``: the run's sequence
+    length, written beside it as ``trained_length``."""
+    kw = dict(max_positions=max_positions, dtype=dtype, trained_length=trained_length)
     if exportable(cfg) is None:
-        return "llama", export_llama(
-            model, cfg, tokenizer, out, max_positions=max_positions, dtype=dtype
-        )
-    return "hwh", export_hwh(model, cfg, tokenizer, out, max_positions=max_positions, dtype=dtype)
+        return "llama", export_llama(model, cfg, tokenizer, out, **kw)
+    return "hwh", export_hwh(model, cfg, tokenizer, out, **kw)
 
 
 def _write(out, tensors, config, tokenizer, dtype, extra=()) -> list[str]:
@@ -353,12 +366,21 @@ def _write(out, tensors, config, tokenizer, dtype, extra=()) -> list[str]:
     for name in extra:
         shutil.copyfile(source / name, local / name)
         names.append(name)
+    for name in names:  # readable by all, as the other files of a model folder (safetensors
+        (local / name).chmod(0o644)  # writes its file for its owner alone)
     staged.sync()
     return names
 
 
 def export_hwh(
-    model, cfg: ModelConfig, tokenizer, out, *, max_positions: int, dtype: str = "float32"
+    model,
+    cfg: ModelConfig,
+    tokenizer,
+    out,
+    *,
+    max_positions: int,
+    dtype: str = "float32",
+    trained_length: int | None = None,
 ) -> list[str]:
     """Write the HwH form of ``model`` (``HwhForCausalLM``, its modeling code beside the
     weights) into the folder ``out``; the file names written."""
@@ -369,11 +391,20 @@ def export_hwh(
         raise ValueError(f"model.arch={cfg.arch!r} has no PyTorch form here yet: {why}")
     check_tokenizer(tokenizer)  # refused before anything is written
     config = hwh_config(cfg, max_positions=max_positions, tokenizer=tokenizer, dtype=dtype)
+    if trained_length:
+        config["trained_length"] = int(trained_length)
     return _write(out, hwh_tensors(model), config, tokenizer, dtype, MODELING)
 
 
 def export_llama(
-    model, cfg: ModelConfig, tokenizer, out, *, max_positions: int, dtype: str = "float32"
+    model,
+    cfg: ModelConfig,
+    tokenizer,
+    out,
+    *,
+    max_positions: int,
+    dtype: str = "float32",
+    trained_length: int | None = None,
 ) -> list[str]:
     """Write the Llama form of ``model`` into the folder ``out``; the file names written."""
     if dtype not in DTYPES:
@@ -386,4 +417,6 @@ def export_llama(
         )
     check_tokenizer(tokenizer)  # refused before anything is written
     config = llama_config(cfg, max_positions=max_positions, tokenizer=tokenizer, dtype=dtype)
+    if trained_length:
+        config["trained_length"] = int(trained_length)
     return _write(out, llama_tensors(model, cfg), config, tokenizer, dtype)

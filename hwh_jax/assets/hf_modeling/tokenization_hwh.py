@@ -44,7 +44,18 @@ class HwhSentencePieceTokenizer(PreTrainedTokenizer):
         return self.sp.id_to_piece(index)
 
     def convert_tokens_to_string(self, tokens) -> str:
-        return self.sp.decode_pieces(list(tokens))
+        """SentencePiece's decoding, but the special tokens (SentencePiece's control pieces,
+        which it decodes to nothing) kept as their text, as transformers' tokenizers keep them
+        (lm-eval's ``hf`` model stops generating at the decoded end-of-text token: an empty one
+        would stop every generation after its first token)."""
+        out, run = [], []
+        for token in tokens:
+            if self.sp.is_control(self.sp.piece_to_id(token)):
+                out.append(self.sp.decode_pieces(run) + token)
+                run = []
+            else:
+                run.append(token)
+        return "".join(out) + self.sp.decode_pieces(run)
 
     def save_vocabulary(self, save_directory, filename_prefix=None):
         name = (filename_prefix + "-" if filename_prefix else "") + "tokenizer.model"
