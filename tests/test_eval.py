@@ -600,3 +600,27 @@ def test_seed_level_interval_and_rank_test():
     assert stats.all_above_p([65, 71, 86], [3, 22, 29]) == 1 / 20
     assert stats.all_above_p([65, 71, 86], [3, 22, 66]) == 1.0
     assert stats.all_above_p([9, 8], [1, 2, 3, 4]) == 1 / 15
+
+
+def test_report_draws_every_run_of_every_group_under_its_own_name(tmp_path, monkeypatch):
+    """Two groups whose runs carry one model name (hwh_flat's results say "hwh@seedN", as
+    HwH's do): the NIAH figure gets every run of both groups, each with its own prompts'
+    results, and the tables name each group."""
+    from pathlib import Path
+
+    from hwh_jax.eval import suite
+    from hwh_jax.experiments import report as rep
+
+    root = Path(__file__).resolve().parents[1] / "measurements" / "experiment_L512_per_seed_prompts"
+    drawn = {}
+    monkeypatch.setattr(
+        suite.plots, "extrapolation_chart", lambda rows, path, L: drawn.update(rows)
+    )
+    text = rep.report([root / "hwh", root / "hwh_flat"], tmp_path)
+    names = [f"{g}/seed{s}" for g in ("hwh", "hwh_flat") for s in range(3)]
+    assert sorted(drawn) == sorted(names)
+    for name in names:
+        results = json.loads((root / name / "eval" / "results.json").read_text())
+        assert drawn[name] == results["niah"], name
+    assert drawn["hwh/seed0"] != drawn["hwh_flat/seed0"]
+    assert "| hwh |" in text and "| hwh_flat |" in text

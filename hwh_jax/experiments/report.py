@@ -472,7 +472,7 @@ def report(workdirs: list[storage.PathLike], out_dir: storage.PathLike) -> str:
             indent=2,
         )
     )
-    if exps:
-        compare([e["results"] for e in exps], out_dir)
+    if exps:  # each run under its own name: two runs' results may carry one model name
+        compare([{**e["results"], "model": e["name"]} for e in exps], out_dir)
     loss_figure(rows, out_dir / "train_loss.png")
     return text
