@@ -87,6 +87,46 @@ def check_backend(p) -> None:
         )
 
 
+class Unreachable(ValueError):
+    """A bucket URL whose storage service does not answer."""
+
+
+def endpoint(p) -> tuple[str, int] | None:
+    """(host, port) of the service that stores URL ``p`` (the emulator's or endpoint
+    override's where one is set: ``STORAGE_EMULATOR_HOST`` for gs://, ``AWS_ENDPOINT_URL_S3`` /
+    ``AWS_ENDPOINT_URL`` for s3://); None for a local path."""
+    import urllib.parse
+
+    s = scheme(p)
+    if s is None:
+        return None
+    default = {"gs": "https://storage.googleapis.com", "s3": "https://s3.amazonaws.com"}[s]
+    names = {"gs": ("STORAGE_EMULATOR_HOST",), "s3": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")}
+    url = next((os.environ[n] for n in names[s] if os.environ.get(n)), default)
+    url = url if "://" in url else "http://" + url
+    parsed = urllib.parse.urlsplit(url)
+    return parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
+
+
+def check_reachable(p, timeout: float = 10.0) -> None:
+    """Raise ``Unreachable`` (one line) if the service storing URL ``p`` takes no connection
+    within ``timeout`` seconds: the store's client retries for a minute or more, printing a
+    traceback a try, before it gives up. Nothing for a local path."""
+    import socket
+
+    where = endpoint(p)
+    proxied = any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY"))
+    if where is None or proxied:  # behind a proxy the service is reached through it
+        return
+    try:
+        socket.create_connection(where, timeout=timeout).close()
+    except OSError as e:
+        raise Unreachable(
+            f"{p}: the storage service at {where[0]}:{where[1]} cannot be reached "
+            f"({e.strerror or e}): check the network, or the endpoint setting"
+        ) from None
+
+
 def path(p):
     """``p`` (a str, pathlib.Path or epath.Path): a URL as an ``epath.Path`` (its backend
     checked: ``MissingBackend``), a local path as a ``pathlib.Path``."""

@@ -23,8 +23,9 @@ EXIT_FAILED, EXIT_REFUSED = 1, 2
 _log = logging.getLogger("launch")
 
 
-# library detail (matplotlib: its font cache, built on a first run): the log file, not the console
-NOISY = ("asyncio", "orbax", "etils", "absl", "matplotlib")
+# library detail (matplotlib: its font cache, built on a first run; a bucket client's retry
+# tracebacks): the log file, not the console
+NOISY = ("asyncio", "orbax", "etils", "absl", "matplotlib", "gcsfs", "s3fs", "aiohttp", "fsspec")
 
 
 def setup_logging(log_file: storage.PathLike | None = None) -> None:

@@ -24,8 +24,12 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    with one_line_errors():  # a bucket URL without its package, a folder that cannot
-        storage.check_backend(FLAGS.workdir)  # be written: one line, nothing written
+    with one_line_errors():  # a bad setting, a bucket URL without its package, a folder
+        from hwh_jax.training.specs import run_specs  # that cannot be written: one line,
+
+        run_specs(FLAGS.config)  # nothing written (no workdir, no log file)
+        storage.check_backend(FLAGS.workdir)
+        storage.check_reachable(FLAGS.workdir)
         storage.make_folder(FLAGS.workdir)
     # the first process logs to train.log, process i to train.i.log
     begin(lambda i: os.path.join(FLAGS.workdir, f"train.{i}.log" if i else "train.log"))

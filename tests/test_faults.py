@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -628,6 +629,10 @@ def test_a_truncated_checkpoint_costs_one_line_and_status_0(corpus, four_steps, 
             ["--config=configs/nope.py"],
             "error: --config: [Errno 2] No such file or directory: 'configs/nope.py'",
         ),
+        (  # a value refused by the run's checks: no workdir made, no log file written
+            ["--config=configs/hwh_tiny.py", "--config.train.lr=-1"],
+            "error: train.lr must be a finite number > 0, got -1.0",
+        ),
     ],
 )
 def test_a_config_error_in_the_flags_is_one_line_status_2_and_writes_nothing(tmp_path, args, said):
@@ -706,6 +711,40 @@ def test_a_second_trainer_on_a_busy_workdir_refuses_and_the_first_is_untouched(c
     assert steps == sorted(set(steps)) and steps[0] == 1
     assert saved_steps(tmp_path) == [steps[-1]]
     assert not (tmp_path / "lease.json").exists()
+
+
+def test_an_unreachable_bucket_is_one_line_and_status_2_within_seconds():
+    """A gs:// workdir whose storage service takes no connection (the emulator's address set
+    to a closed loopback port): one line naming the address, status 2, long before the
+    store's client would have given up (over a minute, a traceback a retry)."""
+    import socket
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.time()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.train",
+            "--config=configs/hwh_tiny.py",
+            "--workdir=gs://hwh-unreachable/run",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",
+        },
+    )
+    assert time.time() - started < 30
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"127.0.0.1:{port} cannot be reached" in lines[0], lines
 
 
 def test_an_unwritable_workdir_is_one_line_and_status_2(tmp_path):
