@@ -175,11 +175,21 @@ def compare(x_a, x_b, x_a2, T):
 
 
 def compare_grads(g_a, g_b, g_a2):
+    """As ``compare`` for gradients (pytrees): the largest change over the leaves, with the
+    leaf it is in and that leaf's own largest value (``leaf_scale``)."""
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(g_a)]
     la, lb, la2 = (jax.tree.leaves(g) for g in (g_a, g_b, g_a2))
-    diff = max(float(jnp.abs(x - y).max()) for x, y in zip(la, lb))
+    diffs = [float(jnp.abs(x - y).max()) for x, y in zip(la, lb)]
+    worst = int(np.argmax(diffs))
     rerun = max(float(jnp.abs(x - y).max()) for x, y in zip(la, la2))
-    scale = max(float(jnp.abs(x).max()) for x in la)
-    return {"before_p": diff, "rerun": rerun, "scale": scale, "causal": bool(diff <= rerun)}
+    return {
+        "before_p": diffs[worst],
+        "rerun": rerun,
+        "scale": max(float(jnp.abs(x).max()) for x in la),
+        "worst_leaf": paths[worst],
+        "leaf_scale": float(jnp.abs(la[worst]).max()),
+        "causal": bool(diffs[worst] <= rerun),
+    }
 
 
 def compile_all(fns, params, shapes, threads):

@@ -98,7 +98,9 @@ def batch_of(tok):
     )
 
 
-def run(arch, size, T, B, steps, lr, dtype, overrides, seed=0, label=None, cache=None):
+def run(
+    arch, size, T, B, steps, lr, dtype, overrides, seed=0, label=None, cache=None, with_recency=True
+):
     """One row: ``steps`` steps on a fixed batch, then from the same initialisation on a
     fresh batch each step. ``cache``: a dict keeping the jitted step and loss across seeds
     (the same programs; one compile per architecture and shape)."""
@@ -127,10 +129,11 @@ def run(arch, size, T, B, steps, lr, dtype, overrides, seed=0, label=None, cache
         **({"overrides": overrides} if overrides else {}),
         "zipf_entropy": zipf_entropy(cfg.vocab_size),
         "cond_entropy": {n: cond_entropy(fixed, n) for n in (0, 1, 2)},
-        "recency_at_init": recency(
-            nnx.merge(graphdef, params), jnp.asarray(fixed[:1, : min(T, 256)])
-        ),
     }
+    if with_recency:
+        row["recency_at_init"] = recency(
+            nnx.merge(graphdef, params), jnp.asarray(fixed[:1, : min(T, 256)])
+        )
     t0 = time.time()
     for mode in ("fixed", "fresh"):
         state = {
@@ -176,6 +179,12 @@ def main():
         help="extra rows: an architecture with ModelConfig overrides, e.g. "
         "hwh_conv1:hwh:conv_size=1",
     )
+    ap.add_argument(
+        "--recency",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure each model's locality at init (a Jacobian: minutes at 380m)",
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
@@ -202,6 +211,7 @@ def main():
                         seed,
                         label,
                         cache,
+                        args.recency,
                     ),
                 )
                 write_jsonl(args.out, rows)
@@ -214,7 +224,11 @@ def main():
             f"{r['arch']:14s} {r['B']:3d} {r['seed']:4d} {r['fixed_losses'][-1]:10.3f} "
             f"{r['fixed_unseen_loss']:7.3f} {r['fresh_losses'][-1]:10.3f} "
             f"{r['fresh_unseen_loss']:7.3f}  {r['cond_entropy'][1]:9.3f}  "
-            f"{r['recency_at_init']['last_4']:.2f} / {r['recency_at_init']['first_half']:.2f}"
+            + (
+                f"{r['recency_at_init']['last_4']:.2f} / {r['recency_at_init']['first_half']:.2f}"
+                if "recency_at_init" in r
+                else "-"
+            )
         )
 
 
