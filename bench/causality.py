@@ -357,7 +357,7 @@ def kernel_rows(B, T, seed=0):
             row["causal"] = row["fwd"]["causal"] and row["grad"]["causal"]
             if name.startswith("control/"):
                 row["expect_causal"] = False
-        except Exception as e:  # noqa: BLE001  # a kernel that does not take this shape here
+        except Exception as e:  # noqa: BLE001  (a kernel that does not take this shape here)
             row = {"kernel": name, "B": B, "T": T, "error": f"{type(e).__name__}: {e}"[:300]}
         row["kernels"] = kernels_pallas.chosen()
         rows.append(row)

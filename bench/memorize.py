@@ -1,7 +1,7 @@
 r"""Memorisation or leak: the training step on one fixed batch of independent random tokens
 against a fresh random batch every step, per architecture.
 
-  python bench/memorize.py --archs transformer gdn hwh --size small --T 512 --B 4 --steps 80 \
+  python bench/memorize.py --archs transformer gdn hwh --size small --seq_len 512 --batch 4 --steps 80 \
       --out $OUT/memorize.jsonl
 
 Tokens are drawn independently (Zipf, as ``train_step.py`` draws them), so a causal model cannot
@@ -165,8 +165,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--archs", nargs="+", default=["transformer", "gdn", "hwh"])
     ap.add_argument("--size", default="small")
-    ap.add_argument("--T", type=int, default=512)
-    ap.add_argument("--B", type=int, nargs="+", default=[4])
+    ap.add_argument("--seq_len", type=int, default=512)
+    ap.add_argument("--batch", type=int, nargs="+", default=[4])
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -180,10 +180,9 @@ def main():
         "hwh_conv1:hwh:conv_size=1",
     )
     ap.add_argument(
-        "--recency",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="measure each model's locality at init (a Jacobian: minutes at 380m)",
+        "--skip_recency",
+        action="store_true",
+        help="do not measure each model's locality at init (a Jacobian: minutes at 380m)",
     )
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -194,7 +193,7 @@ def main():
         runs.append((label, arch, parse_overrides(spec.split(","))))
     print_device()
     rows, cache = [], {}
-    for B in args.B:
+    for B in args.batch:
         for seed in args.seeds:
             for label, arch, ov in runs:
                 emit(
@@ -202,7 +201,7 @@ def main():
                     run(
                         arch,
                         args.size,
-                        args.T,
+                        args.seq_len,
                         B,
                         args.steps,
                         args.lr,
@@ -211,7 +210,7 @@ def main():
                         seed,
                         label,
                         cache,
-                        args.recency,
+                        not args.skip_recency,
                     ),
                 )
                 write_jsonl(args.out, rows)

@@ -68,10 +68,10 @@ for part in "$@"; do
     causality)
       python3 bench/causality.py --out "$OUT/causality.jsonl" ;;
     memorize)
-      python3 bench/memorize.py --archs hwh transformer --size 380m --T 2048 --B 22 1 --steps 34 \
-        --no-recency --out "$OUT/memorize_380m.jsonl"
+      python3 bench/memorize.py --archs hwh transformer --size 380m --seq_len 2048 --batch 22 1 --steps 34 \
+        --skip_recency --out "$OUT/memorize_380m.jsonl"
       python3 bench/memorize.py --archs transformer gdn layerwise hwh --variant hwh_conv1:hwh:conv_size=1 \
-        --size small --T 2048 --B 8 --steps 60 --seeds 0 1 2 --out "$OUT/memorize_small.jsonl" ;;
+        --size small --seq_len 2048 --batch 8 --steps 60 --seeds 0 1 2 --out "$OUT/memorize_small.jsonl" ;;
     *) echo "unknown part $part (gdn, step2k, steplong, decode, decay, decay_key, delta_rule, hgrn, causality, memorize)"; exit 2 ;;
   esac 2>&1 | grep -v "^I[0-9]" | tee "$OUT/$part.log"
 done

@@ -108,7 +108,7 @@ def test_memorize_bench_tells_memorising_from_a_leak(tmp_path):
     rows, stdout = _run(
         tmp_path,
         "memorize.py",
-        *("--archs", "hwh", "--size", "tiny", "--T", "64", "--B", "2"),
+        *("--archs", "hwh", "--size", "tiny", "--seq_len", "64", "--batch", "2"),
         *("--steps", "40", "--lr", "3e-3"),
         profile=False,
     )
