@@ -13,23 +13,12 @@ import numpy as np
 import torch
 from lm_eval.models.huggingface import HFLM
 
-from hwh_jax.eval import harness
+from hwh_jax.eval import commonsense, harness
 from hwh_jax.training.restore import load_run
 
 run_dir, export_dir, folder = sys.argv[1:4]
 run = load_run(run_dir)
-tasks = [
-    f"hwh_{t}"
-    for t in (
-        "arc_easy",
-        "arc_challenge",
-        "piqa",
-        "openbook_qa",
-        "hellaswag",
-        "winogrande",
-        "lambada_openai",
-    )
-] + ["harness_wikitext2"]
+tasks = [f"hwh_{t}" for t in commonsense.TASKS] + ["harness_wikitext2"]
 harness.task_folder(tasks, folder=folder)
 ours = harness.HwhLM(model=run.model, tokenizer=run.tokenizer, batch_size=32)
 hf = HFLM(
