@@ -33,7 +33,6 @@ def main():
     ap.add_argument("--counts", default="220,260,320,640,0")
     ap.add_argument("--sample", type=int, default=320)
     ap.add_argument("--block", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     run = load_run(args.checkpoint)
@@ -43,12 +42,9 @@ def main():
     graphdef, params = nnx.split(run.model, nnx.Param)
     step = jax.jit(make_eval_step(graphdef, document_mask=bool(run.config.train.document_mask)))
     sums, counts = np.zeros(len(seqs)), np.zeros(len(seqs))
-    for s in range(0, len(seqs), args.batch):  # every row's summed nll, once
-        rows = [seqs[i] for i in range(s, min(s + args.batch, len(seqs)))]
-        for j, r in enumerate(rows):
-            batch = {k: v[None] for k, v in r.items() if k != "index"}
-            total, n = step(params, batch)
-            sums[s + j], counts[s + j] = float(total), float(n)
+    for i in range(len(seqs)):  # every row's summed nll, once (one row a call: per-row sums)
+        total, n = step(params, {k: v[None] for k, v in seqs[i].items() if k != "index"})
+        sums[i], counts[i] = float(total), float(n)
     rows = []
     for k in [int(c) for c in args.counts.split(",")]:
         k = k or len(seqs)

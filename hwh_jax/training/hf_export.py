@@ -343,9 +343,11 @@ def export(
     return "hwh", export_hwh(model, cfg, tokenizer, out, **kw)
 
 
-def _write(out, tensors, config, tokenizer, dtype, extra=()) -> list[str]:
-    """The folder's files: weights in ``dtype``, config, generation config, tokenizer, and
-    ``extra`` files copied from hwh_jax/assets/hf_modeling."""
+def _write(out, tensors, config, tokenizer, dtype, extra=(), trained_length=None) -> list[str]:
+    """The folder's files: weights in ``dtype``, config (with ``trained_length`` where given),
+    generation config, tokenizer, and ``extra`` files copied from hwh_jax/assets/hf_modeling."""
+    if trained_length:
+        config = {**config, "trained_length": int(trained_length)}
     from safetensors.numpy import save_file
 
     staged = storage.Staged(out)  # a bucket's folder is written locally, then uploaded
@@ -391,9 +393,7 @@ def export_hwh(
         raise ValueError(f"model.arch={cfg.arch!r} has no PyTorch form here yet: {why}")
     check_tokenizer(tokenizer)  # refused before anything is written
     config = hwh_config(cfg, max_positions=max_positions, tokenizer=tokenizer, dtype=dtype)
-    if trained_length:
-        config["trained_length"] = int(trained_length)
-    return _write(out, hwh_tensors(model), config, tokenizer, dtype, MODELING)
+    return _write(out, hwh_tensors(model), config, tokenizer, dtype, MODELING, trained_length)
 
 
 def export_llama(
@@ -417,6 +417,4 @@ def export_llama(
         )
     check_tokenizer(tokenizer)  # refused before anything is written
     config = llama_config(cfg, max_positions=max_positions, tokenizer=tokenizer, dtype=dtype)
-    if trained_length:
-        config["trained_length"] = int(trained_length)
-    return _write(out, llama_tensors(model, cfg), config, tokenizer, dtype)
+    return _write(out, llama_tensors(model, cfg), config, tokenizer, dtype, (), trained_length)
