@@ -70,7 +70,8 @@ def test_resume_is_bitwise_identical(corpus, tmp_path):
     rows = [json.loads(l) for l in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert {r["split"] for r in rows} >= {"train", "heldout", "perf"}
     perf = [r for r in rows if r["split"] == "perf"]
-    assert perf and all(0 < r["data_wait_share"] < 1 for r in perf)  # time in next(batches)
+    shares = [r["data_wait_share"] for r in perf]  # time in next(batches), within its window
+    assert perf and all(0 <= x <= 1 for x in shares) and any(x > 0 for x in shares), shares
     assert list((tmp_path / "a" / "tensorboard").glob("events.out.tfevents.*"))
 
 

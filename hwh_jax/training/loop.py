@@ -102,7 +102,7 @@ class Loop:
         while step < stop_at and not halt:
             t_data = time.time()
             batch, pending_batch = pending_batch or next(train_iter), None
-            waited = time.time() - t_data
+            window.waited += time.time() - t_data
             ids = batch["index"].tolist()
             self.state, m = train_step(self.state, put(self.steps.batch_sharding, batch))
             step += 1
@@ -112,7 +112,7 @@ class Loop:
                     "froze %d objects out of the garbage collector's walks (host_gc)",
                     host_gc.freeze(),
                 )
-            window.pending.append((step, m, ids, waited))
+            window.pending.append((step, m, ids))
             if window.due is not None:  # the last log point's line, with this step queued behind
                 window.flush(window.due)
             tracing = tracer.step(step, self.state)
@@ -294,10 +294,11 @@ class _Window:
 
     def __init__(self, loop: Loop):
         self.loop = loop
-        self.pending = []  # (step, metrics on device, batch ids, seconds its batch took)
+        self.pending = []  # (step, metrics on device, batch ids)
         self.t_last, self.step_last = time.time(), loop.start.step
+        self.waited = 0.0  # seconds in next(batches) since t_last: inside the window
         self.due = None  # a log point's step whose line waits for the next dispatch
-        self.tps, self.dt, self.steps = 0.0, 0.0, 0  # the last window's rate
+        self.tps, self.dt, self.steps, self.share = 0.0, 0.0, 0, 0.0  # the last window's
 
     def flush(self, step: int):
         """The metrics of the steps up to ``step`` to the log, and the progress line at it."""
@@ -306,8 +307,8 @@ class _Window:
         done = [p for p in self.pending if p[0] <= step]
         self.pending = [p for p in self.pending if p[0] > step]
         self.due = None
-        done = [(s, jax.device_get(m), ids, w) for s, m, ids, w in done]
-        for s, m, ids, _ in done:
+        done = [(s, jax.device_get(m), ids) for s, m, ids in done]
+        for s, m, ids in done:
             last = m
             loop.losses[s] = float(m["loss"])
             loop.batch_ids[s] = ids
@@ -319,19 +320,20 @@ class _Window:
             if self.pending and self.pending[0][0] == step + 1 and _ready(self.pending[0][1]):
                 ended = step + 1
             loop.check_finite(int(last["bad_step"]))
-            for s, m, _, _ in done:
+            for s, m, _ in done:
                 loop.check_sane(s, float(m["loss"]), float(m["grad_norm"]))
             dt, steps = now - self.t_last, ended - self.step_last
             if steps < 1:  # this step was counted in the last window: its rate stands
-                tps, dt, steps = self.tps, self.dt, self.steps
+                tps, dt, steps, share = self.tps, self.dt, self.steps, self.share
                 now, ended = self.t_last, self.step_last
             else:
                 tps = c.batch_size * loop.ctx.config.seq_len * steps / max(dt, 1e-9)
-            self.tps, self.dt, self.steps = tps, dt, steps
+                # waits are counted between two flushes, so they lie inside [t_last, now]
+                share, self.waited = self.waited / max(dt, 1e-9), 0.0
+            self.tps, self.dt, self.steps, self.share = tps, dt, steps, share
             peak = model.peak_flops
             mfu = model.flops_per_token * tps / peak if peak else None
             eta = ((c.stop_at_step or c.steps) - step) * dt / max(steps, 1)
-            share = sum(p[3] for p in done) / max(dt, 1e-9)
             if jax.process_index() == 0:
                 print(
                     progress_line(
