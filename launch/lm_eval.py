@@ -6,11 +6,11 @@ project's model registered as ``hwh`` (``RunLM``: a run scored by ``hwh_jax.eval
 the shipped evaluation sets as tasks (arc_easy, arc_challenge, piqa, openbook_qa, hellaswag,
 winogrande, lambada_openai), no download: ``hwh_<task>`` (the in-house suite's prompts as
 harness YAML) and ``harness_<task>`` (the harness's own YAML of the task over the same
-examples), written for ``--include_path`` when a task of those names is asked for. The plain
-``lm_eval --model hwh`` command finds the same ``RunLM`` through the start-up hook the package
-installs (``_hwh_lm_eval_hook.py``) and the shipped tasks in a folder written by
-``launch.lm_eval_tasks``; this command adds several processes. The harness's own tasks run by
-name where their datasets are cached. An exported folder (``launch.export_hf``) runs under the
+examples), written for ``--include_path`` when a task of those names is asked for. lm-eval
+finds models only in the registry its own package fills (no plugin or entry-point discovery in
+0.4.x), so this command, which registers ``RunLM`` before lm-eval parses its arguments, is how
+lm-eval runs the model; it also runs on several processes. The harness's own tasks run by name
+where their datasets are cached. An exported folder (``launch.export_hf``) runs under the
 plain command as ``lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True``.
 
 Several processes (one model sharded over hosts; every host the same command): each starts
@@ -43,12 +43,10 @@ WRITERS = {
 def main():
     from lm_eval.__main__ import cli_evaluate
 
-    start()
+    register()  # starts the process set-up first
     import jax
 
     from hwh_jax.eval import harness
-
-    register()
 
     argv = first_process_argv(sys.argv[1:], jax.process_index())
     folder = harness.task_folder((_value(argv, "--tasks") or "").split(","))
@@ -99,60 +97,20 @@ def first_process_argv(argv, process_index: int) -> list[str]:
     return out
 
 
-def check_args(argv) -> None:
-    """Parse ``argv`` as lm-eval's ``run`` command does, without running it (argparse exits
-    on a bad argument)."""
-    from lm_eval._cli import HarnessCLI
-
-    saved = sys.argv
-    try:
-        sys.argv = ["lm_eval", *argv]
-        HarnessCLI().parse_args()
-    finally:
-        sys.argv = saved
-
-
-def __getattr__(name):
-    """``RunLM``, lm-eval's model "hwh", made on first use (``launch.lm_eval:RunLM`` is the name
-    the plain ``lm_eval`` command finds it by, ``_hwh_lm_eval_hook.py``): ``start`` first, so
-    the device defaults are set before JAX starts."""
-    if name != "RunLM":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    start()
-    from hwh_jax.eval.harness import HwhLM
-    from hwh_jax.training.restore import load_run
-
-    class RunLM(HwhLM):
-        """A ``launch.train`` run (``pretrained=RUN[,step=N]``) loaded here and scored by
-        ``harness.HwhLM``."""
-
-        @classmethod
-        def create_from_arg_obj(cls, arg_dict, additional_config=None):
-            return cls.create_from_arg_string(arg_dict, additional_config)
-
-        @classmethod
-        def create_from_arg_string(cls, arg_string, additional_config=None):
-            args = HwhLM.parse_args(arg_string, additional_config)
-            if not args.get("checkpoint"):
-                raise ValueError("--model_args pretrained=RUN is needed (a launch.train workdir)")
-            step = args.pop("step", None)
-            run = load_run(args.pop("checkpoint"), None if step in (None, "") else int(step))
-            return cls(model=run.model, tokenizer=run.tokenizer, **args)
-
-    RunLM.__qualname__ = "RunLM"  # as if defined at the top: found (and pickled) by this name
-    globals()["RunLM"] = RunLM
-    return RunLM
-
-
 def register():
-    """Register ``RunLM`` as lm-eval's model "hwh" (where the start-up hook has not)."""
+    """Register ``RunLM`` as lm-eval's model "hwh" through lm-eval's public registry, after
+    ``start`` (so the device defaults are set before JAX starts); returns the class."""
+    start()
     # lm-eval's own models first: it looks them up only while its registry is empty
     import lm_eval.models  # noqa: F401 (imported for its registrations)
-    from lm_eval.api.registry import register_model
+    from lm_eval.api.registry import get_model, model_registry, register_model
 
-    run_lm = sys.modules[__name__].RunLM
-    register_model("hwh")(run_lm)
-    return run_lm
+    from launch.lm_eval_model import RunLM
+
+    if "hwh" in model_registry and get_model("hwh") is RunLM:
+        return RunLM
+    register_model("hwh")(RunLM)
+    return RunLM
 
 
 def _value(argv, flag):
@@ -166,7 +124,4 @@ def _value(argv, flag):
 
 
 if __name__ == "__main__":
-    # run as the importable module, whose RunLM is the one the registry names
-    from launch import lm_eval
-
-    lm_eval.main()
+    main()

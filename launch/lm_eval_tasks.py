@@ -1,7 +1,7 @@
-r"""The shipped evaluation sets as lm-eval tasks in a folder, for the plain ``lm_eval`` command's
-``--include_path``: ``python -m launch.lm_eval_tasks --out=DIR [--tasks=hwh_piqa,harness_piqa]
-[--limit=N]``, then ``lm_eval --model hwh --model_args pretrained=RUN --tasks hwh_piqa
---include_path DIR``.
+r"""The shipped evaluation sets as lm-eval tasks in a folder, for lm-eval's ``--include_path``:
+``python -m launch.lm_eval_tasks --out=DIR [--tasks=hwh_piqa,harness_piqa] [--limit=N]``, then
+``python -m launch.lm_eval --model hwh --model_args pretrained=RUN --tasks hwh_piqa
+--include_path DIR`` (or the plain ``lm_eval --model hf`` on an exported folder).
 
 Writes ``hwh_<task>`` (the in-house suite's prompts as harness YAML) and ``harness_<task>`` (the
 harness's own YAML of the task over the same examples) with their JSONL, no download: the folder

@@ -4,9 +4,9 @@ harness's own "hf" model agrees with it; the plain ``lm_eval`` command and ``lau
 --suite=lm_eval:...`` run a trained run end to end."""
 
 import json
-import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -174,8 +174,8 @@ def test_the_export_scores_as_the_run_under_lm_evals_hf_model(main_run, tmp_path
 
 
 def test_the_plain_lm_eval_command_and_the_eval_suite_on_a_trained_run(main_run, tmp_path):
-    """A 4-step run of the main job's config; lm-eval's own ``lm_eval`` command (which finds
-    "hwh" through the installed start-up hook) on tasks written by ``launch.lm_eval_tasks``
+    """A 4-step run of the main job's config; lm-eval's command line through
+    ``python -m launch.lm_eval`` (which registers "hwh") on tasks written by ``launch.lm_eval_tasks``
     writes lm-eval's results file, in a folder named after the run, reporting the batch that
     ran; ``launch.eval --suite=lm_eval:...`` writes each task's n,
     accuracy and interval, the accuracy equal to lm-eval's."""
@@ -183,7 +183,9 @@ def test_the_plain_lm_eval_command_and_the_eval_suite_on_a_trained_run(main_run,
     write = [sys.executable, "-m", "launch.lm_eval_tasks", f"--out={tasks}",
              "--tasks=hwh_piqa,hwh_lambada_openai", "--limit=8"]  # fmt: skip
     lm_eval = [
-        os.path.join(os.path.dirname(sys.executable), "lm_eval"),
+        sys.executable,
+        "-m",
+        "launch.lm_eval",
         "--model=hwh",
         f"--model_args=pretrained={work},max_length=256",
         "--batch_size=8",
@@ -234,27 +236,37 @@ def test_model_args_name_the_run_and_the_batch_is_lm_evals():
         parse("pretrained=a,checkpoint=b")
 
 
-def test_launch_lm_eval_registers_the_class_the_start_up_hook_names(monkeypatch):
-    """The hook's lazy name and ``launch.lm_eval``'s registration are one class, in either
-    order, so both commands can run in one environment; lm-eval's own models stay found."""
+def test_launch_lm_eval_registers_its_model_through_the_public_registry(monkeypatch):
+    """``launch.lm_eval.register`` puts ``RunLM`` under "hwh" in lm-eval's registry, a second
+    call agrees, and lm-eval's own models stay found; nothing of the project is installed
+    into the environment's start-up (no .pth file ships)."""
     from lm_eval.api.registry import get_model, model_registry
 
-    import _hwh_lm_eval_hook as lm_eval_hook
     import launch.lm_eval
+    from launch.lm_eval_model import RunLM
 
     monkeypatch.setattr(launch.lm_eval, "_started", True)  # not the launchers' process set-up
-    lm_eval_hook.install()  # lm_eval.models is imported (the test module's harness import)
-    assert get_model("hwh") is launch.lm_eval.RunLM
-    assert launch.lm_eval.register() is launch.lm_eval.RunLM  # a second registration agrees
-    assert f"{launch.lm_eval.RunLM.__module__}:RunLM" == lm_eval_hook.TARGET
+    assert launch.lm_eval.register() is RunLM and get_model("hwh") is RunLM
+    assert launch.lm_eval.register() is RunLM  # a second registration agrees
     assert get_model("hf").__name__ == "HFLM" and "hwh" in model_registry
+    root = Path(__file__).resolve().parents[1]
+    assert not list(root.glob("*.pth")) and not (root / "setup.py").exists()
 
 
 def test_only_the_first_process_writes_results():
     """``launch.lm_eval`` on several processes: the first keeps every argument, the others lose
     the ones that write or upload results (with their values, in either spelling) and keep
     the rest, so that every process runs the same requests."""
-    from launch.lm_eval import check_args, first_process_argv
+    from lm_eval.__main__ import HarnessCLI  # lm-eval's parser: the test parses, not runs
+
+    from launch.lm_eval import first_process_argv
+
+    def check_args(argv):
+        saved, sys.argv = sys.argv, ["lm_eval", *argv]
+        try:
+            HarnessCLI().parse_args()  # argparse exits on a bad argument
+        finally:
+            sys.argv = saved
 
     argv = ["--model", "hwh", "--output_path", "out", "--log_samples", "--tasks=hwh_piqa",
             "-o=x", "--wandb_args", "project=p", "--limit", "8"]  # fmt: skip
