@@ -28,6 +28,8 @@ import tempfile
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas import compat
+
 B, T, H, D = 32, 2048, 13, 64  # one 13-head GDN layer of HwH-380m at 2K
 
 
@@ -116,8 +118,9 @@ OPS = {
 @contextlib.contextmanager
 def _as_gpu():
     """Trace as if on a GPU and keep every Triton module lowered meanwhile."""
-    from jax._src.pallas.triton import lowering
-
+    lowering = compat.triton_lowering()
+    if lowering is None:
+        raise RuntimeError(f"JAX {jax.__version__} has no Pallas Triton lowering module to read")
     modules, orig, backend = [], lowering.lower_jaxpr_to_triton_module, jax.default_backend
 
     def keep(*args, **kwargs):
@@ -136,9 +139,7 @@ def supported() -> bool:
     """Whether this jaxlib lowers Pallas for Triton without compiling (jaxlib <= 0.10.2 keeps
     the Triton IR in its custom call; later ones compile it with their own Triton at lowering,
     which needs a GPU)."""
-    from jax._src.lib import version as jaxlib_version
-
-    return jaxlib_version <= (0, 10, 2)
+    return compat.jaxlib_version() <= (0, 10, 2)
 
 
 def kernels(op: str):

@@ -122,14 +122,21 @@ def init_distributed(environ=os.environ) -> str | None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices("hwh_jax: CPU collectives")
-    from jax._src import distributed  # the coordination client (no public accessor)
-
+    from kernels_pallas import compat
     from launch import peers
 
-    peers.watch(distributed.global_state.client, jax.process_index(), jax.process_count())
+    client = compat.coordination_client()  # no public accessor
+    if client is not None:
+        peers.watch(client, jax.process_index(), jax.process_count())
     return (
         f"process {jax.process_index()} of {jax.process_count()}: "
         f"{jax.local_device_count()} local of {jax.device_count()} devices"
+        + (
+            ""
+            if client is not None
+            else f"; no peer watchdog (JAX {jax.__version__} has no "
+            "coordination client where kernels_pallas.compat looks)"
+        )
     )
 
 

@@ -56,6 +56,28 @@ def test_run_and_data_locations_go_through_storage():
     assert not found, "\n".join(found)
 
 
+PRIVATE_JAX = re.compile(r"(from|import)\s+jax\._src\b|jax\._src\.")
+
+
+def test_private_jax_is_used_in_compat_only():
+    """``jax._src`` is imported in ``kernels_pallas/compat.py`` alone (the packages, bench/ and
+    tools/), so a JAX upgrade that moves a private module breaks one file; each of its entries
+    answers on this JAX."""
+    from kernels_pallas import compat
+
+    files = [*_sources(), *sorted((ROOT / "bench").rglob("*.py")), *(ROOT / "tools").rglob("*.py")]
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in files
+        if path != ROOT / "kernels_pallas" / "compat.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if PRIVATE_JAX.search(line.split("#", 1)[0])
+    ]
+    assert not found, found
+    assert compat.cudnn_attention() is not None and compat.triton_lowering() is not None
+    assert len(compat.jaxlib_version()) == 3
+
+
 def test_the_architecture_picture_is_the_codes():
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "architecture.py"), "--check"],

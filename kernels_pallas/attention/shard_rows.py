@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels_pallas import compat
 from kernels_pallas.attention.reference import same_segment
 
 _HI = jax.lax.Precision.HIGHEST
@@ -62,8 +63,9 @@ class Blocks(NamedTuple):
 
 
 def _cudnn_module():
-    from jax._src.cudnn import fused_attention_stablehlo as fa  # private: see the docstring
-
+    fa = compat.cudnn_attention()  # private: see the docstring
+    if fa is None:
+        raise ImportError("this JAX has no cuDNN attention module")
     return fa
 
 

@@ -28,6 +28,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from kernels_pallas import compat
+
 f32 = jnp.float32
 WG = plgpu.Layout.WGMMA
 CHUNK = 64  # one wgmma tile of rows
@@ -38,14 +40,7 @@ GROUPS = (8, 4, 2, 1)  # chunks a CTA: the first that divides the sequence's chu
 def interpreter():
     """The Mosaic GPU interpreter's parameters, or None where this JAX has none (it is not yet
     public API: its module path is version-specific)."""
-    params = getattr(plgpu, "InterpretParams", None)
-    if params is not None:
-        return params()
-    try:
-        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-    except ImportError:
-        return None
-    return InterpretGPUParams()
+    return compat.mosaic_gpu_interpret()
 
 
 def hopper() -> bool:
