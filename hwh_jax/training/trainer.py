@@ -13,6 +13,7 @@ small value) the later stages take, built in this order:
       checkpoints, SIGTERM/SIGINT, non-finite guard
   ``evaluate_final`` -> ``Evaluated``: the final held-out loss and the evaluation suite
   ``finish`` -> ``RunResult``: loss plot, summary.json, everything closed.
+The closing stages take the values before them as one ``Stages``.
 """
 
 from __future__ import annotations
@@ -89,11 +90,12 @@ def train_and_evaluate(config, workdir) -> RunResult:
             start = restore_or_initialise(ctx, data, model)
             steps = compile_steps(ctx, data, model, mesh, start)
             trained = Loop(ctx, data, model, start, steps).run()
-            evaluated = evaluate_final(ctx, data, model, mesh, start, steps, trained)
+            run = Stages(ctx, data, model, mesh, start, steps, trained)
+            run = dataclasses.replace(run, evaluated=evaluate_final(run))
         except BaseException:
             ctx.abandon()
             raise
-        return finish(ctx, data, model, mesh, start, steps, trained, evaluated)
+        return finish(run)
 
 
 def unigram_entropy(stream) -> float:
@@ -502,9 +504,24 @@ class Evaluated:
     suite: dict | None = None
 
 
-def evaluate_final(ctx, data, model, mesh, start, steps, trained: Trained) -> Evaluated:
+@dataclasses.dataclass(frozen=True)
+class Stages:
+    """The stages' values in the order they were made: what the closing stages read."""
+
+    ctx: RunContext
+    data: Data
+    model: Model
+    mesh: Any
+    start: Start
+    steps: Steps
+    trained: Trained
+    evaluated: Evaluated = Evaluated()
+
+
+def evaluate_final(run: Stages) -> Evaluated:
     """The final held-out loss (``train.final_eval``) and the evaluation suite (``eval``),
     after a run that reached ``train.steps`` without a stop signal."""
+    ctx, data, start, steps, trained = run.ctx, run.data, run.start, run.steps, run.trained
     c = ctx.config.train
     if trained.step < c.steps or trained.halted:
         return Evaluated()
@@ -526,9 +543,7 @@ def evaluate_final(ctx, data, model, mesh, start, steps, trained: Trained) -> Ev
     # the training's summary first: a run cut during its evaluation keeps it
     storage.write_text(
         ctx.workdir / "summary.json",
-        json.dumps(
-            summarize(ctx, data, model, mesh, start, steps, trained, Evaluated(final)), indent=2
-        ),
+        json.dumps(summarize(dataclasses.replace(run, evaluated=Evaluated(final))), indent=2),
     )
     subject = EvalModel(
         nnx.merge(steps.graphdef, trained.state["params"]),
@@ -582,8 +597,10 @@ class _Stopped(Exception):
 
 
 # ---------------------------------------------------------------- outputs
-def summarize(ctx, data, model, mesh, start, steps, trained, evaluated) -> dict:
+def summarize(run: Stages) -> dict:
     """summary.json's content: what was trained, on what, how long, and how it scored."""
+    ctx, data, model, mesh, start = run.ctx, run.data, run.model, run.mesh, run.start
+    steps, trained, evaluated = run.steps, run.trained, run.evaluated
     c = ctx.config.train
     tokens_per_step = c.batch_size * ctx.config.seq_len
     out = {
@@ -609,10 +626,11 @@ def summarize(ctx, data, model, mesh, start, steps, trained, evaluated) -> dict:
     return out
 
 
-def finish(ctx, data, model, mesh, start, steps, trained, evaluated) -> RunResult:
+def finish(run: Stages) -> RunResult:
     """summary.json, the loggers' summaries, the loss plot and the closing line; everything
     closed (an asynchronous save committed) and the lease released."""
-    summary = summarize(ctx, data, model, mesh, start, steps, trained, evaluated)
+    ctx, data, start, steps, trained = run.ctx, run.data, run.start, run.steps, run.trained
+    summary = summarize(run)
     if jax.process_index() == 0:
         storage.write_text(ctx.workdir / "summary.json", json.dumps(summary, indent=2))
         for logger in start.metrics.loggers:
@@ -625,7 +643,7 @@ def finish(ctx, data, model, mesh, start, steps, trained, evaluated) -> RunResul
                 title=f"{steps.model_cfg.arch}: {trained.step} steps x {tokens_per_step} tokens",
                 reference={"unigram entropy": data.entropy},
             )
-        final = evaluated.heldout_loss
+        final = run.evaluated.heldout_loss
         if final is not None:
             print(
                 f"done: {trained.step} steps, held-out loss {final:.4f} (ppl "
