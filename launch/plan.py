@@ -154,6 +154,11 @@ def format_plan(r: dict) -> str:
             )
             or "none"
         ),
+        *(
+            [f"compiled with {r['compiler_options']} (the launcher's flags refused it)"]
+            if r.get("compiler_options")
+            else []
+        ),
         f"Mosaic kernels: {sum(r['kernels'].values())} "
         f"({', '.join(f'{k} {v}' for k, v in r['kernels'].items()) or 'none'})",
         f"estimated step: {e['step_s_overlapped'] * 1e3:.1f} ms if all overlaps, "

@@ -271,7 +271,7 @@ def test_the_trainer_plans_micro_batches_under_a_memory_limit(corpus, tmp_path, 
 
     config = _run_config(corpus, device_memory_gb=limit_gb)
     config.model.vocab_size = 512  # the trainer's, from its tokenizer
-    got, _, _, _ = pod_plan.plan_step(
+    got, _, _, _, _ = pod_plan.plan_step(
         config, jax.devices(), platform="cpu", limit=memory.device_limit(limit_gb)
     )
     assert got.to_json() == {k: v for k, v in plan.items() if k != "key"}

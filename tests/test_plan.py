@@ -247,3 +247,63 @@ def test_the_sizing_table_in_docs_is_the_committed_plans():
     docs = "".join((ROOT / "docs" / name).read_text() for name in ("tpu.md", "training.md"))
     missing = [row for row in rows if row not in docs]
     assert not missing, missing
+
+
+SFLAG_REFUSAL = (
+    "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space "
+    "sflag. Used 2.4K of 2.0K sflag. Exceeded sflag capacity by 424B."
+)  # the TPU compiler's words for HwH-1.4B's step at 32K on v5p (docs/tpu.md)
+
+
+def test_a_step_refused_for_sync_flags_is_compiled_again_without_multi_step_fusion():
+    """The sflag refusal is answered by one more compile with
+    ``compiled.WITHOUT_MULTI_STEP_FUSION``, which the caller's ``options`` then hold; any
+    other refusal is raised as it came; and the TPU compiler takes that option by its name (a
+    misspelt one is refused), compiling a program for v5p 2x2x1 with it."""
+    import jax
+
+    from hwh_jax.training import compiled
+
+    class Lowered:
+        def __init__(self, error):
+            self.error, self.calls = error, []
+
+        def compile(self, compiler_options=None):
+            self.calls.append(compiler_options)
+            if compiler_options is None:
+                raise jax.errors.JaxRuntimeError(self.error)
+            return "program"
+
+    options, lowered = {}, Lowered(SFLAG_REFUSAL)
+    assert compiled.compile_lowered(lowered, options) == "program"
+    assert lowered.calls == [None, compiled.WITHOUT_MULTI_STEP_FUSION]
+    assert options == compiled.WITHOUT_MULTI_STEP_FUSION
+    hbm = Lowered("RESOURCE_EXHAUSTED: 97.5G required for HLO temporaries exceeds 95.7G")
+    with pytest.raises(jax.errors.JaxRuntimeError, match="HLO temporaries"):
+        compiled.compile_lowered(hbm, options)
+    assert hbm.calls == [None]
+    probe = (
+        "import jax, jax.numpy as jnp, sys\n"
+        "from hwh_jax.training import compiled, tpu_slices as t\n"
+        "dev = t.compile_only_devices(t.parse('v5p:2x2x1'))[0]\n"
+        "x = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16,"
+        " sharding=jax.sharding.SingleDeviceSharding(dev))\n"
+        "low = jax.jit(lambda a: a @ a).lower(x)\n"
+        "low.compile(compiler_options=compiled.WITHOUT_MULTI_STEP_FUSION)\n"
+        "name = next(iter(compiled.WITHOUT_MULTI_STEP_FUSION))\n"
+        "try:\n"
+        "    low.compile(compiler_options={name + '_misspelt': False})\n"
+        "except Exception as e:\n"
+        "    sys.exit(0 if 'No such compile option' in str(e) else 1)\n"
+        "sys.exit(2)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -161,7 +161,7 @@ def plan_step(config, devices, *, platform: str, limit: int | None):
     """The training step of ``config`` planned over ``devices`` against ``limit`` bytes a device
     exactly as ``launch.train`` plans it there (``train_step_compiler`` and
     ``memory.plan_remat``: the remat policies in the trainer's order):
-    (plan, compiled step, mesh, model config). ``devices``: a slice's compile-only devices
+    (plan, compiled step, mesh, model config, compiler options the step needed). ``devices``: a slice's compile-only devices
     (``plan_train``) or this host's (tests compare the trainer's plan with this one)."""
     c = config.train
     specs = run_specs(config, data_files=False)
@@ -221,7 +221,7 @@ def plan_step(config, devices, *, platform: str, limit: int | None):
     )
     if plan.remat != remat.ALIASES.get(cfg.remat, cfg.remat):
         cfg = cfg.replace(remat=plan.remat)
-    return plan, compiled, mesh, cfg
+    return plan, compiled, mesh, cfg, dict(compile_for.options)
 
 
 def plan_train(config, slice_: Slice, *, keep_hlo: bool = False) -> dict:
@@ -229,7 +229,7 @@ def plan_train(config, slice_: Slice, *, keep_hlo: bool = False) -> dict:
     ``keep_hlo`` the compiled program's HLO text under ``"hlo"``."""
     c = config.train
     hbm = slice_.chip.hbm_bytes
-    plan, compiled, mesh, cfg = plan_step(
+    plan, compiled, mesh, cfg, options = plan_step(
         config, compile_only_devices(slice_), platform="tpu", limit=hbm
     )
     program = program_summary(compiled)
@@ -250,6 +250,7 @@ def plan_train(config, slice_: Slice, *, keep_hlo: bool = False) -> dict:
         "memory": {**_memory(compiled), "hbm": hbm},
         "fits": plan.step_bytes <= hbm,
         "plan": plan.to_json(),
+        "compiler_options": options,  # beyond the launcher's flags (compiled.compile_lowered)
         "cost": cost,
         **program,
         "estimate": estimate(
