@@ -15,7 +15,7 @@ continues: finished cells are kept and a cut cell goes on from its last saved st
 ``OUT/cells/ARCH_WIDTH`` (console ``OUT/cells/ARCH_WIDTH.console.log``), N at a time (small
 models share one GPU; no memory preallocation unless XLA_PYTHON_CLIENT_PREALLOCATE is set), and
 the finished cells are merged into --out; a signal to the command reaches every cell. The logic
-is ``hwh_jax.experiments.mqar_sweep``.
+is ``hwh_jax.experiments.mqar``.
 """
 
 import dataclasses
@@ -53,7 +53,7 @@ flags.DEFINE_enum(
     "mixed",
     ["mixed", "zoology"],
     "mixed: every setting in one model (the defaults above); zoology: Zoology's Figure 2, a "
-    "model per setting on a fixed training set (hwh_jax.experiments.mqar_sweep.zoology_spec; "
+    "model per setting on a fixed training set (hwh_jax.experiments.mqar.spec.zoology_spec; "
     "the other flags override its values)",
 )
 flags.DEFINE_integer("train_examples", None, "zoology: training examples a setting (100000)")
@@ -83,14 +83,10 @@ def main(argv):
 
 
 def run():
-    from hwh_jax.experiments.mqar_sweep import (
-        Stopped,
-        SweepSpec,
-        merge,
-        sweep,
-        table,
-        zoology_spec,
-    )
+    from hwh_jax.experiments.mqar.report import table
+    from hwh_jax.experiments.mqar.spec import SweepSpec, zoology_spec
+    from hwh_jax.experiments.mqar.sweep import merge, sweep
+    from hwh_jax.experiments.mqar.train import Stopped
 
     if FLAGS.report:
         cells = merge(FLAGS.report, FLAGS.out)
@@ -135,7 +131,8 @@ def run():
 def cells_side_by_side(spec):
     """Each (architecture, width) cell its own ``launch.mqar`` process, ``--side_by_side`` at a
     time, then the finished cells merged into --out (module docstring)."""
-    from hwh_jax.experiments.mqar_sweep import merge, table
+    from hwh_jax.experiments.mqar.report import table
+    from hwh_jax.experiments.mqar.sweep import merge
 
     spec.validate()
     out = storage.path(FLAGS.out)

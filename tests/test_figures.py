@@ -23,7 +23,7 @@ def figures(monkeypatch, tmp_path):
     for module in (
         "hwh_jax.eval.plots",
         "hwh_jax.analysis.plots",
-        "hwh_jax.experiments.mqar_sweep",
+        "hwh_jax.experiments.mqar.report",
     ):
         monkeypatch.setattr(f"{module}.save_figure", keep)
     monkeypatch.setattr("hwh_jax.plotting.save_figure", keep)
@@ -38,7 +38,7 @@ def _whole(labels):
 def test_each_figure_keeps_its_labels_and_counts_in_whole_numbers(figures, tmp_path):
     from hwh_jax.analysis import plots as aplots
     from hwh_jax.eval import plots as eplots
-    from hwh_jax.experiments import mqar_sweep
+    from hwh_jax.experiments.mqar import report as mqar_report
 
     rows = [
         {"task": "niah_single_1", "length": n, "depth": d, "score": s}
@@ -57,7 +57,7 @@ def test_each_figure_keeps_its_labels_and_counts_in_whole_numbers(figures, tmp_p
         {"arch": a, "width": 64, "seq_len": 64, "pairs": 4, "mean": m, "accuracies": [m, m]}
         for a, m in (("gdn", 0.2), ("transformer", 0.9))
     ]
-    mqar_sweep.figure(cells, tmp_path / "mqar.png")
+    mqar_report.figure(cells, tmp_path / "mqar.png")
     from hwh_jax.experiments.report import depth_figure
 
     by_depth = [

@@ -5,8 +5,12 @@ import json
 
 import pytest
 
-from hwh_jax.experiments import mqar_sweep
-from hwh_jax.experiments.mqar_sweep import SweepSpec
+from hwh_jax.experiments.mqar import data as mqar_data
+from hwh_jax.experiments.mqar import spec as mqar_spec
+from hwh_jax.experiments.mqar import sweep as mqar_sweep
+from hwh_jax.experiments.mqar import train as mqar_train
+from hwh_jax.experiments.mqar.spec import SweepSpec
+from hwh_jax.models.lm import HybridLM
 
 TINY = dict(
     widths=(32,),
@@ -25,10 +29,10 @@ TINY = dict(
 def test_trials_trained_together_equal_a_trial_trained_alone():
     """Seeds 0 and 1 in one vmapped program against seed 1 alone: the same final loss and the
     same test queries right (fp32, CPU)."""
-    both = mqar_sweep.run_cell(
+    both = mqar_train.run_cell(
         "transformer", 32, SweepSpec(seeds=(0, 1), **TINY), log=lambda s: None
     )
-    alone = mqar_sweep.run_cell(
+    alone = mqar_train.run_cell(
         "transformer", 32, SweepSpec(seeds=(1,), **TINY), log=lambda s: None
     )
     pick = [r for r in both["rows"] if r["seed"] == 1]
@@ -71,7 +75,7 @@ def test_a_sweep_stopped_by_sigterm_continues_as_if_uninterrupted(tmp_path):
             os.kill(os.getpid(), signal.SIGTERM)
 
     lines, cut = [], tmp_path / "cut"
-    with pytest.raises(mqar_sweep.Stopped, match="at step 3/4 of transformer d=32"):
+    with pytest.raises(mqar_train.Stopped, match="at step 3/4 of transformer d=32"):
         mqar_sweep.sweep(spec, cut, log=log)
     assert (cut / "partial_transformer_32.npz").exists() and not (cut / "results.json").exists()
     lines = []
@@ -157,17 +161,17 @@ def test_the_grouped_loss_and_hits_equal_zoologys_padded_batch_over_every_positi
     from hwh_jax.layers.loss import cross_entropy
 
     spec = SweepSpec(seeds=(0, 1), **TINY)
-    cfg = mqar_sweep.sweep_config("gdn", 32, spec)
-    init, step, hits, _ = mqar_sweep._trial_steps(cfg, spec)
+    cfg = mqar_spec.sweep_config("gdn", 32, spec)
+    init, step, hits, _ = mqar_train._trial_steps(cfg, spec)
     states = init(jnp.asarray([0, 1], jnp.int32))
-    groups = mqar_sweep.train_batch(spec, 0)
+    groups = mqar_data.train_batch(spec, 0)
     assert [g[0].shape for g in groups] == [(4, 16), (4, 32)]
     assert [g[2].shape for g in groups] == [(4, 2), (4, 4)]
     x = np.concatenate([np.pad(g[0], ((0, 0), (0, 32 - g[0].shape[1]))) for g in groups])
     y = np.full(x.shape, IGNORE, np.int32)
     for r, (where, answers) in enumerate((w, a) for g in groups for w, a in zip(g[1], g[2])):
         y[r, where] = answers
-    graphdef = nnx.graphdef(mqar_sweep.HybridLM(cfg, rngs=nnx.Rngs(0)))
+    graphdef = nnx.graphdef(HybridLM(cfg, rngs=nnx.Rngs(0)))
 
     @jax.vmap
     def zoology(params):  # every position's logits, the masked loss, right per row
@@ -292,19 +296,19 @@ def test_zoology_mode_is_zoologys_figure_2_set_up(tmp_path):
 
     from hwh_jax.layers.config import LayerSpec
 
-    z = mqar_sweep.zoology_spec()
+    z = mqar_spec.zoology_spec()
     assert z.lrs == pytest.approx(tuple(np.logspace(-4, -2, 4)))
     assert [z.for_setting(i).batch_size for i in range(4)] == [512, 512, 256, 128]
     assert z.for_setting(3).steps == 64 * (100_000 // 128) and z.eval_examples == 3_000
-    t, g, h = (mqar_sweep.sweep_config(a, 64, z) for a in ("transformer", "gdn", "hwh"))
+    t, g, h = (mqar_spec.sweep_config(a, 64, z) for a in ("transformer", "gdn", "hwh"))
     assert t.layers == (LayerSpec(1, 0),) * 2 and t.head_dim == 64 and t.abs_positions == 512
     assert g.layers == (LayerSpec(0, 2),) * 2 and g.la_key_dim == 32 and g.abs_positions == 0
     assert h.layers == (LayerSpec(1, 1),) * 2 and h.abs_positions == 0
     assert t.mlp_hidden == g.mlp_hidden == h.mlp_hidden == 0
     with pytest.raises(ValueError, match="--archs: 'layerwise'"):
-        mqar_sweep.zoology_spec(archs=("layerwise",)).validate()
+        mqar_spec.zoology_spec(archs=("layerwise",)).validate()
 
-    spec = mqar_sweep.zoology_spec(
+    spec = mqar_spec.zoology_spec(
         archs=("transformer",),
         widths=(16,),
         settings=((16, 2), (32, 4)),
@@ -319,7 +323,7 @@ def test_zoology_mode_is_zoologys_figure_2_set_up(tmp_path):
     )
     one = spec.for_setting(0)
     assert one.steps == 2 * 3 and one.settings == ((16, 2),)
-    batches = [mqar_sweep.train_batch(one, s)[0] for s in range(one.steps)]
+    batches = [mqar_data.train_batch(one, s)[0] for s in range(one.steps)]
     epochs = [sorted(tuple(r) for x, _, _ in batches[e * 3 : e * 3 + 3] for r in x) for e in (0, 1)]
     assert epochs[0] == epochs[1] and len(set(epochs[0])) == 48  # every example once an epoch
     assert [tuple(r) for r in batches[0][0]] != [tuple(r) for r in batches[3][0]]  # reshuffled
