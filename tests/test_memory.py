@@ -132,6 +132,15 @@ def test_a_set_grad_accum_is_honoured_and_checked():
     got, _ = memory.plan(compile_at, batch=32, dp=1, limit=100 * GiB, grad_accum=3)
     assert (got.micro_batch, got.grad_accum, got.last) == (11, 3, 10)
 
+    def refused(micro):  # the TPU compiler refuses a program over the HBM when compiling it
+        raise RuntimeError(
+            "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+            "temporaries (106.38G) exceeds available HBM (95.74G)."
+        )
+
+    with pytest.raises(memory.MemoryPlanError, match="106.38 GiB per device"):  # remat goes on
+        memory.plan(refused, batch=32, dp=1, limit=95 * GiB, grad_accum=2)
+
 
 def test_without_a_limit_the_whole_batch_is_one_micro_batch():
     compile_at, compiled = _curve(GiB, GiB)
@@ -312,3 +321,5 @@ def test_a_compiler_out_of_memory_is_a_probe_over_the_limit():
     assert compile_oom_bytes(e) == int(37.14 * 2**40)
     assert compile_oom_bytes(RuntimeError("RESOURCE_EXHAUSTED: out of memory")) == 2**62
     assert compile_oom_bytes(ValueError("shapes do not match")) is None
+    sflag = "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space sflag."
+    assert compile_oom_bytes(RuntimeError(sflag)) is None  # a core's sync flags, not the HBM

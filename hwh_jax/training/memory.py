@@ -176,7 +176,17 @@ def plan(
                 f"multiple of {dp}); possible: {counts}, or train.grad_accum=0 to let "
                 f"the trainer choose"
             )
-        compiled = compile_at(micro)
+        try:
+            compiled = compile_at(micro)
+        except Exception as e:  # only the compiler's out-of-memory is ours
+            need = compile_oom_bytes(e)
+            if need is None:
+                raise
+            raise MemoryPlanError(
+                f"the train step at train.grad_accum={grad_accum} (micro-batch {micro}) needs "
+                f"{size(need)} per device, more than the device has (the compiler refused "
+                f"it); set train.grad_accum=0 to let the trainer choose the micro-batch"
+            ) from e
         got = Plan(
             micro,
             grad_accum,
@@ -300,9 +310,10 @@ _OOM_NEED = re.compile(r"required for [^(]*\(([\d.]+)([KMGTP]?)\)")
 def compile_oom_bytes(e: BaseException) -> int | None:
     """The bytes a program needs, from a compiler's out-of-memory error (the TPU compiler
     refuses a program over the HBM: "RESOURCE_EXHAUSTED: ... required for HLO temporaries
-    (37.14T) exceeds available HBM (15.75G)"); None for any other error."""
+    (37.14T) exceeds available HBM (15.75G)"); None for any other error, other memories'
+    refusals among them (a core's sync flags, "memory space sflag", are not the HBM)."""
     text = str(e)
-    if "RESOURCE_EXHAUSTED" not in text:
+    if "RESOURCE_EXHAUSTED" not in text or ("memory space" in text and "HBM" not in text):
         return None
     m = _OOM_NEED.search(text)
     if not m:
