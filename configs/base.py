@@ -12,9 +12,23 @@ import ml_collections
 
 from hwh_jax.data.pipeline import DataSpec
 from hwh_jax.eval.suite import EvalSpec
-from hwh_jax.layers.config import KERNEL_SETTINGS, SETTINGS_SET_HERE
+from hwh_jax.layers.config import KERNEL_SETTINGS, SETTINGS_SET_HERE, ModelConfig
+from hwh_jax.models import schedules
 from hwh_jax.models.variants import ARCHS, SIZES
 from hwh_jax.training.optimizer import OptimizerSpec
+from hwh_jax.training.specs import TrainSpec
+
+MODEL_FIELDS = (  # config.model's keys that are ModelConfig fields, its defaults taken as they are
+    "q_per_kv",
+    "qk_norm",
+    "rope_theta",
+    "rope_pairing",
+    "la_chunk_size",
+    "la_kind",
+    "la_short_conv",
+    "remat",
+    "kernel_platform",
+)
 
 
 def settings_config(cls, skip=()) -> ml_collections.ConfigDict:
@@ -52,20 +66,16 @@ def parse_arg(arg: str | None) -> tuple[str, str]:
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     arch, size = parse_arg(arg)
     config = ml_collections.ConfigDict()
-    config.seed = 0  # init and data-order seed
-    config.seq_len = 2048 if size != "tiny" else 256  # training context length
+    config.seed = TrainSpec.seed  # init and data-order seed
+    config.seq_len = TrainSpec.seq_len if size != "tiny" else 256  # training context length
     m = config.model = ml_collections.ConfigDict()
     m.arch = arch  # one of hwh_jax.models.ARCHS
     m.size = size  # row of hwh_jax.models.SIZES
-    m.fa_share = 0.1875  # hwh*: FA heads / all heads (< 0.25)
+    m.fa_share = schedules.HWH_FA_SHARE  # hwh*: FA heads / all heads (< 0.25)
     m.counts = ""  # hwh*: per-layer FA counts "0,2,3,0" or a JSON path
-    m.ratio = (1, 3)  # layerwise/swa: FA layers : other layers
+    m.ratio = schedules.RATIO  # layerwise/swa: FA layers : other layers
     m.window = 0  # swa: local window (0 = the size's default)
     m.vocab_size = 0  # 0 = the size's default (tokenizer must fit in it)
-    m.q_per_kv = 1  # GQA group size of FA heads
-    m.qk_norm = False  # Qwen3-style q/k RMSNorm in FA heads
-    m.rope_theta = 10000.0
-    m.rope_pairing = "half"  # "half" (HF) or "interleaved"
     m.dtype = "float32" if size == "tiny" else "bfloat16"  # compute dtype (params stay fp32);
     #                                        tiny runs on CPUs, where bf16 is emulated and slow
     # each kernel op's settings (impl and launch settings, kernels_pallas/<op>/settings.py):
@@ -73,66 +83,29 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # --config.model.gdn.impl=chunk_reference --config.model.gdn.wy_apply=triton
     for name, cls in KERNEL_SETTINGS.items():
         m[name] = settings_config(cls, skip=SETTINGS_SET_HERE[name])
-    m.la_chunk_size = 64
-    m.la_kind = "gdn"  # the linear heads: gdn | deltanet | lightning |
-    #                                        retnet | mamba2 | gla | hgrn | hgrn2 (docs/models.md)
-    m.la_short_conv = False  # a short convolution on q, k, v of lightning, retnet,
-    #                                        gla, hgrn2 (the kinds without one; docs/models.md)
-    m.remat = "none"  # what a block keeps for the backward pass: none | save_dots |
-    #                                        save_dots_except_mlp | save_qkv_proj | minimal |
-    #                                        full | offload (hwh_jax/layers/remat.py)
-    m.kernel_platform = ""  # kernels chosen for "cpu" | "gpu" | "tpu"; "" = this
-    #                                        process's backend (set it to export for another)
+    # ModelConfig's own fields a run may set, with its defaults and comments
+    # (hwh_jax/layers/config.py): q_per_kv, qk_norm, rope_theta, rope_pairing, la_chunk_size,
+    # la_kind (docs/models.md), la_short_conv, remat (hwh_jax/layers/remat.py), kernel_platform
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    for name in MODEL_FIELDS:
+        m[name] = defaults[name]
     # data: every field of hwh_jax.data.pipeline.DataSpec (its defaults and comments)
     d = config.data = ml_collections.ConfigDict(dataclasses.asdict(DataSpec()))
     if size != "tiny":
         d.tokenizer = "gpt2"
 
-    t = config.train = ml_collections.ConfigDict()
-    t.steps = 250 if size == "tiny" else OptimizerSpec.total_steps
-    t.stop_at_step = 0  # stop (with a checkpoint) before `steps`; 0 = no
-    t.accept_changes = ""  # bound keys (model.*, data.*, seq_len, seed,
-    #                                        train.batch_size) this start may change in a
-    #                                        workdir made by another config: "a.b,c" or "all"
-    t.batch_size = 16 if size == "tiny" else 256  # global batch, sequences
-    t.grad_accum = 0  # micro-batches per step; 0 = the fewest that fit
-    #                                        the devices (hwh_jax/training/memory.py)
-    t.device_memory_gb = 0.0  # memory a device may use; 0 = what it reports
-    t.loss_impl = "auto"  # the LM head + loss as one op (layers.loss.head_loss)
-    #                                        with softmax_xent impl "auto" | "reference" |
-    #                                        "pallas"; or "unfused" (autodiff through the logits)
-    # the optimizer: every field of hwh_jax.training.optimizer.OptimizerSpec but total_steps
-    # (train.steps), with its defaults and comments there
+    # train: every field of hwh_jax.training.specs.TrainSpec but seq_len and seed (above), with
+    # its defaults and comments there, then the optimizer's: every field of
+    # hwh_jax.training.optimizer.OptimizerSpec but total_steps (train.steps)
+    t = config.train = ml_collections.ConfigDict(
+        {f: getattr(TrainSpec, f) for f in TrainSpec.section_fields()}
+    )
     for f in dataclasses.fields(OptimizerSpec):
         if f.name != "total_steps":
             t[f.name] = f.default
     if size == "tiny":
-        t.lr, t.warmup_steps = 3e-3, 25
-    t.z_loss = 0.0  # e.g. 1e-4 for PaLM's z-loss
-    t.document_mask = True  # attend / recur within documents only (False: across them)
-    t.mesh = (-1, 1, 1)  # (data, fsdp, tensor); -1 = the remaining devices
-    t.allow_unsplit_heads = False  # run a tensor axis that some layers' head counts
-    #                                        cannot split (refused otherwise: training/preflight.py)
-    t.log_every = 25 if size == "tiny" else 50
-    t.eval_every = 50 if size == "tiny" else 1000
-    t.eval_sequences = 320  # held-out sequences per evaluation, the same rows for every
-    #                                        run whatever its batch (data.pipeline.eval_order; 0 = all)
-    t.final_eval = True  # held-out evaluation after the last step
-    t.checkpoint_every = 100 if size == "tiny" else 1000
-    t.checkpoint_minutes = 0.0  # also save when this much wall time passed since
-    #                                        the last save (0 = by steps only)
-    t.keep_checkpoints = 3
-    t.lease_seconds = 120.0  # the workdir's lease goes stale this long after its
-    #                                        holder's last heartbeat (0: no lease; lease.py)
-    t.async_checkpoints = True  # write checkpoints while training goes on
-    t.stop_exit_status = 0  # exit status after a SIGTERM/SIGINT stop with its
-    #                                        checkpoint saved; 75 lets a supervisor relaunch
-    t.loggers = "tensorboard"  # besides metrics.jsonl: "", "tensorboard", "wandb",
-    #                                        or both comma-separated (wandb: the [wandb] extra)
-    t.wandb_project = "hwh-jax"  # W&B project; the run id is kept in the workdir
-    t.peak_flops = 0.0  # per-device peak for MFU; 0 = from the device kind
-    t.profile_at = 0  # trace the steps after this one (0 = never) into
-    t.profile_steps = 5  # <workdir>/profile; hwh_jax.profiling.profile sums it
+        t.steps, t.batch_size, t.log_every, t.eval_every = 250, 16, 25, 50
+        t.checkpoint_every, t.lr, t.warmup_steps = 100, 3e-3, 25
 
     # The evaluation after training: every field of hwh_jax.eval.EvalSpec (its defaults and
     # comments), plus at_end.

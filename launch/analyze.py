@@ -67,7 +67,7 @@ def _load(kind, path):
     from hwh_jax.training.restore import load_run
 
     run = load_run(path)
-    return run.model, run.model_cfg, run.tokenizer, int(run.config.seq_len), run, run.name
+    return run.model, run.model_cfg, run.tokenizer, run.train.seq_len, run, run.name
 
 
 def _samples(tok, run, seq_len, n, rng, cfg):
@@ -124,7 +124,7 @@ def _analyze(models, out: storage.PathLike):
     for i, (kind, path) in enumerate(models):
         model, cfg, tok, train_len, run, name = _load(kind, path)
         train_len = FLAGS.train_len or train_len or None
-        seq_len = FLAGS.seq_len or (run.config.seq_len if run else 1024)
+        seq_len = FLAGS.seq_len or (run.train.seq_len if run else 1024)
         rng = np.random.default_rng(FLAGS.seed)
         samples = _samples(tok, run, seq_len, FLAGS.num_samples, rng, cfg)
         print(

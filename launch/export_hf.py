@@ -40,7 +40,7 @@ def export():
     from hwh_jax.training.restore import load_run
 
     run = load_run(FLAGS.checkpoint, FLAGS.step)
-    trained = int(run.config.seq_len)
+    trained = run.train.seq_len
     longest = max(trained, FLAGS.max_length)
     if run.model_cfg.abs_positions:  # learned positions: no further than the table
         longest = min(longest, run.model_cfg.abs_positions)

@@ -97,6 +97,19 @@ def first_process_argv(argv, process_index: int) -> list[str]:
     return out
 
 
+def check_args(argv) -> None:
+    """Parse ``argv`` as lm-eval's command line (``lm_eval.__main__``'s parser) does, without
+    running it (argparse exits on a bad argument): the docs' commands are checked with it."""
+    from lm_eval.__main__ import HarnessCLI
+
+    saved = sys.argv
+    try:
+        sys.argv = ["lm_eval", *argv]
+        HarnessCLI().parse_args()
+    finally:
+        sys.argv = saved
+
+
 def register():
     """Register ``RunLM`` as lm-eval's model "hwh" through lm-eval's public registry, after
     ``start`` (so the device defaults are set before JAX starts); returns the class."""

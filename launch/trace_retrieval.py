@@ -61,7 +61,7 @@ def trace(out: storage.PathLike):
     for i, step in enumerate(steps):
         run = load_run(FLAGS.checkpoint, step)
         if prompts is None:
-            seq_len = FLAGS.seq_len or int(run.config.seq_len)
+            seq_len = FLAGS.seq_len or run.train.seq_len
             prompts, spans = niah.needle_prompts(run.tokenizer, seq_len, FLAGS.qr_samples)
             name = run.name
         scores.append(qr_scores(run.model, prompts, spans, log=lambda s: None))

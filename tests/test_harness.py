@@ -257,16 +257,7 @@ def test_only_the_first_process_writes_results():
     """``launch.lm_eval`` on several processes: the first keeps every argument, the others lose
     the ones that write or upload results (with their values, in either spelling) and keep
     the rest, so that every process runs the same requests."""
-    from lm_eval.__main__ import HarnessCLI  # lm-eval's parser: the test parses, not runs
-
-    from launch.lm_eval import first_process_argv
-
-    def check_args(argv):
-        saved, sys.argv = sys.argv, ["lm_eval", *argv]
-        try:
-            HarnessCLI().parse_args()  # argparse exits on a bad argument
-        finally:
-            sys.argv = saved
+    from launch.lm_eval import check_args, first_process_argv
 
     argv = ["--model", "hwh", "--output_path", "out", "--log_samples", "--tasks=hwh_piqa",
             "-o=x", "--wandb_args", "project=p", "--limit", "8"]  # fmt: skip

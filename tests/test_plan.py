@@ -301,7 +301,7 @@ def test_a_step_refused_for_sync_flags_is_compiled_again_without_multi_step_fusi
     done = subprocess.run(
         [sys.executable, "-c", probe],
         cwd=ROOT,
-        env={**env, "PYTHONPATH": str(ROOT)},
+        env={**env, "PYTHONPATH": str(ROOT), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
         capture_output=True,
         text=True,
         timeout=300,

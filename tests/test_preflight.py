@@ -77,3 +77,44 @@ def test_a_sequence_axis_that_does_not_divide_seq_len_is_refused():
     assert sharding.mesh_shape((1, 2, 1, -1), 8) == (1, 2, 1, 4)
     with pytest.raises(ValueError, match="3 or 4 sizes"):
         sharding.mesh_shape((1, 1), 8)
+
+
+def test_every_default_has_one_definition():
+    """A config with no overrides is its dataclasses' defaults: config.train is TrainSpec's
+    fields and OptimizerSpec's (but train.steps, TrainSpec's), config.model's ModelConfig
+    fields are ModelConfig's defaults, seq_len and seed TrainSpec's; a config saved before a
+    train field existed takes TrainSpec's default; nothing below specs.py reads the run
+    config's train section or seq_len."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from configs import base
+    from hwh_jax.layers.config import ModelConfig
+    from hwh_jax.training.optimizer import OptimizerSpec
+    from hwh_jax.training.specs import TrainSpec, run_specs
+
+    config = base.get_config("hwh_small")
+    spec = run_specs(config, data_files=False)
+    assert spec.train == TrainSpec()
+    opt = {f.name for f in dataclasses.fields(OptimizerSpec)} - {"total_steps"}
+    assert set(config.train) == set(TrainSpec.section_fields()) | opt
+    assert spec.optimizer == OptimizerSpec()
+    model = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    assert {k: config.model[k] for k in base.MODEL_FIELDS} == {
+        k: model[k] for k in base.MODEL_FIELDS
+    }
+    old = config.copy_and_resolve_references()
+    with old.unlocked():
+        del old.train["eval_sequences"]  # a run saved before the key existed
+    assert TrainSpec.from_config(old).eval_sequences == TrainSpec.eval_sequences
+    root = Path(__file__).resolve().parents[1]
+    reads = re.compile(r"config\.seq_len|config\.train\b|\.get\(\"(loggers|lease_seconds)\"")
+    found = [
+        f"{p.relative_to(root)}:{n}"
+        for p in sorted((root / "hwh_jax").rglob("*.py"))
+        if p.name != "specs.py"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if reads.search(line.split("#", 1)[0]) and "--config." not in line
+    ]
+    assert not found, found

@@ -18,6 +18,7 @@ import os
 from hwh_jax.layers.config import LayerSpec
 
 HWH_FA_SHARE = 0.1875  # 3/16 of all heads are FA: below the paper's 1:3 ceiling (25%)
+RATIO = (1, 3)  # layerwise/swa: FA layers : other layers
 
 
 def transformer(num_layers: int, num_heads: int) -> tuple[LayerSpec, ...]:
@@ -33,7 +34,7 @@ def _is_fa_layer(l: int, ratio: tuple[int, int]) -> bool:
     return l % (n_fa + n_la) >= n_la
 
 
-def layerwise(num_layers: int, num_heads: int, ratio=(1, 3), fa_rope: bool = True):
+def layerwise(num_layers: int, num_heads: int, ratio=RATIO, fa_rope: bool = True):
     _check_ratio(ratio, num_layers)
     return tuple(
         LayerSpec(num_heads, 0, fa_rope=fa_rope)
@@ -43,7 +44,7 @@ def layerwise(num_layers: int, num_heads: int, ratio=(1, 3), fa_rope: bool = Tru
     )
 
 
-def swa(num_layers: int, num_heads: int, window: int, ratio=(1, 3), fa_rope: bool = True):
+def swa(num_layers: int, num_heads: int, window: int, ratio=RATIO, fa_rope: bool = True):
     """Global FA layers (RoPE or NoPE) interleaved with RoPE sliding-window layers."""
     _check_ratio(ratio, num_layers)
     return tuple(

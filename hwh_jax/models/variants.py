@@ -61,7 +61,7 @@ def build_layers(
     *,
     fa_share=None,
     counts=None,
-    ratio=(1, 3),
+    ratio=schedules.RATIO,
     window=512,
     q_per_kv: int = 1,
 ):
@@ -104,7 +104,7 @@ def model_config(
     *,
     fa_share=None,
     counts=None,
-    ratio=(1, 3),
+    ratio=schedules.RATIO,
     window=None,
     match_params: bool = True,
     **overrides,
@@ -171,7 +171,7 @@ def model_config_from_dict(m) -> ModelConfig:
     kw = dict(
         fa_share=m.pop("fa_share", None),
         counts=counts,
-        ratio=tuple(m.pop("ratio", (1, 3))),
+        ratio=tuple(m.pop("ratio", schedules.RATIO)),
         window=m.pop("window", 0) or None,
     )
     if not m.get("vocab_size"):

@@ -60,7 +60,7 @@ def export_train_step(
     0 (the trainer plans it from the devices' memory) lowers the batch as one micro-batch."""
     specs = run_specs(config, data_files=False)
     cfg = run_model_config(config, platform)
-    c = config.train
+    c = specs.train
     tx, schedule = make_optimizer(specs.optimizer)
     mesh = shd.make_mesh(tuple(mesh), devices)
     graphdef, abstract_state, state_sh = train_state_shardings(cfg, tx, mesh)
@@ -83,7 +83,7 @@ def export_train_step(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sh
     )
     rows = shd.batch_sharding(mesh)
-    shape = (c.batch_size, config.seq_len)
+    shape = (c.batch_size, c.seq_len)
     batch = {
         k: jax.ShapeDtypeStruct(
             shape, jnp.float32 if k == "loss_mask" else jnp.int32, sharding=rows

@@ -75,7 +75,7 @@ class Loop:
 
     def __init__(self, ctx, data, model, start, steps):
         self.ctx, self.data, self.model, self.start, self.steps = ctx, data, model, start, steps
-        self.train_config = ctx.config.train
+        self.train_config = ctx.specs.train
         self.checkpointer, self.metrics = start.checkpointer, start.metrics
         self.state, self.step = start.state, start.step
         self.losses, self.batch_ids, self.heldout = {}, {}, {}
@@ -269,7 +269,7 @@ class Loop:
             else ""
         )
         raise Diverged(
-            f"{what}; {marked}{where}. Lower train.lr (now {self.train_config.lr:g}), raise "
+            f"{what}; {marked}{where}. Lower train.lr (now {self.ctx.specs.optimizer.lr:g}), raise "
             f"train.warmup_steps or set train.clip_norm, then start again"
         )
 
@@ -327,7 +327,7 @@ class _Window:
                 tps, dt, steps, share = self.tps, self.dt, self.steps, self.share
                 now, ended = self.t_last, self.step_last
             else:
-                tps = c.batch_size * loop.ctx.config.seq_len * steps / max(dt, 1e-9)
+                tps = c.tokens_per_step * steps / max(dt, 1e-9)
                 # waits are counted between two flushes, so they lie inside [t_last, now]
                 share, self.waited = self.waited / max(dt, 1e-9), 0.0
             self.tps, self.dt, self.steps, self.share = tps, dt, steps, share

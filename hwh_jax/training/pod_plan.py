@@ -130,7 +130,9 @@ def plan_inference(
                 f"(--serve_mesh={','.join(map(str, serve_mesh))})"
             )
         preflight.check_heads(
-            cfg, dict(mesh.shape), allow_unsplit=config.train.get("allow_unsplit_heads", False)
+            cfg,
+            dict(mesh.shape),
+            allow_unsplit=run_specs(config, data_files=False).train.allow_unsplit_heads,
         )
         programs = inference_programs(cfg, batch=batch, context=context, mesh=mesh)
     else:
@@ -161,20 +163,21 @@ def plan_step(config, devices, *, platform: str, limit: int | None):
     """The training step of ``config`` planned over ``devices`` against ``limit`` bytes a device
     exactly as ``launch.train`` plans it there (``train_step_compiler`` and
     ``memory.plan_remat``: the remat policies in the trainer's order):
-    (plan, compiled step, mesh, model config, compiler options the step needed). ``devices``: a slice's compile-only devices
-    (``plan_train``) or this host's (tests compare the trainer's plan with this one)."""
-    c = config.train
+    (plan, compiled step, mesh, model config, compiler options the step needed). ``devices``:
+    a slice's compile-only devices (``plan_train``) or this host's (tests compare the
+    trainer's plan with this one)."""
     specs = run_specs(config, data_files=False)
+    c = specs.train
     cfg = run_model_config(config, platform)
     tx, schedule = make_optimizer(specs.optimizer)
-    mesh = shd.make_mesh(tuple(c.mesh), devices)
-    preflight.check_run(config, dict(mesh.shape))
+    mesh = shd.make_mesh(c.mesh, devices)
+    preflight.check_run(specs, dict(mesh.shape))
     graphdef, abstract_state, state_sh = train_state_shardings(cfg, tx, mesh)
     state = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sh
     )
     rows = shd.batch_sharding(mesh)
-    shape = (c.batch_size, config.seq_len)
+    shape = (c.batch_size, c.seq_len)
     batch = {
         k: jax.ShapeDtypeStruct(
             shape, jnp.float32 if k == "loss_mask" else jnp.int32, sharding=rows
@@ -206,7 +209,7 @@ def plan_step(config, devices, *, platform: str, limit: int | None):
             f"sharding (mesh {dict(mesh.shape)} on {chips} chips of "
             f"{memory.size(limit or 0)}). To fit: a larger slice; more of the mesh on fsdp "
             f"(train.mesh=1,{chips},1 shards parameters, optimizer state and "
-            f"gradients over every chip); a shorter context (seq_len={config.seq_len}); or a "
+            f"gradients over every chip); a shorter context (seq_len={c.seq_len}); or a "
             f"smaller model (every remat policy down to model.remat=full was tried)"
         )
 
@@ -227,14 +230,14 @@ def plan_step(config, devices, *, platform: str, limit: int | None):
 def plan_train(config, slice_: Slice, *, keep_hlo: bool = False) -> dict:
     """The plan of ``config``'s training step on ``slice_`` (module docstring); with
     ``keep_hlo`` the compiled program's HLO text under ``"hlo"``."""
-    c = config.train
+    c = run_specs(config, data_files=False).train
     hbm = slice_.chip.hbm_bytes
     plan, compiled, mesh, cfg, options = plan_step(
         config, compile_only_devices(slice_), platform="tpu", limit=hbm
     )
     program = program_summary(compiled)
     cost = _cost(compiled)
-    tokens = c.batch_size * config.seq_len
+    tokens = c.tokens_per_step
     n = plan.grad_accum
     wire_bytes = sum(v["wire_bytes"] for v in program["collectives"].values())
     out = {
@@ -244,7 +247,7 @@ def plan_train(config, slice_: Slice, *, keep_hlo: bool = False) -> dict:
         "chip": dataclasses.asdict(slice_.chip),
         "mesh": dict(mesh.shape),
         "arch": cfg.arch,
-        "seq_len": config.seq_len,
+        "seq_len": c.seq_len,
         "batch_size": c.batch_size,
         "tokens_per_step": tokens,
         "memory": {**_memory(compiled), "hbm": hbm},
@@ -255,7 +258,7 @@ def plan_train(config, slice_: Slice, *, keep_hlo: bool = False) -> dict:
         **program,
         "estimate": estimate(
             slice_,
-            model_flops_step=flops_per_token(cfg, config.seq_len) * tokens,
+            model_flops_step=flops_per_token(cfg, c.seq_len) * tokens,
             bytes_step=cost["bytes_accessed"] * n,
             collective_bytes_step=wire_bytes,
             tokens_step=tokens,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 
-from hwh_jax.training.specs import model_for_run
+from hwh_jax.training.specs import RunSpecs
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +111,10 @@ def check_sequence(seq_len: int, mesh_shape: dict) -> None:
         )
 
 
-def check_run(config, mesh_shape: dict, *, processes: int = 1) -> list[int]:
-    """Every check above for a run config on a mesh ({axis: size}); the model's head counts
+def check_run(specs: RunSpecs, mesh_shape: dict, *, processes: int = 1) -> list[int]:
+    """Every check above for a run's specs on a mesh ({axis: size}); the model's head counts
     from its size and schedule (the vocabulary does not matter here)."""
-    c = config.train
+    c = specs.train
     check_batch(c.batch_size, mesh_shape, grad_accum=c.grad_accum, processes=processes)
-    check_sequence(config.seq_len, mesh_shape)
-    cfg = model_for_run(config, config.model.vocab_size or 1)
-    return check_heads(cfg, mesh_shape, allow_unsplit=c.get("allow_unsplit_heads", False))
+    check_sequence(c.seq_len, mesh_shape)
+    return check_heads(specs.model_for(1), mesh_shape, allow_unsplit=c.allow_unsplit_heads)

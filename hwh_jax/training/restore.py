@@ -24,7 +24,7 @@ from hwh_jax.layers.config import ModelConfig
 from hwh_jax.models.lm import HybridLM
 from hwh_jax.training.checkpoint import Checkpointer, abstract_with_shardings
 from hwh_jax.training.optimizer import make_optimizer
-from hwh_jax.training.specs import model_for_run, run_specs
+from hwh_jax.training.specs import TrainSpec, model_for_run, run_specs
 from hwh_jax.training.state import init_train_state
 
 log = logging.getLogger(__name__)
@@ -43,13 +43,19 @@ class LoadedRun:
     workdir: object  # an epath.Path (a local folder or a URL)
 
     @property
+    def train(self) -> TrainSpec:
+        """The run's training settings (context length, seed, ...)."""
+        return TrainSpec.from_config(self.config)
+
+    @property
     def name(self) -> str:
         return f"{self.model_cfg.arch}@{self.workdir.name}"
 
     def heldout_stream(self) -> np.ndarray:
         """The run's held-out tokens, rebuilt from its data config (sliceable; read lazily
         from prepared shards)."""
-        splits = build_splits(run_specs(self.config).data, self.config.seq_len)
+        specs = run_specs(self.config)
+        splits = build_splits(specs.data, specs.train.seq_len)
         if splits.heldout is None:
             raise ValueError(f"{self.workdir}: the run has no held-out split")
         return splits.heldout.stream
@@ -59,13 +65,13 @@ class LoadedRun:
         return EvalModel(
             self.model,
             self.tokenizer,
-            int(self.config.seq_len),
+            self.train.seq_len,
             self.name,
             arch=self.model_cfg.arch,
             step=self.step,
             workdir=str(self.workdir),
             heldout=self.heldout_stream,
-            seed=int(self.config.seed),
+            seed=self.train.seed,
         )
 
 
@@ -98,7 +104,9 @@ def load_run(workdir, step: int | None = None) -> LoadedRun:
         tokenizer = load_tokenizer(specs.data)
         cfg = model_for_run(config, tokenizer.vocab_size)
         tx, _ = make_optimizer(specs.optimizer)
-        abstract = jax.eval_shape(lambda s: init_train_state(cfg, tx, s), jnp.int32(config.seed))
+        abstract = jax.eval_shape(
+            lambda s: init_train_state(cfg, tx, s), jnp.int32(specs.train.seed)
+        )
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         abstract = abstract_with_shardings(abstract, jax.tree.map(lambda _: device, abstract))
         restored = ckpt.restore(abstract, step=step, with_data=False)

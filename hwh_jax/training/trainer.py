@@ -84,7 +84,7 @@ def train_and_evaluate(config, workdir) -> RunResult:
     with StopOnSignal("saving a checkpoint and stopping") as stop:
         ctx = open_run(config, workdir, stop)
         try:
-            mesh = shd.make_mesh(tuple(config.train.mesh))  # checked in open_run
+            mesh = shd.make_mesh(ctx.specs.train.mesh)  # checked in open_run
             data = load_data(ctx)
             model = build_model(ctx, data, mesh)
             start = restore_or_initialise(ctx, data, model)
@@ -148,13 +148,13 @@ def open_run(config, workdir, stop=None) -> RunContext:
     workdir = storage.absolute(workdir)
     specs = run_specs(config)
     preflight.check_run(
-        config,
-        dict(zip(shd.MESH_AXES, shd.mesh_shape(config.train.mesh, jax.device_count()))),
+        specs,
+        dict(zip(shd.MESH_AXES, shd.mesh_shape(specs.train.mesh, jax.device_count()))),
         processes=jax.process_count(),
     )
     storage.make_folder(workdir)  # refused in one line where it cannot be
     with storage.writable(workdir):  # the lease: the first file written
-        held = _take_lease(workdir, config.train.get("lease_seconds", 120.0))
+        held = _take_lease(workdir, specs.train.lease_seconds)
     ctx = RunContext(config, specs, workdir, stop, held, time.time())
     try:  # checked now, written once the data's checks pass
         workdir_lib.bind(workdir, config, write=False)
@@ -198,19 +198,17 @@ class Data:
 
 
 def load_data(ctx: RunContext) -> Data:
-    config, t = ctx.config, time.time()
+    c, t = ctx.specs.train, time.time()
     spec = ctx.specs.eval  # checked before training, not after it,
     splits = build_splits(  # and before the corpus is tokenised
         ctx.specs.data,
-        config.seq_len,
-        check_tokenizer=None
-        if spec is None
-        else lambda tok: check_for_run(spec, tok, config.seq_len),
+        c.seq_len,
+        check_tokenizer=None if spec is None else lambda tok: check_for_run(spec, tok, c.seq_len),
     )
     model_cfg = ctx.specs.model_for(splits.tokenizer.vocab_size)
     # bound once every check that needs the data passed: a refused start leaves no
     # config.json behind (its check against an existing one ran in open_run)
-    workdir_lib.bind(ctx.workdir, config, write=jax.process_index() == 0)
+    workdir_lib.bind(ctx.workdir, ctx.config, write=jax.process_index() == 0)
     entropy = unigram_entropy(splits.train.stream)
     log.info(
         "data: train %r, held-out %r, tokenizer %s (%d), unigram entropy %.3f nats (%.1fs)",
@@ -224,8 +222,8 @@ def load_data(ctx: RunContext) -> Data:
     train_iter = iter(
         train_dataset(
             splits.train,
-            global_batch=config.train.batch_size,
-            seed=config.seed,
+            global_batch=c.batch_size,
+            seed=c.seed,
             process_index=jax.process_index(),
             process_count=jax.process_count(),
             workers=ctx.specs.data.workers,
@@ -252,11 +250,11 @@ class Model:
 
 
 def build_model(ctx: RunContext, data: Data, mesh) -> Model:
-    cfg, c = data.model_cfg, ctx.config.train
+    cfg, c = data.model_cfg, ctx.specs.train
     optimizer, schedule = make_optimizer(ctx.specs.optimizer)
     graphdef, abstract_state, state_shardings = train_state_shardings(cfg, optimizer, mesh)
     counts = param_table(cfg)
-    flops = flops_per_token(cfg, ctx.config.seq_len)
+    flops = flops_per_token(cfg, c.seq_len)
     device_kind = jax.devices()[0].device_kind
     peak = c.peak_flops or peak_flops(device_kind)
     log.info(
@@ -297,7 +295,7 @@ class Start:
 
 
 def restore_or_initialise(ctx: RunContext, data: Data, model: Model) -> Start:
-    config, c = ctx.config, ctx.config.train
+    config, c = ctx.config, ctx.specs.train
     ckpt = Checkpointer(ctx.workdir, keep=c.keep_checkpoints, asynchronous=c.async_checkpoints)
     ctx.closers.append(("ckpt", ckpt.close))
     restored = ckpt.restore(abstract_with_shardings(model.abstract_state, model.state_shardings))
@@ -325,7 +323,7 @@ def restore_or_initialise(ctx: RunContext, data: Data, model: Model) -> Start:
                 jax.jit(
                     lambda seed: init_train_state(cfg, tx, seed),
                     out_shardings=model.state_shardings,
-                )(jnp.int32(config.seed))
+                )(jnp.int32(c.seed))
             )
         log.info("initialised the train state in %.1fs", time.time() - t)
         step = 0
@@ -390,7 +388,7 @@ class Steps:
 def compile_steps(ctx: RunContext, data: Data, model: Model, mesh, start: Start) -> Steps:
     """The train step compiled at the micro-batch ``memory.plan`` chooses (or the one
     ``train.grad_accum`` sets), and the eval step."""
-    config, c = ctx.config, ctx.config.train
+    config, c = ctx.config, ctx.specs.train
     batch_sharding = shd.batch_sharding(mesh)
     first_batch = next(data.train_iter)  # its shapes; the loop trains on it first
     batch = {
@@ -421,7 +419,7 @@ def compile_steps(ctx: RunContext, data: Data, model: Model, mesh, start: Start)
     limit = memory.device_limit(c.device_memory_gb)
     key = memory.plan_key(
         config.model.to_dict(),
-        config.seq_len,
+        c.seq_len,
         c.batch_size,
         c.grad_accum,
         c.loss_impl,
@@ -452,7 +450,7 @@ def compile_steps(ctx: RunContext, data: Data, model: Model, mesh, start: Start)
             dp=shd.data_parallel_size(mesh),
             limit=limit,
             grad_accum=c.grad_accum,
-            advice=lambda: _fit_advice(config, model, mesh),
+            advice=lambda: _fit_advice(c.seq_len, model, mesh),
         )
     if jax.process_count() > 1:  # every process runs process 0's plan
         micro = int(multihost_utils.broadcast_one_to_all(np.int32(plan.micro_batch)))
@@ -480,14 +478,14 @@ def compile_steps(ctx: RunContext, data: Data, model: Model, mesh, start: Start)
     return Steps(plan, compiled, eval_step, batch_sharding, first_batch, model_cfg, graphdef)
 
 
-def _fit_advice(config, model: Model, mesh) -> str:
+def _fit_advice(seq_len: int, model: Model, mesh) -> str:
     """What would make a config that does not fit fit (for ``memory.plan``'s error)."""
     state = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(model.abstract_state))
     return (
         f"The parameters and optimizer state alone are {memory.size(state)} "
         f"before sharding (mesh {dict(mesh.shape)}). To fit: more devices; an fsdp or tensor "
         f"mesh (train.mesh=(1,{jax.device_count()},1) shards parameters, optimizer state and "
-        f"gradients over the devices); a shorter context (seq_len={config.seq_len}); "
+        f"gradients over the devices); a shorter context (seq_len={seq_len}); "
         f"a smaller model; or more memory per device (train.device_memory_gb, "
         f"XLA_PYTHON_CLIENT_MEM_FRACTION on GPU). Every remat policy down to "
         f"model.remat=full was tried"
@@ -522,7 +520,7 @@ def evaluate_final(run: Stages) -> Evaluated:
     """The final held-out loss (``train.final_eval``) and the evaluation suite (``eval``),
     after a run that reached ``train.steps`` without a stop signal."""
     ctx, data, start, steps, trained = run.ctx, run.data, run.start, run.steps, run.trained
-    c = ctx.config.train
+    c = ctx.specs.train
     if trained.step < c.steps or trained.halted:
         return Evaluated()
     final = None
@@ -548,13 +546,13 @@ def evaluate_final(run: Stages) -> Evaluated:
     subject = EvalModel(
         nnx.merge(steps.graphdef, trained.state["params"]),
         data.splits.tokenizer,
-        int(ctx.config.seq_len),
+        c.seq_len,
         f"{steps.model_cfg.arch}@{ctx.workdir.name}",
         arch=steps.model_cfg.arch,
         step=trained.step,
         workdir=str(ctx.workdir),
         heldout=None if data.splits.heldout is None else data.splits.heldout.stream,
-        seed=int(ctx.config.seed),
+        seed=c.seed,
     )
     print(
         f"evaluating the final model: {', '.join(spec.suites)} -> {ctx.workdir / 'eval'}",
@@ -601,8 +599,7 @@ def summarize(run: Stages) -> dict:
     """summary.json's content: what was trained, on what, how long, and how it scored."""
     ctx, data, model, mesh, start = run.ctx, run.data, run.model, run.mesh, run.start
     steps, trained, evaluated = run.steps, run.trained, run.evaluated
-    c = ctx.config.train
-    tokens_per_step = c.batch_size * ctx.config.seq_len
+    tokens_per_step = ctx.specs.train.tokens_per_step
     out = {
         "arch": steps.model_cfg.arch,
         "params": model.param_counts["total"],
@@ -636,7 +633,7 @@ def finish(run: Stages) -> RunResult:
         for logger in start.metrics.loggers:
             logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
         if not trained.stopped_early:
-            tokens_per_step = ctx.config.train.batch_size * ctx.config.seq_len
+            tokens_per_step = ctx.specs.train.tokens_per_step
             plot_loss(
                 ctx.workdir / "metrics.jsonl",
                 ctx.workdir / "loss.png",

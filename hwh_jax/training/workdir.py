@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 from hwh_jax import storage
+from hwh_jax.training.specs import TrainSpec
 
 BOUND = ("seed", "seq_len", "model.", "data.", "train.batch_size")
 
@@ -91,7 +92,7 @@ def bind(workdir, config, *, write: bool = True) -> None:
             )
     if saved is not None:
         accept = [
-            k.strip() for k in str(config.train.get("accept_changes", "")).split(",") if k.strip()
+            k.strip() for k in TrainSpec.from_config(config).accept_changes.split(",") if k.strip()
         ]
         diffs = [
             d
