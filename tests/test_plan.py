@@ -257,8 +257,8 @@ SFLAG_REFUSAL = (
 
 def test_a_step_refused_for_sync_flags_is_compiled_again_without_multi_step_fusion():
     """The sflag refusal is answered by one more compile with
-    ``compiled.WITHOUT_MULTI_STEP_FUSION``, which the caller's ``options`` then hold; any
-    other refusal is raised as it came; and the TPU compiler takes that option by its name (a
+    ``compiled.WITHOUT_MULTI_STEP_FUSION``, which the caller's ``options`` then hold and the
+    next compile takes at once; any other refusal is raised as it came; and the TPU compiler takes that option by its name (a
     misspelt one is refused), compiling a program for v5p 2x2x1 with it."""
     import jax
 
@@ -278,9 +278,12 @@ def test_a_step_refused_for_sync_flags_is_compiled_again_without_multi_step_fusi
     assert compiled.compile_lowered(lowered, options) == "program"
     assert lowered.calls == [None, compiled.WITHOUT_MULTI_STEP_FUSION]
     assert options == compiled.WITHOUT_MULTI_STEP_FUSION
+    again = Lowered(SFLAG_REFUSAL)  # the planner's next compile: the options at once
+    assert compiled.compile_lowered(again, options) == "program"
+    assert again.calls == [compiled.WITHOUT_MULTI_STEP_FUSION]
     hbm = Lowered("RESOURCE_EXHAUSTED: 97.5G required for HLO temporaries exceeds 95.7G")
     with pytest.raises(jax.errors.JaxRuntimeError, match="HLO temporaries"):
-        compiled.compile_lowered(hbm, options)
+        compiled.compile_lowered(hbm, {})
     assert hbm.calls == [None]
     probe = (
         "import jax, jax.numpy as jnp, sys\n"

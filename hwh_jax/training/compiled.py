@@ -36,7 +36,11 @@ WITHOUT_MULTI_STEP_FUSION = {"xla_tpu_enable_async_collective_fusion_multiple_st
 
 def compile_lowered(lowered, options: dict | None = None):
     """``lowered.compile()``; where the TPU compiler runs out of sync-flag memory (``SFLAG``),
-    again without multi-step collective fusion, the options used added to ``options``."""
+    again without multi-step collective fusion, the options used added to ``options``. Options
+    an earlier compile of the same run needed (``options`` not empty) are used at once: the
+    planner's later compiles (other micro-batches, remat policies) do not fail first."""
+    if options:
+        return lowered.compile(compiler_options=dict(options))
     try:
         return lowered.compile()
     except jax.errors.JaxRuntimeError as e:
