@@ -118,3 +118,20 @@ def test_every_default_has_one_definition():
         if reads.search(line.split("#", 1)[0]) and "--config." not in line
     ]
     assert not found, found
+
+
+def test_a_tpu_fsdp_axis_that_splits_weights_below_a_tile_is_refused(caplog):
+    """On a TPU an fsdp axis leaving a weight shard fewer rows of d_model than a bf16 tile (16)
+    is refused, naming the mesh that moves devices to data; other platforms, a shard of a
+    tile, and train.allow_small_shards (a warning) pass."""
+    check = preflight.check_weight_shards
+    v6e = {"data": 1, "fsdp": 256, "tensor": 1}
+    with pytest.raises(ValueError, match=r"8 rows of d_model 2048.*train.mesh=2,128,1"):
+        check(2048, v6e, platform="tpu")
+    with pytest.raises(ValueError, match=r"train.mesh=4,128,1,2\)"):
+        check(2048, {"data": 2, "fsdp": 256, "tensor": 1, "sequence": 2}, platform="tpu")
+    check(2048, v6e, platform="gpu")
+    check(2048, {"data": 2, "fsdp": 128, "tensor": 1}, platform="tpu")
+    with caplog.at_level("WARNING"):
+        check(2048, v6e, platform="tpu", allow_small=True)
+    assert "allow_small_shards=True" in caplog.text

@@ -171,7 +171,7 @@ def plan_step(config, devices, *, platform: str, limit: int | None):
     cfg = run_model_config(config, platform)
     tx, schedule = make_optimizer(specs.optimizer)
     mesh = shd.make_mesh(c.mesh, devices)
-    preflight.check_run(specs, dict(mesh.shape))
+    preflight.check_run(specs, dict(mesh.shape), platform=platform)
     graphdef, abstract_state, state_sh = train_state_shardings(cfg, tx, mesh)
     state = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sh

@@ -42,6 +42,9 @@ class TrainSpec:
     # run a tensor axis that some layers' head counts cannot split (refused otherwise:
     # training/preflight.py)
     allow_unsplit_heads: bool = False
+    # run an fsdp axis that leaves weight shards fewer rows than a TPU tile (refused on TPUs
+    # otherwise: training/preflight.py)
+    allow_small_shards: bool = False
     log_every: int = 50
     eval_every: int = 1000
     # held-out sequences per evaluation, the same rows for every run whatever its batch

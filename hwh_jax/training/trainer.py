@@ -151,6 +151,7 @@ def open_run(config, workdir, stop=None) -> RunContext:
         specs,
         dict(zip(shd.MESH_AXES, shd.mesh_shape(specs.train.mesh, jax.device_count()))),
         processes=jax.process_count(),
+        platform=jax.default_backend(),
     )
     storage.make_folder(workdir)  # refused in one line where it cannot be
     with storage.writable(workdir):  # the lease: the first file written
