@@ -23,10 +23,7 @@ import dataclasses
 import importlib
 import os
 import pkgutil
-from typing import TYPE_CHECKING, Any, Callable, Protocol
-
-if TYPE_CHECKING:
-    from hwh_jax.layers.config import ModelConfig
+from typing import Any, Callable, Protocol
 
 PLUGINS_ENV = "HWH_HEAD_KINDS"
 
@@ -65,7 +62,7 @@ class HeadKind:
 
     name: str
     build: Callable[..., Any]
-    flops: Callable[[ModelConfig], float]
+    flops: Callable[[Any], float]  # of a ModelConfig (layers/config.py, which imports this)
     about: str = ""  # one line: the recurrence, for tables and errors
     conv_optional: bool = False  # model.la_short_conv adds a short convolution on q, k, v
     uses_key_dim: bool = True  # False: model.la_key_dim is unused (an element-wise state)
