@@ -599,3 +599,14 @@ def test_heldout_loss_scores_the_same_rows_whatever_the_micro_batch():
         )
         losses[micro] = heldout_loss(seqs, steps, params, 13)
     assert max(losses.values()) - min(losses.values()) < 1e-5, losses
+
+
+def test_a_progress_window_is_a_value_from_the_last():
+    """``next_rate``: tokens/s and the data share over the steps since the last window, the
+    last window itself where no step ended since (its rate stands)."""
+    from hwh_jax.training.loop import Rate, next_rate
+
+    first = Rate(t=100.0, step=10)
+    got = next_rate(first, now=102.0, ended=14, waited=0.5, tokens_per_step=1000)
+    assert got == Rate(102.0, 14, 2000.0, 2.0, 4, 0.25)
+    assert next_rate(got, now=103.0, ended=14, waited=0.1, tokens_per_step=1000) is got

@@ -80,10 +80,11 @@ class Loop:
         self.state, self.step = start.state, start.step
         self.losses, self.batch_ids, self.heldout = {}, {}, {}
         self.last_save, self.last_save_step = time.time(), start.step
+        self.window = _Window(start.step)  # the progress line's window, from this start
 
     def run(self) -> Trained:
         c, start = self.train_config, self.start.step
-        window = _Window(self)
+        window = self.window
         tracer = _Tracer(c.profile_at, c.profile_steps, self.ctx.workdir / "profile")
         if c.profile_at and c.profile_at <= start:
             log.warning(
@@ -114,26 +115,26 @@ class Loop:
                 )
             window.pending.append((step, m, ids))
             if window.due is not None:  # the last log point's line, with this step queued behind
-                window.flush(window.due)
+                self.flush(window.due)
             tracing = tracer.step(step, self.state)
             if (step % c.log_every == 0 or step == stop_at) and not tracing:
                 if step < stop_at:
                     window.due = step  # read once the next step is dispatched: no device stall
                 else:
-                    window.flush(step)
+                    self.flush(step)
             if c.eval_every and step % c.eval_every == 0 and step < c.steps:
-                window.flush(step)
+                self.flush(step)
                 self.record_heldout(step, self.heldout_loss(), echo=True)
             if c.checkpoint_every and step % c.checkpoint_every == 0:
-                window.flush(step)
+                self.flush(step)
                 self.save(step)
             timed = bool(minutes) and time.time() - self.last_save >= 60 * minutes
             halt, save_due = vote(stop.signal, timed)  # every process decides the same
             if save_due and not halt and step > self.last_save_step + 1:  # not a stale flag
-                window.flush(step)
+                self.flush(step)
                 self.save(step)
             if halt:
-                window.flush(step)
+                self.flush(step)
                 self.save(step)  # no-op when this step's checkpoint exists
                 stopped_early = True
                 print(
@@ -142,7 +143,7 @@ class Loop:
                     flush=True,
                 )
                 break
-        window.flush(step)
+        self.flush(step)
         if halt and step == start:
             stopped_early = True
             print(
@@ -159,6 +160,47 @@ class Loop:
             heldout=self.heldout,
             stopped_early=stopped_early or step < c.steps,
             halted=halt,
+        )
+
+    def flush(self, step: int):
+        """The metrics of the steps up to ``step`` read, recorded and checked, and the progress
+        line at it (``_Window``)."""
+        window, c, model, plan = self.window, self.train_config, self.model, self.steps.plan
+        done = window.take(step)
+        for s, m, ids in done:
+            self.losses[s] = float(m["loss"])
+            self.batch_ids[s] = ids
+            self.metrics.write(s, "train", {k: m[k] for k in ("loss", "grad_norm", "lr")})
+        if not done:
+            return
+        last = done[-1][1]
+        now, ended = window.ended(step)
+        self.check_finite(int(last["bad_step"]))
+        for s, m, _ in done:
+            self.check_sane(s, float(m["loss"]), float(m["grad_norm"]))
+        rate = window.close(now, ended, c.tokens_per_step)
+        tps, share = rate.tokens_per_s, rate.data_share
+        peak = model.peak_flops
+        mfu = model.flops_per_token * tps / peak if peak else None
+        eta = (c.last_step - step) * rate.seconds / max(rate.steps, 1)
+        if jax.process_index() == 0:
+            print(
+                progress_line(
+                    step,
+                    c.steps,
+                    last,
+                    tps,
+                    mfu,
+                    eta,
+                    share,
+                    f"{plan.micro_batch}x{plan.grad_accum} {memory.size(plan.step_bytes)}",
+                ),
+                flush=True,
+            )
+        self.metrics.write(
+            step,
+            "perf",
+            {"tokens_per_s": tps, "data_wait_share": share, **({"mfu": mfu} if mfu else {})},
         )
 
     def heldout_loss(self) -> float | None:
@@ -285,75 +327,67 @@ def record_heldout(metrics, heldout: dict, step: int, loss: float | None, echo: 
         print(f"step {step:>6d} | held-out loss {loss:.4f} | ppl {ppl:.2f}", flush=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Rate:
+    """A progress window's throughput: the window ended at ``t`` (time.time()) with ``step``;
+    over it, tokens/s, its seconds and steps, and the share of them spent waiting for data."""
+
+    t: float
+    step: int
+    tokens_per_s: float = 0.0
+    seconds: float = 0.0
+    steps: int = 0
+    data_share: float = 0.0
+
+
+def next_rate(last: Rate, now: float, ended: int, waited: float, tokens_per_step: int) -> Rate:
+    """The window from ``last``'s end to step ``ended`` at ``now``, ``waited`` seconds of it in
+    ``next(batches)``; ``last`` itself where ``ended`` was counted in it already (its rate
+    stands)."""
+    steps = ended - last.step
+    if steps < 1:
+        return last
+    dt = now - last.t
+    return Rate(
+        now, ended, tokens_per_step * steps / max(dt, 1e-9), dt, steps, waited / max(dt, 1e-9)
+    )
+
+
 class _Window:
     """The loop's bookkeeping: steps' metrics fetched at log points (no per-step sync), the
-    progress line and its throughput window. A log point's line is written once the next step
-    is dispatched (``due``), so the device runs that step while the host reads the metrics and
-    writes, and the window runs from one log point's step ending to the next's (or from the
-    step after it, when that one had ended too by the time the line was read)."""
+    progress line and its throughput window (``Rate``). A log point's line is written once the
+    next step is dispatched (``due``), so the device runs that step while the host reads the
+    metrics and writes, and the window runs from one log point's step ending to the next's (or
+    from the step after it, when that one had ended too by the time the line was read). The
+    loop records what ``take`` returns; the window keeps only its own state."""
 
-    def __init__(self, loop: Loop):
-        self.loop = loop
+    def __init__(self, start_step: int):
         self.pending = []  # (step, metrics on device, batch ids)
-        self.t_last, self.step_last = time.time(), loop.start.step
-        self.waited = 0.0  # seconds in next(batches) since t_last: inside the window
+        self.rate = Rate(time.time(), start_step)
+        self.waited = 0.0  # seconds in next(batches) since the rate's end: inside the window
         self.due = None  # a log point's step whose line waits for the next dispatch
-        self.tps, self.dt, self.steps, self.share = 0.0, 0.0, 0, 0.0  # the last window's
 
-    def flush(self, step: int):
-        """The metrics of the steps up to ``step`` to the log, and the progress line at it."""
-        loop = self.loop
-        c, model, plan = loop.train_config, loop.model, loop.steps.plan
+    def take(self, step: int) -> list[tuple[int, dict, list]]:
+        """The steps up to ``step``: (step, metrics on the host, batch ids), in order."""
         done = [p for p in self.pending if p[0] <= step]
         self.pending = [p for p in self.pending if p[0] > step]
         self.due = None
-        done = [(s, jax.device_get(m), ids) for s, m, ids in done]
-        for s, m, ids in done:
-            last = m
-            loop.losses[s] = float(m["loss"])
-            loop.batch_ids[s] = ids
-            loop.metrics.write(s, "train", {k: m[k] for k in ("loss", "grad_norm", "lr")})
-        if done:
-            now, ended = time.time(), step
-            # A dispatch may return only once its step is nearly done (the device's queue is
-            # short), so by now the next step may have ended too: the window counts it then.
-            if self.pending and self.pending[0][0] == step + 1 and _ready(self.pending[0][1]):
-                ended = step + 1
-            loop.check_finite(int(last["bad_step"]))
-            for s, m, _ in done:
-                loop.check_sane(s, float(m["loss"]), float(m["grad_norm"]))
-            dt, steps = now - self.t_last, ended - self.step_last
-            if steps < 1:  # this step was counted in the last window: its rate stands
-                tps, dt, steps, share = self.tps, self.dt, self.steps, self.share
-                now, ended = self.t_last, self.step_last
-            else:
-                tps = c.tokens_per_step * steps / max(dt, 1e-9)
-                # waits are counted between two flushes, so they lie inside [t_last, now]
-                share, self.waited = self.waited / max(dt, 1e-9), 0.0
-            self.tps, self.dt, self.steps, self.share = tps, dt, steps, share
-            peak = model.peak_flops
-            mfu = model.flops_per_token * tps / peak if peak else None
-            eta = ((c.stop_at_step or c.steps) - step) * dt / max(steps, 1)
-            if jax.process_index() == 0:
-                print(
-                    progress_line(
-                        step,
-                        c.steps,
-                        last,
-                        tps,
-                        mfu,
-                        eta,
-                        share,
-                        f"{plan.micro_batch}x{plan.grad_accum} {memory.size(plan.step_bytes)}",
-                    ),
-                    flush=True,
-                )
-            loop.metrics.write(
-                step,
-                "perf",
-                {"tokens_per_s": tps, "data_wait_share": share, **({"mfu": mfu} if mfu else {})},
-            )
-            self.t_last, self.step_last = now, ended
+        return [(s, jax.device_get(m), ids) for s, m, ids in done]
+
+    def ended(self, step: int) -> tuple[float, int]:
+        """(now, the last step ended): ``step``, or the one after it where that has ended too
+        (a dispatch may return only once its step is nearly done: the device's queue is short)."""
+        if self.pending and self.pending[0][0] == step + 1 and _ready(self.pending[0][1]):
+            return time.time(), step + 1
+        return time.time(), step
+
+    def close(self, now: float, ended: int, tokens_per_step: int) -> Rate:
+        """The window to ``ended`` at ``now``, which starts the next."""
+        rate = next_rate(self.rate, now, ended, self.waited, tokens_per_step)
+        if rate is not self.rate:  # waits are counted between two closes: inside the window
+            self.waited = 0.0
+        self.rate = rate
+        return rate
 
 
 def _ready(metrics) -> bool:
