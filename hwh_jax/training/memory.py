@@ -176,21 +176,17 @@ def plan(
                 f"multiple of {dp}); possible: {counts}, or train.grad_accum=0 to let "
                 f"the trainer choose"
             )
-        try:
-            compiled = compile_at(micro)
-        except Exception as e:  # only the compiler's out-of-memory is ours
-            need = compile_oom_bytes(e)
-            if need is None:
-                raise
+        compiled, nbytes = _compile_or_need(compile_at, micro)
+        if compiled is None:
             raise MemoryPlanError(
                 f"the train step at train.grad_accum={grad_accum} (micro-batch {micro}) needs "
-                f"{size(need)} per device, more than the device has (the compiler refused "
+                f"{size(nbytes)} per device, more than the device has (the compiler refused "
                 f"it); set train.grad_accum=0 to let the trainer choose the micro-batch"
-            ) from e
+            )
         got = Plan(
             micro,
             grad_accum,
-            step_bytes(compiled),
+            nbytes,
             limit,
             "set by train.grad_accum",
             last=accumulation(batch, micro)[1],
@@ -211,14 +207,9 @@ def plan(
 
     def measure(m):
         if m not in probes:
-            try:
-                compiled[m] = compile_at(m)
-                probes[m] = step_bytes(compiled[m])
-            except Exception as e:  # only the compiler's out-of-memory is ours
-                need = compile_oom_bytes(e)
-                if need is None:
-                    raise
-                probes[m] = need  # the TPU compiler refuses what exceeds the HBM
+            program, probes[m] = _compile_or_need(compile_at, m)
+            if program is not None:
+                compiled[m] = program
             log.info("memory plan: micro-batch %d -> %.2f GiB per device", m, probes[m] / GiB)
         return probes[m]
 
@@ -302,6 +293,19 @@ def remembered_remat(workdir, key: str) -> str:
     except (OSError, ValueError):
         return ""
     return saved.get("remat", "") if saved.get("key") == key else ""
+
+
+def _compile_or_need(compile_at, micro: int) -> tuple[object | None, int]:
+    """(the step compiled at ``micro``, its bytes per device), or (None, the bytes the compiler
+    said it needs) where the TPU compiler refused it for the HBM; any other error is raised."""
+    try:
+        compiled = compile_at(micro)
+    except Exception as e:  # only the compiler's out-of-memory is ours
+        need = compile_oom_bytes(e)
+        if need is None:
+            raise
+        return None, need
+    return compiled, step_bytes(compiled)
 
 
 _OOM_NEED = re.compile(r"required for [^(]*\(([\d.]+)([KMGTP]?)\)")
