@@ -109,3 +109,51 @@ def test_changed_future_tokens_move_nothing_before_them(name):
                 f"{name} ({stage}): the prefix loss's gradient moved at "
                 f"{jax.tree_util.keystr(path[0])}"
             )
+
+
+KERNEL_T, KERNEL_P = 96, 53  # p inside a chunk (32) and a sub-chunk (16), before its middle
+
+
+def _kernel_inputs(key, decay):
+    """bf16 q, k (unit rows), v and fp32 log decay (None, per head or per key) and beta."""
+    ks = jax.random.split(key, 5)
+    shape = (1, KERNEL_T, 2, 32)
+    q = jax.random.normal(ks[0], shape).astype(jnp.bfloat16)
+    k = jax.random.normal(ks[1], shape)
+    k = (k / jnp.linalg.norm(k, axis=-1, keepdims=True)).astype(jnp.bfloat16)
+    v = jax.random.normal(ks[2], shape).astype(jnp.bfloat16)
+    g_shape = {"per_head": shape[:3], "per_key": shape}[decay]
+    g = jax.nn.log_sigmoid(jax.random.normal(ks[3], g_shape) + 3.0)
+    beta = jax.nn.sigmoid(jax.random.normal(ks[4], shape[:3]))
+    return q, k, v, g, beta
+
+
+@pytest.mark.parametrize("op", ["gated_delta_rule", "decay_per_head", "decay_per_key"])
+def test_kernels_move_not_even_the_rounding_before_a_change(op):
+    """The chunked Pallas kernels (interpreted, bf16 inputs) with the inputs changed from p on:
+    the outputs before p and the gradients of a loss over them with respect to every input
+    before p are bitwise the same, and the gradients after p exactly 0. A kernel that formed a
+    row from a later row's decay (a sub-chunk's middle row as the reference), or a gradient as
+    a difference of two sums (GDN's last-row decay gradient), moves them by a rounding step."""
+    from kernels_pallas import decay_attention, gated_delta_rule
+
+    if op == "gated_delta_rule":
+        s = GDNSettings(chunk_size=32, **PALLAS)
+        fn = lambda q, k, v, g, beta: gated_delta_rule(q, k, v, g, beta, settings=s)[0]
+    else:
+        s = DecaySettings(chunk_size=32, **PALLAS)
+        fn = lambda q, k, v, g, beta: decay_attention(q, k, v, g, settings=s)[0]
+    decay = "per_key" if op == "decay_per_key" else "per_head"
+    a = _kernel_inputs(jax.random.key(0), decay)
+    changed = [
+        x.at[0, KERNEL_P:].set(y[0, KERNEL_P:])
+        for x, y in zip(a, _kernel_inputs(jax.random.key(1), decay))
+    ]
+    prefix = lambda *xs: (fn(*xs)[0, :KERNEL_P].astype(jnp.float32) ** 2).sum()
+    run = jax.jit(lambda *xs: (fn(*xs), jax.grad(prefix, argnums=tuple(range(5)))(*xs)))
+    (oa, ga), (ob, gb) = run(*a), run(*changed)
+    before = lambda x: np.asarray(x[0, :KERNEL_P].astype(jnp.float32))
+    np.testing.assert_array_equal(before(oa), before(ob))
+    for name, x, y in zip(("q", "k", "v", "g", "beta"), ga, gb):
+        np.testing.assert_array_equal(before(x), before(y), err_msg=f"d{name} before p")
+        assert not np.asarray(x[0, KERNEL_P:].astype(jnp.float32)).any(), f"d{name} after p"

@@ -225,9 +225,9 @@ def test_per_key_intra_chunk_scores_kernels_against_brute_force(
     gradients (dq_s, dk_s, dG_s: dq = (dq_A + dq_s) * scale, dk = dk_A + dk_s, dg = the
     chunk's reverse cumsum of dG_A + dG_s). "strong": a decay of up to e^-12 a step, exponents
     down to -380 within a chunk, where factoring e^{G_i} e^{-G_j} would overflow fp32 (the
-    exact kernels); "mild": up to e^-1 (the factored kernels); "steep": e^-4 to e^-4.9, a
-    sub-chunk's decay ranges up to e^-74 (e^-39 in each half: the factored kernels with factors
-    up to e^39); "mixed": strong and mild in alternate chunks (both kernels in one call, the
+    exact kernels); "mild": up to e^-1 (the factored kernels); "steep": e^-3.5 to e^-4.3, a
+    sub-chunk's decay ranges up to e^-69 (the factored kernels with factors up to e^69, just
+    under ``FACTOR_RANGE``); "mixed": strong and mild in alternate chunks (both kernels in one call, the
     exact one over the factored one's output).
     ``factor_range`` -1 / inf forces every chunk of the mild decay through the exact /
     factored kernels."""
@@ -250,7 +250,7 @@ def test_per_key_intra_chunk_scores_kernels_against_brute_force(
     low, top = {
         "strong": (0.0, 12.0),
         "mild": (0.0, 1.0),
-        "steep": (4.0, 4.9),
+        "steep": (3.5, 4.3),
         "mixed": (0.0, np.where((np.arange(t) // C) % 2, 12.0, 1.0)[None, :, None, None]),
     }[decay]
     g = jnp.asarray(-(low + r.uniform(0, 1, size=(b, t, h, kd)) * (top - low)), jnp.float32)

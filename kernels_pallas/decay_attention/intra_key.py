@@ -8,21 +8,25 @@ the chunk),
 
 The decay does not factor out of the sum, and neither factor e^{G_i}, e^{-G_j} alone is bounded.
 Each program (one chunk of one head, ``common.chunk_call``) takes the query rows in sub-chunks
-of c = 16 (``SUB``), with G_m the sub-chunk's middle row, and two kernels share the work:
+of c = 16 (``SUB``), with G_r the sub-chunk's first row, and two kernels share the work:
 
   factored   every key of the chunk up to the sub-chunk's end in one matmul over the keys'
-             dimension (``intra_block`` columns at a time), (q_i e^{G_i - G_m}) (k_j e^{G_m -
-             G_j})^T: every factor is <= 1 but for rows of the sub-chunk, where it is <= e^D,
-             D the larger decay range of the sub-chunk's two halves (G_first - G_m, G_m -
-             G_last, per key); run when D <= ``FACTOR_RANGE`` (40) in every sub-chunk of the
-             chunk, so that no factor overflows (bf16 has fp32's range; the products above the
-             diagonal, up to e^{2D}, are masked after the matmul) and every factor keeps its
-             relative precision;
+             dimension (``intra_block`` columns at a time), (q_i e^{G_i - G_r}) (k_j e^{G_r -
+             G_j})^T: every factor is <= 1 but for keys of the sub-chunk, where it is <= e^D,
+             D the sub-chunk's decay range (G_first - G_last, per key); run when D <=
+             ``FACTOR_RANGE`` (70) in every sub-chunk of the chunk, so that no factor overflows
+             (bf16 has fp32's range; the products above the diagonal, up to e^D, are masked
+             after the matmul) and a factor that underflows weighs at most e^{70 - 87} of the
+             largest term. The reference row is the sub-chunk's first, the earliest row whose
+             output it enters: a row's output is formed from its own and earlier positions
+             only, so that what comes later does not even move its rounding;
   exact      the other chunks (a decay of more than e^-40 within 8 tokens), rerun over the
              factored kernel's output (aliased; the other programs return at once): keys before
              the sub-chunk against its first row (both factors <= 1), keys inside it through the
              weights e^{G_ik - G_jk} [c, c, BK] of BK = 16 key columns at a time (a
-             ``fori_loop`` over K), every exponent <= 0.
+             ``fori_loop`` over K), every exponent <= 0. Which kernel a chunk takes reads its
+             whole decay, so a strong decay late in a chunk moves the rounding (not the value)
+             of the chunk's earlier outputs.
 
 The backward, in the same two kernels and against the same reference rows, takes dA [C, C]
 and returns dq (from a sub-chunk's rows of dA, against the keys up to its end) and dk (from its
@@ -48,7 +52,7 @@ from kernels_pallas.linear_scan.common import chunk_call, col_blocks, dot, dot_n
 
 SUB = 16  # query rows of a sub-chunk
 BK = 16  # key columns at a time (the exact kernels' [c, c, BK] weights)
-FACTOR_RANGE = 40.0  # log decay over half a sub-chunk the factored kernels take
+FACTOR_RANGE = 70.0  # log decay over a sub-chunk the factored kernels take
 
 
 def _masked_exp(x, keep):
@@ -61,12 +65,12 @@ def _iota(shape, axis):
 
 
 def _factored(g_ref, chunk, sub):
-    """Whether in every sub-chunk the decay from its first row to its middle one and from its
-    middle one to its last (G_r - G_m, G_m - G_last, each key) is at most FACTOR_RANGE."""
+    """Whether in every sub-chunk the decay from its first row to its last (G_first - G_last,
+    each key) is at most FACTOR_RANGE."""
     worst = None
     for r in range(0, chunk, sub):
-        first, mid, last = (g_ref[pl.ds(i, 1), :] for i in (r, r + sub // 2, r + sub - 1))
-        d = jnp.maximum(jnp.max(first - mid), jnp.max(mid - last))
+        first, last = (g_ref[pl.ds(i, 1), :] for i in (r, r + sub - 1))
+        d = jnp.max(first - last)
         worst = d if worst is None else jnp.maximum(worst, d)
     return worst <= FACTOR_RANGE
 
@@ -92,7 +96,7 @@ def _fwd_factored(q_ref, k_ref, g_ref, a_ref, *, chunk, sub, blk, fp32_dots):
             rows = pl.ds(r, sub)
             acc = jnp.zeros((sub, chunk), f32)
             for ck in col_blocks(q_ref.shape[-1], blk):
-                gm = g_ref[pl.ds(r + sub // 2, 1), ck]
+                gm = g_ref[pl.ds(r, 1), ck]  # the reference: the sub-chunk's first row
                 qg = q_ref[rows, ck].astype(f32) * jnp.exp(g_ref[rows, ck] - gm)
                 kg = k_ref[:, ck].astype(f32) * _masked_exp(gm - g_ref[:, ck], pos < r + sub)
                 acc += dot_nt(qg.astype(dt), kg.astype(dt), fp32_dots)  # [c, C]
@@ -137,7 +141,7 @@ def _bwd_factored(
     fp32_dots,
     scale,
 ):
-    """dq = (dA kg) e^{G - G_m} and dk = (dA^T qg) e^{G_m - G} of each sub-chunk's rows, and
+    """dq = (dA kg) e^{G - G_r} and dk = (dA^T qg) e^{G_r - G} of each sub-chunk's rows, and
     dG = q dq - k dk formed as qg (dA kg) - kg (dA^T qg) from the same rounded factors qg, kg
     that went into the products: a pair (i, j) of the sub-chunk enters dG_i and dG_j as the same
     number, and cancels exactly in dg's sums, as it does in exact arithmetic (rounded apart, it
@@ -165,7 +169,7 @@ def _bwd_factored(
             ).astype(dt)  # [C, c]
             out = []
             for ck, bl in zip(cks, below):
-                Gr, gm = g_ref[rows, ck], g_ref[pl.ds(r + sub // 2, 1), ck]
+                Gr, gm = g_ref[rows, ck], g_ref[pl.ds(r, 1), ck]
                 kg = k_ref[:, ck].astype(f32) * _masked_exp(gm - g_ref[:, ck], pos < r + sub)
                 qg = q_ref[:, ck].astype(f32) * _masked_exp(g_ref[:, ck] - gm, pos >= r)
                 dq = dot(dA_rows, kg.astype(dt), fp32_dots=fp32_dots)  # [c, ck]

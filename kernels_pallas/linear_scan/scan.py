@@ -293,9 +293,13 @@ def _state_grads_kernel(
     dQK = do v^T: dq += F k (dq of the unscaled query), dk += F^T q. Their dG, rowsum(F o QK')
     - colsum(F o QK') with QK' = q k^T, is rowsum(q o F k) - rowsum(k o F^T q), which the
     totals' rowsum(dq o q) - rowsum(dk o k) already hold, so no [C, C] product of q k^T is
-    formed. K and V in blocks of ``blk``: three [C, blk] fp32 accumulators live at a time
-    beside F (in the inputs' dtype). Without a decay (g_ref and dg_ref None) no exponentials
-    and no dG."""
+    formed. The chunk's last row also takes the gradient of G_last, through the state only:
+    sum(k o dk_state) + e^{G_last} sum(S_n o dS_{n+1}), summed from the state path's dk alone
+    (not as the total's sum less the scores' part: that difference would leave a rounding
+    residue where the state's gradient is exactly 0, e.g. after the last position a loss
+    reads, and dg would carry it to the chunk's earlier rows). K and V in blocks of ``blk``:
+    three [C, blk] fp32 accumulators live at a time beside F (in the inputs' dtype). Without a
+    decay (g_ref and dg_ref None) no exponentials and no dG."""
     C, K = k_ref.shape
     V = h_ref.shape[-1]
     cd = k_ref.dtype
@@ -318,36 +322,37 @@ def _state_grads_kernel(
     hdh = jnp.zeros((1, 1), f32)
     from_q = jnp.zeros((C, 1), f32)  # rowsum(dq o q), rowsum(dk o k) of the totals
     from_k = jnp.zeros((C, 1), f32)
-    f_qk = jnp.zeros((1, 1), f32)  # sum(F o q k^T): the scores' part of sum(from_k)
+    k_state = jnp.zeros((1, 1), f32)  # sum(k o dk_state): the state path's part of G_last's
     for ck in kblocks:
         q, k = q_ref[:, ck], k_ref[:, ck]
         dq = dot(F, k)
-        dk = dot(F, q, trans_a=True)
+        dk_state = jnp.zeros((C, ck.size), f32)
         dw = jnp.zeros((C, ck.size), f32)
-        if decay:
-            f_qk += jnp.sum(
-                jnp.sum(dq * q.astype(f32), axis=1, keepdims=True), axis=0, keepdims=True
-            )
         for cv in vblocks:
             h, dh = h_ref[ck, cv], dh_ref[ck, cv]
             hc = h.astype(cd)
             dq += q_decay * dot_nt(do_ref[:, cv], hc)
             dw -= dot_nt(dv_ref[:, cv].astype(cd), hc)
-            dk += times(dot_nt(v_ref[:, cv].astype(cd), dh.astype(cd)), k_decay)
+            dk_state += times(dot_nt(v_ref[:, cv].astype(cd), dh.astype(cd)), k_decay)
             if decay:
                 hdh += jnp.sum(
                     jnp.sum(h.astype(f32) * dh.astype(f32), axis=1, keepdims=True),
                     axis=0,
                     keepdims=True,
                 )
+        dk = dot(F, q, trans_a=True) + dk_state
         if decay:
+            kf = k.astype(f32)
+            k_state += jnp.sum(
+                jnp.sum(dk_state * kf, axis=1, keepdims=True), axis=0, keepdims=True
+            )
             from_q += jnp.sum(dq * q.astype(f32), axis=1, keepdims=True)
-            from_k += jnp.sum(dk * k.astype(f32), axis=1, keepdims=True)
+            from_k += jnp.sum(dk * kf, axis=1, keepdims=True)
         dq_ref[:, ck] = dq.astype(dq_ref.dtype)
         dk_ref[:, ck] = dk.astype(dk_ref.dtype)
         dw_ref[:, ck] = dw.astype(dw_ref.dtype)
     if decay:
-        d_last = jnp.sum(from_k, axis=0, keepdims=True) - f_qk + jnp.exp(g_last) * hdh
+        d_last = k_state + jnp.exp(g_last) * hdh
         dg_ref[...] = from_q - from_k + jnp.where(last, d_last, 0.0)
 
 
