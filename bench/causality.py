@@ -19,8 +19,11 @@ own kernels (the dispatchers' choices on this device, bf16 compute):
 - ``prefill``: the logits of ``extend`` over a fresh cache (the inference path).
 Each state is compared through a fixed random projection to 16 values a position (a change
 survives it with probability 1), in fp32. Required: in row 0 before p and in every position
-of the other rows, the largest change between ``a`` and ``b`` is at most that of two runs of
-``a`` (``rerun``; 0 where the device is deterministic). ``moved_after_p`` shows the change does
+of the other rows, the largest change between ``a`` and ``b`` is at most that between runs of
+``a`` (``rerun``, the largest of two reruns; 0 where the device is deterministic). The script
+asks XLA for deterministic GPU ops (``--xla_gpu_exclude_nondeterministic_ops``, added to
+XLA_FLAGS unless ``--allow_nondeterministic``): an atomic sum's order then cannot hide a
+rounding-level change, or fake one, and the check is bitwise. ``moved_after_p`` shows the change does
 reach the later positions. ``--trained_steps`` (50) steps of AdamW at lr 1e-3 on fresh random
 batches (1 x 2,048) then repeat every check on the trained weights (a path whose weights are
 zero at init cannot leak at init).
@@ -29,12 +32,21 @@ The kernels alone (``kernel_rows``): short_conv, gated_delta_rule with each ``wy
 decay_attention (per head and per key), gated_recurrence, and attention at 1, 2, 3, 5 heads
 (HwH's FA head counts, no positional encoding) with the dispatchers' choices, forward and
 gradient of a prefix loss.
+
+``--jobs N`` checks the models of a size in N processes at once (each compiles on its own
+cores and takes 0.9/N of the GPU's memory), the kernels first in this one; the rows of all go
+to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import jax
@@ -61,17 +73,19 @@ from kernels_pallas import (
 )
 
 PROJ = 16
+DETERMINISTIC = "--xla_gpu_exclude_nondeterministic_ops=true"
 
 
 def split_p(T: int) -> int:
     return T // 2 + 37
 
 
-def arch_list(archs, kinds):
-    """(label, arch, overrides): the named architectures, then HwH with each zoo kind."""
+def arch_list(archs, kinds, only=None):
+    """(label, arch, overrides): the named architectures, then HwH with each zoo kind; those
+    labelled in ``only`` where given."""
     out = [(a, a, {}) for a in archs]
     out += [(f"hwh_{k}", "hwh", {"la_kind": k}) for k in kinds]
-    return out
+    return [m for m in out if only is None or m[0] in only]
 
 
 def token_pair(vocab, B, T, seed):
@@ -152,13 +166,15 @@ def prefix_mask(B, T):
     return jnp.asarray(m)
 
 
-def compare(x_a, x_b, x_a2, T):
-    """Largest |change| (fp32) in the unchanged region, after p in row 0, and between reruns;
-    states [..., B, T, P] (leading layer axis allowed)."""
+def compare(x_a, x_b, x_a2, T, x_a3=None):
+    """Largest |change| (fp32) in the unchanged region, after p in row 0, and between reruns
+    (``x_a2``, ``x_a3``: ``x_a`` again); states [..., B, T, P] (leading layer axis allowed)."""
     p = split_p(T)
     d = np.abs(np.asarray(x_a, np.float32) - np.asarray(x_b, np.float32))
     d = d.reshape(-1, *d.shape[-3:])  # [layers, B, T, P]
-    rerun = float(np.abs(np.asarray(x_a, np.float32) - np.asarray(x_a2, np.float32)).max())
+    a = np.asarray(x_a, np.float32)
+    reruns = [x for x in (x_a2, x_a3) if x is not None]
+    rerun = max(float(np.abs(a - np.asarray(x, np.float32)).max()) for x in reruns)
     before = np.concatenate([d[:, 0, :p].ravel(), d[:, 1:].ravel()])
     per_layer = [
         float(max(d[l, 0, :p].max(), d[l, 1:].max() if d.shape[1] > 1 else 0.0))
@@ -174,14 +190,14 @@ def compare(x_a, x_b, x_a2, T):
     }
 
 
-def compare_grads(g_a, g_b, g_a2):
+def compare_grads(g_a, g_b, *reruns):
     """As ``compare`` for gradients (pytrees): the largest change over the leaves, with the
     leaf it is in and that leaf's own largest value (``leaf_scale``)."""
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(g_a)]
-    la, lb, la2 = (jax.tree.leaves(g) for g in (g_a, g_b, g_a2))
+    la, lb = jax.tree.leaves(g_a), jax.tree.leaves(g_b)
     diffs = [float(jnp.abs(x - y).max()) for x, y in zip(la, lb)]
     worst = int(np.argmax(diffs))
-    rerun = max(float(jnp.abs(x - y).max()) for x, y in zip(la, la2))
+    rerun = max(float(jnp.abs(x - y).max()) for g in reruns for x, y in zip(la, jax.tree.leaves(g)))
     return {
         "before_p": diffs[worst],
         "rerun": rerun,
@@ -247,12 +263,13 @@ def model_rows(label, arch, size, overrides, batches, lengths, trained_steps, th
             for path in paths:
                 f = compiled[(path, B, T)]
                 xa, xb, xa2 = f(params, ba), f(params, bb), f(params, ba)
+                xa3 = f(params, ba)  # a second rerun: the rerun level is the larger change
                 if path == "grad":
-                    row["grad"] = compare_grads(xa, xb, xa2)
+                    row["grad"] = compare_grads(xa, xb, xa2, xa3)
                 else:
                     for name in xa:
-                        row[name] = compare(xa[name], xb[name], xa2[name], T)
-                del xa, xb, xa2
+                        row[name] = compare(xa[name], xb[name], xa2[name], T, xa3[name])
+                del xa, xb, xa2, xa3
             checked = [k for k in ("plain", "train_fwd", "prefill", "grad") if k in row]
             row["causal"] = all(row[k]["causal"] for k in checked)
             row["kernels"] = kernels_pallas.chosen()
@@ -354,7 +371,11 @@ def kernel_rows(B, T, seed=0):
                 jnp.concatenate([x.reshape(B, T, -1).astype(jnp.float32) for x in ga2], -1),
                 T,
             )
-            row["causal"] = row["fwd"]["causal"] and row["grad"]["causal"]
+            # and the gradient of every input after p (which the loss does not read) is 0
+            row["grad"]["after_p"] = max(float(jnp.abs(x[0, p:]).max()) for x in ga)
+            row["causal"] = (
+                row["fwd"]["causal"] and row["grad"]["causal"] and row["grad"]["after_p"] == 0
+            )
             if name.startswith("control/"):
                 row["expect_causal"] = False
         except Exception as e:  # noqa: BLE001  (a kernel that does not take this shape here)
@@ -362,6 +383,38 @@ def kernel_rows(B, T, seed=0):
         row["kernels"] = kernels_pallas.chosen()
         rows.append(row)
     return rows
+
+
+def run_jobs(args, size, models):
+    """The models of ``size`` checked in ``args.jobs`` processes (this script, its kernels
+    off), each with 0.9/jobs of the GPU's memory; their rows, in the models' order."""
+    groups = [models[j :: args.jobs] for j in range(args.jobs)]
+    env = dict(
+        os.environ,
+        XLA_PYTHON_CLIENT_PREALLOCATE="false",
+        XLA_PYTHON_CLIENT_MEM_FRACTION=f"{0.9 / args.jobs:.3f}",
+    )
+    threads = max(1, args.threads // args.jobs)
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = []
+        for j, group in enumerate(filter(None, groups)):
+            out = os.path.join(tmp, f"{j}.jsonl")
+            cmd = [sys.executable, __file__, "--kernels", "--sizes", size, "--jobs", "1"]
+            cmd += ["--archs", *args.archs, "--kinds", *args.kinds, "--only", *group]
+            cmd += ["--batches", *map(str, args.batches), "--lengths", *map(str, args.lengths)]
+            cmd += ["--trained_steps", str(args.trained_steps), "--threads", str(threads)]
+            cmd += ["--seed", str(args.seed), "--out", out, "--quiet_device"]
+            if args.allow_nondeterministic:
+                cmd.append("--allow_nondeterministic")
+            procs.append((subprocess.Popen(cmd, env=env), out))
+        rows = []
+        for proc, out in procs:
+            if proc.wait():
+                print(f"a job exited with status {proc.returncode}: {proc.args}", flush=True)
+            if os.path.exists(out):
+                rows += [json.loads(line) for line in open(out)]
+    order = {m: i for i, m in enumerate(models)}
+    return sorted(rows, key=lambda r: order.get(r["model"], len(order)))
 
 
 def main():
@@ -373,6 +426,7 @@ def main():
         default=[k for k in heads.names() if k != "gdn"],
         help="HwH with each of these linear-head kinds (model.la_kind)",
     )
+    ap.add_argument("--only", nargs="*", default=None, help="these model labels alone")
     ap.add_argument("--sizes", nargs="*", default=["small", "380m", "1b4"])
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--lengths", nargs="+", type=int, default=[2048, 8192])
@@ -383,11 +437,24 @@ def main():
         default=["1,2048", "8,8192"],
         help="B,T shapes of the kernels-alone checks ('' for none)",
     )
+    ap.add_argument("--jobs", type=int, default=1, help="processes checking models at once")
     ap.add_argument("--threads", type=int, default=8, help="parallel compiles")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--allow_nondeterministic",
+        action="store_true",
+        help="leave XLA's nondeterministic GPU ops on (the rerun level is then not 0)",
+    )
+    ap.add_argument("--quiet_device", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    print_device()
+    # before JAX starts its backend (the first device use below)
+    if not args.allow_nondeterministic:
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + DETERMINISTIC).strip()
+    if args.jobs > 1:
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # the GPU's memory is the jobs'
+    if not args.quiet_device:
+        print_device()
     rows = []
     for shape in filter(None, args.kernels):
         B, T = map(int, shape.split(","))
@@ -395,7 +462,12 @@ def main():
             emit(rows, r)
         write_jsonl(args.out, rows)
     for size in args.sizes:
-        for label, arch, ov in arch_list(args.archs, args.kinds):
+        models = arch_list(args.archs, args.kinds, args.only)
+        if args.jobs > 1:
+            rows += run_jobs(args, size, [m[0] for m in models])
+            write_jsonl(args.out, rows)
+            continue
+        for label, arch, ov in models:
             for r in model_rows(
                 label,
                 arch,
