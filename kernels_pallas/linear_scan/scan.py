@@ -343,9 +343,7 @@ def _state_grads_kernel(
         dk = dot(F, q, trans_a=True) + dk_state
         if decay:
             kf = k.astype(f32)
-            k_state += jnp.sum(
-                jnp.sum(dk_state * kf, axis=1, keepdims=True), axis=0, keepdims=True
-            )
+            k_state += jnp.sum(jnp.sum(dk_state * kf, axis=1, keepdims=True), axis=0, keepdims=True)
             from_q += jnp.sum(dq * q.astype(f32), axis=1, keepdims=True)
             from_k += jnp.sum(dk * kf, axis=1, keepdims=True)
         dq_ref[:, ck] = dq.astype(dq_ref.dtype)
