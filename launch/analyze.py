@@ -44,7 +44,7 @@ FLAGS = flags.FLAGS
 
 def _load(kind, path):
     if kind == "hf":
-        from hwh_jax.analysis.hf_import import load_hf_checkpoint
+        from hwh_jax.hf.load import load_hf_checkpoint
 
         model, cfg, hf = load_hf_checkpoint(path)
         tok = None

@@ -95,9 +95,12 @@ def _finish(run):
 def grid():
     """The layer-wise hybrid at every (kind, ratio) of --mixers x --ratios, ``--side_by_side``
     processes at a time, then the report over the cells."""
+    from configs import experiment
     from hwh_jax.experiments import runner
 
-    cells = runner.grid_cells(FLAGS.mixers, FLAGS.ratios, FLAGS.length, FLAGS.cpu)
+    cells = runner.grid_cells(
+        experiment.get_config, FLAGS.mixers, FLAGS.ratios, FLAGS.length, FLAGS.cpu
+    )
     if FLAGS.config is not None or FLAGS.seeds or FLAGS.report:
         raise app.UsageError("a grid (--mixers, --ratios) takes no --config, --seeds or --report")
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")

@@ -5,7 +5,7 @@ Writes ``config.json``, ``model.safetensors``, ``generation_config.json`` and th
 files, which ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` and
 ``AutoTokenizer.from_pretrained(DIR)`` load without this project: the Transformer as Llama, the
 hybrids and linear-attention models with the modeling code written beside them
-(``trust_remote_code=True``; ``hwh_jax.training.hf_export`` says which linear heads have a
+(``trust_remote_code=True``; ``hwh_jax.hf.export`` says which linear heads have a
 PyTorch form; the others are refused in one line).
 """
 
@@ -36,7 +36,7 @@ def main(argv):
 
 
 def export():
-    from hwh_jax.training.hf_export import export
+    from hwh_jax.hf.export import export
     from hwh_jax.training.restore import load_run
 
     run = load_run(FLAGS.checkpoint, FLAGS.step)

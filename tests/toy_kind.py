@@ -1,7 +1,7 @@
 """A linear-head kind kept outside the package, as a researcher would add one: this module is
 all of it. Each head keeps an exponential moving average of its values, h_t = 0.5 h_{t-1} +
 0.5 v_t with v = x W_v, and outputs h (the state restarts at each document). It runs on the
-HGRN recurrence's kernel op. tests/test_head_kinds.py names it in $HWH_HEAD_KINDS and trains,
+HGRN recurrence's kernel op. tests/models/test_head_kinds.py names it in $HWH_HEAD_KINDS and trains,
 decodes and describes a model built with ``model.la_kind = "toy_ema"``."""
 
 import jax.numpy as jnp

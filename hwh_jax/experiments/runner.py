@@ -105,10 +105,10 @@ def seeds(child_argv: list[str], seed_list: list[int], side_by_side: int, out) -
     )
 
 
-def grid_cells(mixers, ratios, length: int, cpu: bool = False) -> list[tuple[str, str]]:
+def grid_cells(get_config, mixers, ratios, length: int, cpu: bool = False) -> list[tuple[str, str]]:
     """(cell name, configs/experiment.py argument) of the layer-wise hybrid at every (kind,
-    ratio), each checked by building it."""
-    from configs import experiment
+    ratio), each checked by building it with ``get_config`` (configs/experiment.py's: the
+    launcher passes it, so that the library does not import the configs above it)."""
     from hwh_jax.training.specs import model_for_run
 
     if not mixers or not ratios:
@@ -117,7 +117,7 @@ def grid_cells(mixers, ratios, length: int, cpu: bool = False) -> list[tuple[str
     for kind in mixers:
         for ratio in ratios:
             arg = f"layerwise/{kind}/{ratio},{length}" + (",cpu" if cpu else "")
-            config = experiment.get_config(arg)  # a bad kind or ratio: refused now, named
+            config = get_config(arg)  # a bad kind or ratio: refused now, named
             model_for_run(config, 1)  # the schedule: a ratio with no FA layer is refused here
             cells.append((f"{kind}_{ratio}", arg))
     return cells

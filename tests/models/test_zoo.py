@@ -16,7 +16,9 @@ from hwh_jax.layers.config import LayerSpec, ModelConfig
 from hwh_jax.models import HybridLM
 
 VOCAB = 128
-KINDS = [k for k in heads.ORDER if k != "gdn"]  # GDN: tests/test_inference.py, test_model.py
+KINDS = [
+    k for k in heads.ORDER if k != "gdn"
+]  # GDN: tests/inference/test_inference.py, test_model.py
 CONV_OPTIONAL = [k for k in heads.ORDER if heads.get(k).conv_optional]
 
 
@@ -52,7 +54,7 @@ def test_every_kind_decodes_packs_and_trains(kind):
 
 def check_kind(kind):
     """Prefill then decode equals the forward (a left-padded row too), packed documents equal
-    each alone, and a few AdamW steps lower the loss (tests/test_head_kinds.py's toy too)."""
+    each alone, and a few AdamW steps lower the loss (tests/models/test_head_kinds.py's toy too)."""
     model = _model(kind)
     # prefill 13 tokens (crossing chunks of 8), then one token at a time; row 0 left-padded
     x = _tokens(2, 20)

@@ -19,7 +19,7 @@ from hwh_jax import storage
 from hwh_jax.data.paths import resolve
 from hwh_jax.data.sources import read_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOL = 1e-5  # relative, fp32: the processes sum the same rows in another order
 
 
@@ -299,4 +299,4 @@ def test_the_evaluation_launchers_run_under_several_processes(four, cache, tmp_p
     res = json.loads(next((tmp_path / "analysis").glob("0_*/analysis.json")).read_text())
     heads = [h for layer in res["layers"] for h in layer["taxonomy"]]
     assert heads and all(0 <= h["ld_score"] <= 1 for h in heads)  # (QRscores: the trace's
-    # test in tests/test_launch.py runs the same scoring)
+    # test in tests/launch/test_launch.py runs the same scoring)

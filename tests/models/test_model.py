@@ -18,7 +18,7 @@ from hwh_jax.layers.mixer import HeadwiseMixer
 from hwh_jax.models import ARCHS, HybridLM, count_params, count_params_whole, model_config
 from hwh_jax.models.variants import model_config_from_dict
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def load_config(path):

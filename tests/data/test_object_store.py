@@ -20,7 +20,7 @@ from hwh_jax import storage
 from hwh_jax.data.paths import resolve
 from hwh_jax.data.sources import read_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "gs://bkt"
 
 

@@ -1,7 +1,7 @@
 """The linear-head registry (hwh_jax/layers/heads): a kind added as one module outside the
 package (tests/toy_kind.py, named in $HWH_HEAD_KINDS) decodes, packs and trains as the zoo's
 kinds do, trains through the trainer, generates from its checkpoint and counts its FLOPs;
-``launch.describe --table`` lists it (tests/test_launch.py). Unknown and doubled names are
+``launch.describe --table`` lists it (tests/launch/test_launch.py). Unknown and doubled names are
 errors that say what to change."""
 
 import numpy as np

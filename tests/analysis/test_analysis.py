@@ -203,7 +203,7 @@ def _save_random_hf(kind, folder, shard=False):
 def test_hf_import_logits_match_transformers(tmp_path, kind, shard):
     import torch
 
-    from hwh_jax.analysis.hf_import import load_hf_checkpoint
+    from hwh_jax.hf.load import load_hf_checkpoint
 
     m = _save_random_hf(kind, tmp_path, shard)
     assert (tmp_path / "model.safetensors.index.json").exists() == shard
@@ -218,7 +218,7 @@ def test_hf_import_logits_match_transformers(tmp_path, kind, shard):
 
 
 def test_hf_import_rejects_what_it_cannot_place(tmp_path):
-    from hwh_jax.analysis.hf_import import load_hf_checkpoint
+    from hwh_jax.hf.load import load_hf_checkpoint
 
     _save_random_hf("qwen3", tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -236,7 +236,7 @@ def test_launch_analyze_on_an_hf_checkpoint(tmp_path):
     from pathlib import Path
 
     _save_random_hf("llama", tmp_path / "hf")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
         [
             sys.executable,

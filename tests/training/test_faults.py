@@ -23,7 +23,7 @@ from hwh_jax.data.sources import read_text
 from hwh_jax.training import checkpoint as ckpt_lib
 from hwh_jax.training.trainer import train_and_evaluate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -547,7 +547,7 @@ def test_a_vocabulary_too_large_for_the_corpus_names_the_key(tmp_path):
 
 
 def test_hf_config_errors_name_the_file_and_key(tmp_path):
-    from hwh_jax.analysis.hf_import import load_hf_checkpoint
+    from hwh_jax.hf.load import load_hf_checkpoint
 
     (tmp_path / "config.json").write_text('{"model_type": "qwen3",\n "hidden_size": }')
     with pytest.raises(ValueError, match=r"config.json:2:\d+: not valid JSON"):

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args, env=None):
@@ -49,8 +49,8 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     (copies of it: each run and a row over the seeds; cross-model figures); launch.analyze
     launch.trace_retrieval follows its FA heads over its two checkpoints. The Transformer: the
     launchers do not depend on the mixer, and it compiles fastest (HwH's decoding, scoring and
-    training: tests/test_inference.py, test_eval.py, test_training.py; launch.generate and
-    launch.analyze on a trained run: tests/test_multiprocess.py; generate also test_faults.py,
+    training: tests/inference/test_inference.py, test_eval.py, test_training.py; launch.generate and
+    launch.analyze on a trained run: tests/training/test_multiprocess.py; generate also test_faults.py,
     analyze also test_analysis.py.)"""
     import json
     import shutil
@@ -114,7 +114,7 @@ def test_train_then_evaluate_and_generate_end_to_end(tmp_path):
     assert {r["depth"] for r in res["niah"]} == {0} and len(res["ppl"]) == 8
     assert res["longppl"]["evaluator"] == "transformer@run" and res["longppl"]["length"] == 128
     assert set(res["commonsense"]) == {"piqa", "lambada_openai"}  # every task's loader and
-    # scoring: tests/test_eval.py
+    # scoring: tests/eval/test_eval.py
     assert all(0 <= v["acc"] <= 1 and v["examples"] == 3 for v in res["commonsense"].values())
     assert (ev / "niah_extrapolation.png").exists() and (ev / "ppl_by_position.png").exists()
     # without --out: a folder of its own, the closing evaluation's eval/ untouched

@@ -6,11 +6,11 @@ Two forms, chosen by the architecture (``export``):
   Transformer, models imported from Llama checkpoints): RMSNorm before attention and before a
   SwiGLU, RoPE with the two halves of a head rotated together, GQA. A standard
   ``LlamaForCausalLM`` folder that ``transformers`` loads without remote code. The names are the
-  inverse of ``hwh_jax.analysis.hf_import`` (the round trip is exact).
+  inverse of ``hwh_jax.hf.load`` (the round trip is exact).
 - **HwH**: every other model whose linear heads have a PyTorch form here (GDN, DeltaNet,
   Lightning, RetNet): head-wise and layer-wise hybrids, pure linear-attention models, NoPE
   heads, sliding windows, q/k norms, no MLP, learned positions. The folder carries the modeling
-  code (``hwh_jax/assets/hf_modeling``: ``HwhConfig``, ``HwhForCausalLM``, pure PyTorch), which
+  code (``hwh_jax/hf/modeling``: ``HwhConfig``, ``HwhForCausalLM``, pure PyTorch), which
   ``transformers`` loads with ``trust_remote_code=True``; ``import_hwh`` reads it back exactly.
 
 Both write ``config.json``, ``model.safetensors`` (float32 or bfloat16, [out, in] layout),
@@ -33,13 +33,14 @@ import numpy as np
 from flax import nnx
 
 from hwh_jax import storage
-from hwh_jax.analysis.hf_import import our_path, param_path
-from hwh_jax.data.paths import ASSETS, resolve
+from hwh_jax.data.paths import resolve
+from hwh_jax.hf.load import our_path, param_path
 from hwh_jax.layers.config import LayerSpec, ModelConfig
 
 DTYPES = ("float32", "bfloat16")
 HWH_KINDS = ("gdn", "deltanet", "lightning", "retnet")  # linear heads with a PyTorch form
-MODELING = ("configuration_hwh.py", "modeling_hwh.py")  # in hwh_jax/assets/hf_modeling
+MODELING_DIR = Path(__file__).parent / "modeling"  # local path: the PyTorch code a folder carries
+MODELING = ("configuration_hwh.py", "modeling_hwh.py")
 
 
 def exportable(cfg: ModelConfig) -> str | None:
@@ -92,7 +93,7 @@ def llama_config(cfg: ModelConfig, *, max_positions: int, tokenizer, dtype: str)
 def llama_tensors(model, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """HF name -> array of every parameter of ``model``: the names Llama's checkpoints hold,
     each placed (and transposed to [out, in]) by the importer's own table
-    (``hf_import.our_path``), so export and import cannot disagree."""
+    (``load.our_path``), so export and import cannot disagree."""
     params = nnx.state(model, nnx.Param)
     ours = {
         param_path(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
@@ -133,7 +134,7 @@ def write_tokenizer(tokenizer, out: Path) -> list[str]:
         sp = tokenizer.sp
         piece = lambda i: sp.id_to_piece(int(i)) if 0 <= int(i) < sp.get_piece_size() else None
         shutil.copyfile(storage.local_copy(tokenizer.model_path), out / "tokenizer.model")
-        shutil.copyfile(ASSETS / "hf_modeling" / "tokenization_hwh.py", out / "tokenization_hwh.py")
+        shutil.copyfile(MODELING_DIR / "tokenization_hwh.py", out / "tokenization_hwh.py")
         config = {
             "tokenizer_class": "HwhSentencePieceTokenizer",
             "auto_map": {"AutoTokenizer": ["tokenization_hwh.HwhSentencePieceTokenizer", None]},
@@ -345,7 +346,7 @@ def export(
 
 def _write(out, tensors, config, tokenizer, dtype, extra=(), trained_length=None) -> list[str]:
     """The folder's files: weights in ``dtype``, config (with ``trained_length`` where given),
-    generation config, tokenizer, and ``extra`` files copied from hwh_jax/assets/hf_modeling."""
+    generation config, tokenizer, and ``extra`` files copied from hwh_jax/hf/modeling."""
     if trained_length:
         config = {**config, "trained_length": int(trained_length)}
     from safetensors.numpy import save_file
@@ -364,7 +365,7 @@ def _write(out, tensors, config, tokenizer, dtype, extra=(), trained_length=None
     (local / "generation_config.json").write_text(json.dumps(generation, indent=2))
     names = ["config.json", "model.safetensors", "generation_config.json"]
     names += write_tokenizer(tokenizer, local)
-    source = ASSETS / "hf_modeling"
+    source = MODELING_DIR
     for name in extra:
         shutil.copyfile(source / name, local / name)
         names.append(name)

@@ -19,7 +19,7 @@ from hwh_jax.data.sources import read_text
 from hwh_jax.models.variants import ARCHS, SIZES
 from hwh_jax.training.trainer import train_and_evaluate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def small_config(corpus, arch="transformer", **train):
     t.steps, t.batch_size, t.lr, t.warmup_steps = 6, 8, 3e-3, 2
     t.log_every, t.eval_every, t.checkpoint_every, t.eval_sequences = 1, 0, 0, 16
     t.mesh = (1, 1, 1)  # one device: multi-device runs are test_meshes_agree_...'s business
-    config.eval.at_end = False  # the evaluation suite after training: tests/test_launch.py
+    config.eval.at_end = False  # the evaluation suite after training: tests/launch/test_launch.py
     for k, v in train.items():
         setattr(t, k, v)
     return config
@@ -125,7 +125,7 @@ def test_meshes_agree_and_a_checkpoint_moves_between_them(corpus, tmp_path):
     """HwH in fp32 on 8 fake CPU devices: a 2x2x2 mesh (data, fsdp, tensor) trains steps 1-2
     and stops with a checkpoint; a 1x2x4 mesh restores it (orbax reshards) and trains step 3.
     Every step's loss agrees with the uninterrupted single-device run. (Moving to fewer devices
-    and processes: tests/test_multiprocess.py.)"""
+    and processes: tests/training/test_multiprocess.py.)"""
     ref = _train_in_subprocess(corpus, tmp_path / "ref", "1,1,1", devices=1)
     assert sorted(ref) == [1, 2, 3]
     first = _train_in_subprocess(
@@ -545,22 +545,23 @@ def test_profile_traces_the_steps_asked_and_keeps_the_run_unchanged(corpus, tmp_
 def test_the_ratio_grid_names_its_cells_and_refuses_a_cell_before_training():
     """launch.experiment's grid: a cell per (kind, ratio), each a layer-wise config of
     configs/experiment.py; an unknown kind or a ratio leaving no FA layer is refused up front."""
+    from configs.experiment import get_config
     from hwh_jax.experiments.runner import grid_cells
 
-    assert grid_cells(["gdn", "gla"], ["1", "3"], 256, cpu=True) == [
+    assert grid_cells(get_config, ["gdn", "gla"], ["1", "3"], 256, cpu=True) == [
         ("gdn_1", "layerwise/gdn/1,256,cpu"),
         ("gdn_3", "layerwise/gdn/3,256,cpu"),
         ("gla_1", "layerwise/gla/1,256,cpu"),
         ("gla_3", "layerwise/gla/3,256,cpu"),
     ]
     with pytest.raises(ValueError, match="no FA layer"):
-        grid_cells(["gdn"], ["5"], 256, cpu=True)  # the tiny size has 4 layers
+        grid_cells(get_config, ["gdn"], ["5"], 256, cpu=True)  # the tiny size has 4 layers
     with pytest.raises(ValueError, match="no FA layer"):
-        grid_cells(["gdn"], ["12"], 512)  # the small size has 12 layers
+        grid_cells(get_config, ["gdn"], ["12"], 512)  # the small size has 12 layers
     with pytest.raises(ValueError, match="'gru'"):
-        grid_cells(["gru"], ["3"], 512)
+        grid_cells(get_config, ["gru"], ["3"], 512)
     with pytest.raises(ValueError, match="both --mixers and --ratios"):
-        grid_cells(["gdn"], [], 512)
+        grid_cells(get_config, ["gdn"], [], 512)
 
 
 def test_heldout_loss_scores_the_same_rows_whatever_the_micro_batch():

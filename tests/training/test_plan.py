@@ -14,7 +14,7 @@ import pytest
 from hwh_jax.profiling import hlo
 from hwh_jax.training import tpu_slices
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def plan(tmp_path, *args):

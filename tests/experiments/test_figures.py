@@ -86,7 +86,7 @@ def test_each_figure_keeps_its_labels_and_counts_in_whole_numbers(figures, tmp_p
     assert [t.get_text() for t in mqar.get_xticklabels()] == ["64"]
 
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 PER_SEED = ("hwh", "hwh_flat", "hwh_uniform", "layerwise_nope", "layerwise", "hwh_rope",
             "transformer", "gdn")  # fmt: skip
 GROUPS = {  # docs/results.md's report commands: measurements folder -> its groups

@@ -3,7 +3,7 @@
 On CPU the kernels run in interpret mode, with the generic interpreter (the GPU layout: one
 program per (batch, head, value block) walking its chunks) and with TPU semantics
 (``pltpu.InterpretParams``: the chunk axis of the grid "arbitrary", state in VMEM scratch). On a
-GPU or TPU backend (``JAX_PLATFORMS=cuda pytest tests/test_gdn_pallas.py``) the compiled kernel
+GPU or TPU backend (``JAX_PLATFORMS=cuda pytest tests/kernels/test_gdn_pallas.py``) the compiled kernel
 is checked too.
 """
 
@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
+from test_gdn_reference import make_inputs
 
 from kernels_pallas.gdn import GDNSettings, gated_delta_rule, gated_delta_rule_pallas
-from tests.test_gdn_reference import make_inputs
 
 MODES = {"generic": True, "tpu": pltpu.InterpretParams()}
 if jax.default_backend() in ("gpu", "tpu"):

@@ -196,7 +196,7 @@ def test_cells_side_by_side_equal_the_sweep_and_continue(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     spec = SweepSpec(
         archs=("transformer", "gdn"), seeds=(0,), **{**TINY, "warmup_steps": SweepSpec.warmup_steps}
     )
@@ -248,7 +248,7 @@ def test_a_signal_to_the_side_by_side_command_reaches_every_cell(tmp_path):
     import time
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "sbs"
     cmd = [
         sys.executable,

@@ -249,7 +249,7 @@ def test_launch_lm_eval_registers_its_model_through_the_public_registry(monkeypa
     assert launch.lm_eval.register() is RunLM and get_model("hwh") is RunLM
     assert launch.lm_eval.register() is RunLM  # a second registration agrees
     assert get_model("hf").__name__ == "HFLM" and "hwh" in model_registry
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     assert not list(root.glob("*.pth")) and not (root / "setup.py").exists()
 
 

@@ -499,7 +499,7 @@ def test_niah_by_depth_from_the_committed_runs():
 
     from hwh_jax.experiments.report import depth_table
 
-    root = Path(__file__).resolve().parents[1] / "measurements" / "experiment_L512_per_seed_prompts"
+    root = Path(__file__).resolve().parents[2] / "measurements" / "experiment_L512_per_seed_prompts"
     rows = [
         r
         for s in range(3)
@@ -528,7 +528,7 @@ def test_commonsense_table_from_the_committed_runs():
     from hwh_jax.eval.stats import seeds_interval
     from hwh_jax.experiments.report import commonsense_table
 
-    root = Path(__file__).resolve().parents[1] / "measurements"
+    root = Path(__file__).resolve().parents[2] / "measurements"
     root = root / "experiment_L512_rope_commonsense"
     rows = {
         a: [
@@ -611,7 +611,7 @@ def test_report_draws_every_run_of_every_group_under_its_own_name(tmp_path, monk
     from hwh_jax.eval import suite
     from hwh_jax.experiments import report as rep
 
-    root = Path(__file__).resolve().parents[1] / "measurements" / "experiment_L512_per_seed_prompts"
+    root = Path(__file__).resolve().parents[2] / "measurements" / "experiment_L512_per_seed_prompts"
     drawn = {}
     monkeypatch.setattr(
         suite.plots, "extrapolation_chart", lambda rows, path, L: drawn.update(rows)

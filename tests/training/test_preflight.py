@@ -108,7 +108,7 @@ def test_every_default_has_one_definition():
     with old.unlocked():
         del old.train["eval_sequences"]  # a run saved before the key existed
     assert TrainSpec.from_config(old).eval_sequences == TrainSpec.eval_sequences
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     reads = re.compile(r"config\.seq_len|config\.train\b|\.get\(\"(loggers|lease_seconds)\"")
     found = [
         f"{p.relative_to(root)}:{n}"

@@ -16,9 +16,9 @@ from flax import nnx
 
 from hwh_jax.data.paths import resolve
 from hwh_jax.data.tokenizers import GPT2BPE
+from hwh_jax.hf.export import export_hwh, export_llama, import_hwh
 from hwh_jax.inference import Generator
 from hwh_jax.models import HybridLM, model_config
-from hwh_jax.training.hf_export import export_hwh, export_llama, import_hwh
 
 PROMPTS = ["It was the best of times, it was the worst", "Call me Ishmael."]
 
@@ -67,7 +67,7 @@ def test_logits_generation_and_tokenizer_equal_the_jax_models(exported):
 
 
 def test_the_importer_reads_the_export_back_exactly(exported):
-    from hwh_jax.analysis.hf_import import load_hf_checkpoint
+    from hwh_jax.hf.load import load_hf_checkpoint
 
     model, cfg, _, out, _ = exported
     back, back_cfg, _ = load_hf_checkpoint(out)
@@ -244,8 +244,8 @@ def test_hwh_form_gradients_equal_the_jax_models(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hwh_jax.analysis.hf_import import param_path
-    from hwh_jax.training.hf_export import _to_torch, torch_name
+    from hwh_jax.hf.export import _to_torch, torch_name
+    from hwh_jax.hf.load import param_path
 
     model, cfg, _ = _hwh_export("hwh", tmp_path)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True, dtype=torch.float32)

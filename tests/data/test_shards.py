@@ -21,7 +21,7 @@ from hwh_jax.data.paths import resolve
 from hwh_jax.data.pipeline import DataSpec, build_splits
 from hwh_jax.data.tokenizers import GPT2BPE, GPT2BPEReference
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # SHA-256 (first 16 hex digits) of every document's GPT2BPEReference ids, as uint32, in order,
 # and their count: the pure-Python BPE's output on each shipped corpus
