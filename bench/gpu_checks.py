@@ -69,7 +69,7 @@ def exported_fla_checks():
     and final states (a prompt not a multiple of the chunk, a carried initial state)."""
     import torch
 
-    from hwh_jax.assets.hf_modeling import modeling_hwh as m
+    from hwh_jax.hf.modeling import modeling_hwh as m
 
     if m.fla_ops() is None:
         return [{"check": "exported_fla", "skipped": "fla is not installed"}]
