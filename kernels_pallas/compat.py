@@ -1,6 +1,6 @@
 """Every use of JAX's private modules (``jax._src``) in the project, each with the versions it
 was written against and what callers get where it is missing. Nothing else imports
-``jax._src`` (``tests/test_architecture.py`` holds that); a JAX upgrade that moves one of these
+``jax._src`` (``tests/project/test_architecture.py`` holds that); a JAX upgrade that moves one of these
 breaks here, in one file, and its fallback keeps the caller running.
 
   cudnn_attention()       JAX's cuDNN attention module, whose fwd/bwd rules the sequence axis'

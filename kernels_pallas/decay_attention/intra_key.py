@@ -37,7 +37,7 @@ sub-chunks walked up, a running sum carried), so that no fp32 gradient goes back
 twice. ``bench/triton_regs.py --ops decay_key`` gives their registers and layout conversions
 without a GPU. Both layouts of ``linear_scan.common`` ([B, T, H, X] with grid (B, N, H) for
 Triton, [B, H, T, X] for Mosaic TPU) are tested interpreted and lower for their compilers
-(``tests/test_export.py``); the Triton one runs on GPUs, the Mosaic one has not run on a TPU.
+(``tests/training/test_export.py``); the Triton one runs on GPUs, the Mosaic one has not run on a TPU.
 """
 
 from __future__ import annotations

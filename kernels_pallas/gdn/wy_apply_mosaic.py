@@ -15,7 +15,7 @@ Without a GPU the kernel runs under the Mosaic GPU interpreter (``interpret=True
 operand: there the tiles are unswizzled, vectors are plain loads and QK is a ``dot_general``,
 so it checks the kernel's data flow (slots, barriers, copies, the scaling), not those three.
 The compiled form is checked on a GPU and, without one, by lowering it for CUDA
-(``tests/test_gdn_mosaic.py``). ``GDNSettings(wy_apply="auto")`` takes this kernel on a Hopper
+(``tests/kernels/test_gdn_mosaic.py``). ``GDNSettings(wy_apply="auto")`` takes this kernel on a Hopper
 GPU for the shapes it takes (``hopper``, ``takes``).
 Requires chunks of 64 (one wgmma M tile), K and V multiples of 64 and 16-bit inputs.
 """
