@@ -35,10 +35,10 @@ from flax import nnx
 from hwh_jax import storage
 from hwh_jax.data.paths import resolve
 from hwh_jax.hf.load import our_path, param_path
+from hwh_jax.layers import heads
 from hwh_jax.layers.config import LayerSpec, ModelConfig
 
 DTYPES = ("float32", "bfloat16")
-HWH_KINDS = ("gdn", "deltanet", "lightning", "retnet")  # linear heads with a PyTorch form
 MODELING_DIR = Path(__file__).parent / "modeling"  # local path: the PyTorch code a folder carries
 MODELING = ("configuration_hwh.py", "modeling_hwh.py")
 
@@ -172,8 +172,9 @@ def write_tokenizer(tokenizer, out: Path) -> list[str]:
 
 def hwh_exportable(cfg: ModelConfig) -> str | None:
     """None if ``cfg`` has the HwH form (``modeling_hwh.py``), else what stands in the way."""
-    if any(spec.num_la for spec in cfg.layers) and cfg.la_kind not in HWH_KINDS:
-        return f"its linear heads are {cfg.la_kind!r} (the PyTorch form has {list(HWH_KINDS)})"
+    if any(spec.num_la for spec in cfg.layers) and not heads.get(cfg.la_kind).torch_form:
+        with_form = [k for k in heads.names() if heads.get(k).torch_form]
+        return f"its linear heads are {cfg.la_kind!r} (the PyTorch form has {with_form})"
     return None
 
 

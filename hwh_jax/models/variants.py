@@ -12,6 +12,7 @@ Transformer's to well under 1% (docs/models.md lists every count).
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from hwh_jax.layers.config import ModelConfig, settings_from
 from hwh_jax.models import schedules
@@ -41,17 +42,86 @@ SIZES = {
     "1b4": Size(2048, 24, 16, 128, 6144, VOCAB_GPT2, 512),
 }
 
-ARCHS = (
-    "transformer",
-    "gdn",
-    "layerwise",
-    "layerwise_nope",
-    "swa",
-    "swa_nope",
-    "hwh",
-    "hwh_rope",
-    "hwh_uniform",
-)
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What an architecture's allocation may read besides depth and head slots: the run
+    config's ``model.fa_share``, ``counts``, ``ratio``, ``window`` and ``q_per_kv``."""
+
+    fa_share: float
+    counts: object
+    ratio: tuple
+    window: int
+    q_per_kv: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """One architecture: ``layers(num_layers, num_heads, layout)`` allocates its heads per
+    layer (a list of ``LayerSpec``, ``schedules``' named allocations)."""
+
+    name: str
+    layers: Callable[[int, int, Layout], list]
+    about: str = ""
+
+
+_ARCHS: dict[str, Architecture] = {}
+
+
+def register_arch(arch: Architecture) -> Architecture:
+    """Add an architecture under its name (``model.arch``); a name taken twice is an error."""
+    if arch.name in _ARCHS:
+        raise ValueError(f"architecture {arch.name!r} is registered twice")
+    _ARCHS[arch.name] = arch
+    return arch
+
+
+def _hwh(placement, fa_rope):
+    def layers(L, H, o: Layout):
+        uniform = placement == "uniform"
+        return schedules.hwh(
+            L,
+            H,
+            fa_share=o.fa_share,
+            counts=o.counts,
+            placement=placement,
+            fa_rope=fa_rope,
+            unit=o.q_per_kv,
+            enforce_rules=not uniform,
+        )
+
+    return layers
+
+
+for _arch in (
+    Architecture("transformer", lambda L, H, o: schedules.transformer(L, H), "RoPE FA heads"),
+    Architecture("gdn", lambda L, H, o: schedules.gdn(L, H), "linear heads only"),
+    Architecture(
+        "layerwise",
+        lambda L, H, o: schedules.layerwise(L, H, o.ratio, fa_rope=True),
+        "FA layers (RoPE) among linear layers at model.ratio",
+    ),
+    Architecture(
+        "layerwise_nope",
+        lambda L, H, o: schedules.layerwise(L, H, o.ratio, fa_rope=False),
+        "layerwise, NoPE FA layers",
+    ),
+    Architecture(
+        "swa",
+        lambda L, H, o: schedules.swa(L, H, o.window, o.ratio, fa_rope=True),
+        "FA layers (RoPE) among sliding-window layers",
+    ),
+    Architecture(
+        "swa_nope",
+        lambda L, H, o: schedules.swa(L, H, o.window, o.ratio, fa_rope=False),
+        "swa, NoPE FA layers",
+    ),
+    Architecture("hwh", _hwh("middle", False), "head-wise: NoPE FA heads beside linear heads"),
+    Architecture("hwh_rope", _hwh("middle", True), "hwh with RoPE FA heads"),
+    Architecture("hwh_uniform", _hwh("uniform", False), "hwh, FA heads spread evenly"),
+):
+    register_arch(_arch)
+ARCHS = tuple(_ARCHS)  # the project's architectures, in the tables' order
 
 
 def build_layers(
@@ -65,28 +135,12 @@ def build_layers(
     window=512,
     q_per_kv: int = 1,
 ):
+    """The layers of architecture ``arch`` (a registered name) at depth and head slots."""
+    if arch not in _ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; known: {tuple(_ARCHS)}")
     fa_share = schedules.HWH_FA_SHARE if fa_share is None else fa_share
-    if arch == "transformer":
-        return schedules.transformer(num_layers, num_heads)
-    if arch == "gdn":
-        return schedules.gdn(num_layers, num_heads)
-    if arch in ("layerwise", "layerwise_nope"):
-        return schedules.layerwise(num_layers, num_heads, ratio, fa_rope=arch == "layerwise")
-    if arch in ("swa", "swa_nope"):
-        return schedules.swa(num_layers, num_heads, window, ratio, fa_rope=arch == "swa")
-    if arch in ("hwh", "hwh_rope", "hwh_uniform"):
-        uniform = arch == "hwh_uniform"
-        return schedules.hwh(
-            num_layers,
-            num_heads,
-            fa_share=fa_share,
-            counts=counts,
-            placement="uniform" if uniform else "middle",
-            fa_rope=arch == "hwh_rope",
-            unit=q_per_kv,
-            enforce_rules=not uniform,
-        )
-    raise ValueError(f"unknown architecture {arch!r}; known: {ARCHS}")
+    layout = Layout(fa_share, counts, tuple(ratio), window, q_per_kv)
+    return _ARCHS[arch].layers(num_layers, num_heads, layout)
 
 
 def matched_mlp_hidden(cfg: ModelConfig, base: ModelConfig, multiple: int = 64) -> int:

@@ -80,3 +80,23 @@ def test_bad_names_raise():
         model_config("hwh", "7b")
     with pytest.raises(FileNotFoundError, match="missing.json"):
         schedules.load_counts("missing.json")
+
+
+def test_an_architecture_is_one_registration(monkeypatch):
+    """A new architecture is an ``Architecture`` registered under its name: model_config
+    builds it at every size; a name taken twice and an unknown name are errors that say so."""
+    from hwh_jax.models import variants
+
+    monkeypatch.setattr(variants, "_ARCHS", dict(variants._ARCHS))
+    arch = variants.Architecture(
+        "alternating",
+        lambda L, H, o: schedules.layerwise(L, H, (1, 1), fa_rope=True),
+        "FA and linear layers in turn",
+    )
+    variants.register_arch(arch)
+    cfg = model_config("alternating", "tiny")
+    assert [s.num_fa for s in cfg.layers] == [0, 8, 0, 8]
+    with pytest.raises(ValueError, match="'alternating' is registered twice"):
+        variants.register_arch(arch)
+    with pytest.raises(ValueError, match="unknown architecture 'hybrid'.*'alternating'"):
+        model_config("hybrid", "tiny")

@@ -67,6 +67,7 @@ class HeadKind:
     conv_optional: bool = False  # model.la_short_conv adds a short convolution on q, k, v
     uses_key_dim: bool = True  # False: model.la_key_dim is unused (an element-wise state)
     no_decay: tuple[str, ...] = ()  # parameter names that take no weight decay
+    torch_form: bool = False  # hwh_jax/hf/modeling/modeling_hwh.py has these heads (HF export)
 
 
 _KINDS: dict[str, HeadKind] = {}

@@ -246,6 +246,7 @@ register(
         delta_rule_flops,
         about="gated delta rule: S <- a_t (I - b_t k k^T) S + b_t k v^T",
         no_decay=("A_log", "dt_bias"),
+        torch_form=True,
     )
 )
 register(
@@ -254,5 +255,6 @@ register(
         _build(decay=False),
         delta_rule_flops,
         about="delta rule: S <- (I - b_t k k^T) S + b_t k v^T",
+        torch_form=True,
     )
 )

@@ -37,5 +37,6 @@ register(
         decay_flops,
         about="decaying state, fixed decay per head (ALiBi slopes)",
         conv_optional=True,
+        torch_form=True,
     )
 )

@@ -41,5 +41,6 @@ register(
         decay_flops,
         about="retention: decaying state, fixed decay per head, rotated q and k",
         conv_optional=True,
+        torch_form=True,
     )
 )
