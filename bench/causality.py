@@ -417,6 +417,7 @@ def run_jobs(args, size, models):
         cmd += ["--stop_after", str(args.stop_after - (time.time() - START))]
         if args.deterministic:
             cmd.append("--deterministic")
+        cmd += ["--attention_impl", args.attention_impl]
         procs.append((subprocess.Popen(cmd, env=env), out))
     rows = []
     for proc, out in procs:
@@ -458,6 +459,12 @@ def main():
         help="XLA's deterministic GPU ops only (the rerun level is then 0)",
     )
     ap.add_argument(
+        "--attention_impl",
+        default="auto",
+        help="the models' attention (model.attention.impl): 'reference' for XLA's, which runs "
+        "under --deterministic where cuDNN's attention did not (an H100, JAX 0.11.2)",
+    )
+    ap.add_argument(
         "--stop_after",
         type=float,
         default=float("inf"),
@@ -486,6 +493,8 @@ def main():
             write_jsonl(args.out, rows)
             continue
         for label, arch, ov in models:
+            if args.attention_impl != "auto":
+                ov = {**ov, "attention": {"impl": args.attention_impl}}
             if time.time() - START > args.stop_after:
                 print(f"--stop_after {args.stop_after:.0f} s: {label} ({size}) not checked")
                 continue

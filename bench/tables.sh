@@ -66,7 +66,7 @@ for part in "$@"; do
       python3 bench/gated_recurrence.py --profile --shapes 8,2048,2048 2,8192,2048 --out "$OUT/hgrn.jsonl"
       python3 bench/fla_gdn_anchor.py hgrn 8,2048,1,2048,2048 2,8192,1,2048,2048 | tee "$OUT/hgrn_fla.jsonl" ;;
     causality)
-      python3 bench/causality.py --out "$OUT/causality.jsonl" ;;
+      python3 bench/causality.py --jobs 2 --out "$OUT/causality.jsonl" ;;
     memorize)
       python3 bench/memorize.py --archs hwh transformer --size 380m --seq_len 2048 --batch 22 1 --steps 34 \
         --skip_recency --out "$OUT/memorize_380m.jsonl"
