@@ -21,11 +21,12 @@ Each state is compared through a fixed random projection to 16 values a position
 survives it with probability 1), in fp32. Required: in row 0 before p and in every position
 of the other rows, the largest change between ``a`` and ``b`` is at most that between runs of
 ``a`` (``rerun``, the largest of two reruns; 0 where the device is deterministic). A gradient
-leaf may also move by 2^-12 of its own largest entry (a sixteenth of a bf16 step): a sum whose
-order depends on the data (the embedding's scatter-add, XLA's atomics) rounds differently when
-a later token changes, without carrying it; ``exact`` says whether any leaf moved more than
-its rerun level. ``--deterministic`` asks XLA for deterministic GPU ops
-(``--xla_gpu_exclude_nondeterministic_ops``), so that the rerun level is 0. ``moved_after_p`` shows the change does
+leaf may also move by 2^-12 of its own largest entry (1/32 of bf16's spacing at 1): a sum
+whose order depends on the data (the embedding's scatter-add, XLA's atomics) rounds
+differently when a later token changes, without carrying it; ``exact`` says whether any leaf
+moved more than its rerun level. ``--deterministic`` asks XLA for deterministic GPU ops
+(``--xla_gpu_exclude_nondeterministic_ops``), so that the rerun level is 0. ``moved_after_p``
+shows the change does
 reach the later positions. ``--trained_steps`` (50) steps of AdamW at lr 1e-3 on fresh random
 batches (1 x 2,048) then repeat every check on the trained weights (a path whose weights are
 zero at init cannot leak at init).
