@@ -26,8 +26,7 @@ whose order depends on the data (the embedding's scatter-add, XLA's atomics) rou
 differently when a later token changes, without carrying it; ``exact`` says whether any leaf
 moved more than its rerun level. ``--deterministic`` asks XLA for deterministic GPU ops
 (``--xla_gpu_exclude_nondeterministic_ops``), so that the rerun level is 0. ``moved_after_p``
-shows the change does
-reach the later positions. ``--trained_steps`` (50) steps of AdamW at lr 1e-3 on fresh random
+shows the change does reach the later positions. ``--trained_steps`` (50) steps of AdamW at lr 1e-3 on fresh random
 batches (1 x 2,048) then repeat every check on the trained weights (a path whose weights are
 zero at init cannot leak at init).
 
