@@ -274,7 +274,7 @@ def model_rows(label, arch, size, overrides, batches, lengths, trained_steps, th
                 try:
                     xa, xb, xa2 = f(params, ba), f(params, bb), f(params, ba)
                     xa3 = f(params, ba)  # a second rerun: the rerun level is the larger change
-                except Exception as e:  # out of memory at one shape: said in its row, not fatal
+                except jax.errors.JaxRuntimeError as e:  # out of memory at one shape: in its row
                     row["error"] = f"{path}: {type(e).__name__}: {str(e)[:300]}"
                     continue
                 if path == "grad":
