@@ -12,7 +12,13 @@ import ml_collections
 
 from hwh_jax.data.pipeline import DataSpec
 from hwh_jax.eval.suite import EvalSpec
-from hwh_jax.layers.config import KERNEL_SETTINGS, SETTINGS_SET_HERE, ModelConfig
+from hwh_jax.layers import heads
+from hwh_jax.layers.config import (
+    KERNEL_SETTINGS,
+    KIND_SETTINGS_SET_HERE,
+    SETTINGS_SET_HERE,
+    ModelConfig,
+)
 from hwh_jax.models import schedules
 from hwh_jax.models.variants import ARCHS, SIZES
 from hwh_jax.training.optimizer import OptimizerSpec
@@ -83,6 +89,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # --config.model.gdn.impl=chunk_reference --config.model.gdn.wy_apply=triton
     for name, cls in KERNEL_SETTINGS.items():
         m[name] = settings_config(cls, skip=SETTINGS_SET_HERE[name])
+    # a linear-head kind with kernel settings of its own (HeadKind.settings): model.<kind>
+    for name, cls in heads.own_settings().items():
+        m[name] = settings_config(cls, skip=KIND_SETTINGS_SET_HERE)
     # ModelConfig's own fields a run may set, with its defaults and comments
     # (hwh_jax/layers/config.py): q_per_kv, qk_norm, rope_theta, rope_pairing, la_chunk_size,
     # la_kind (docs/models.md), la_short_conv, remat (hwh_jax/layers/remat.py), kernel_platform

@@ -64,6 +64,7 @@ SETTINGS_SET_HERE = {  # settings ModelConfig fills in itself (not set per op in
     name: ("interpret", "platform") + (("chunk_size",) if name in ("gdn", "decay") else ())
     for name in KERNEL_SETTINGS
 }
+KIND_SETTINGS_SET_HERE = ("interpret", "platform", "chunk_size")  # of a kind's own settings
 LEGACY_IMPL_KEYS = {  # the earlier flat fields, e.g. gdn_impl="pallas" -> gdn.impl
     "attn_impl": "attention",
     "decode_attn_impl": "decode_attention",
@@ -88,21 +89,32 @@ def settings_from(fields: dict) -> dict:
             current = dataclasses.asdict(current) if dataclasses.is_dataclass(current) else current
             out[name] = {**dict(current), "impl": impl}
     for name, cls in KERNEL_SETTINGS.items():
-        value = out.get(name)
-        if value is None or isinstance(value, cls):
-            continue
-        value = dict(value)
-        unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(
-                f"model.{name} has no setting {sorted(unknown)}; {cls.__name__} takes "
-                f"{[f.name for f in dataclasses.fields(cls) if f.name not in SETTINGS_SET_HERE[name]]}"
-            )
-        try:
-            out[name] = cls(**value)
-        except ValueError as e:
-            raise ValueError(f"model.{name}: {e}") from None
+        if out.get(name) is not None:
+            out[name] = _settings_value(name, cls, out[name], SETTINGS_SET_HERE[name])
+    own = dict(out.pop("kind_settings", None) or ())
+    for name, cls in heads.own_settings().items():
+        if name in out:
+            own[name] = _settings_value(name, cls, out.pop(name), KIND_SETTINGS_SET_HERE)
+    if own:
+        out["kind_settings"] = tuple(sorted(own.items()))
     return out
+
+
+def _settings_value(name: str, cls: type, value, set_here):
+    """``value`` (a ``cls`` or a mapping of its settings) as a ``cls``; errors name model.<name>."""
+    if isinstance(value, cls):
+        return value
+    value = dict(value)
+    unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise ValueError(
+            f"model.{name} has no setting {sorted(unknown)}; {cls.__name__} takes "
+            f"{[f.name for f in dataclasses.fields(cls) if f.name not in set_here]}"
+        )
+    try:
+        return cls(**value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"model.{name}: {e}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +161,8 @@ class ModelConfig:
     # deltanet, lightning, retnet, mamba2, gla, hgrn, hgrn2)
     la_short_conv: bool = False  # a short convolution on q, k, v of the kinds without
     # one (their HeadKind.conv_optional)
+    kind_settings: tuple = ()  # ((kind, settings value), ...): the kernel settings of the
+    # kinds that carry their own (HeadKind.settings), set as model.<kind>.<setting>
     remat: str = "none"  # what each block keeps for the backward pass: a policy of
     # layers/remat.py (none, save_dots, ..., full; "block" = full)
     kernel_platform: str = ""  # platform the kernels are chosen and lowered for
@@ -200,6 +214,18 @@ class ModelConfig:
         if any(s.fa_rope for s in self.layers) and self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
         kind = heads.get(self.la_kind)  # an unknown kind: an error listing the known ones
+        own = heads.own_settings()
+        for name, value in self.kind_settings:
+            if name not in own:
+                raise ValueError(
+                    f"ModelConfig.kind_settings names {name!r}, which is not a linear-head kind "
+                    f"with settings of its own; those are {sorted(own)}"
+                )
+            if not isinstance(value, own[name]):
+                raise ValueError(
+                    f"ModelConfig.kind_settings[{name!r}] must be a {own[name].__name__}, got "
+                    f"{type(value).__name__}"
+                )
         if self.la_short_conv and not kind.conv_optional:
             optional = [k for k in heads.names() if heads.get(k).conv_optional]
             raise ValueError(
@@ -224,6 +250,20 @@ class ModelConfig:
         return dataclasses.replace(
             value, platform=value.platform or self.kernel_platform or None, **kw
         )
+
+    def kind_settings_for(self, name: str | None = None):
+        """The settings value of linear-head kind ``name`` (default ``la_kind``) that carries
+        its own (``HeadKind.settings``): the run's, else the defaults, with the platform and,
+        where it has one, the chunk set here; None for a kind without settings of its own."""
+        name = name or self.la_kind
+        cls = heads.get(name).settings
+        if cls is None:
+            return None
+        value = dict(self.kind_settings).get(name) or cls()
+        kw = {"chunk_size": self.la_chunk_size} if hasattr(value, "chunk_size") else {}
+        if hasattr(value, "platform"):
+            kw["platform"] = value.platform or self.kernel_platform or None
+        return dataclasses.replace(value, **kw)
 
     def attention_settings(self) -> AttentionSettings:
         return self._kernel("attention")

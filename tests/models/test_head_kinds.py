@@ -32,6 +32,7 @@ def test_a_kind_from_one_module_trains_in_the_trainer_and_generates(tmp_path, mo
     monkeypatch.setenv("HWH_CACHE_DIR", str(tmp_path / "cache"))
     config = base.get_config("hwh_tiny")
     config.model.la_kind = "toy_ema"
+    config.model.toy_ema.decay = 0.25  # the kind's own kernel settings, as a run sets them
     config.seq_len, config.model.dtype = 32, "float32"
     config.data.paths, config.data.sp_vocab_size = (str(corpus),), 512
     t = config.train
@@ -43,6 +44,7 @@ def test_a_kind_from_one_module_trains_in_the_trainer_and_generates(tmp_path, mo
 
     run = load_run(tmp_path / "run")
     assert run.model.blocks[1].mixer.la.__class__ is toy_kind.EMAHeads
+    assert run.model.blocks[1].mixer.la.settings.decay == 0.25  # saved with the run, read back
     tokens = run.tokenizer.encode("ROMEO:")
     out = Generator(run.model, eos_id=-1).generate([tokens], 5)[0]
     assert len(out[0]) == 5
@@ -77,3 +79,39 @@ def test_unknown_and_doubled_kinds_say_what_to_change():
     assert heads.register(toy) is toy  # the same kind again (a module imported twice): fine
     with pytest.raises(ValueError, match="'toy_ema' is registered twice"):
         heads.register(heads.HeadKind("toy_ema", toy.build, toy.flops))
+
+
+def test_a_kind_with_kernel_settings_of_its_own():
+    """``HeadKind.settings`` (the toy's ``EMASettings``): a run config section model.toy_ema,
+    kept in ModelConfig.kind_settings, read by the heads; its values reach the recurrence, and
+    a wrong key or value is an error naming model.toy_ema."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from hwh_jax.models import model_config
+    from hwh_jax.models.variants import model_config_from_dict
+
+    config = base.get_config("hwh_tiny")
+    assert dict(config.model.toy_ema) == {"decay": 0.5, "impl": "auto"}
+    config.model.la_kind, config.model.toy_ema.decay = "toy_ema", 0.25
+    cfg = model_config_from_dict(config.model)
+    assert cfg.kind_settings == (("toy_ema", toy_kind.EMASettings(decay=0.25)),)
+    assert cfg.kind_settings_for().decay == 0.25
+    assert cfg.replace(kernel_platform="cpu").kind_settings_for().platform == "cpu"
+    assert cfg.kind_settings_for("gdn") is None  # a kind on a ModelConfig field's settings
+    assert model_config("hwh", "tiny", la_kind="toy_ema").kind_settings_for().decay == 0.5
+
+    heads_ = toy_kind.EMAHeads(cfg, 2, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+    v = jax.random.normal(jax.random.key(1), (1, 6, 2 * cfg.la_value_dim))
+    h, want = heads_.mix(v), np.zeros(v.shape[-1])
+    for t in range(6):  # h_t = d h_{t-1} + (1 - d) v_t with d = 0.25
+        want = 0.25 * want + 0.75 * np.asarray(v[0, t])
+        np.testing.assert_allclose(np.asarray(h[0, t]), want, rtol=1e-5, atol=1e-6)
+
+    with pytest.raises(ValueError, match=r"model.toy_ema has no setting \['nope'\]; EMASettings"):
+        model_config("hwh", "tiny", la_kind="toy_ema", toy_ema={"nope": 1})
+    with pytest.raises(ValueError, match=r"model.toy_ema: decay must be in \[0, 1\), got 1.5"):
+        model_config("hwh", "tiny", la_kind="toy_ema", toy_ema={"decay": 1.5})
+    with pytest.raises(ValueError, match="names 'gdn', which is not a linear-head kind with"):
+        cfg.replace(kind_settings=(("gdn", toy_kind.EMASettings()),))

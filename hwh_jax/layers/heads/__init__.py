@@ -68,6 +68,11 @@ class HeadKind:
     uses_key_dim: bool = True  # False: model.la_key_dim is unused (an element-wise state)
     no_decay: tuple[str, ...] = ()  # parameter names that take no weight decay
     torch_form: bool = False  # hwh_jax/hf/modeling/modeling_hwh.py has these heads (HF export)
+    # the settings of a kernel op of the kind's own (a frozen dataclass like GDNSettings, with
+    # ``platform`` and ``interpret``, ``chunk_size`` if it is chunked): set from a run config as
+    # model.<name>.<setting>, kept in ModelConfig.kind_settings, read by the heads through
+    # ``cfg.kind_settings_for(name)``. None: the kind's op takes a ModelConfig field's settings
+    settings: type | None = None
 
 
 _KINDS: dict[str, HeadKind] = {}
@@ -96,6 +101,11 @@ def _load() -> None:
             importlib.import_module(name)
         except ImportError as e:
             raise ImportError(f"{PLUGINS_ENV} names {name!r}, which cannot be imported: {e}") from e
+
+
+def own_settings() -> dict[str, type]:
+    """{kind: its settings class} for the kinds that carry kernel settings of their own."""
+    return {n: _KINDS[n].settings for n in names() if _KINDS[n].settings is not None}
 
 
 def names() -> tuple[str, ...]:
