@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -93,17 +94,21 @@ class HeadwiseMixer(nnx.Module):
         return (ys[: len(fa)] or None), (ys[len(fa) :] or None)
 
     def __call__(self, x, positions, segment_ids=None):  # [B,T,d] -> [B,T,d]
-        fa, la = self.project(x)
+        with jax.named_scope("projections"):  # scopes: the profile's groups (Block.residual)
+            fa, la = self.project(x)
         # named for the remat policies (layers/remat.py): identities otherwise
         fa = None if fa is None else [remat.tag(y, remat.QKV) for y in fa]
         la = None if la is None else [remat.tag(y, remat.QKV) for y in la]
         outs = []
         if fa is not None:
-            outs.append(self.fa.attend(*fa, positions, segment_ids))
+            with jax.named_scope("fa_heads"):
+                outs.append(self.fa.attend(*fa, positions, segment_ids))
         if la is not None:
-            outs.append(self.la.mix(*la, segment_ids=segment_ids, positions=positions))
+            with jax.named_scope("la_heads"):
+                outs.append(self.la.mix(*la, segment_ids=segment_ids, positions=positions))
         y = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
-        return remat.tag(self.o_proj(y), remat.OUT)
+        with jax.named_scope("out_proj"):
+            return remat.tag(self.o_proj(y), remat.OUT)
 
     # ------------------------------------------------------------ inference
     def init_cache(self, batch: int, max_len: int, dtype):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -67,11 +68,18 @@ class Block(nnx.Module):
         """(stream after the mixer's add, MLP output) from the stream x and the previous
         block's MLP output ``delta`` (None: already in x), which is added here. Without an MLP
         the mixer's output is the ``delta`` the next norm adds."""
-        x, y = self.mixer_norm.add(x, delta)
+        # named scopes group the device time by part (hwh_jax/profiling/profile.py, OP_GROUPS)
+        with jax.named_scope("norm"):
+            x, y = self.mixer_norm.add(x, delta)
+        with jax.named_scope("mixer"):
+            y = self.mixer(y, positions, segment_ids)
         if self.mlp is None:
-            return constrain(x), constrain(self.mixer(y, positions, segment_ids))
-        x, y = self.mlp_norm.add(constrain(x), self.mixer(y, positions, segment_ids))
-        return constrain(x), constrain(self.mlp(y))
+            return constrain(x), constrain(y)
+        with jax.named_scope("norm"):
+            x, y = self.mlp_norm.add(constrain(x), y)
+        with jax.named_scope("mlp"):
+            y = self.mlp(y)
+        return constrain(x), constrain(y)
 
     def input_weights(self):
         """(the mixer's, the MLP's) input weights concatenated, for ``extend``."""
@@ -173,14 +181,16 @@ class HybridLM(nnx.Module):
         """tokens [B, T] int -> final hidden states [B, T, d] (after the final norm)."""
         if positions is None:
             positions = jnp.arange(tokens.shape[1])[None]
-        x = self.embed_positions(self.embed_tokens(tokens), positions)
+        with jax.named_scope("embed"):
+            x = self.embed_positions(self.embed_tokens(tokens), positions)
         x, delta = constrain(x), None  # rows over the batch axes
         residual = remat.wrap(  # model.remat's policy
             _residual, self.cfg.remat, nnx.remat, self.cfg.kernel_platform
         )
         for block in self.blocks:
             x, delta = residual(block, x, delta, positions, segment_ids)
-        return self.final_norm.add(x, delta)[1]
+        with jax.named_scope("norm"):
+            return self.final_norm.add(x, delta)[1]
 
     def logits(self, h, dtype=jnp.float32):
         """[B, T, d] -> logits [B, T, vocab] in ``dtype`` (None: the compute dtype)."""

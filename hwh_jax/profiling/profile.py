@@ -18,7 +18,8 @@ before it (a gap between steps shows there, where per-kernel sums hide it); ``ga
 charges each idle gap between kernels to the kernel that ran just before it (a device idling
 after one kind of kernel points at what makes the host fall behind). Given the compiled
 program's HLO text (``hlo_text``), each listed kernel also names the JAX operation and source
-line it came from, and ``by_source_ms`` sums the device time by source line; each fusion and
+line it came from, ``by_source_ms`` sums the device time by source line and ``by_op_group_ms``
+by part of the model (``OP_GROUPS``: the model's named scopes); each fusion and
 custom call also gets the bytes its operands and outputs name (``hlo_bytes``) and the rate that
 is (``tb_per_s``: near the device's copy rate a kernel is bound by memory, far below it there is
 room; for matmuls, which reuse their operands, the rate says little). On the CPU backend there
@@ -46,6 +47,35 @@ CATEGORIES = (
     ("matmul", r"gemm|nvjet|cutlass|cublas|xmma|wgmma|dot|matmul"),
     ("copy", r"memcpy|memset|copy"),
 )
+
+
+# (group, the kernel categories it takes, or the named scope in its HLO op name), first match
+# wins: the model names its parts (jax.named_scope in models/lm.py, layers/mixer.py and
+# training/steps.py), so the rest of a linear head's work (gates, beta, its output norm, layout
+# copies) and the FA heads' (q/k norms, RoPE) are told from the projections, the MLP and the
+# norms. Needs the program's HLO (its op names); a kernel without a scope is "other".
+OP_GROUPS = (
+    ("linear heads: kernels", ("gdn", "linear_attention"), None),
+    ("linear heads: short conv", ("short_conv",), None),
+    ("FA heads: attention", ("attention",), None),
+    ("LM head + loss", (), "lm_head"),
+    ("embedding", (), "embed"),
+    ("optimizer", (), "optimizer"),
+    ("linear heads: gates, norm, layout", (), "la_heads"),
+    ("FA heads: norms, RoPE, layout", (), "fa_heads"),
+    ("mixer projections (in, out)", (), "projections|out_proj"),
+    ("MLP", (), "mlp"),
+    ("norms + residual adds", (), "norm"),
+)
+
+
+def op_group(name: str, source: str) -> str:
+    """The ``OP_GROUPS`` group of a kernel from its name and its source ("op_name @ where")."""
+    cat, op_name = category(name), source.split(" @ ", 1)[0]
+    for group, cats, scope in OP_GROUPS:
+        if cat in cats or (scope and re.search(rf"(^|[(/])({scope})([)/]|$)", op_name)):
+            return group
+    return "other"
 
 
 def category(name: str) -> str:
@@ -235,10 +265,13 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20, hlo_text: str | No
         return {**r, "source": key[1]} if key[1] else r
 
     where: dict[str, float] = {}  # device time by source location (file:line), if known
+    groups: dict[str, float] = {}  # and by the model's part (OP_GROUPS)
     if sources:
         for (name, src), (ms, *_) in kernels.items():
             loc = src.split(" @ ", 1)[1] if " @ " in src else f"({category(name)})"
             where[loc] = where.get(loc, 0.0) + ms
+            g = op_group(name, src)
+            groups[g] = groups.get(g, 0.0) + ms
 
     def rates(ms, n, b, sized):  # where the HLO sized every launch: MB per launch, TB/s
         return (
@@ -271,6 +304,9 @@ def summarize(out_dir: str | Path, steps: int, top: int = 20, hlo_text: str | No
         "by_source_ms": {
             k: ms / steps for k, ms in sorted(where.items(), key=lambda kv: -kv[1])[:top]
         },
+        "by_op_group_ms": {
+            k: ms / steps for k, ms in sorted(groups.items(), key=lambda kv: -kv[1])
+        },
     }
 
 
@@ -295,6 +331,9 @@ def format_summary(s: dict, step_ms: float | None = None) -> str:
         f"{k['name'][:60]}{src(k)}"
         for k in s["top_kernels_ms"]
     ]
+    if s.get("by_op_group_ms"):
+        lines += ["  by part of the model:"]
+        lines += [f"  {ms:8.3f} ms  {k}" for k, ms in s["by_op_group_ms"].items()]
     if s.get("by_source_ms"):
         lines += ["  by source line (kernels without one: by category):"]
         lines += [f"  {ms:8.3f} ms  {k[:110]}" for k, ms in s["by_source_ms"].items()]

@@ -43,18 +43,20 @@ def train_loss(
     model = nnx.merge(graphdef, params)
     h = _hidden(model, batch, document_mask)
     if loss_impl == "unfused":
-        logits = model.logits(h, dtype=None)
-        loss, zl, count = cross_entropy(logits, batch["targets"], batch["loss_mask"], z_loss)
+        with jax.named_scope("lm_head"):  # the profile's groups (profiling/profile.py)
+            logits = model.logits(h, dtype=None)
+            loss, zl, count = cross_entropy(logits, batch["targets"], batch["loss_mask"], z_loss)
         return loss + zl, (loss, count)
     settings = SoftmaxXentSettings(impl=loss_impl, platform=model.cfg.kernel_platform or None)
-    total, loss, _, count = head_loss(
-        h,
-        model.head_weight(),
-        batch["targets"],
-        batch["loss_mask"],
-        z_loss=z_loss,
-        settings=settings,
-    )
+    with jax.named_scope("lm_head"):
+        total, loss, _, count = head_loss(
+            h,
+            model.head_weight(),
+            batch["targets"],
+            batch["loss_mask"],
+            z_loss=z_loss,
+            settings=settings,
+        )
     return total, (loss, count)
 
 
@@ -149,9 +151,10 @@ def make_train_step(
             g_sum, l_sum, count = carry
             grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), g_sum)
             loss = l_sum / jnp.maximum(count, 1.0)
-        gnorm = optax.tree.norm(grads)
-        updates, opt_state = tx.update(grads, state["opt_state"], params)
-        new_params = optax.apply_updates(params, updates)
+        with jax.named_scope("optimizer"):
+            gnorm = optax.tree.norm(grads)
+            updates, opt_state = tx.update(grads, state["opt_state"], params)
+            new_params = optax.apply_updates(params, updates)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         # A non-finite step changes nothing and is remembered; the host stops at its next check.
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)

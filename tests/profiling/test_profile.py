@@ -197,3 +197,41 @@ def test_the_linear_attention_kernels_have_a_category_of_their_own():
     ):
         assert profile.category(name) == "linear_attention", name
     assert profile.category("loop_add_fusion") == "fusion/other"
+
+
+def test_the_models_parts_group_the_device_time():
+    """Every part of ``OP_GROUPS`` the model names (jax.named_scope) is found in a tiny HwH
+    training step's compiled program, so a profile groups its kernels by part."""
+    import optax
+    from flax import nnx
+
+    from hwh_jax.models import HybridLM, model_config
+    from hwh_jax.training.steps import make_train_step
+
+    cfg = model_config("hwh", "tiny", dtype="float32")
+    graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    tx = optax.adamw(1e-3)
+    state = {
+        "params": params,
+        "opt_state": tx.init(params),
+        "step": jnp.zeros((), jnp.int32),
+        "rng": jax.random.key(0),
+        "bad_step": jnp.full((), -1, jnp.int32),
+    }
+    B, T = 2, 32
+    batch = {
+        "inputs": jnp.ones((B, T), jnp.int32),
+        "targets": jnp.ones((B, T), jnp.int32),
+        "segment_ids": jnp.ones((B, T), jnp.int32),
+        "positions": jnp.tile(jnp.arange(T), (B, 1)),
+        "loss_mask": jnp.ones((B, T), jnp.float32),
+    }
+    step = make_train_step(graphdef, tx, lambda s: 1e-3)
+    text = jax.jit(step).lower(state, batch).compile().as_text()
+    groups = {profile.op_group(name, src) for name, src in profile.hlo_sources(text).items()}
+    want = {g for g, _, scope in profile.OP_GROUPS if scope}
+    assert want <= groups, want - groups
+    # the kernels' own categories come first, whatever scope they run in
+    assert profile.op_group("gdn_wy_bwd", "jit(s)/mlp/x @ f.py:1") == "linear heads: kernels"
+    assert profile.op_group("loop_fusion", "jit(s)/transpose(jvp(mlp))/mul @ mlp.py:3") == "MLP"
+    assert profile.op_group("loop_fusion", "jit(s)/mul @ mlp.py:3") == "other"  # a file is no scope
