@@ -21,6 +21,7 @@ from hwh_jax import checks, storage
 from hwh_jax.data import shards, sources
 from hwh_jax.data.packing import PackedSequences, concat_documents
 from hwh_jax.data.paths import cache_dir, resolve
+from hwh_jax.data.retrieval import FORMATS as RETRIEVAL_FORMATS
 from hwh_jax.data.retrieval import RetrievalMix
 from hwh_jax.data.sources import DECODE_ERRORS
 from hwh_jax.data.tokenizers import GPT2BPE, SentencePieceTokenizer, train_sentencepiece
@@ -53,6 +54,8 @@ class DataSpec:
     retrieval_share: float = 0.0  # share of synthetic NIAH-format training sequences
     retrieval_answer_weight: float = 1.0  # loss weight of their answers' value tokens
     retrieval_max_needles: int = 4  # needles per synthetic document: 1..this (all asked)
+    retrieval_format: str = "ruler"  # their wording: "ruler" (NIAH's own templates) | "pairs"
+    #                                  (another wording, numbers only: NIAH's format untaught)
     workers: int = 0  # grain worker processes building training batches
 
     def validate(self, files: bool = True):
@@ -66,6 +69,11 @@ class DataSpec:
         checks.number("data.retrieval_answer_weight", self.retrieval_answer_weight, lo=1)
         checks.number("data.workers", self.workers, lo=0, integer=True)
         checks.number("data.retrieval_max_needles", self.retrieval_max_needles, lo=1, integer=True)
+        if self.retrieval_format not in RETRIEVAL_FORMATS:
+            raise ValueError(
+                f"data.retrieval_format must be one of {list(RETRIEVAL_FORMATS)}, got "
+                f"{self.retrieval_format!r}"
+            )
         checks.number("data.sp_vocab_size", self.sp_vocab_size, lo=16, integer=True)
         if self.decode_errors not in DECODE_ERRORS:
             raise ValueError(
@@ -111,7 +119,8 @@ def _documents(spec: DataSpec, heldout: bool):
 
 def _fingerprint(spec: DataSpec, paths) -> str:
     fields = dataclasses.asdict(spec)
-    for name in ("retrieval_share", "retrieval_answer_weight", "retrieval_max_needles", "workers"):
+    mixed = ("retrieval_share", "retrieval_answer_weight", "retrieval_max_needles")
+    for name in (*mixed, "retrieval_format", "workers"):
         fields.pop(name)  # mixed in / batched after tokenisation: same tokenizer, same tokens
     # (decode_errors stays: a strict run must read the text itself, not a cache a lenient run
     # made of it with U+FFFD in place of the invalid bytes)
@@ -260,6 +269,7 @@ def build_splits(spec: DataSpec, seq_len: int, check_tokenizer=None) -> Splits:
             spec.retrieval_share,
             answer_weight=spec.retrieval_answer_weight,
             max_needles=spec.retrieval_max_needles,
+            fmt=spec.retrieval_format,
         )
     return Splits(train, PackedSequences(heldout, seq_len, **kw) if len(heldout) > 1 else None, tok)
 

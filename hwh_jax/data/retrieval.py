@@ -21,6 +21,11 @@ that a fixed share of training sequences teach the *format* of the RULER NIAH ta
   with training text after an EOS. No synthetic document is longer than L, so NIAH at 2L and
   4L measures extrapolation.
 
+``fmt="pairs"`` writes the documents in another wording than the evaluation's (no RULER
+header, needles ``PAIR_NEEDLE`` and questions ``PAIR_ANSWER``, 7-digit numbers only): a model
+trained on it meets RULER's templates, UUID values and multi-key prompts first at test, so NIAH
+then measures retrieval learnt from the data, not a format taught (docs/results.md).
+
 Every token is trained on (the loss mask is 1, as for text; ``answer_weight`` > 1 weighs the
 answers' value tokens more: with ~8 of them per answer they are ~1-2% of the tokens). The
 synthetic sequence of index i is a pure function of (seed, i): resuming or resharding
@@ -36,7 +41,12 @@ import numpy as np
 from hwh_jax.data.packing import PackedSequences, segments_and_positions
 from hwh_jax.data.ruler import NEEDLE, WORDS, prompt_template, value_type
 
-KINDS = ("numbers", "uuids")
+FORMATS = {  # the documents' wording -> the kinds of value it draws, one per document
+    "ruler": ("numbers", "uuids"),  # RULER's niah_single templates: those NIAH asks at test
+    "pairs": ("numbers",),  # PAIR_NEEDLE / PAIR_ANSWER: key -> 7-digit number facts
+}
+PAIR_NEEDLE = "Note: the code of {key} is {value}."
+PAIR_ANSWER = "\nQ: What is the code of {key}?\nA: {value}."
 
 
 class RetrievalMix:
@@ -51,8 +61,11 @@ class RetrievalMix:
         *,
         max_needles: int = 4,
         answer_weight: float = 1.0,
+        fmt: str = "ruler",
         seed: int = 0,
     ):
+        if fmt not in FORMATS:
+            raise ValueError(f"retrieval format must be one of {list(FORMATS)}, got {fmt!r}")
         if not 0 < share < 1:
             raise ValueError(f"retrieval share must lie in (0, 1), got {share}")
         if answer_weight < 1:
@@ -60,16 +73,16 @@ class RetrievalMix:
         if max_needles < 1:
             raise ValueError(f"max_needles must be >= 1, got {max_needles}")
         self.text, self.tokenizer, self.share, self.seed = text, tokenizer, share, seed
-        self.max_needles, self.answer_weight = max_needles, answer_weight
+        self.max_needles, self.answer_weight, self.fmt = max_needles, answer_weight, fmt
         self.seq_len, self.window = text.seq_len, text.window
         self.eos_id, self.pad_id = text.eos_id, text.pad_id
         self.num_text = len(text)
         self.num_synthetic = max(1, round(self.num_text * share / (1 - share)))
         self._cache: dict[str, np.ndarray] = {}
         longest = max(WORDS, key=len)
+        widest = {"numbers": "9" * 7, "uuids": str(uuid.UUID(int=0))}
         need = 1 + max(
-            self._length(self._encode(kind, [longest], [value]))
-            for kind, value in (("numbers", "9" * 7), ("uuids", str(uuid.UUID(int=0))))
+            self._length(self._encode(kind, [longest], [widest[kind]])) for kind in FORMATS[fmt]
         )
         if need >= self.window:
             raise ValueError(
@@ -80,10 +93,16 @@ class RetrievalMix:
             raise ValueError("the training stream is too short to cut haystacks from")
 
     @staticmethod
-    def pieces(kind: str, keys: list[str], values: list[str]) -> tuple[str, list[str], list[str]]:
+    def pieces(
+        kind: str, keys: list[str], values: list[str], fmt: str = "ruler"
+    ) -> tuple[str, list[str], list[str]]:
         """Header, needles and question-answer texts of one document (k = len(keys)). Each
         question asks for one key's one value, so the template is RULER's singular (as its
-        niah_multikey tasks render it with several needles and one query)."""
+        niah_multikey tasks render it with several needles and one query); ``fmt="pairs"``:
+        no header, ``PAIR_NEEDLE`` and ``PAIR_ANSWER``."""
+        if fmt == "pairs":
+            needles = [" " + PAIR_NEEDLE.format(key=k, value=v) + " " for k, v in zip(keys, values)]
+            return "", needles, [PAIR_ANSWER.format(key=k, value=v) for k, v in zip(keys, values)]
         header, rest = prompt_template(1).split("{context}")
         one = value_type(kind, 1)
         needles = [
@@ -109,7 +128,7 @@ class RetrievalMix:
         template before the cut is encoded once per (kind, key), the value chunk once per
         needle. Both tokenizers here never merge across that space (tested: the pieces equal
         the whole texts' encodings)."""
-        header, needles, answers = self.pieces(kind, keys, values)
+        header, needles, answers = self.pieces(kind, keys, values, self.fmt)
         n_parts, a_parts, n_spans, a_spans = [], [], [], []
         for needle, answer, value in zip(needles, answers, values):
             n_value = len(self.tokenizer.encode(" " + value))
@@ -157,7 +176,8 @@ class RetrievalMix:
         answers (predictable only by retrieving the needle) and the same values' tokens in the
         needles (unpredictable: the chance baseline). ``hwh_jax.eval.retrieval_probe``."""
         rng = np.random.default_rng((self.seed, 0x5EED, j))
-        kind = KINDS[int(rng.integers(2))]
+        kinds = FORMATS[self.fmt]
+        kind = kinds[int(rng.integers(len(kinds)))]
         k = int(rng.integers(1, self.max_needles + 1))
         keys = [WORDS[int(w)] for w in rng.choice(len(WORDS), k, replace=False)]
         values = [
@@ -225,5 +245,5 @@ class RetrievalMix:
         return (
             f"RetrievalMix({self.num_text} text + {self.num_synthetic} synthetic retrieval "
             f"x {self.seq_len}, share {self.share}, up to {self.max_needles} needles, answer "
-            f"weight {self.answer_weight})"
+            f"weight {self.answer_weight}, format {self.fmt})"
         )

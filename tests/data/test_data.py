@@ -311,6 +311,31 @@ def test_retrieval_mix_sequences(gpt2):
     np.testing.assert_array_equal(again[len(text) + 5]["loss_mask"], 1 + 4 * answers)
 
 
+def test_retrieval_mix_in_another_wording(gpt2):
+    """``fmt="pairs"``: no word of RULER's templates, numbers only, every needle asked and
+    answered in its own wording; the probe's masks cover the values; the same draws as
+    "ruler" would make otherwise (keys, depths)."""
+    stream = np.asarray(gpt2.encode(sources.read_text(SHAKESPEARE)[:60_000]), np.uint32)
+    text = PackedSequences(stream, 256, eos_id=gpt2.eos_id, pad_id=gpt2.pad_id)
+    mix = RetrievalMix(text, gpt2, 0.25, fmt="pairs")
+    assert "format pairs" in repr(mix)
+    for j in range(mix.num_synthetic):
+        x, answer, needle = mix.probe(j)
+        doc = gpt2.decode(np.concatenate([x["inputs"], x["targets"][-1:]]).tolist())
+        doc = doc.split("<|endoftext|>")[0]
+        assert "magic" not in doc and "special" not in doc
+        found = dict(re.findall(r"Note: the code of (\S+) is (\d{7})\. ", doc))
+        asked = dict(re.findall(r"\nQ: What is the code of (\S+)\?\nA: (\d{7})\.", doc))
+        assert found and asked == found, (found, asked)
+        for m in (answer, needle):
+            picked = gpt2.decode(x["targets"][m > 0].tolist())
+            assert sorted(picked.split()) == sorted(found.values())
+    with pytest.raises(ValueError, match=r"retrieval format must be one of \['ruler', 'pairs'\]"):
+        RetrievalMix(text, gpt2, 0.25, fmt="nope")
+    with pytest.raises(ValueError, match="data.retrieval_format must be one of"):
+        DataSpec(retrieval_format="nope").validate(files=False)
+
+
 def test_retrieval_template_is_the_evaluations():
     """One needle: the synthetic pieces around a context are the NIAH prompt + the answer."""
     from hwh_jax.eval import niah
@@ -366,16 +391,19 @@ def test_retrieval_pieces_encode_as_the_whole_texts(which, gpt2, sp_model):
     stream = np.asarray(tok.encode(sources.read_text(SHAKESPEARE)[:20_000]), np.uint32)
     mix = RetrievalMix(PackedSequences(stream, 512, eos_id=tok.eos_id, pad_id=0), tok, 0.5)
     rng = np.random.default_rng(0)
-    for kind, value in [
-        ("numbers", "1234567"),
-        ("numbers", "9000001"),
-        ("uuids", "3f2a9c1e-0b4d-4e8f-9a7b-1c2d3e4f5a6b"),
-        ("uuids", "a1b2c3d4-0000-4fff-8abc-ffffffffffe0"),
+    for fmt, kind, value in [
+        ("ruler", "numbers", "1234567"),
+        ("ruler", "numbers", "9000001"),
+        ("ruler", "uuids", "3f2a9c1e-0b4d-4e8f-9a7b-1c2d3e4f5a6b"),
+        ("ruler", "uuids", "a1b2c3d4-0000-4fff-8abc-ffffffffffe0"),
+        ("pairs", "numbers", "1234567"),
+        ("pairs", "numbers", "9000001"),
     ]:
+        mix.fmt = fmt
         keys = [WORDS[int(i)] for i in rng.choice(len(WORDS), 3, replace=False)]
         values = [value] * 3
         header, needles, answers, n_spans, a_spans = mix._encode(kind, keys, values)
-        h, n_texts, a_texts = RetrievalMix.pieces(kind, keys, values)
+        h, n_texts, a_texts = RetrievalMix.pieces(kind, keys, values, fmt)
         assert header.tolist() == tok.encode(h)
         for got, text, (lo, hi) in zip(needles + answers, n_texts + a_texts, n_spans + a_spans):
             assert got.tolist() == tok.encode(text), text
