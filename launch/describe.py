@@ -7,6 +7,8 @@ python -m launch.describe --cache=380m        # decode-cache MiB per arch and co
 python -m launch.describe --cache=380m --floor=4.8e12 --contexts=32768 --batches=1,32
                                       # plus each decode step's bytes and memory floor
 python -m launch.describe --plot=alloc.png --archs=transformer,layerwise,hwh --size=380m
+python -m launch.describe --config=configs/hwh_1b4.py --sequence_load=32768:4,1048576:16
+                                      # the last shard's causal load on a sequence axis
 """
 
 from absl import flags
@@ -36,6 +38,12 @@ flags.DEFINE_list("batches", ["1"], "batches of the --floor table")
 flags.DEFINE_string("plot", "", "PNG path: the head allocation of --archs at --size, side by side")
 flags.DEFINE_list("archs", ["transformer", "layerwise", "hwh"], "architectures of --plot")
 flags.DEFINE_string("size", "380m", "size of --plot")
+flags.DEFINE_list(
+    "sequence_load",
+    [],
+    "CONTEXT:SHARDS,...: the causal load of a sequence axis for the config's model "
+    "(the last shard's attention and compute over the mean)",
+)
 FLAGS = flags.FLAGS
 
 
@@ -74,6 +82,24 @@ def main(argv):
         return
     config = FLAGS.config
     cfg = model_config_from_dict(config.model)
+    if FLAGS.sequence_load:
+        from hwh_jax.training.flops import sequence_load
+
+        print(
+            "| context | sequence shards | attention share of FLOPs | last shard: attention | compute |"
+        )
+        print("|---:|---:|---:|---:|---:|")
+        for item in FLAGS.sequence_load:
+            try:
+                T, n = (int(v) for v in item.split(":"))
+            except ValueError:
+                raise SystemExit(f"--sequence_load takes CONTEXT:SHARDS, got {item!r}") from None
+            r = sequence_load(cfg, T, n)
+            print(
+                f"| {T:,} | {n} | {100 * r['attention_share']:.1f}% | "
+                f"{r['last_shard_attention']:.2f}x | {r['last_shard_compute']:.3f}x |"
+            )
+        return
     print(describe(cfg))
     if FLAGS.forward:
         from hwh_jax.models.smoke import forward_once

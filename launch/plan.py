@@ -167,6 +167,14 @@ def format_plan(r: dict) -> str:
         f"{e['tokens_per_s_serial'] / 1e3:,.0f}k-{e['tokens_per_s_overlapped'] / 1e3:,.0f}k "
         f"tokens/s, MFU {100 * e['mfu_serial']:.0f}-{100 * e['mfu_overlapped']:.0f}%",
     ]
+    load = r.get("causal_load", {})
+    if load.get("shards", 1) > 1:
+        lines.append(
+            f"sequence axis of {load['shards']}: global causal attention is "
+            f"{100 * load['attention_share']:.1f}% of the FLOPs; the last shard computes "
+            f"{load['last_shard_attention']:.2f}x the mean attention, "
+            f"{load['last_shard_compute']:.3f}x the mean compute (the step waits on it)"
+        )
     inf = r.get("inference", {})
     where = f"mesh {inf['mesh']}" if inf.get("mesh") else "one chip"
     for name in ("prefill", "decode"):

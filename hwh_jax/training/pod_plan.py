@@ -22,7 +22,10 @@ memory a device reports. It returns a JSON-able dict:
   time is XLA's bytes accessed per chip times the accumulation count over the HBM bandwidth;
   collective time is the bytes a chip sends per step (ring algorithm) over the chip's ICI
   bandwidth. ``step_s_overlapped`` is the largest of the three (everything
-  overlaps), ``step_s_serial`` their sum (nothing does); tokens/s and MFU from each.
+  overlaps), ``step_s_serial`` their sum (nothing does); tokens/s and MFU from each. The
+  compute is spread evenly over the chips; ``causal_load`` says how much more the last shard of
+  a sequence axis computes (``flops.sequence_load``: its causal attention sees the most keys,
+  and the shards run in lockstep).
 
 A config that does not fit raises ``memory.MemoryPlanError`` naming the memory needed, the
 chip's HBM and the remedies.
@@ -43,7 +46,7 @@ from hwh_jax.training import memory, preflight
 from hwh_jax.training import sharding as shd
 from hwh_jax.training.compiled import RematCompilers
 from hwh_jax.training.export import inference_programs, run_model_config
-from hwh_jax.training.flops import flops_per_token
+from hwh_jax.training.flops import flops_per_token, sequence_load
 from hwh_jax.training.optimizer import make_optimizer
 from hwh_jax.training.specs import run_specs
 from hwh_jax.training.state import train_state_shardings
@@ -263,6 +266,7 @@ def plan_train(config, slice_: Slice, *, keep_hlo: bool = False) -> dict:
             collective_bytes_step=wire_bytes,
             tokens_step=tokens,
         ),
+        "causal_load": sequence_load(cfg, c.seq_len, dict(mesh.shape).get("sequence", 1)),
     }
     if keep_hlo:
         out["hlo"] = compiled.as_text()

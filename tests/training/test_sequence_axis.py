@@ -157,3 +157,25 @@ def test_a_sequence_axis_splits_the_activations():
         )
         temp[n] = step.lower(abstract, batch).compile().memory_analysis().temp_size_in_bytes
     assert temp[4] < 0.5 * temp[1], temp
+
+
+def test_the_last_shards_causal_load_against_a_count():
+    """``flops.sequence_load``: the last shard's causal attention over the mean, against a count
+    of the (query, key) pairs each shard's queries see; the attention share against the FLOPs
+    formula (its only term that grows with the context)."""
+    from hwh_jax.training.flops import flops_per_token, sequence_load
+
+    cfg = model_config("hwh", "small")
+    for T, n in [(4096, 4), (8192, 16)]:
+        L = T // n
+        pairs = [sum(q + 1 for q in range(i * L, (i + 1) * L)) for i in range(n)]
+        r = sequence_load(cfg, T, n)
+        assert r["last_shard_attention"] == pytest.approx(pairs[-1] / np.mean(pairs), rel=2 / L)
+        share = 1 - flops_per_token(cfg, 0) / flops_per_token(cfg, T)
+        assert r["attention_share"] == pytest.approx(share, rel=1e-9)
+        assert r["last_shard_compute"] == pytest.approx(
+            1 + r["attention_share"] * (r["last_shard_attention"] - 1)
+        )
+    assert sequence_load(cfg, 4096, 1)["last_shard_compute"] == 1.0
+    with pytest.raises(ValueError, match="shards must be >= 1, got 0"):
+        sequence_load(cfg, 4096, 0)
