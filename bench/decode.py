@@ -56,7 +56,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _bench import emit, is_oom, parse_impl, print_device, write_jsonl
+from _bench import emit, is_oom, parse_impl, parse_overrides, print_device, write_jsonl
 from flax import nnx
 
 import kernels_pallas
@@ -281,8 +281,19 @@ def main():
         default=0.0,
         help="bytes/s of the floor (0: the device kind's peak, if known)",
     )
+    ap.add_argument(
+        "--override",
+        nargs="*",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="ModelConfig fields, e.g. gdn.step_min_programs=1 (Python literals)",
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    try:
+        overrides = parse_overrides(args.override)
+    except ValueError as e:
+        ap.error(str(e))
     if not 0 <= args.short_steps < args.decode_steps:
         ap.error(
             f"--short_steps {args.short_steps}: 0 (none) or fewer than --decode_steps "
@@ -297,9 +308,12 @@ def main():
         cfg = model_config(
             arch,
             args.size,
-            dtype=args.dtype,
-            decode_attention={"impl": name},
-            matmul={"impl": mm_name},
+            **{
+                "dtype": args.dtype,
+                **overrides,
+                "decode_attention": {**overrides.get("decode_attention", {}), "impl": name},
+                "matmul": {**overrides.get("matmul", {}), "impl": mm_name},
+            },
         )
         model = HybridLM(cfg, rngs=nnx.Rngs(0))
         for _, m in nnx.iter_graph(model):  # launch settings: every module's decode op
@@ -316,6 +330,7 @@ def main():
                     "batch": B,
                     "decode_attn_impl": impl,
                     "matmul_impl": mm,
+                    **({"overrides": overrides} if overrides else {}),
                     "cache_gib": cache_bytes(cfg, B, T)["total"] / 2**30,
                 }
                 try:
