@@ -90,7 +90,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     for name, cls in KERNEL_SETTINGS.items():
         m[name] = settings_config(cls, skip=SETTINGS_SET_HERE[name])
     # a linear-head kind with kernel settings of its own (HeadKind.settings): model.<kind>
-    for name, cls in heads.own_settings().items():
+    for name, cls in heads.configured_settings().items():
         m[name] = settings_config(cls, skip=KIND_SETTINGS_SET_HERE)
     # ModelConfig's own fields a run may set, with its defaults and comments
     # (hwh_jax/layers/config.py): q_per_kv, qk_norm, rope_theta, rope_pairing, la_chunk_size,

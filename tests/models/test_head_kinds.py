@@ -30,6 +30,7 @@ def test_a_kind_from_one_module_trains_in_the_trainer_and_generates(tmp_path, mo
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(read_text(resolve("tinyshakespeare/input.txt.gz"))[:100_000])
     monkeypatch.setenv("HWH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HWH_HEAD_KINDS", "toy_kind")  # the run config's model.toy_ema section
     config = base.get_config("hwh_tiny")
     config.model.la_kind = "toy_ema"
     config.model.toy_ema.decay = 0.25  # the kind's own kernel settings, as a run sets them
@@ -81,10 +82,11 @@ def test_unknown_and_doubled_kinds_say_what_to_change():
         heads.register(heads.HeadKind("toy_ema", toy.build, toy.flops))
 
 
-def test_a_kind_with_kernel_settings_of_its_own():
-    """``HeadKind.settings`` (the toy's ``EMASettings``): a run config section model.toy_ema,
-    kept in ModelConfig.kind_settings, read by the heads; its values reach the recurrence, and
-    a wrong key or value is an error naming model.toy_ema."""
+def test_a_kind_with_kernel_settings_of_its_own(monkeypatch):
+    """``HeadKind.settings`` (the toy's ``EMASettings``): a run config section model.toy_ema
+    where $HWH_HEAD_KINDS names the module (not where a process merely imported it), kept in
+    ModelConfig.kind_settings, read by the heads; its values reach the recurrence, and a wrong
+    key or value is an error naming model.toy_ema."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -92,6 +94,9 @@ def test_a_kind_with_kernel_settings_of_its_own():
     from hwh_jax.models import model_config
     from hwh_jax.models.variants import model_config_from_dict
 
+    monkeypatch.delenv("HWH_HEAD_KINDS", raising=False)
+    assert "toy_ema" not in base.get_config("hwh_tiny").model  # imported, not named
+    monkeypatch.setenv("HWH_HEAD_KINDS", "toy_kind")
     config = base.get_config("hwh_tiny")
     assert dict(config.model.toy_ema) == {"decay": 0.5, "impl": "auto"}
     config.model.la_kind, config.model.toy_ema.decay = "toy_ema", 0.25

@@ -108,6 +108,21 @@ def own_settings() -> dict[str, type]:
     return {n: _KINDS[n].settings for n in names() if _KINDS[n].settings is not None}
 
 
+def configured_settings() -> dict[str, type]:
+    """``own_settings`` of the kinds a run config has a section for: this package's and those
+    of the modules named in $HWH_HEAD_KINDS now (imported if not yet), so that a config's keys
+    do not depend on what else a process happened to import."""
+    _load()
+    named = [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
+    for name in named:
+        importlib.import_module(name)
+    return {
+        n: cls
+        for n, cls in own_settings().items()
+        if cls.__module__.startswith(__name__ + ".") or cls.__module__ in named
+    }
+
+
 def names() -> tuple[str, ...]:
     """Every registered kind, the package's in the order of ``ORDER`` first."""
     _load()
