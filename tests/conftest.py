@@ -45,13 +45,8 @@ flags.FLAGS.mark_as_parsed()
 # The longest test files first: pytest-xdist's --dist loadfile hands files to the workers in
 # this order, so the long ones do not start last while the other worker idles.
 LONG_FILES_FIRST = (
-    "test_harness.py",
-    "test_plan.py",
     "test_training.py",
     "test_multiprocess.py",
-    "test_sequence_axis.py",
-    "test_object_store.py",
-    "test_hf_export.py",
     "test_launch.py",
     "test_zoo.py",
     "test_export.py",
