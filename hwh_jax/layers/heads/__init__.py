@@ -88,6 +88,17 @@ def register(kind: HeadKind) -> HeadKind:
     return kind
 
 
+def _plugins() -> list[str]:
+    """The modules $HWH_HEAD_KINDS names now, each imported (a no-op once it is)."""
+    names = [s.strip() for s in os.environ.get(PLUGINS_ENV, "").split(",") if s.strip()]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ImportError(f"{PLUGINS_ENV} names {name!r}, which cannot be imported: {e}") from e
+    return names
+
+
 def _load() -> None:
     """Import every module of this package and those named in $HWH_HEAD_KINDS, once."""
     global _loaded
@@ -96,11 +107,7 @@ def _load() -> None:
     _loaded = True
     for info in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{info.name}")
-    for name in filter(None, (s.strip() for s in os.environ.get(PLUGINS_ENV, "").split(","))):
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            raise ImportError(f"{PLUGINS_ENV} names {name!r}, which cannot be imported: {e}") from e
+    _plugins()
 
 
 def own_settings() -> dict[str, type]:
@@ -111,15 +118,15 @@ def own_settings() -> dict[str, type]:
 def configured_settings() -> dict[str, type]:
     """``own_settings`` of the kinds a run config has a section for: this package's and those
     of the modules named in $HWH_HEAD_KINDS now (imported if not yet), so that a config's keys
-    do not depend on what else a process happened to import."""
+    do not depend on what else a process happened to import. A kind belongs to the module its
+    ``build`` is defined in."""
     _load()
-    named = [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
-    for name in named:
-        importlib.import_module(name)
+    named = _plugins()
     return {
         n: cls
         for n, cls in own_settings().items()
-        if cls.__module__.startswith(__name__ + ".") or cls.__module__ in named
+        if _KINDS[n].build.__module__.startswith(__name__ + ".")
+        or _KINDS[n].build.__module__ in named
     }
 
 
