@@ -81,6 +81,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.counts = ""  # hwh*: per-layer FA counts "0,2,3,0" or a JSON path
     m.ratio = schedules.RATIO  # layerwise/swa: FA layers : other layers
     m.window = 0  # swa: local window (0 = the size's default)
+    m.num_layers = 0  # depth at the size's widths (0 = the size's; hwh: counts follow it)
     m.vocab_size = 0  # 0 = the size's default (tokenizer must fit in it)
     m.dtype = "float32" if size == "tiny" else "bfloat16"  # compute dtype (params stay fp32);
     #                                        tiny runs on CPUs, where bf16 is emulated and slow

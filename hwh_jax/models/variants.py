@@ -160,15 +160,20 @@ def model_config(
     counts=None,
     ratio=schedules.RATIO,
     window=None,
+    num_layers=None,
     match_params: bool = True,
     **overrides,
 ) -> ModelConfig:
-    """ModelConfig of architecture ``arch`` at size ``size``; ``overrides`` replace fields
-    (dtype, q_per_kv, qk_norm, rope_theta, vocab_size, gdn=GDNSettings(...) or a mapping of
-    its settings, ...)."""
+    """ModelConfig of architecture ``arch`` at size ``size`` (``num_layers``: another depth at
+    the size's widths, None = the size's); ``overrides`` replace fields (dtype, q_per_kv,
+    qk_norm, rope_theta, vocab_size, gdn=GDNSettings(...) or a mapping of its settings, ...)."""
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; known: {list(SIZES)}")
     s = SIZES[size]
+    if num_layers is not None:
+        if num_layers < 1:
+            raise ValueError(f"model.num_layers must be >= 1 (0: the size's), got {num_layers}")
+        s = dataclasses.replace(s, num_layers=num_layers)
     q_per_kv = overrides.get("q_per_kv", 1)
     layers = build_layers(
         arch,
@@ -227,6 +232,7 @@ def model_config_from_dict(m) -> ModelConfig:
         counts=counts,
         ratio=tuple(m.pop("ratio", schedules.RATIO)),
         window=m.pop("window", 0) or None,
+        num_layers=m.pop("num_layers", 0) or None,
     )
     if not m.get("vocab_size"):
         m.pop("vocab_size", None)
