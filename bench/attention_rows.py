@@ -12,8 +12,13 @@ against cuDNN over the whole sequence (what every device computed before), the a
 included (the same in both), with and without documents and a sliding window; and checks every
 shard's rows, stacked, against the fp32 reference over the whole sequence, beside cuDNN over
 the whole sequence (bf16 inputs). ``work`` is the last shard's (query, key) pairs over the
-whole sequence's. Heads: B = 1, 4 query and kv heads of 128 (HwH-1.4B's layers have 0-5
-full-attention heads); the accuracy rows B = 2, 8 query heads over 2 kv heads.
+whole sequence's. Causal without a window, the devices may instead swap half their queries
+so that each holds an early and a late chunk (``kernels_pallas.attention.zigzag``, the
+default): ``zigzag_fwd_bwd_ms`` times a device's ``zigzag_rows`` (the same shapes and pairs on
+every device), ``zigzag_work`` its pairs over the whole sequence's, and the accuracy rows
+check every device's swapped rows the same way. Heads: B = 1, 4 query and kv heads of 128
+(HwH-1.4B's layers have 0-5 full-attention heads); the accuracy rows B = 2, 8 query heads
+over 2 kv heads.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from _bench import attention_inputs, forward_backward, median_ms, rel_err
 
-from kernels_pallas.attention import AttentionSettings, attention, attention_reference
+from kernels_pallas.attention import AttentionSettings, attention, attention_reference, zigzag
 from kernels_pallas.attention import shard_rows as rows_mod
 
 CUDNN = AttentionSettings(impl="cudnn")
@@ -63,6 +68,24 @@ def _rows(q_rows, k, v, seg, index, shards, L, window):
     )  # fmt: skip
 
 
+def _zigzag_step(shards):
+    """(q_rows, k, v, dO_rows, seg, index) -> device ``index``'s swapped rows (its chunks a and
+    b, ``zigzag.chunks``) on cuDNN's blocks and their gradients."""
+
+    def f(q_rows, k, v, do_rows, seg, index):
+        h = q_rows.shape[1] // 2
+        if seg is not None:
+            part = lambda c: jax.lax.dynamic_slice_in_dim(seg, c * h, h, 1)
+            q_seg = jnp.concatenate([part(c) for c in zigzag.chunks(index, shards)], 1)
+        fn = lambda q_rows, k, v: zigzag.zigzag_rows(
+            q_rows, k, v, index, shards=shards, segment_ids=None if seg is None else q_seg,
+            kv_segment_ids=seg, blocks=BLOCKS,
+        )  # fmt: skip
+        return forward_backward(fn)(q_rows, k, v, do_rows)
+
+    return f
+
+
 def _pairs(start, stop, window):
     """Causal (query, key) pairs of queries [start, stop), within the window if any."""
     t = np.arange(start, stop)
@@ -91,6 +114,17 @@ def accuracy(T, shards, documents, window):
     for name, a, b, w in zip(("o", "dq", "dk", "dv"), got, plain, want):
         row[f"rows_err_{name}"] = rel_err(a, w)
         row[f"whole_err_{name}"] = rel_err(b, w)
+    if window is None:  # every device's swapped rows, put back at their positions
+        pos = jnp.asarray(zigzag.positions(T, shards))
+        step = jax.jit(_zigzag_step(shards))
+        o, dq, dk, dv = jnp.zeros_like(q), jnp.zeros_like(q), 0.0, 0.0
+        for i in range(shards):
+            rows = pos[i * L : (i + 1) * L]
+            out = step(q[:, rows], k, v, do[:, rows], seg, jnp.int32(i))
+            o, dq = o.at[:, rows].set(out[0]), dq.at[:, rows].set(out[1])
+            dk, dv = dk + out[2].astype(jnp.float32), dv + out[3].astype(jnp.float32)
+        for name, a, w in zip(("o", "dq", "dk", "dv"), (o, dq, dk, dv), want):
+            row[f"zigzag_err_{name}"] = rel_err(a, w)
     return row
 
 
@@ -107,6 +141,13 @@ def timing(T, shards, documents, window):
     row["last_rows_fwd_bwd_ms"] = median_ms(step, q[:, -L:], k, v, do[:, -L:], seg, last)
     row["ratio"] = row["last_rows_fwd_bwd_ms"] / row["whole_fwd_bwd_ms"]
     row["work_ratio"] = _pairs(T - L, T, window) / _pairs(0, T, window)  # the last shard's
+    if window is None:
+        step = jax.jit(_zigzag_step(shards))
+        first = zigzag.positions(T, shards)[:L]  # device 0's rows: the same shapes on each
+        row["zigzag_fwd_bwd_ms"] = median_ms(step, q[:, first], k, v, do[:, first], seg, 0)
+        row["zigzag_ratio"] = row["zigzag_fwd_bwd_ms"] / row["whole_fwd_bwd_ms"]
+        row["zigzag_work"] = sum(_pairs(c * L // 2, (c + 1) * L // 2, None) for c in
+                                 zigzag.chunks(0, shards)) / _pairs(0, T, None)  # fmt: skip
     return row
 
 
@@ -135,13 +176,15 @@ def main():
                 for docs in (False, True) if documents else (False,):
                     _bench.emit(out, timing(T, n, docs, window))
     print(f"\n{'T':>6s} {'n':>2s} {'window':>6s} {'docs':>5s} {'whole ms':>9s} {'rows ms':>8s} "
-          f"{'ratio':>6s} {'work':>5s}")  # fmt: skip
+          f"{'ratio':>6s} {'work':>5s} {'zigzag ms':>9s} {'ratio':>6s} {'work':>5s}")  # fmt: skip
     for r in out:
         if r["check"] == "timing":
+            z = ("{:9.2f} {:6.2f} {:5.2f}".format(r["zigzag_fwd_bwd_ms"], r["zigzag_ratio"],
+                 r["zigzag_work"]) if "zigzag_ratio" in r else "")  # fmt: skip
             print(
                 f"{r['T']:6d} {r['shards']:2d} {str(r['window']):>6s} {str(r['documents']):>5s} "
                 f"{r['whole_fwd_bwd_ms']:9.2f} {r['last_rows_fwd_bwd_ms']:8.2f} "
-                f"{r['ratio']:6.2f} {r['work_ratio']:5.2f}"
+                f"{r['ratio']:6.2f} {r['work_ratio']:5.2f} {z}"
             )
     for r in out:
         if r["check"] == "accuracy":
@@ -151,6 +194,9 @@ def main():
             )
             head = f"accuracy T{r['T']} n{r['shards']} w={r['window']} docs={r['documents']}"
             print(f"{head}: rows/whole {errs}")
+            if "zigzag_err_o" in r:
+                errs = " ".join(f"{n} {r[f'zigzag_err_{n}']:.1e}" for n in ("o", "dq", "dk", "dv"))
+                print(f"{head}: zigzag {errs}")
     _bench.write_jsonl(args.out, out)
 
 

@@ -83,21 +83,26 @@ def main(argv):
     config = FLAGS.config
     cfg = model_config_from_dict(config.model)
     if FLAGS.sequence_load:
+        import dataclasses
+
         from hwh_jax.training.flops import sequence_load
 
+        own = cfg.replace(attention=dataclasses.replace(cfg.attention, balance=False))
         print(
-            "| context | sequence shards | attention share of FLOPs | last shard: attention | compute |"
+            "| context | sequence shards | attention share of FLOPs | own queries: last shard's "
+            "attention | its compute | swapped halves (model.attention.balance): compute |"
         )
-        print("|---:|---:|---:|---:|---:|")
+        print("|---:|---:|---:|---:|---:|---:|")
         for item in FLAGS.sequence_load:
             try:
                 T, n = (int(v) for v in item.split(":"))
             except ValueError:
                 raise SystemExit(f"--sequence_load takes CONTEXT:SHARDS, got {item!r}") from None
-            r = sequence_load(cfg, T, n)
+            r, b = sequence_load(own, T, n), sequence_load(cfg, T, n)
+            swapped = f"{b['last_shard_compute']:.3f}x" if b["balanced"] else "not balanced"
             print(
                 f"| {T:,} | {n} | {100 * r['attention_share']:.1f}% | "
-                f"{r['last_shard_attention']:.2f}x | {r['last_shard_compute']:.3f}x |"
+                f"{r['last_shard_attention']:.2f}x | {r['last_shard_compute']:.3f}x | {swapped} |"
             )
         return
     print(describe(cfg))

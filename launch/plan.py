@@ -169,12 +169,19 @@ def format_plan(r: dict) -> str:
     ]
     load = r.get("causal_load", {})
     if load.get("shards", 1) > 1:
-        lines.append(
+        share = (
             f"sequence axis of {load['shards']}: global causal attention is "
-            f"{100 * load['attention_share']:.1f}% of the FLOPs; the last shard computes "
-            f"{load['last_shard_attention']:.2f}x the mean attention, "
-            f"{load['last_shard_compute']:.3f}x the mean compute (the step waits on it)"
+            f"{100 * load['attention_share']:.1f}% of the FLOPs; "
         )
+        if load.get("balanced"):
+            lines.append(share + "each device holds an early and a late chunk of the queries "
+                         "(model.attention.balance): every one computes the mean")  # fmt: skip
+        else:
+            lines.append(
+                share + f"the last shard computes {load['last_shard_attention']:.2f}x the mean "
+                f"attention, {load['last_shard_compute']:.3f}x the mean compute (the step waits "
+                "on it)"
+            )
     inf = r.get("inference", {})
     where = f"mesh {inf['mesh']}" if inf.get("mesh") else "one chip"
     for name in ("prefill", "decode"):

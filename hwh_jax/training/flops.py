@@ -50,20 +50,25 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 
 
 def sequence_load(cfg: ModelConfig, seq_len: int, shards: int) -> dict:
-    """The causal load of a sequence axis of ``shards`` devices, each holding T / shards
-    consecutive queries: shard i's queries see (i + 1/2) T / shards keys on average, so the
-    last shard's global causal attention is (2 shards - 1) / shards times the mean (1.75x at 4,
-    1.94x at 16; windowed attention and the linear heads are balanced). The devices run in
-    lockstep, so the last shard's work sets the step. Returns the global attention's share of
-    the FLOPs, its factor on the last shard and the last shard's compute over the mean."""
+    """The causal load of a sequence axis of ``shards`` devices. Each holding T / shards
+    consecutive queries, shard i's see (i + 1/2) T / shards keys on average, so the last
+    shard's global causal attention is (2 shards - 1) / shards times the mean (1.75x at 4,
+    1.94x at 16); the devices run in lockstep, so it sets the step. With
+    ``cfg.attention.balance`` (the default) and T a multiple of 2 shards, each device holds an
+    early and a late chunk of T / 2 shards queries (``kernels_pallas.attention.zigzag``), whose
+    pairs are exactly the mean: 1.0x. Windowed attention and the linear heads are balanced
+    either way. Returns the global attention's share of the FLOPs, its factor on the busiest
+    shard, that shard's compute over the mean and whether the queries are balanced."""
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
     total = flops_per_token(cfg, seq_len)
     attention = sum(6.0 * s.num_fa * cfg.head_dim * seq_len for s in cfg.layers if s.window is None)
     share = attention / total
-    factor = (2 * shards - 1) / shards
+    balanced = shards > 1 and cfg.attention.balance and seq_len % (2 * shards) == 0
+    factor = 1.0 if balanced else (2 * shards - 1) / shards
     return {
         "shards": shards,
+        "balanced": balanced,
         "attention_share": share,
         "last_shard_attention": factor,
         "last_shard_compute": 1 + share * (factor - 1),

@@ -2,9 +2,12 @@
 ``AttentionSettings`` choose. Under ``kernel_mesh`` the cuDNN and splash kernels run per shard
 (``shard_map``: batch rows over the batch axes, heads over the tensor axis): left to GSPMD,
 cuDNN's partitioner rejects an FSDP step ("Query, key and value should have same sharding").
-Over a sequence axis each device keeps its queries and gathers the keys and values
-(``_over_time_shards``): splash with its rows of the mask tables, the reference with its rows
-of the mask, cuDNN as blocks merged by log-sum-exp (``shard_rows``). cuDNN under a JAX without
+Over a sequence axis each device gathers the keys and values (``_over_time_shards``) and,
+for causal attention without a window, first swaps half its queries with the mirror device so
+that every device attends as many pairs (``zigzag``; ``AttentionSettings.balance``): splash
+with its rows of the mask tables (in the swapped order), the reference with its rows of the
+mask, cuDNN as blocks merged by log-sum-exp (``zigzag_rows``, or ``shard_rows`` for a
+device's own queries). cuDNN under a JAX without
 the private rules ``shard_rows`` calls, or with documents or a window at an odd shard length,
 computes every query of the gathered sequence on each device of that axis (JAX's cuDNN mask
 has no query offset).
@@ -18,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas import dispatch, sharding
-from kernels_pallas.attention import shard_rows
+from kernels_pallas.attention import shard_rows, zigzag
 from kernels_pallas.attention.reference import attention_reference, same_segment
 from kernels_pallas.attention.settings import AttentionSettings
 
@@ -90,9 +93,13 @@ def attention(
         impl in ("reference", "splash")
         or (impl == "cudnn" and _rows_ok(km, axis, T, causal, window, segment_ids))
     ):
-        return _over_time_shards(
-            km, axis, impl, q, k, v, causal, window, scale, segment_ids, settings.interpret
+        balance = settings.balance and _balance_ok(
+            km.mesh.shape[axis], impl, T, D, causal, window, segment_ids
         )
+        return _over_time_shards(
+            km, axis, impl, q, k, v, causal, window, scale, segment_ids, settings.interpret,
+            balance,
+        )  # fmt: skip
     if impl == "reference":
         return attention_reference(
             q, k, v, causal=causal, window=window, scale=scale, segment_ids=segment_ids
@@ -118,13 +125,32 @@ def _rows_ok(km, axis, T, causal, window, segment_ids) -> bool:
     return shard_rows.supported() and (causal or window is None) and (not biased or L % 2 == 0)
 
 
-def _over_time_shards(km, axis, impl, q, k, v, causal, window, scale, segment_ids, interpret):
-    """Attention with the time dimension over ``axis``: each device keeps its T / n queries and
-    gathers the keys and values (and their segment ids), masking by global position. The
-    reference masks its [T / n, T] scores a head from its offset; splash runs its rows of the
-    whole sequence's block tables (``tpu.sharded_kernel``), so it too computes only its queries;
-    cuDNN runs ``shard_rows`` (its diagonal block and its prefix, merged). Batch rows and kv
-    groups are split as for the other kernels."""
+def _balance_ok(n, impl, T, D, causal, window, segment_ids) -> bool:
+    """Whether the swap of ``zigzag`` applies: causal attention without a window (a window's
+    work is even already) over n > 1 devices, each holding two chunks of h = T / 2n queries;
+    splash needs h a multiple of its block, cuDNN with documents (a bias) an even h."""
+    h, rest = divmod(T, 2 * n)
+    if n < 2 or rest or not causal or window is not None:
+        return False
+    if impl == "splash":
+        from kernels_pallas.attention import tpu
+
+        return tpu.supported(T, D, 2 * n)
+    return impl != "cudnn" or segment_ids is None or h % 2 == 0
+
+
+def _over_time_shards(
+    km, axis, impl, q, k, v, causal, window, scale, segment_ids, interpret, balance=False
+):
+    """Attention with the time dimension over ``axis``: each device gathers the keys and
+    values (and their segment ids) and computes T / n queries, masking by global position:
+    its own, or with ``balance`` its first half and the mirror device's second half
+    (``zigzag.swap``, undone on the outputs). The reference masks its scores from each chunk's
+    offset; splash runs its rows of the whole sequence's block tables (``tpu.sharded_kernel``,
+    rows in the swapped order with ``balance``); cuDNN runs ``zigzag_rows`` or ``shard_rows``
+    (the diagonal blocks and the ones before them, merged). Batch rows and kv groups are split
+    as for the other kernels."""
+    n = km.mesh.shape[axis]
     b = km.batch_spec(q.shape[0])
     h = km.head_spec(k.shape[2]) if km.head_spec(q.shape[2]) else None
     x = sharding.P(b, axis, h, None)
@@ -132,7 +158,7 @@ def _over_time_shards(km, axis, impl, q, k, v, causal, window, scale, segment_id
         from kernels_pallas.attention import tpu
 
         kernel = tpu.sharded_kernel(
-            q.shape[1], q.shape[2] // k.shape[2], causal, window, interpret, km.mesh.shape[axis]
+            q.shape[1], q.shape[2] // k.shape[2], causal, window, interpret, n, balance
         )
         tables = kernel.manual_sharding_spec(
             jax.sharding.NamedSharding(km.mesh, sharding.P(None, axis))
@@ -146,6 +172,9 @@ def _over_time_shards(km, axis, impl, q, k, v, causal, window, scale, segment_id
     def local(kernel, q, k, v, seg=None):
         gather = functools.partial(jax.lax.all_gather, axis_name=axis, axis=1, tiled=True)
         k, v, kv_seg = gather(k), gather(v), None if seg is None else gather(seg)
+        if balance:
+            o = balanced(kernel, zigzag.swap(q, axis, n), k, v, seg, kv_seg)
+            return zigzag.swap(o, axis, n)  # each device's rows back to it
         if impl == "cudnn":
             return shard_rows.shard_rows(
                 q,
@@ -173,6 +202,27 @@ def _over_time_shards(km, axis, impl, q, k, v, causal, window, scale, segment_id
             q_offset=jax.lax.axis_index(axis) * q.shape[1],
             kv_segment_ids=kv_seg,
         )
+
+    def balanced(kernel, q, k, v, seg, kv_seg):
+        """q: this device's chunks a and b (``zigzag.chunks``), h = L / 2 rows each."""
+        index, h = jax.lax.axis_index(axis), q.shape[1] // 2
+        a, b = zigzag.chunks(index, n)
+        if seg is not None:  # the queries' documents, read from the gathered keys'
+            chunk = lambda c: jax.lax.dynamic_slice_in_dim(kv_seg, c * h, h, axis=1)
+            seg = jnp.concatenate([chunk(a), chunk(b)], axis=1)
+        if impl == "cudnn":
+            return zigzag.zigzag_rows(
+                q, k, v, index, shards=n, scale=scale, segment_ids=seg, kv_segment_ids=kv_seg,
+                blocks=shard_rows.CUDNN,
+            )  # fmt: skip
+        if kernel is not None:
+            return tpu.run(kernel, q, k, v, scale, seg, kv_seg)
+        part = lambda x, c, i: attention_reference(
+            x[:, i * h : (i + 1) * h], k, v, causal=True, scale=scale, q_offset=c * h,
+            segment_ids=None if seg is None else seg[:, i * h : (i + 1) * h],
+            kv_segment_ids=kv_seg,
+        )  # fmt: skip
+        return jnp.concatenate([part(q, a, 0), part(q, b, 1)], axis=1)
 
     return sharding.per_shard(local, km, specs, x)(*args)
 

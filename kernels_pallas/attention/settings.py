@@ -16,7 +16,13 @@ class AttentionSettings(KernelSettings):
     same-document mask, a [B, 1, T, T] bias, and an even length, which cuDNN's backward with a
     bias needs), splash on TPU for lengths that are multiples of 128 (segment ids as splash's
     own), else the reference.
-    ``interpret`` runs splash in TPU interpret mode."""
+    ``interpret`` runs splash in TPU interpret mode.
+    ``balance``: over a sequence axis, causal attention without a window swaps the second half
+    of each device's queries with the mirror device's, so that each holds an early and a late
+    chunk and attends as many (query, key) pairs as any other (``zigzag.py``); False keeps each
+    device's own queries (the last device then attends ~2x the mean)."""
+
+    balance: bool = True
 
     OP = "attention"
     IMPLS = ("auto", "reference", "cudnn", "splash")

@@ -14,6 +14,8 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
+from kernels_pallas.attention import zigzag
+
 BLOCK = 128  # splash tiles the sequence in blocks of this many tokens
 
 
@@ -22,14 +24,19 @@ class _Band:
     its blocks wholly inside or wholly outside the band given as a 1 x 1 array. Splash turns
     a mask into block tables on the host, asking each block only whether any and whether all
     of it is allowed; evaluated whole, every block of T^2 tokens, that took 13 s at 64K tokens
-    and grew quadratically (about an hour at 1M). Partial blocks are evaluated as before."""
+    and grew quadratically (about an hour at 1M). Partial blocks are evaluated as before.
+    Row r is the query at ``q_sequence[r]`` (splash's own field: r, or the balanced order of
+    ``zigzag.positions``); a block whose rows are not consecutive positions is evaluated."""
 
     def __getitem__(self, idx):
         if len(idx) != 2 or not all(isinstance(i, slice) for i in idx):
             return super().__getitem__(idx)
-        q0, q1, _ = idx[0].indices(self.shape[0])
+        r0, r1, _ = idx[0].indices(self.shape[0])
         k0, k1, _ = idx[1].indices(self.shape[1])
-        if q1 <= q0 or k1 <= k0:
+        if r1 <= r0 or k1 <= k0:
+            return super().__getitem__(idx)
+        q0, q1 = int(self.q_sequence[r0]), int(self.q_sequence[r1 - 1]) + 1
+        if q1 - q0 != r1 - r0:
             return super().__getitem__(idx)
         left, right = self.band
         lo = lambda q: -np.inf if left is None else q - left
@@ -57,27 +64,31 @@ def supported(T: int, D: int, q_shards: int = 1) -> bool:
 
 
 @functools.lru_cache(maxsize=32)
-def _kernel(T, heads, causal, window, interpret, q_shards=1):
+def _kernel(T, heads, causal, window, interpret, q_shards=1, balance=False):
     """The splash kernel for these static settings, cached. Built at compile-time evaluation: it
     holds its mask tables as arrays, and built first under a trace (a ``shard_map`` of
     ``kernel_mesh``) they were that trace's tracers, leaked into every later call.
 
     ``q_shards`` > 1: the kernel of a sequence axis of that many devices, each holding T /
     q_shards queries and all T keys; its mask tables are the whole sequence's, laid out so that
-    each device takes its rows of them (``attention/op.py``'s ``_over_time_shards``)."""
+    each device takes its rows of them (``attention/op.py``'s ``_over_time_shards``);
+    ``balance`` (causal, no window): the rows in ``zigzag.positions`` order, each device's two
+    chunks of T / 2 q_shards queries, in blocks that do not straddle a chunk."""
     with jax.ensure_compile_time_eval():
-        return _build(T, heads, causal, window, interpret, q_shards)
+        return _build(T, heads, causal, window, interpret, q_shards, balance)
 
 
-def _build(T, heads, causal, window, interpret, q_shards=1):
+def _build(T, heads, causal, window, interpret, q_shards=1, balance=False):
     if window is not None:
         one = _LocalBand((T, T), window_size=(window - 1, 0 if causal else None), offset=0)
     elif causal:
         one = _CausalBand((T, T))
+        if balance:  # splash's own field: the position of each row, read in and out of kernel
+            one.q_sequence = zigzag.positions(T, q_shards)
     else:
         one = sm.FullMask((T, T))
     mask = sm.MultiHeadMask([one] * heads)
-    block = min(512, T // q_shards)
+    block = min(512, T // q_shards // (2 if balance else 1))
     sizes = sk.BlockSizes(
         block_q=block,
         block_kv=block,
@@ -103,10 +114,10 @@ def splash_attention(
     return run(kernel, q, k, v, scale, segment_ids, segment_ids)
 
 
-def sharded_kernel(T, heads, causal, window, interpret, q_shards):
+def sharded_kernel(T, heads, causal, window, interpret, q_shards, balance=False):
     """The kernel of a sequence axis of ``q_shards`` devices (see ``_kernel``): pass it into the
     ``shard_map`` with ``kernel.manual_sharding_spec`` over (heads, the sequence axis)."""
-    return _kernel(T, heads, causal, window, interpret, q_shards)
+    return _kernel(T, heads, causal, window, interpret, q_shards, balance)
 
 
 def run(kernel, q, k, v, scale, q_segment_ids, kv_segment_ids):

@@ -413,6 +413,53 @@ def test_shard_rows_merge_equals_the_whole_sequences_rows(shards, documents, cau
         np.testing.assert_allclose(got, w, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("shards,documents", [(1, True), (2, True), (3, False), (4, True)])
+def test_zigzag_rows_equal_the_whole_sequences_rows_at_their_positions(shards, documents):
+    """``zigzag_rows`` (a device's early and late chunk after the swap, the 2n - 1 key chunks
+    before them in one call, the two diagonals in another, merged per chunk) on XLA blocks: for
+    every device, the values and gradients of q, k and v equal causal ``attention_reference``
+    over the whole sequence at the device's ``positions``, index traced, GQA, documents; the
+    chunks of all devices cover every position once, and each device attends 2n h^2 pairs."""
+    from kernels_pallas.attention import shard_rows, zigzag
+
+    B, H, G, D, L = 2, 4, 2, 16, 12
+    T, h = shards * L, L // 2
+    pos = zigzag.positions(T, shards)
+    assert sorted(pos.tolist()) == list(range(T))
+    work = [sum(c * h + (h + 1) / 2 for c in zigzag.chunks(j, shards)) for j in range(shards)]
+    assert max(work) == min(work)  # (query, key) pairs a device: the same on every one
+    q, k, v = qkv(B, T, H, G, D, seed=17)
+    dy = qkv(B, T, H, G, D, seed=18)[0]
+    seg = _documents(B, T, seed=19) if documents else None
+
+    def whole(q, k, v):
+        o = attention_reference(q, k, v, causal=True, segment_ids=seg)
+        return jnp.sum(o * dy), o
+
+    want, ref = jax.grad(whole, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+
+    @jax.jit
+    def device(j, rows, q_rows, k, v):
+        q_seg = None if seg is None else seg[:, rows]
+
+        def loss(q_rows, k, v):
+            o = zigzag.zigzag_rows(q_rows, k, v, j, shards=shards, segment_ids=q_seg,
+                                   kv_segment_ids=seg, blocks=shard_rows.REFERENCE)  # fmt: skip
+            return jnp.sum(o * dy[:, rows]), o
+
+        return jax.grad(loss, argnums=(0, 1, 2), has_aux=True)(q_rows, k, v)
+
+    out, dq, dk, dv = jnp.zeros_like(ref), jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
+    for j in range(shards):
+        rows = jnp.asarray(pos[j * L : (j + 1) * L])
+        (dq_j, dk_j, dv_j), o_j = device(jnp.int32(j), rows, q[:, rows], k, v)
+        out, dq = out.at[:, rows].set(o_j), dq.at[:, rows].set(dq_j)
+        dk, dv = dk + dk_j, dv + dv_j
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
+    for got, w in zip((dq, dk, dv), want):
+        np.testing.assert_allclose(got, w, atol=2e-5, rtol=2e-5)
+
+
 def test_shard_rows_finds_jaxs_private_cudnn_rules_as_it_calls_them():
     """The cuDNN blocks call JAX's private rules by position; this JAX has them with those
     parameters (a JAX that changes them makes ``attention`` compute every query instead)."""
@@ -422,11 +469,13 @@ def test_shard_rows_finds_jaxs_private_cudnn_rules_as_it_calls_them():
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS fakes them on CPU)")
-@pytest.mark.parametrize("window", [None, 20])
-def test_cudnn_over_a_sequence_axis_runs_each_devices_rows(monkeypatch, window):
+@pytest.mark.parametrize("window, balance", [(None, True), (None, False), (20, True)])
+def test_cudnn_over_a_sequence_axis_runs_each_devices_rows(monkeypatch, window, balance):
     """With impl="cudnn" over a sequence axis, each device runs ``shard_rows`` on its own queries
-    (the scores are [T / n, ...], not [T, T]) inside the shard_map, and the values and gradients
-    equal one device's reference; the XLA blocks stand in for cuDNN's, which a CPU lacks."""
+    (the scores are [T / n, ...], not [T, T]) inside the shard_map, or causal without a window
+    ``zigzag_rows`` on its swapped halves (diagonal blocks of T / 2n), and the values and
+    gradients equal one device's reference; the XLA blocks stand in for cuDNN's, which a CPU
+    lacks."""
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
@@ -450,11 +499,14 @@ def test_cudnn_over_a_sequence_axis_runs_each_devices_rows(monkeypatch, window):
     want = jax.jit(functools.partial(f, AttentionSettings(impl="reference")))(q, k, v, seg)
     split = NamedSharding(mesh, P("data", "sequence"))
     args = [jax.device_put(a, split) for a in (q, k, v, seg)]
-    cudnn = functools.partial(f, AttentionSettings(impl="cudnn"))
+    cudnn = functools.partial(f, AttentionSettings(impl="cudnn", balance=balance))
     with kernel_mesh(mesh):
         jaxpr = str(jax.make_jaxpr(cudnn)(*args))
         got = jax.jit(cudnn)(*args)
     assert "shard_map" in jaxpr
-    assert "f32[1,2,2,16,16]" in jaxpr and "f32[1,2,2,64,64]" not in jaxpr  # a diagonal, no [T, T]
+    swapped = window is None and balance
+    diagonal = "f32[2,2,2,8,8]" if swapped else "f32[1,2,2,16,16]"  # a row's two, or its one
+    assert diagonal in jaxpr and "f32[1,2,2,64,64]" not in jaxpr  # no [T, T]
+    assert ("ppermute" in jaxpr) == swapped
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)

@@ -169,7 +169,8 @@ def test_gated_recurrence_over_a_sequence_axis_equals_the_unsplit_run(seq, batch
 )
 def test_attention_over_a_sequence_axis_equals_the_unsplit_run(seq, batch, window, documents):
     """Each time shard's queries over the gathered keys and values, masked by global position
-    (causal, a window reaching back across shards, documents across shard boundaries), GQA."""
+    (causal, a window reaching back across shards, documents across shard boundaries), GQA;
+    causal without a window with the devices' query halves swapped (``zigzag``) and without."""
     T = 96
     ks = jax.random.split(jax.random.key(2), 3)
     q = jax.random.normal(ks[0], (batch, T, 4, 8))
@@ -182,20 +183,28 @@ def test_attention_over_a_sequence_axis_equals_the_unsplit_run(seq, batch, windo
         o = kernels_pallas.attention(q, k, v, window=window, segment_ids=seg, settings=settings)
         return o, jnp.zeros(())
 
+    with kernels_pallas.kernel_mesh(_mesh(batch, seq)):
+        assert ("ppermute" in str(jax.make_jaxpr(fn)(q, k, v))) == (window is None)
     _assert_split_equals_unsplit(fn, (q, k, v), batch, seq)
+    if window is None:  # each device its own queries
+        settings = kernels_pallas.AttentionSettings(impl="reference", balance=False)
+        _assert_split_equals_unsplit(fn, (q, k, v), batch, seq)
 
 
-@pytest.mark.parametrize("window, documents", [(None, True), (150, False)])
-def test_splash_over_a_sequence_axis_equals_the_unsplit_run(window, documents):
+@pytest.mark.parametrize("window, documents, T", [(None, True, 512), (150, False, 256)])
+def test_splash_over_a_sequence_axis_equals_the_unsplit_run(window, documents, T):
     """Splash (the Pallas interpreter) with its queries split over a sequence axis of 2: each
     device runs its rows of the whole sequence's mask tables over the gathered keys; values and
     gradients equal the unsplit reference's (causal, a window reaching into the other shard,
-    documents across the shard boundary), two batch rows over the data axis, GQA."""
-    T, batch = 256, 2
+    documents across the shard boundary), two batch rows over the data axis, GQA. Causal
+    without a window, the devices first swap half their queries (``zigzag``: tables in the
+    swapped order, the outputs swapped back)."""
+    batch = 2
     ks = jax.random.split(jax.random.key(3), 3)
     q = jax.random.normal(ks[0], (batch, T, 4, 64))
     k, v = (jax.random.normal(x, (batch, T, 2, 64)) for x in ks[1:])
-    seg = jnp.asarray(np.repeat([[0, 1, 2]], batch, 0).repeat([70, 100, 86], axis=1))
+    cuts = [70, 100, 86] if T == 256 else [70, 250, 192]
+    seg = jnp.asarray(np.repeat([[0, 1, 2]], batch, 0).repeat(cuts, axis=1))
     seg = seg if documents else None
 
     def fn(settings):
@@ -210,7 +219,8 @@ def test_splash_over_a_sequence_axis_equals_the_unsplit_run(window, documents):
     mesh = _mesh(batch, 2)
     with kernels_pallas.kernel_mesh(mesh):
         jaxpr = str(jax.make_jaxpr(fn(splash))(q, k, v))
-    assert "all_gather" in jaxpr and "f32[1,128,4,64]" in jaxpr  # a row's 128 queries a device
+    assert "all_gather" in jaxpr and f"f32[1,{T // 2},4,64]" in jaxpr  # a row's queries a device
+    assert ("ppermute" in jaxpr) == (window is None)  # the swap: causal, no window
     got = _value_and_grads(fn(splash), mesh, (q, k, v))
     for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
         np.testing.assert_allclose(g, w, rtol=TOL, atol=TOL * max(float(np.abs(w).max()), 1.0))

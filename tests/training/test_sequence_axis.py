@@ -164,13 +164,20 @@ def test_the_last_shards_causal_load_against_a_count():
     of the (query, key) pairs each shard's queries see; the attention share against the FLOPs
     formula (its only term that grows with the context)."""
     from hwh_jax.training.flops import flops_per_token, sequence_load
+    from kernels_pallas.attention import zigzag
 
-    cfg = model_config("hwh", "small")
+    balanced = model_config("hwh", "small")
+    cfg = model_config("hwh", "small", attention={"balance": False})
     for T, n in [(4096, 4), (8192, 16)]:
         L = T // n
         pairs = [sum(q + 1 for q in range(i * L, (i + 1) * L)) for i in range(n)]
         r = sequence_load(cfg, T, n)
         assert r["last_shard_attention"] == pytest.approx(pairs[-1] / np.mean(pairs), rel=2 / L)
+        swapped = zigzag.positions(T, n).reshape(n, L) + 1  # each device's rows' key counts
+        b = sequence_load(balanced, T, n)
+        assert b["balanced"] and not r["balanced"]
+        assert b["last_shard_attention"] == swapped.sum(1).max() / swapped.sum(1).mean() == 1.0
+        assert b["last_shard_compute"] == 1.0
         share = 1 - flops_per_token(cfg, 0) / flops_per_token(cfg, T)
         assert r["attention_share"] == pytest.approx(share, rel=1e-9)
         assert r["last_shard_compute"] == pytest.approx(
