@@ -100,3 +100,22 @@ def test_an_architecture_is_one_registration(monkeypatch):
         variants.register_arch(arch)
     with pytest.raises(ValueError, match="unknown architecture 'hybrid'.*'alternating'"):
         model_config("hybrid", "tiny")
+
+
+def test_num_layers_sets_the_depth_at_the_sizes_widths():
+    """``model.num_layers``: another depth, the size's widths kept and HwH's allocation made for
+    that depth (the rules hold); 0 is the size's; a bad value names the key."""
+    from configs import base
+    from hwh_jax.models.variants import model_config_from_dict
+
+    config = base.get_config("hwh_1b4")
+    default = model_config_from_dict(config.model)
+    config.model.num_layers = 8
+    cfg = model_config_from_dict(config.model)
+    assert (len(default.layers), len(cfg.layers)) == (SIZES["1b4"].num_layers, 8)
+    assert (cfg.d_model, cfg.head_dim, cfg.num_heads) == (2048, 128, 16)
+    fa = [s.num_fa for s in cfg.layers]
+    assert fa[0] == fa[-1] == 0 and 0 < sum(fa) < 0.25 * 8 * 16
+    config.model.num_layers = -1
+    with pytest.raises(ValueError, match="model.num_layers must be >= 1"):
+        model_config_from_dict(config.model)
