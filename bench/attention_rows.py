@@ -73,12 +73,9 @@ def _zigzag_step(shards):
     b, ``zigzag.chunks``) on cuDNN's blocks and their gradients."""
 
     def f(q_rows, k, v, do_rows, seg, index):
-        h = q_rows.shape[1] // 2
-        if seg is not None:
-            part = lambda c: jax.lax.dynamic_slice_in_dim(seg, c * h, h, 1)
-            q_seg = jnp.concatenate([part(c) for c in zigzag.chunks(index, shards)], 1)
+        q_seg = None if seg is None else zigzag.rows(seg, index, shards)
         fn = lambda q_rows, k, v: zigzag.zigzag_rows(
-            q_rows, k, v, index, shards=shards, segment_ids=None if seg is None else q_seg,
+            q_rows, k, v, index, shards=shards, segment_ids=q_seg,
             kv_segment_ids=seg, blocks=BLOCKS,
         )  # fmt: skip
         return forward_backward(fn)(q_rows, k, v, do_rows)

@@ -208,8 +208,7 @@ def _over_time_shards(
         index, h = jax.lax.axis_index(axis), q.shape[1] // 2
         a, b = zigzag.chunks(index, n)
         if seg is not None:  # the queries' documents, read from the gathered keys'
-            chunk = lambda c: jax.lax.dynamic_slice_in_dim(kv_seg, c * h, h, axis=1)
-            seg = jnp.concatenate([chunk(a), chunk(b)], axis=1)
+            seg = zigzag.rows(kv_seg, index, n)
         if impl == "cudnn":
             return zigzag.zigzag_rows(
                 q, k, v, index, shards=n, scale=scale, segment_ids=seg, kv_segment_ids=kv_seg,

@@ -62,6 +62,13 @@ def _chunk(x, c, h):
     return jax.lax.dynamic_slice_in_dim(x, c * h, h, axis=1)
 
 
+def rows(x, index, n: int):
+    """x [B, T, ...] of the whole sequence (gathered) -> device ``index``'s rows after the
+    swap, [B, T / n, ...]: its chunks a then b (``chunks``; index may be traced)."""
+    h = x.shape[1] // (2 * n)
+    return jnp.concatenate([_chunk(x, c, h) for c in chunks(index, n)], axis=1)
+
+
 def _layout(index, n, h):
     """The off-diagonal blocks: for m = 0..2n-2, whether it serves chunk b (``serves_b`` [M])
     and its key positions [M, h] (chunk m for a, chunk m - a for b)."""

@@ -452,6 +452,7 @@ def test_zigzag_rows_equal_the_whole_sequences_rows_at_their_positions(shards, d
     out, dq, dk, dv = jnp.zeros_like(ref), jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
     for j in range(shards):
         rows = jnp.asarray(pos[j * L : (j + 1) * L])
+        np.testing.assert_array_equal(zigzag.rows(q, jnp.int32(j), shards), q[:, rows])
         (dq_j, dk_j, dv_j), o_j = device(jnp.int32(j), rows, q[:, rows], k, v)
         out, dq = out.at[:, rows].set(o_j), dq.at[:, rows].set(dq_j)
         dk, dv = dk + dk_j, dv + dv_j
