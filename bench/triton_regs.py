@@ -12,7 +12,7 @@ registers. Needs ``pip install triton`` (not a
 dependency of the project); reads internals of JAX's Pallas Triton lowering (jaxlib <= 0.10.2,
 what pip gives on the project's CPU machines).
 
-  python bench/triton_regs.py --ops short_conv gdn delta_rule softmax_xent decay decay_key hgrn gdn_token \
+  python bench/triton_regs.py --ops short_conv gdn delta_rule softmax_xent decay decay_key hgrn \
       [--out DIR]
 """
 
@@ -103,27 +103,6 @@ def _softmax_xent():
     )
 
 
-def _gdn_token():
-    """A GDN layer's decode token (HwH-380m's 13 heads at batch 1)."""
-    from kernels_pallas.gdn.token import token_pallas
-
-    n, W, bf, f32 = H, 4, jnp.bfloat16, jnp.float32
-    s = lambda *shape, dtype=f32: jax.ShapeDtypeStruct(shape, dtype)
-    args = (
-        s(1, W, n * 3 * D, dtype=bf),
-        s(W, n * 3 * D),
-        s(1, n, dtype=bf),
-        s(1, n, dtype=bf),
-        s(1, n * D, dtype=bf),
-        s(n),
-        s(n),
-        s(D),
-        s(1, dtype=jnp.bool_),
-        s(1, n, D, D),
-    )
-    return lambda *a: token_pallas(*a, heads=n, scale=D**-0.5), args
-
-
 OPS = {
     "short_conv": lambda: _short_conv(True),
     "short_conv_nonorm": lambda: _short_conv(False),
@@ -133,7 +112,6 @@ OPS = {
     "decay": lambda: _decay(False),
     "decay_key": lambda: _decay(True),
     "hgrn": _hgrn,
-    "gdn_token": _gdn_token,
 }
 
 
