@@ -7,19 +7,12 @@ pallas.py           the chunked form as Pallas kernels (``wy_kernels.py`` per ch
 wy_apply_mosaic.py  the per-chunk w, u, QK as a Mosaic GPU kernel (``wy_apply="mosaic"``)
 settings.py         ``GDNSettings``: implementation and launch settings as one value
 step.py             the decode step as one Pallas kernel (GPU)
-token.py            a GDN layer's whole decode token (convolution to gated norm) as one
-                    Pallas kernel (GPU), and its jnp form
-op.py               ``gated_delta_rule``, ``gated_delta_rule_step``, ``gated_delta_rule_token``:
-                    shapes checked, the implementation dispatched
+op.py               ``gated_delta_rule`` and ``gated_delta_rule_step``: shapes checked, the
+                    implementation dispatched
 """
 
 from kernels_pallas.gdn.chunk_reference import gated_delta_rule_chunk_reference
-from kernels_pallas.gdn.op import (
-    gated_delta_rule,
-    gated_delta_rule_step,
-    gated_delta_rule_token,
-    token_kernel_runs,
-)
+from kernels_pallas.gdn.op import gated_delta_rule, gated_delta_rule_step
 from kernels_pallas.gdn.pallas import gated_delta_rule_pallas
 from kernels_pallas.gdn.reference import gated_delta_rule_recurrent
 from kernels_pallas.gdn.settings import GDNSettings
@@ -31,6 +24,4 @@ __all__ = [
     "gated_delta_rule_pallas",
     "gated_delta_rule_recurrent",
     "gated_delta_rule_step",
-    "gated_delta_rule_token",
-    "token_kernel_runs",
 ]

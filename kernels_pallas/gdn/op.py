@@ -1,4 +1,4 @@
-"""``gated_delta_rule``, ``gated_delta_rule_step`` and ``gated_delta_rule_token``: the public entries, which check shapes
+"""``gated_delta_rule`` and ``gated_delta_rule_step``: the public entries, which check shapes
 and run the implementation their ``GDNSettings`` choose; under ``kernel_mesh`` the chunked
 Pallas kernels run per device shard, and a mesh with a sequence axis splits the time dimension
 (``sequence.py``)."""
@@ -16,7 +16,6 @@ from kernels_pallas.gdn.reference import gated_delta_rule_recurrent
 from kernels_pallas.gdn.sequence import operands, over_shards
 from kernels_pallas.gdn.settings import GDNSettings
 from kernels_pallas.gdn.step import step_pallas
-from kernels_pallas.gdn.token import token_kernel_fits, token_pallas, token_reference
 
 
 def _check_shapes(q, k, v, g, beta, initial_state):
@@ -156,52 +155,3 @@ def gated_delta_rule_step(
             num_warps=settings.num_warps,
         )
     return reference.gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, scale=scale)
-
-
-def token_kernel_runs(settings: GDNSettings, width: int, heads: int, key_dim: int, value_dim: int):
-    """Whether ``gated_delta_rule_token`` runs its kernel for these settings and shapes (else
-    its jnp form): ``settings.token_kernel``, the Pallas implementation on a Triton target, no
-    kernel mesh, shapes the kernel takes (``token.token_kernel_fits``)."""
-    return (
-        settings.token_kernel
-        and settings.choose() == "pallas"
-        and dispatch.triton_target(settings)
-        and sharding.current() is None
-        and token_kernel_fits(width, heads, key_dim, value_dim)
-    )
-
-
-def gated_delta_rule_token(
-    xp,
-    conv_w,
-    a,
-    b,
-    gate,
-    a_log,
-    dt_bias,
-    norm_w,
-    valid,
-    state,
-    *,
-    heads: int,
-    scale: float,
-    qk_eps: float = 1e-6,
-    norm_eps: float = 1e-6,
-    settings: GDNSettings | None = None,
-):
-    """A GDN layer's decode token from its projections to its gated norm (``token.py``): xp
-    [B, W, n(2K+V)] the convolution's window with this token's q, k, v projections last (zeroed
-    where ``valid`` [B] is False), conv_w [W, n(2K+V)], a (None: no decay) and b [B, n], gate
-    [B, nV], a_log and dt_bias [n] (None without decay), norm_w [V], state [B, n, K, V] fp32 ->
-    (out [B, nV] in gate's dtype, new state fp32). The kernel where ``token_kernel_runs``, the
-    jnp form (``token.token_reference``) elsewhere."""
-    settings = GDNSettings() if settings is None else settings
-    W, n = xp.shape[1], heads
-    K, V = state.shape[-2:]
-    kernel = token_kernel_runs(settings, W, n, K, V)
-    dispatch.record(settings, "pallas" if kernel else "reference", op="gated_delta_rule_token")
-    kw = dict(heads=n, scale=float(scale), qk_eps=qk_eps, norm_eps=norm_eps)
-    args = (xp, conv_w, a, b, gate, a_log, dt_bias, norm_w, valid, state)
-    if kernel:
-        return token_pallas(*args, **kw, interpret=settings.interpret, num_warps=settings.num_warps)
-    return token_reference(*args, **kw)

@@ -36,10 +36,6 @@ class GDNSettings(KernelSettings):
     head) from this many rows x heads, the jnp step below: at 13 programs (380m, batch 1) the
     kernel was slower than XLA's fusions, at 416 (batch 32) faster (docs/benchmarks.md,
     "Decode and cache").
-    token_kernel: a GDN layer's decode token (short convolution over the window, SiLU, the q/k
-    norms, gates, the delta-rule step, the gated norm) as one kernel (``token.py``) where it
-    runs (a GPU or ``interpret=True``, shapes Triton takes, no kernel mesh); False: those as
-    separate ops, the step as ``step_min_programs`` says.
     """
 
     chunk_size: int = 64
@@ -52,7 +48,6 @@ class GDNSettings(KernelSettings):
     recompute: bool = False
     step_min_programs: int = 128
     wy_apply: str = "auto"
-    token_kernel: bool = True
 
     OP = "gated_delta_rule"
     IMPLS = ("auto", "recurrent", "chunk_reference", "pallas")

@@ -38,7 +38,7 @@ from hwh_jax.layers.heads.parts import (
 from hwh_jax.layers.linear import dense
 from hwh_jax.layers.norms import GatedRMSNorm
 from hwh_jax.layers.variables import data, partitioned
-from kernels_pallas.gdn import GDNSettings, gated_delta_rule_token, token_kernel_runs
+from kernels_pallas.gdn import GDNSettings
 from kernels_pallas.short_conv import ShortConvSettings, causal_conv1d, silu_norm
 
 
@@ -168,9 +168,7 @@ class GatedDeltaNetHeads(nnx.Module):
         concatenation and one convolution where there were three (the convolution is depthwise,
         so the values are those of three). The barrier keeps XLA from fusing the projection
         into the window's concatenation, which at one token it does as a slow reduction of one
-        thread per column (docs/benchmarks.md). One token, where ``token_kernel_runs``: the
-        convolution, norms, gates, step and gated norm as one kernel
-        (``kernels_pallas.gdn.gated_delta_rule_token``)."""
+        thread per column (docs/benchmarks.md)."""
         del t0, start  # position-free
         q, k, v, b, a, gate = self._unpack(proj)
         B, Tn, _ = q.shape
@@ -182,25 +180,6 @@ class GatedDeltaNetHeads(nnx.Module):
         w = jnp.concatenate(
             [c.kernel[...] for c in (self.q_conv, self.k_conv, self.v_conv)], axis=1
         )
-        new_window = xp[:, xp.shape[1] - window.shape[1] :]
-        if Tn == 1 and token_kernel_runs(self.settings, xp.shape[1], n, K, V):
-            out, state = gated_delta_rule_token(
-                xp,
-                w,
-                None if a is None else a[:, 0],
-                b[:, 0],
-                gate[:, 0],
-                self.A_log[...] if self.decay else None,
-                self.dt_bias[...] if self.decay else None,
-                self.o_norm.norm.weight[...],
-                valid[:, 0],
-                cache["state"],
-                heads=n,
-                scale=K**-0.5,
-                norm_eps=self.o_norm.norm.eps,
-                settings=self.settings,
-            )
-            return out[:, None], {"state": state, "conv": new_window}
         z = causal_conv1d(xp, w)[:, window.shape[1] :]
         q = silu_norm(z[..., : n * K], heads=n, normalize=True).reshape(B, Tn, n, K)
         k = silu_norm(z[..., n * K : 2 * n * K], heads=n, normalize=True).reshape(B, Tn, n, K)
@@ -231,7 +210,7 @@ class GatedDeltaNetHeads(nnx.Module):
                 settings=self.settings,
             )
         out = self.o_norm(o, gate.reshape(B, Tn, n, V)).reshape(B, Tn, n * V)
-        return out, {"state": state, "conv": new_window}
+        return out, {"state": state, "conv": xp[:, xp.shape[1] - window.shape[1] :]}
 
 
 def _build(decay: bool):
