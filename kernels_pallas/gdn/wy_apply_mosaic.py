@@ -16,7 +16,8 @@ operand: there the tiles are unswizzled, vectors are plain loads and QK is a ``d
 so it checks the kernel's data flow (slots, barriers, copies, the scaling), not those three.
 The compiled form is checked on a GPU and, without one, by lowering it for CUDA
 (``tests/kernels/test_gdn_mosaic.py``). ``GDNSettings(wy_apply="auto")`` takes this kernel on a Hopper
-GPU for the shapes it takes (``hopper``, ``takes``).
+GPU for the shapes it takes (``hopper``, ``takes``). It is lowered with Lane semantics (JAX
+0.11's warpgroup semantics found no layout for this body).
 Requires chunks of 64 (one wgmma M tile), K and V multiples of 64 and 16-bit inputs.
 """
 
