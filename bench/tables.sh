@@ -19,10 +19,13 @@
 #                  alone (bench/causality.py; --sizes/--archs for a part)
 #       memorize   one fixed batch against a fresh batch every step (bench/memorize.py): 380m HwH and
 #                  the Transformer at the step2k batch and at 1, then small, 5 architectures x 3 seeds
+#       compiled   the kernel tests that compile for the GPU (the Mosaic GPU WY apply against its
+#                  formulas and the Triton path): pytest under JAX_PLATFORMS=cuda, which
+#                  tests/conftest.py otherwise sets to cpu (they are then skipped or interpreted)
 #       hgrn       HGRN's element-wise recurrence (associative scan, Pallas kernels) against fla's chunk_hgrn
 #                  (the mixer parts at B=8, T=2K and B=2, T=8K, 16 heads of 128; each fla op
 #                  autotunes on first use, minutes on a bare machine: one or two parts a call)
-# Each part writes OUT_DIR/PART.jsonl (rows as the scripts print them) and OUT_DIR/PART.log.
+# Each part writes OUT_DIR/PART.jsonl (rows as the scripts print them; compiled: none) and OUT_DIR/PART.log.
 # The step parts set the XLA flags docs/training.md measured fastest for training on an H200
 # (command buffers off, cuBLAS for every product) unless XLA_FLAGS is set; decode keeps XLA's
 # defaults (its command buffers replay a step's hundreds of small kernels as one graph). Every
@@ -72,7 +75,9 @@ for part in "$@"; do
         --skip_recency --out "$OUT/memorize_380m.jsonl"
       python3 bench/memorize.py --archs transformer gdn layerwise hwh --variant hwh_conv1:hwh:conv_size=1 \
         --size small --seq_len 2048 --batch 8 --steps 60 --seeds 0 1 2 --out "$OUT/memorize_small.jsonl" ;;
-    *) echo "unknown part $part (gdn, step2k, steplong, decode, decay, decay_key, delta_rule, hgrn, causality, memorize)"; exit 2 ;;
+    compiled)
+      JAX_PLATFORMS=cuda python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gdn_mosaic.py ;;
+    *) echo "unknown part $part (gdn, step2k, steplong, decode, decay, decay_key, delta_rule, hgrn, causality, memorize, compiled)"; exit 2 ;;
   esac 2>&1 | grep -v "^I[0-9]" | tee "$OUT/$part.log"
 done
 echo "=== done ($(date -u +%T))"

@@ -1,4 +1,8 @@
-"""Test setup: 8 fake CPU devices for mesh tests, absl flags marked parsed for grain."""
+"""Test setup: 8 fake CPU devices for mesh tests, absl flags marked parsed for grain.
+
+The suite runs on the CPU backend unless JAX_PLATFORMS is set: the kernel tests that compile for
+a GPU run on one with ``JAX_PLATFORMS=cuda`` (``bash bench/tables.sh OUT compiled``) and are
+skipped or interpreted otherwise."""
 
 import atexit
 import os

@@ -5,6 +5,8 @@ CUDA lowering, the shapes it refuses, and where ``wy_apply="auto"`` takes it.
 On CPU the kernel runs under the Mosaic GPU interpreter (where this JAX has one), which checks
 its data flow but models neither layouts nor swizzling nor the transposed operand of QK's
 product (``wy_apply_mosaic``'s docstring); lowering it for CUDA checks those without a GPU.
+On a GPU (``JAX_PLATFORMS=cuda``: the suite's conftest sets cpu otherwise; ``bash
+bench/tables.sh OUT compiled``) the kernel runs compiled.
 """
 
 import jax
