@@ -2,6 +2,7 @@ r"""Time parts of the training step alone: the shipped formulation beside altern
 
   python bench/step_parts.py --tokens 65536 --d_model 1024 --mlp 3072 --vocab 50304 \
       --parts mlp loss --out $OUT/parts.jsonl
+  python bench/step_parts.py --tokens 45056 --parts fa_qkv --fa_heads 1 3 5 --out $OUT/fa.jsonl
 
 Each row: forward+backward (for the input and the parameters) of one part on bf16 activations
 from fp32 parameters, as the model runs them; the device time per call from a profiler trace and
@@ -13,7 +14,14 @@ its kernels, beside this device's matmul and copy rates measured in the same run
 - ``loss``: the LM head (x @ E^T, bf16 logits) and ``hwh_jax.layers.loss.cross_entropy``.
   ``shipped``: its log Z by ``jax.nn.logsumexp`` (a max pass, then a sum pass over the logits);
   ``one_pass``: log Z as one reduction of (max, sum of exp) pairs merged as online softmax does.
-The alternatives live here, not in the model: none was faster (docs/benchmarks.md).
+- ``fa_qkv``: one HwH layer's FA heads (``--fa_heads`` of them, NoPE, global, the 380m's
+  widths) from the normalised input to their attention output, as ``HeadwiseMixer`` runs them:
+  ``shipped``: q, k and v as three products (``linear.project``); ``one_product``: one product
+  over their weights concatenated, split before the attention (which then copies the slices,
+  and whose backward concatenates their gradients). At 1-5 heads the products are 64-320
+  columns wide, each a pass over x.
+The alternatives live here, not in the model: none of mlp's or loss's was faster
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -25,11 +33,15 @@ import _bench
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _bench import device_ms, median_ms
+from _bench import device_ms, median_ms, rel_err
 from flax import nnx
 
 from hwh_jax.layers import loss as lm_loss
+from hwh_jax.layers.attention import FullAttentionHeads
+from hwh_jax.layers.config import LayerSpec
+from hwh_jax.layers.linear import dot_last, project
 from hwh_jax.layers.mlp import SwiGLU
+from hwh_jax.models import model_config
 
 bf16, f32 = jnp.bfloat16, jnp.float32
 
@@ -64,6 +76,30 @@ def mlp_fn(variant, module):
         if variant == "separate":
             return m.down(swiglu(jnp.stack([m.gate(x), m.up(x)], axis=-2)))
         raise ValueError(f"unknown mlp variant {variant!r}; known: shipped, stacked, separate")
+
+    return f, params
+
+
+def fa_qkv_fn(variant, heads: int, seq: int):
+    """(f(params, x [N, d]) -> the FA heads' outputs [N / seq, seq, heads * D], params)."""
+    cfg = model_config("hwh", "380m", dtype="bfloat16")
+    module = FullAttentionHeads(cfg, LayerSpec(num_fa=heads, num_la=16 - heads), rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(module, nnx.Param)
+    if variant not in ("shipped", "one_product"):
+        raise ValueError(f"unknown fa_qkv variant {variant!r}; known: shipped, one_product")
+
+    def f(params, x):
+        m = nnx.merge(graphdef, params)
+        x = x.reshape(-1, seq, x.shape[-1])
+        layers = list(m.projections())
+        if variant == "shipped":
+            q, k, v = project(x, layers)
+        else:
+            w = jnp.concatenate([p.kernel[...].astype(bf16) for p in layers], axis=1)
+            widths = np.cumsum([p.kernel.shape[1] for p in layers])[:-1]
+            q, k, v = jnp.split(dot_last(x.astype(bf16), w), widths, axis=-1)
+        positions = jnp.broadcast_to(jnp.arange(seq), x.shape[:2])
+        return m.attend(q, k, v, positions)
 
     return f, params
 
@@ -121,10 +157,13 @@ def main():
     ap.add_argument("--parts", nargs="+", default=["mlp", "loss"])
     ap.add_argument("--mlp_variants", nargs="+", default=["shipped", "stacked", "separate"])
     ap.add_argument("--loss_variants", nargs="+", default=["shipped", "one_pass"])
+    ap.add_argument("--fa_variants", nargs="+", default=["shipped", "one_product"])
+    ap.add_argument("--fa_heads", nargs="+", type=int, default=[1, 3, 5])
+    ap.add_argument("--seq", type=int, default=2048, help="fa_qkv: tokens a sequence")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     _bench.print_device()
-    ceil = _bench.ceilings()
+    ceil = _bench.ceilings() if jax.default_backend() == "gpu" else {}  # minutes on a CPU
     print(json.dumps({"ceilings": ceil}), flush=True)
     rng = np.random.default_rng(0)
     N, d, H, V = args.tokens, args.d_model, args.mlp, args.vocab
@@ -178,6 +217,35 @@ def main():
                 f"{kernels_line(ks)}",
                 flush=True,
             )
+    if "fa_qkv" in args.parts:
+        for heads in args.fa_heads:
+            ref = None
+            for v in args.fa_variants:
+                f, params = fa_qkv_fn(v, heads, args.seq)
+                run = fwd_bwd(f)
+                y, (_, dx) = run(params, x)
+                ref = (y, dx) if ref is None else ref  # the first variant's
+                dev, ks = device_ms(run, params, x)
+                row = {
+                    "part": "fa_qkv",
+                    "variant": v,
+                    **ceil,
+                    "tokens": N,
+                    "d": d,
+                    "fa_heads": heads,
+                    "seq": args.seq,
+                    # output and input gradient against the first variant's, relative
+                    "rel_diff": [rel_err(a, b) for a, b in zip((y, dx), ref)],
+                    "fwd_bwd_ms": median_ms(run, params, x),
+                    "fwd_bwd_device_ms": dev,
+                    "kernels": ks,
+                }
+                _bench.emit(rows, row)
+                print(
+                    f"fa_qkv {heads} heads {v:11s} device {dev or float('nan'):.3f} ms :: "
+                    f"{kernels_line(ks)}",
+                    flush=True,
+                )
     _bench.write_jsonl(args.out, rows)
 
 

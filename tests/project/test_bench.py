@@ -317,3 +317,25 @@ def test_skinny_matmul_bench_rows(tmp_path):
     ]
     assert all(r["rel_err"] < 1e-2 and r["ms"] > 0 and r["weight_bytes"] > 0 for r in rows)
     assert "us each" in stdout
+
+
+def test_step_parts_fa_qkv_rows(tmp_path):
+    """bench/step_parts.py's FA projections part on the CPU: both forms of one HwH layer's FA
+    heads compute the same outputs and input gradient (up to bf16 sums in another order)."""
+    rows, _ = _run(
+        tmp_path,
+        "step_parts.py",
+        "--tokens",
+        "512",
+        "--seq",
+        "256",
+        "--parts",
+        "fa_qkv",
+        "--fa_heads",
+        "2",
+        profile=False,
+    )
+    assert [(r["variant"], r["fa_heads"]) for r in rows] == [("shipped", 2), ("one_product", 2)]
+    out_diff, dx_diff = rows[1]["rel_diff"]
+    assert out_diff < 1e-2 and 0 < dx_diff < 1e-2  # one product sums dx in another order
+    assert rows[0]["rel_diff"] == [0.0, 0.0] and rows[0]["fwd_bwd_ms"] > 0
