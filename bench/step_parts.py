@@ -148,6 +148,15 @@ def kernels_line(ks, n=6):
     return "; ".join(f"{k['name'][:48]} {k['ms']:.3f}" for k in ks[:n])
 
 
+def timed_row(rows, label, run, args, fields):
+    """Time ``run(*args)`` (median wall ms, device ms and kernels from a trace), keep the row
+    (``fields`` and those) and print a line starting with ``label``."""
+    dev, ks = device_ms(run, *args)
+    row = {**fields, "fwd_bwd_ms": median_ms(run, *args), "fwd_bwd_device_ms": dev, "kernels": ks}
+    _bench.emit(rows, row)
+    print(f"{label} device {dev or float('nan'):.3f} ms :: {kernels_line(ks)}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=65536)
@@ -173,50 +182,18 @@ def main():
         module = SwiGLU(d, H, out_std=0.02, dtype=bf16, param_dtype=f32, rngs=nnx.Rngs(0))
         for v in args.mlp_variants:
             f, params = mlp_fn(v, module)
-            run = fwd_bwd(f)
-            dev, ks = device_ms(run, params, x)
-            row = {
-                "part": "mlp",
-                "variant": v,
-                **ceil,
-                "tokens": N,
-                "d": d,
-                "hidden": H,
-                "fwd_bwd_ms": median_ms(run, params, x),
-                "fwd_bwd_device_ms": dev,
-                "matmul_tflop": 6 * 3 * N * d * H / 1e12,
-                "kernels": ks,
-            }
-            _bench.emit(rows, row)
-            print(
-                f"mlp  {v:9s} device {dev or float('nan'):.3f} ms :: {kernels_line(ks)}", flush=True
-            )
+            fields = dict(part="mlp", variant=v, **ceil, tokens=N, d=d, hidden=H)
+            fields["matmul_tflop"] = 6 * 3 * N * d * H / 1e12
+            timed_row(rows, f"mlp  {v:9s}", fwd_bwd(f), (params, x), fields)
     if "loss" in args.parts:
         emb = jnp.asarray(0.02 * rng.standard_normal((V, d)), f32)
         targets = jnp.asarray(rng.integers(0, V, (N,)), jnp.int32)
         for v in args.loss_variants:
             run = fwd_bwd(loss_fn(v))
             y, _ = run(emb, x, targets)
-            dev, ks = device_ms(run, emb, x, targets)
-            row = {
-                "part": "loss",
-                "variant": v,
-                **ceil,
-                "tokens": N,
-                "d": d,
-                "vocab": V,
-                "loss": float(y),
-                "fwd_bwd_ms": median_ms(run, emb, x, targets),
-                "fwd_bwd_device_ms": dev,
-                "matmul_tflop": 6 * N * d * V / 1e12,
-                "kernels": ks,
-            }
-            _bench.emit(rows, row)
-            print(
-                f"loss {v:9s} {float(y):.5f} device {dev or float('nan'):.3f} ms :: "
-                f"{kernels_line(ks)}",
-                flush=True,
-            )
+            fields = dict(part="loss", variant=v, **ceil, tokens=N, d=d, vocab=V, loss=float(y))
+            fields["matmul_tflop"] = 6 * N * d * V / 1e12
+            timed_row(rows, f"loss {v:9s} {float(y):.5f}", run, (emb, x, targets), fields)
     if "fa_qkv" in args.parts:
         for heads in args.fa_heads:
             ref = None
@@ -225,27 +202,11 @@ def main():
                 run = fwd_bwd(f)
                 y, (_, dx) = run(params, x)
                 ref = (y, dx) if ref is None else ref  # the first variant's
-                dev, ks = device_ms(run, params, x)
-                row = {
-                    "part": "fa_qkv",
-                    "variant": v,
-                    **ceil,
-                    "tokens": N,
-                    "d": d,
-                    "fa_heads": heads,
-                    "seq": args.seq,
-                    # output and input gradient against the first variant's, relative
-                    "rel_diff": [rel_err(a, b) for a, b in zip((y, dx), ref)],
-                    "fwd_bwd_ms": median_ms(run, params, x),
-                    "fwd_bwd_device_ms": dev,
-                    "kernels": ks,
-                }
-                _bench.emit(rows, row)
-                print(
-                    f"fa_qkv {heads} heads {v:11s} device {dev or float('nan'):.3f} ms :: "
-                    f"{kernels_line(ks)}",
-                    flush=True,
-                )
+                fields = dict(part="fa_qkv", variant=v, **ceil, tokens=N, d=d, fa_heads=heads)
+                fields["seq"] = args.seq
+                # output and input gradient against the first variant's, relative
+                fields["rel_diff"] = [rel_err(a, b) for a, b in zip((y, dx), ref)]
+                timed_row(rows, f"fa_qkv {heads} heads {v:11s}", run, (params, x), fields)
     _bench.write_jsonl(args.out, rows)
 
 
