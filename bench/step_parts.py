@@ -15,11 +15,11 @@ its kernels, beside this device's matmul and copy rates measured in the same run
   ``shipped``: its log Z by ``jax.nn.logsumexp`` (a max pass, then a sum pass over the logits);
   ``one_pass``: log Z as one reduction of (max, sum of exp) pairs merged as online softmax does.
 - ``fa_qkv``: one HwH layer's FA heads (``--fa_heads`` of them, NoPE, global, the 380m's
-  widths) from the normalised input to their attention output, as ``HeadwiseMixer`` runs them:
-  ``shipped``: q, k and v as three products (``linear.project``); ``one_product``: one product
-  over their weights concatenated, split before the attention (which then copies the slices,
-  and whose backward concatenates their gradients). At 1-5 heads the products are 64-320
-  columns wide, each a pass over x.
+  widths) from the normalised input to their attention output: ``three_products``: q, k and v
+  as three products (``linear.project`` without groups); ``one_product``: one product over
+  their weights concatenated (``linear.project``'s group, as ``HeadwiseMixer`` runs a branch
+  of at most ``FA_ONE_PRODUCT_WIDTH`` columns), split before the attention and its gradients
+  joined again. At 1-5 heads the products are 64-320 columns wide, each a pass over x.
 The alternatives live here, not in the model: none of mlp's or loss's was faster
 (docs/benchmarks.md).
 """
@@ -39,7 +39,7 @@ from flax import nnx
 from hwh_jax.layers import loss as lm_loss
 from hwh_jax.layers.attention import FullAttentionHeads
 from hwh_jax.layers.config import LayerSpec
-from hwh_jax.layers.linear import dot_last, project
+from hwh_jax.layers.linear import project
 from hwh_jax.layers.mlp import SwiGLU
 from hwh_jax.models import model_config
 
@@ -85,19 +85,14 @@ def fa_qkv_fn(variant, heads: int, seq: int):
     cfg = model_config("hwh", "380m", dtype="bfloat16")
     module = FullAttentionHeads(cfg, LayerSpec(num_fa=heads, num_la=16 - heads), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(module, nnx.Param)
-    if variant not in ("shipped", "one_product"):
-        raise ValueError(f"unknown fa_qkv variant {variant!r}; known: shipped, one_product")
+    groups = {"three_products": (), "one_product": ((0, 1, 2),)}
+    if variant not in groups:
+        raise ValueError(f"unknown fa_qkv variant {variant!r}; known: {list(groups)}")
 
     def f(params, x):
         m = nnx.merge(graphdef, params)
         x = x.reshape(-1, seq, x.shape[-1])
-        layers = list(m.projections())
-        if variant == "shipped":
-            q, k, v = project(x, layers)
-        else:
-            w = jnp.concatenate([p.kernel[...].astype(bf16) for p in layers], axis=1)
-            widths = np.cumsum([p.kernel.shape[1] for p in layers])[:-1]
-            q, k, v = jnp.split(dot_last(x.astype(bf16), w), widths, axis=-1)
+        q, k, v = project(x, list(m.projections()), groups[variant])
         positions = jnp.broadcast_to(jnp.arange(seq), x.shape[:2])
         return m.attend(q, k, v, positions)
 
@@ -166,7 +161,7 @@ def main():
     ap.add_argument("--parts", nargs="+", default=["mlp", "loss"])
     ap.add_argument("--mlp_variants", nargs="+", default=["shipped", "stacked", "separate"])
     ap.add_argument("--loss_variants", nargs="+", default=["shipped", "one_pass"])
-    ap.add_argument("--fa_variants", nargs="+", default=["shipped", "one_product"])
+    ap.add_argument("--fa_variants", nargs="+", default=["three_products", "one_product"])
     ap.add_argument("--fa_heads", nargs="+", type=int, default=[1, 3, 5])
     ap.add_argument("--seq", type=int, default=2048, help="fa_qkv: tokens a sequence")
     ap.add_argument("--out", default="")

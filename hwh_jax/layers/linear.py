@@ -44,11 +44,12 @@ def dense(
     )
 
 
-def project(x, layers) -> list:
+def project(x, layers, groups: tuple[tuple[int, ...], ...] = ()) -> list:
     """[layer(x) for layer in layers] for bias-free ``dense`` layers of one compute dtype: the
     same products, with a backward that sums x's gradient product by product, each new product
-    the first operand of its sum, and the narrow layers (widths not a multiple of 8) as one
-    product.
+    the first operand of its sum; the layers of each of ``groups`` (tuples of indices into
+    ``layers``, disjoint) as one product over their weights concatenated, and the narrow layers
+    (widths not a multiple of 8) not in a group as one more.
 
     Autodiff sums the input gradients of several projections as ``add(sum so far, new
     product)``. XLA's GEMM rewriter folds such a sum into the new product's GEMM (beta = 1)
@@ -58,17 +59,27 @@ def project(x, layers) -> list:
     contraction XLA pads (a width not a multiple of 8: GDN's a and b, one column a head) is a
     GEMM that takes no sum folded in, so two of them would leave one add a layer; the narrow
     layers are therefore one GEMM over their concatenated weights, forward, input gradient and
-    weight gradient, and their product starts the sum. Values: autodiff's where there is at most one narrow layer (bitwise on the
-    CPU); otherwise the narrow products' sum is taken in the GEMM's fp32 accumulator."""
+    weight gradient, and their product starts the sum. A group is one GEMM the same way, in
+    the sum where its first layer's product would be: for narrow products each a pass over x
+    and over x's gradient (HwH's FA q, k, v of 1-5 heads), one wider GEMM costs less than its
+    parts and the copies that split its output and join its gradients (docs/benchmarks.md).
+    Values: autodiff's where no two layers share a product (bitwise on the CPU); otherwise a
+    shared product's sum over its layers is taken in the GEMM's fp32 accumulator."""
     dtype = layers[0].dtype
     if any(layer.dtype != dtype or layer.bias is not None for layer in layers):
         raise ValueError(
             "project: the layers must be bias-free and share one compute dtype, "
             f"got {[(layer.dtype, layer.bias is not None) for layer in layers]}"
         )
+    grouped = [i for g in groups for i in g]
+    if len(set(grouped)) != len(grouped) or any(not 0 <= i < len(layers) for i in grouped):
+        raise ValueError(
+            f"project: groups must be disjoint indices into the {len(layers)} layers, got {groups}"
+        )
     ws = tuple(layer.kernel[...].astype(dtype) for layer in layers)
-    narrow = tuple(i for i, w in enumerate(ws) if w.shape[1] % GEMM_ALIGN)
-    return list(_project(x.astype(dtype), ws, narrow if len(narrow) > 1 else ()))
+    narrow = tuple(i for i, w in enumerate(ws) if w.shape[1] % GEMM_ALIGN and i not in grouped)
+    groups = tuple(tuple(g) for g in groups if len(g) > 1)
+    return list(_project(x.astype(dtype), ws, groups, narrow if len(narrow) > 1 else ()))
 
 
 def dot_last(x, w):
@@ -108,13 +119,25 @@ def apply(layer: nnx.Linear, x, settings: SkinnyMatmulSettings | None = None):
     return matmul(x, w, settings)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _project(x, ws, narrow):
-    """Each w's product with x; the ``narrow`` ones (indices, static) as one product."""
-    ys = [None if i in narrow else dot_last(x, w) for i, w in enumerate(ws)]
-    if narrow:
-        y = dot_last(x, jnp.concatenate([ws[i] for i in narrow], axis=1))
-        for i, yi in zip(narrow, _split(y, [ws[i].shape[1] for i in narrow])):
+def _units(n, groups, narrow):
+    """The products of ``_project`` in the order its backward sums them: the narrow layers'
+    first (the start of the sum), then each group or lone layer, the last layer's first."""
+    grouped = {i for g in groups for i in g} | set(narrow)
+    units = list(groups) + [(i,) for i in range(n) if i not in grouped]
+    return ([narrow] if narrow else []) + sorted(units, key=lambda u: -u[0])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _project(x, ws, groups, narrow):
+    """Each w's product with x; the layers of each group, and the ``narrow`` ones (indices,
+    static), as one product each."""
+    ys = [None] * len(ws)
+    for unit in _units(len(ws), groups, narrow):
+        if len(unit) == 1:
+            ys[unit[0]] = dot_last(x, ws[unit[0]])
+            continue
+        y = dot_last(x, jnp.concatenate([ws[i] for i in unit], axis=1))
+        for i, yi in zip(unit, _split(y, [ws[i].shape[1] for i in unit])):
             ys[i] = yi
     return tuple(ys)
 
@@ -123,28 +146,23 @@ def _split(y, widths):
     return jnp.split(y, np.cumsum(widths)[:-1], axis=-1)
 
 
-def _project_fwd(x, ws, narrow):
-    return _project(x, ws, narrow), (x, ws)
+def _project_fwd(x, ws, groups, narrow):
+    return _project(x, ws, groups, narrow), (x, ws)
 
 
-def _project_bwd(narrow, res, dys):
+def _project_bwd(groups, narrow, res, dys):
     x, ws = res
     rows = tuple(range(x.ndim - 1))
     dws = [None] * len(ws)
     dx = None
-    if narrow:  # one product, the start of the sum (docstring)
-        dy = jnp.concatenate([dys[i] for i in narrow], axis=-1)
-        w = jnp.concatenate([ws[i] for i in narrow], axis=1)
-        dx = jax.lax.dot_general(dy, w, (((dy.ndim - 1,), (1,)), ((), ())))
-        dw = jax.lax.dot_general(x, dy, ((rows, rows), ((), ())))
-        for i, dwi in zip(narrow, _split(dw, [ws[i].shape[1] for i in narrow])):
-            dws[i] = dwi
-    for i in reversed(range(len(ws))):
-        if i in narrow:
-            continue
-        d = jax.lax.dot_general(dys[i], ws[i], (((dys[i].ndim - 1,), (1,)), ((), ())))
+    for unit in _units(len(ws), groups, narrow):
+        dy = dys[unit[0]] if len(unit) == 1 else jnp.concatenate([dys[i] for i in unit], axis=-1)
+        w = ws[unit[0]] if len(unit) == 1 else jnp.concatenate([ws[i] for i in unit], axis=1)
+        d = jax.lax.dot_general(dy, w, (((dy.ndim - 1,), (1,)), ((), ())))
         dx = d if dx is None else d + dx  # the new product first (docstring)
-        dws[i] = jax.lax.dot_general(x, dys[i], ((rows, rows), ((), ())))
+        dw = jax.lax.dot_general(x, dy, ((rows, rows), ((), ())))
+        for i, dwi in zip(unit, _split(dw, [ws[i].shape[1] for i in unit])):
+            dws[i] = dwi
     return dx, tuple(dws)
 
 

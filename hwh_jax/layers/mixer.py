@@ -13,7 +13,11 @@ or once per decode loop by ``Generator``); the parameters stay separate, so chec
 imports do not change. Decoding one token is a string of small kernels, and one GEMM where
 there were up to nine shortens it. Training keeps one matmul per projection
 (``linear.project``): fused there, the concatenated widths get slower GEMM kernels and the
-output gradients have to be concatenated again (docs/benchmarks.md has both timings).
+output gradients have to be concatenated again (docs/benchmarks.md has both timings). The
+exception is a narrow FA branch (q at most ``FA_ONE_PRODUCT_WIDTH`` wide: HwH's 1-5 heads),
+whose q, k and v are one product: three products of 64-320 columns each pass over x and,
+backward, write x's full-width gradient, which costs more than one product and its copies
+(docs/benchmarks.md, "The training step").
 """
 
 from __future__ import annotations
@@ -30,7 +34,12 @@ from hwh_jax.layers.attention import FullAttentionHeads
 from hwh_jax.layers.config import LayerSpec, ModelConfig
 from hwh_jax.layers.linear import INIT_STD, apply, dense, matmul, project
 from hwh_jax.layers.variables import data
-from kernels_pallas.sharding import constrain
+from kernels_pallas.sharding import constrain, current
+
+# q's width (heads x head dim) up to which the FA branch's q, k and v are one product in
+# training: one HwH-380m layer's FA heads forward and backward on an H100, 1 / 3 / 5 heads
+# of 64 (docs/benchmarks.md); wider branches (a Transformer's 16 heads) were not measured.
+FA_ONE_PRODUCT_WIDTH = 320
 
 
 class HeadwiseMixer(nnx.Module):
@@ -90,8 +99,18 @@ class HeadwiseMixer(nnx.Module):
             heads = ([self.fa.num_heads, self.fa.num_kv, self.fa.num_kv] if fa else []) + (
                 self.la.projection_heads() if la else []
             )
-            ys = [constrain(y, n) for y, n in zip(project(x, fa + la), heads)]
+            ys = [constrain(y, n) for y, n in zip(project(x, fa + la, self._groups()), heads)]
         return (ys[: len(fa)] or None), (ys[len(fa) :] or None)
+
+    def _groups(self):
+        """``linear.project``'s groups: the FA q, k, v as one product where the branch is
+        narrow (module docstring) and its heads are not split over a tensor axis."""
+        if self.fa is None or self.fa.num_heads * self.fa.head_dim > FA_ONE_PRODUCT_WIDTH:
+            return ()
+        km = current()
+        if km is not None and (km.head_spec(self.fa.num_heads) or km.head_spec(self.fa.num_kv)):
+            return ()
+        return ((0, 1, 2),)
 
     def __call__(self, x, positions, segment_ids=None):  # [B,T,d] -> [B,T,d]
         with jax.named_scope("projections"):  # scopes: the profile's groups (Block.residual)

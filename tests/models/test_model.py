@@ -287,6 +287,72 @@ def test_project_takes_the_narrow_layers_as_one_product():
     assert sorted(e.invars[1].aval.shape[1] for e in dx_dots) == [8, 8, 24, 30]
 
 
+def test_project_takes_each_group_as_one_product():
+    """A group (HwH's FA q, k, v) is one GEMM forward and backward, in x's gradient sum where
+    its first layer's product was: per layer the same outputs, gradients within bf16 rounding
+    of autodiff's, one add per other product with the new product first; beside the narrow
+    layers' product; bad groups are refused by name."""
+    widths = (8, 24, 24, 40, 15, 15)
+    layers, x, params, loss = _project_case(widths)
+    groups = ((0, 1, 2),)
+
+    def grouped(p, x):
+        ls = list(nnx.merge(nnx.graphdef(nnx.List(layers)), p))
+        cots = [jax.random.normal(jax.random.key(10 + i), (2, 6, n)) for i, n in enumerate(widths)]
+        ys = project(x, ls, groups)
+        return sum((y.astype(jnp.float32) * c).sum() for y, c in zip(ys, cots))
+
+    for a, b in zip(project(x, layers, groups), [layer(x) for layer in layers]):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(grouped(params, x), loss(params, x, "autodiff"), rtol=1e-2)
+    got = jax.grad(grouped, argnums=(0, 1))(params, x)
+    want = jax.grad(loss, argnums=(0, 1))(params, x, "autodiff")
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=2e-2, atol=2e-2)
+    eqns = list(_eqns(jax.make_jaxpr(jax.grad(grouped, argnums=1))(params, x).jaxpr))
+    producer = {v: e.primitive.name for e in eqns for v in e.outvars}
+    adds = [
+        e
+        for e in eqns
+        if e.primitive.name in ("add", "add_any") and e.outvars[0].aval.shape == x.shape
+    ]
+    assert len(adds) == 2 and all(producer.get(e.invars[0]) == "dot_general" for e in adds)
+    dx_dots = [
+        e for e in eqns if e.primitive.name == "dot_general" and e.outvars[0].aval.shape == x.shape
+    ]
+    assert sorted(e.invars[1].aval.shape[1] for e in dx_dots) == [30, 40, 56]
+    for bad in (((0, 1), (1, 2)), ((0, 6),)):
+        with pytest.raises(ValueError, match="disjoint indices into the 6 layers"):
+            project(x, layers, bad)
+
+
+@pytest.mark.parametrize("spec", [LayerSpec(2, 6), LayerSpec(8, 0)], ids=["narrow", "wide"])
+def test_mixer_takes_a_narrow_fa_branch_as_one_product(spec, monkeypatch):
+    """HeadwiseMixer multiplies a narrow FA branch's q, k, v as one product and a wide one (a
+    Transformer layer's) as three, with the outputs of one product per projection. (The tiny
+    size's heads are 16 wide: the bound is scaled to them, 2 heads narrow, 8 wide.)"""
+    from hwh_jax.layers import mixer as mixer_module
+
+    cfg = model_config("hwh", "tiny", dtype="float32")
+    monkeypatch.setattr(mixer_module, "FA_ONE_PRODUCT_WIDTH", 5 * cfg.head_dim)
+    m = HeadwiseMixer(cfg, spec, rngs=nnx.Rngs(0))
+    narrow = spec.num_fa == 2
+    assert m._groups() == (((0, 1, 2),) if narrow else ())
+    x = jax.random.normal(jax.random.key(1), (2, 5, cfg.d_model))
+    fa, la = m.project(x)
+    fa_layers, la_layers = m.input_projections()
+    for y, want in zip(fa + (la or []), project(x, fa_layers + la_layers)):
+        np.testing.assert_allclose(y, want, atol=1e-5, rtol=1e-5)
+    jaxpr = jax.make_jaxpr(lambda x: m.project(x))(x)
+    widths = sorted(
+        e.outvars[0].aval.shape[-1] for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "dot_general"
+    )
+    fa_width = sum(p.kernel.shape[1] for p in fa_layers)
+    assert (fa_width in widths) == narrow
+
+
 def _eqns(jp):
     for eqn in jp.eqns:
         yield eqn

@@ -335,7 +335,10 @@ def test_step_parts_fa_qkv_rows(tmp_path):
         "2",
         profile=False,
     )
-    assert [(r["variant"], r["fa_heads"]) for r in rows] == [("shipped", 2), ("one_product", 2)]
+    assert [(r["variant"], r["fa_heads"]) for r in rows] == [
+        ("three_products", 2),
+        ("one_product", 2),
+    ]
     out_diff, dx_diff = rows[1]["rel_diff"]
     assert out_diff < 1e-2 and 0 < dx_diff < 1e-2  # one product sums dx in another order
     assert rows[0]["rel_diff"] == [0.0, 0.0] and rows[0]["fwd_bwd_ms"] > 0
