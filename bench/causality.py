@@ -517,7 +517,24 @@ def main():
     print(f"\n{len(rows)} rows, {len(rows) - len(bad)} as expected (causal; the controls not)")
     for r in bad:
         keys = ("model", "kernel", "size", "stage", "B", "T", "error")
-        print("NOT AS EXPECTED:", {k: r[k] for k in keys if k in r})
+        print(verdict(r, args.deterministic), {k: r[k] for k in keys if k in r})
+
+
+def verdict(row, deterministic: bool) -> str:
+    """What a row that is not as expected says: a model row whose forward paths are bit-exact
+    and whose only failing check is the gradient under XLA's default GPU ops, which are not
+    deterministic (atomic sums: a rerun of the same input already moves the gradients), is
+    inconclusive, not a leak; ``--deterministic`` decides it."""
+    failing = [k for k in ("plain", "train_fwd", "prefill", "grad") if k in row]
+    failing = [k for k in failing if not row[k]["causal"]]
+    if failing == ["grad"] and not deterministic and "model" in row:
+        g = row["grad"]
+        return (
+            f"INCONCLUSIVE (forward paths bit-exact; a gradient leaf moved {g['before_p']:.3g}, "
+            f"reruns of one input differ by up to {g['rerun']:.3g} under XLA's default GPU ops: "
+            f"run with --deterministic):"
+        )
+    return "NOT AS EXPECTED:"
 
 
 if __name__ == "__main__":

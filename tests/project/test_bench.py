@@ -342,3 +342,20 @@ def test_step_parts_fa_qkv_rows(tmp_path):
     out_diff, dx_diff = rows[1]["rel_diff"]
     assert out_diff < 1e-2 and 0 < dx_diff < 1e-2  # one product sums dx in another order
     assert rows[0]["rel_diff"] == [0.0, 0.0] and rows[0]["fwd_bwd_ms"] > 0
+
+
+def test_causality_verdict_calls_a_gradient_under_default_gpu_ops_inconclusive(monkeypatch):
+    """bench/causality.py's summary: a model row failing only its gradient check, under XLA's
+    default (non-deterministic) GPU ops, is inconclusive; any forward path failing, or the
+    gradient under --deterministic, is not as expected."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    causality = importlib.import_module("causality")
+    ok, bad = {"causal": True}, {"causal": False}
+    grad = {"causal": False, "before_p": 1e-9, "rerun": 1e-7}
+    row = {"model": "hwh", "plain": ok, "train_fwd": ok, "prefill": ok, "grad": grad}
+    assert causality.verdict(row, deterministic=False).startswith("INCONCLUSIVE")
+    assert causality.verdict(row, deterministic=True) == "NOT AS EXPECTED:"
+    assert causality.verdict({**row, "prefill": bad}, False) == "NOT AS EXPECTED:"
+    assert causality.verdict({"kernel": "short_conv", "grad": grad}, False) == "NOT AS EXPECTED:"
