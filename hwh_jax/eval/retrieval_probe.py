@@ -2,9 +2,9 @@
 was trained on? A cheap, teacher-forced check (one forward pass per batch, no generation) that
 separates "cannot retrieve" from "cannot transfer to NIAH's haystacks and lengths".
 
-Documents are ``RetrievalMix`` synthetic documents (``hwh_jax/data/retrieval.py``: RULER's
-templates, 1-4 needles, every one asked for) cut from the *held-out* token stream, at the run's
-training length. For the value tokens of the answers (predictable only by retrieving the needle)
+Documents are ``RetrievalMix`` synthetic documents (``hwh_jax/data/retrieval.py``: in
+``fmt``'s wording, RULER's templates by default, 1-4 needles, every one asked for) cut from the
+*held-out* token stream, at the run's training length. For the value tokens of the answers (predictable only by retrieving the needle)
 and, as the chance baseline, for the same values' tokens in the needles: mean log-loss per token
 and teacher-forced greedy accuracy; and the share of answers whose every value token is the
 model's argmax ("exact").
@@ -25,12 +25,19 @@ def _runs(mask: np.ndarray):
 
 
 def retrieval_probe(
-    scorer, tokenizer, stream: np.ndarray, seq_len: int, *, num: int = 64, log=print
+    scorer,
+    tokenizer,
+    stream: np.ndarray,
+    seq_len: int,
+    *,
+    num: int = 64,
+    fmt: str = "ruler",
+    log=print,
 ) -> dict:
     if num < 1:
         raise ValueError(f"retrieval probe: num must be >= 1, got {num}")
     text = PackedSequences(stream, seq_len, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
-    mix = RetrievalMix(text, tokenizer, 0.5)
+    mix = RetrievalMix(text, tokenizer, 0.5, fmt=fmt)
     nll = {"answer": [], "needle": []}
     hit = {"answer": [], "needle": []}
     exact = []
@@ -45,12 +52,12 @@ def retrieval_probe(
                 nll[name].append(-l[m > 0])
                 hit[name].append(g[m > 0])
             exact += [bool(g[a:b].all()) for a, b in _runs(answer)]
-    out = {"documents": num, "answers": len(exact), "exact": float(np.mean(exact))}
+    out = {"format": fmt, "documents": num, "answers": len(exact), "exact": float(np.mean(exact))}
     for name in nll:
         out[f"{name}_nll"] = float(np.concatenate(nll[name]).mean())
         out[f"{name}_accuracy"] = float(np.concatenate(hit[name]).mean())
     log(
-        f"retrieval probe ({num} documents, {len(exact)} answers): answer tokens loss "
+        f"retrieval probe ({fmt} wording, {num} documents, {len(exact)} answers): answer tokens loss "
         f"{out['answer_nll']:.3f} / accuracy {out['answer_accuracy']:.3f} vs needle tokens "
         f"(chance) {out['needle_nll']:.3f} / {out['needle_accuracy']:.3f}; exact answers "
         f"{out['exact']:.3f}"

@@ -43,6 +43,9 @@ class EvalModel:
     step: int = 0
     workdir: str = ""
     seed: int = 0
+    # the wording of the synthetic retrieval documents it was trained on ("ruler": NIAH's own;
+    # data.retrieval_format): the retrieval probe reads that wording as well as NIAH's
+    retrieval_format: str = "ruler"
     # the held-out token stream (an array or a lazily read ``TokenStream``: the suites slice it),
     # or a function making it on first use
     heldout: np.ndarray | Callable[[], np.ndarray] | None = None
@@ -174,10 +177,16 @@ class Run:
 
 
 def _retrieval(run: Run):  # first: one forward pass per batch, in the log at once
-    tok, spec = run.subject.tokenizer, run.spec
-    run.results["retrieval"] = retrieval_probe(
-        run.scorer, tok, run.stream, run.train_len, num=spec.retrieval_documents, log=run.log
-    )
+    """The probe in NIAH's wording ("retrieval") and, for a model trained on another wording,
+    in that one too ("retrieval_trained_format"): did it learn the task it was taught, and does
+    that carry to NIAH's templates?"""
+    tok, spec, trained = run.subject.tokenizer, run.spec, run.subject.retrieval_format
+    kw = dict(num=spec.retrieval_documents, log=run.log)
+    run.results["retrieval"] = retrieval_probe(run.scorer, tok, run.stream, run.train_len, **kw)
+    if trained != "ruler":
+        run.results["retrieval_trained_format"] = retrieval_probe(
+            run.scorer, tok, run.stream, run.train_len, fmt=trained, **kw
+        )
 
 
 def _niah(run: Run):

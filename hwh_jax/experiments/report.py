@@ -50,6 +50,7 @@ def summarize(workdir: storage.PathLike) -> dict:
             f"{r['seq_len']}x{r['num_kv_pairs']}": r["accuracy"] for r in results.get("mqar", [])
         },
         "retrieval": results.get("retrieval"),
+        "retrieval_trained": results.get("retrieval_trained_format"),  # another wording's
         "eval_finished": results.get("finished", True),  # False: cut during the evaluation
         "results": results,
     }
@@ -236,6 +237,11 @@ def run_table(exps: list[dict]) -> str:
         mq = statistics.mean(e["mqar"].values()) if e["mqar"] else None
         rp = e.get("retrieval")
         probe = f"{rp['answer_accuracy']:.3f} / {rp['needle_accuracy']:.3f}" if rp else "-"
+        if rt := e.get("retrieval_trained"):  # a model taught another wording: that one too
+            probe += (
+                f"; its {rt['format']} wording "
+                f"{rt['answer_accuracy']:.3f} / {rt['needle_accuracy']:.3f}"
+            )
         lines.append(
             f"| {e['name']} | {e['arch']} | {e['params'] / 1e6:.1f}M | {e['tokens'] / 1e6:.1f}M | "
             f"{_fmt(e['heldout_loss'], '.3f')} | {_fmt(mq, '.3f')} | {probe} | "

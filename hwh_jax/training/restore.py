@@ -72,6 +72,7 @@ class LoadedRun:
             workdir=str(self.workdir),
             heldout=self.heldout_stream,
             seed=self.train.seed,
+            retrieval_format=run_specs(self.config).data.retrieval_format,
         )
 
 

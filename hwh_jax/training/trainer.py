@@ -554,6 +554,7 @@ def evaluate_final(run: Stages) -> Evaluated:
         workdir=str(ctx.workdir),
         heldout=None if data.splits.heldout is None else data.splits.heldout.stream,
         seed=c.seed,
+        retrieval_format=ctx.specs.data.retrieval_format,
     )
     print(
         f"evaluating the final model: {', '.join(spec.suites)} -> {ctx.workdir / 'eval'}",

@@ -264,6 +264,49 @@ def test_retrieval_probe_aggregates_answers_and_needles():
         retrieval_probe(right, tok, stream, 256, num=0)
 
 
+def test_retrieval_probe_reads_the_trained_wording_beside_niahs(gpt2, tmp_path):
+    """A model trained on another wording of the synthetic documents (data.retrieval_format) is
+    probed in NIAH's wording ("retrieval") and in its own ("retrieval_trained_format"), whose
+    documents are that wording's; a model of NIAH's wording is probed once."""
+    from hwh_jax.eval.retrieval_probe import retrieval_probe
+    from hwh_jax.eval.suite import EvalModel, EvalSpec, run_suite
+
+    stream = np.asarray(
+        gpt2.encode(read_text(resolve("tinyshakespeare/input.txt.gz"))[:40_000]), np.uint32
+    )
+    seen = {}
+    for fmt in ("ruler", "pairs"):
+
+        class Recording(_FixedScorer):
+            def token_logprobs(self, tokens, fmt=fmt):
+                seen.setdefault(fmt, tokens)
+                return super().token_logprobs(tokens)
+
+        out = retrieval_probe(Recording(-1.0, True), gpt2, stream, 256, num=4, fmt=fmt, log=print)
+        assert out["format"] == fmt and out["answers"] >= 4
+    assert "Note: the code of" in gpt2.decode(seen["pairs"][0].tolist())
+    assert "Note: the code of" not in gpt2.decode(seen["ruler"][0].tolist())
+    cfg = model_config("transformer", "tiny", dtype="float32", vocab_size=gpt2.vocab_size)
+    model = HybridLM(cfg, rngs=nnx.Rngs(0))
+    spec = EvalSpec(suites=("retrieval",), retrieval_documents=4, batch_size=4)
+    for fmt, keys in (("pairs", {"retrieval", "retrieval_trained_format"}), ("ruler", set())):
+        subject = EvalModel(model, gpt2, 256, "m@x", heldout=stream, retrieval_format=fmt)
+        res = run_suite(subject, spec, tmp_path / fmt, log=lambda *_: None)
+        got = {k for k in res if k.startswith("retrieval")}
+        assert got == (keys or {"retrieval"}), got
+        assert res["retrieval"]["format"] == "ruler"
+        if fmt == "pairs":
+            assert res["retrieval_trained_format"]["format"] == "pairs"
+            taught = res
+    from hwh_jax.experiments.report import run_table
+
+    row = dict(name="m", arch="transformer", params=1e6, tokens=1e6, heldout_loss=3.0, mqar={})
+    row.update(tokens_per_s=None, mfu=None, wall_s=1.0, retrieval=taught["retrieval"])
+    assert "wording" not in run_table([row])
+    row["retrieval_trained"] = taught["retrieval_trained_format"]
+    assert "; its pairs wording " in run_table([row])
+
+
 def test_an_evaluation_cut_during_niah_keeps_what_it_measured(gpt2, tmp_path):
     """results.json is rewritten after every suite and NIAH length: an evaluation killed during
     2L (a job's time limit) leaves L's scores, marked unfinished, and the report shows
