@@ -251,3 +251,18 @@ def test_the_readmes_niah_headline_is_the_committed_rows():
     assert f"RoPE in its FA heads answered {share} ({spread}) at 4x" in readme
     share, spread = at_4l("hwh", 2048, group)
     assert f"against HwH's {share} ({spread}), every seed apart" in readme
+    untaught = ROOT / "measurements" / "experiment_L512_untaught_format"
+    for arch in ("hwh", "layerwise", "transformer"):
+        for length in (512, 1024, 2048):
+            cell = [
+                r
+                for s in range(3)
+                for r in json.loads(
+                    (
+                        untaught / f"untaught_{arch}" / f"seed{s}" / "eval" / "results.json"
+                    ).read_text()
+                )["niah"]
+                if r["length"] == length
+            ]
+            assert len(cell) == 315 and not any(r["score"] >= 100 for r in cell), (arch, length)
+    assert "answered none of 315 prompts a length at 1x, 2x or 4x (3 seeds each)" in readme
