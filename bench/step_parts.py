@@ -3,6 +3,7 @@ r"""Time parts of the training step alone: the shipped formulation beside altern
   python bench/step_parts.py --tokens 65536 --d_model 1024 --mlp 3072 --vocab 50304 \
       --parts mlp loss --out $OUT/parts.jsonl
   python bench/step_parts.py --tokens 45056 --parts fa_qkv --fa_heads 1 3 5 --out $OUT/fa.jsonl
+  python bench/step_parts.py --tokens 45056 --parts mixer_in --fa_heads 3 --out $OUT/mixer_in.jsonl
 
 Each row: forward+backward (for the input and the parameters) of one part on bf16 activations
 from fp32 parameters, as the model runs them; the device time per call from a profiler trace and
@@ -20,6 +21,12 @@ its kernels, beside this device's matmul and copy rates measured in the same run
   their weights concatenated (``linear.project``'s group, as ``HeadwiseMixer`` runs a branch
   of at most ``FA_ONE_PRODUCT_WIDTH`` columns), split before the attention and its gradients
   joined again. At 1-5 heads the products are 64-320 columns wide, each a pass over x.
+- ``mixer_in``: one HwH-380m layer's input projections (``--fa_heads`` FA heads, the rest GDN:
+  FA q, k, v, GDN q, k, v, b, a, gate) forward and backward, every output given a cotangent, as
+  ``linear.project`` runs them with each of ``--groupings``: ``none`` (a product each; b and a
+  one, as always), ``fa`` (FA's q, k, v one: what ``HeadwiseMixer`` runs), ``fa_la_qkv`` (and
+  GDN's q, k, v one), ``fa_la_qkvg`` (and GDN's q, k, v, gate one), ``wide`` (every layer but
+  b and a one product).
 The alternatives live here, not in the model: none of mlp's or loss's was faster
 (docs/benchmarks.md).
 """
@@ -40,6 +47,7 @@ from hwh_jax.layers import loss as lm_loss
 from hwh_jax.layers.attention import FullAttentionHeads
 from hwh_jax.layers.config import LayerSpec
 from hwh_jax.layers.linear import project
+from hwh_jax.layers.mixer import HeadwiseMixer
 from hwh_jax.layers.mlp import SwiGLU
 from hwh_jax.models import model_config
 
@@ -99,6 +107,30 @@ def fa_qkv_fn(variant, heads: int, seq: int):
     return f, params
 
 
+GROUPINGS = {  # mixer_in: HeadwiseMixer.input_projections()' order, FA's three first
+    "none": (),
+    "fa": ((0, 1, 2),),
+    "fa_la_qkv": ((0, 1, 2), (3, 4, 5)),
+    "fa_la_qkvg": ((0, 1, 2), (3, 4, 5, 8)),
+    "wide": ((0, 1, 2, 3, 4, 5, 8),),
+}
+
+
+def mixer_in_fn(grouping, heads: int):
+    """(f(params, x [N, d]) -> the layer's input projections, a tuple, params)."""
+    if grouping not in GROUPINGS:
+        raise ValueError(f"unknown mixer_in grouping {grouping!r}; known: {list(GROUPINGS)}")
+    cfg = model_config("hwh", "380m", dtype="bfloat16")
+    module = HeadwiseMixer(cfg, LayerSpec(num_fa=heads, num_la=16 - heads), rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(module, nnx.Param)
+
+    def f(params, x):
+        fa, la = nnx.merge(graphdef, params).input_projections()
+        return tuple(project(x, fa + la, GROUPINGS[grouping]))
+
+    return f, params
+
+
 def logsumexp_one_pass(x):
     x = x.astype(f32)
 
@@ -134,7 +166,7 @@ def fwd_bwd(f):
     @jax.jit
     def run(a, b, *rest):
         y, vjp = jax.vjp(lambda a, b: f(a, b, *rest), a, b)
-        return y, vjp(jnp.ones_like(y))
+        return y, vjp(jax.tree.map(jnp.ones_like, y))
 
     return run
 
@@ -164,6 +196,7 @@ def main():
     ap.add_argument("--fa_variants", nargs="+", default=["three_products", "one_product"])
     ap.add_argument("--fa_heads", nargs="+", type=int, default=[1, 3, 5])
     ap.add_argument("--seq", type=int, default=2048, help="fa_qkv: tokens a sequence")
+    ap.add_argument("--groupings", nargs="+", default=list(GROUPINGS), help="mixer_in")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     _bench.print_device()
@@ -202,6 +235,18 @@ def main():
                 # output and input gradient against the first variant's, relative
                 fields["rel_diff"] = [rel_err(a, b) for a, b in zip((y, dx), ref)]
                 timed_row(rows, f"fa_qkv {heads} heads {v:11s}", run, (params, x), fields)
+    if "mixer_in" in args.parts:
+        for heads in args.fa_heads:
+            ref = None
+            for g in args.groupings:
+                f, params = mixer_in_fn(g, heads)
+                run = fwd_bwd(f)
+                ys, (_, dx) = run(params, x)
+                ref = (ys, dx) if ref is None else ref  # the first grouping's
+                fields = dict(part="mixer_in", variant=g, **ceil, tokens=N, d=d, fa_heads=heads)
+                fields["widths"] = [int(y.shape[-1]) for y in ys]
+                fields["rel_diff"] = [max(map(rel_err, ys, ref[0])), rel_err(dx, ref[1])]
+                timed_row(rows, f"mixer_in {heads} FA heads {g:10s}", run, (params, x), fields)
     _bench.write_jsonl(args.out, rows)
 
 

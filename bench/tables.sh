@@ -19,6 +19,8 @@
 #                  alone (bench/causality.py; --sizes/--archs for a part)
 #       memorize   one fixed batch against a fresh batch every step (bench/memorize.py): 380m HwH and
 #                  the Transformer at the step2k batch and at 1, then small, 5 architectures x 3 seeds
+#       projections  one HwH-380m layer's input projections grouped into products several ways, and
+#                  its FA heads' q, k, v as one product or three (bench/step_parts.py mixer_in, fa_qkv)
 #       compiled   the kernel tests that compile for the GPU (the Mosaic GPU WY apply against its
 #                  formulas and the Triton path): pytest under JAX_PLATFORMS=cuda, which
 #                  tests/conftest.py otherwise sets to cpu (they are then skipped or interpreted)
@@ -75,9 +77,12 @@ for part in "$@"; do
         --skip_recency --out "$OUT/memorize_380m.jsonl"
       python3 bench/memorize.py --archs transformer gdn layerwise hwh --variant hwh_conv1:hwh:conv_size=1 \
         --size small --seq_len 2048 --batch 8 --steps 60 --seeds 0 1 2 --out "$OUT/memorize_small.jsonl" ;;
+    projections)
+      XLA_FLAGS=$TRAIN_FLAGS python3 bench/step_parts.py --tokens 45056 --parts fa_qkv mixer_in --fa_heads 1 3 5 \
+        --out "$OUT/projections.jsonl" ;;
     compiled)
       JAX_PLATFORMS=cuda python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gdn_mosaic.py ;;
-    *) echo "unknown part $part (gdn, step2k, steplong, decode, decay, decay_key, delta_rule, hgrn, causality, memorize, compiled)"; exit 2 ;;
+    *) echo "unknown part $part (gdn, step2k, steplong, decode, decay, decay_key, delta_rule, hgrn, causality, memorize, projections, compiled)"; exit 2 ;;
   esac 2>&1 | grep -v "^I[0-9]" | tee "$OUT/$part.log"
 done
 echo "=== done ($(date -u +%T))"

@@ -344,6 +344,23 @@ def test_step_parts_fa_qkv_rows(tmp_path):
     assert rows[0]["rel_diff"] == [0.0, 0.0] and rows[0]["fwd_bwd_ms"] > 0
 
 
+def test_step_parts_mixer_in_rows(tmp_path):
+    """bench/step_parts.py's input-projections part: each grouping gives the layer's nine
+    projections (HwH-380m: FA 3 x 192, GDN q, k, v, b, a, gate) and x's gradient within bf16
+    sums of the ungrouped one's."""
+    rows, _ = _run(
+        tmp_path,
+        "step_parts.py",
+        *("--tokens", "256", "--seq", "256", "--parts", "mixer_in", "--fa_heads", "3"),
+        *("--groupings", "none", "wide"),
+        profile=False,
+    )
+    assert [r["variant"] for r in rows] == ["none", "wide"]
+    assert all(r["widths"] == [192] * 3 + [832] * 3 + [13, 13, 832] for r in rows)
+    assert rows[0]["rel_diff"] == [0.0, 0.0]
+    assert rows[1]["rel_diff"][0] == 0.0 and 0 < rows[1]["rel_diff"][1] < 1e-2
+
+
 def test_causality_verdict_calls_a_gradient_under_default_gpu_ops_inconclusive(monkeypatch):
     """bench/causality.py's summary: a model row failing only its gradient check, under XLA's
     default (non-deterministic) GPU ops, is inconclusive; any forward path failing, or the
