@@ -198,7 +198,8 @@ def test_embedding_gradient_sums_colliding_rows_in_fp32():
 def _project_case(widths):
     """bf16 dense layers [16 -> width] for ``widths``, an input x [2, 6, 16], their params and
     loss(params, x, how) = sum of each output times a fixed cotangent, the outputs by
-    ``linear.project`` (how == "project") or one layer at a time (autodiff's sums)."""
+    ``linear.project`` (how == "project", or a tuple of its groups) or one layer at a time
+    (how == "autodiff": autodiff's sums)."""
     layers = [
         dense(
             16, n, ("embed", "heads"), dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs=nnx.Rngs(i)
@@ -211,7 +212,10 @@ def _project_case(widths):
 
     def loss(p, x, how):
         ls = nnx.merge(graphdef, p)
-        ys = project(x, list(ls)) if how == "project" else [layer(x) for layer in ls]
+        if how == "autodiff":
+            ys = [layer(x) for layer in ls]
+        else:  # "project", or project's groups
+            ys = project(x, list(ls), () if how == "project" else how)
         return sum((y.astype(jnp.float32) * c).sum() for y, c in zip(ys, cots))
 
     return layers, x, params, loss
@@ -230,16 +234,8 @@ def test_project_equals_each_layer_and_sums_gradients_new_product_first():
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(a, b)
     for how, first_is_product in (("project", True), ("autodiff", False)):
-        jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=1), static_argnums=2)(params, x, how)
-        eqns = list(_eqns(jaxpr.jaxpr))
-        producer = {v: e.primitive.name for e in eqns for v in e.outvars}
-        adds = [
-            e
-            for e in eqns
-            if e.primitive.name in ("add", "add_any") and e.outvars[0].aval.shape == x.shape
-        ]
-        assert len(adds) == len(layers) - 1
-        firsts = [producer.get(e.invars[0]) == "dot_general" for e in adds]
+        n, firsts, _ = _gradient_sums(loss, params, x, how)
+        assert n == len(layers) - 1
         assert all(firsts) == first_is_product, (how, firsts)
     with pytest.raises(ValueError, match="share one compute dtype"):
         project(
@@ -258,6 +254,24 @@ def test_project_equals_each_layer_and_sums_gradients_new_product_first():
         )
 
 
+def _gradient_sums(loss, params, x, how):
+    """x's gradient under ``loss(params, x, how)``: (its adds, whether each add's first operand
+    is a product, the contraction widths of the products that form it, sorted)."""
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=1), static_argnums=2)(params, x, how)
+    eqns = list(_eqns(jaxpr.jaxpr))
+    producer = {v: e.primitive.name for e in eqns for v in e.outvars}
+    adds = [
+        e
+        for e in eqns
+        if e.primitive.name in ("add", "add_any") and e.outvars[0].aval.shape == x.shape
+    ]
+    dots = [
+        e for e in eqns if e.primitive.name == "dot_general" and e.outvars[0].aval.shape == x.shape
+    ]
+    firsts = [producer.get(e.invars[0]) == "dot_general" for e in adds]
+    return len(adds), firsts, sorted(e.invars[1].aval.shape[1] for e in dots)
+
+
 def test_project_takes_the_narrow_layers_as_one_product():
     """Two or more layers whose widths are not a multiple of 8 (GDN's a and b) are one GEMM
     forward and backward, whose product starts x's gradient sum: per layer the same outputs,
@@ -272,19 +286,8 @@ def test_project_takes_the_narrow_layers_as_one_product():
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=2e-2, atol=2e-2)
-    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=1), static_argnums=2)(params, x, "project")
-    eqns = list(_eqns(jaxpr.jaxpr))
-    producer = {v: e.primitive.name for e in eqns for v in e.outvars}
-    adds = [
-        e
-        for e in eqns
-        if e.primitive.name in ("add", "add_any") and e.outvars[0].aval.shape == x.shape
-    ]
-    assert len(adds) == 3 and all(producer.get(e.invars[0]) == "dot_general" for e in adds)
-    dx_dots = [
-        e for e in eqns if e.primitive.name == "dot_general" and e.outvars[0].aval.shape == x.shape
-    ]
-    assert sorted(e.invars[1].aval.shape[1] for e in dx_dots) == [8, 8, 24, 30]
+    n, firsts, widths = _gradient_sums(loss, params, x, "project")
+    assert n == 3 and all(firsts) and widths == [8, 8, 24, 30]
 
 
 def test_project_takes_each_group_as_one_product():
@@ -292,37 +295,18 @@ def test_project_takes_each_group_as_one_product():
     its first layer's product was: per layer the same outputs, gradients within bf16 rounding
     of autodiff's, one add per other product with the new product first; beside the narrow
     layers' product; bad groups are refused by name."""
-    widths = (8, 24, 24, 40, 15, 15)
-    layers, x, params, loss = _project_case(widths)
+    layers, x, params, loss = _project_case((8, 24, 24, 40, 15, 15))
     groups = ((0, 1, 2),)
-
-    def grouped(p, x):
-        ls = list(nnx.merge(nnx.graphdef(nnx.List(layers)), p))
-        cots = [jax.random.normal(jax.random.key(10 + i), (2, 6, n)) for i, n in enumerate(widths)]
-        ys = project(x, ls, groups)
-        return sum((y.astype(jnp.float32) * c).sum() for y, c in zip(ys, cots))
-
     for a, b in zip(project(x, layers, groups), [layer(x) for layer in layers]):
         assert a.shape == b.shape
         np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=1e-2, atol=1e-2)
-    np.testing.assert_allclose(grouped(params, x), loss(params, x, "autodiff"), rtol=1e-2)
-    got = jax.grad(grouped, argnums=(0, 1))(params, x)
+    got = jax.grad(loss, argnums=(0, 1))(params, x, groups)
     want = jax.grad(loss, argnums=(0, 1))(params, x, "autodiff")
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=2e-2, atol=2e-2)
-    eqns = list(_eqns(jax.make_jaxpr(jax.grad(grouped, argnums=1))(params, x).jaxpr))
-    producer = {v: e.primitive.name for e in eqns for v in e.outvars}
-    adds = [
-        e
-        for e in eqns
-        if e.primitive.name in ("add", "add_any") and e.outvars[0].aval.shape == x.shape
-    ]
-    assert len(adds) == 2 and all(producer.get(e.invars[0]) == "dot_general" for e in adds)
-    dx_dots = [
-        e for e in eqns if e.primitive.name == "dot_general" and e.outvars[0].aval.shape == x.shape
-    ]
-    assert sorted(e.invars[1].aval.shape[1] for e in dx_dots) == [30, 40, 56]
+    n, firsts, widths = _gradient_sums(loss, params, x, groups)
+    assert n == 2 and all(firsts) and widths == [30, 40, 56]
     for bad in (((0, 1), (1, 2)), ((0, 6),)):
         with pytest.raises(ValueError, match="disjoint indices into the 6 layers"):
             project(x, layers, bad)
