@@ -271,18 +271,17 @@ def model_rows(label, arch, size, overrides, batches, lengths, trained_steps, th
             }
             for path in paths:
                 f = compiled[(path, B, T)]
-                try:
+                try:  # out of memory at one shape (runs or comparisons): said in its row
                     xa, xb, xa2 = f(params, ba), f(params, bb), f(params, ba)
                     xa3 = f(params, ba)  # a second rerun: the rerun level is the larger change
-                except jax.errors.JaxRuntimeError as e:  # out of memory at one shape: in its row
+                    if path == "grad":
+                        row["grad"] = compare_grads(xa, xb, xa2, xa3)
+                    else:
+                        for name in xa:
+                            row[name] = compare(xa[name], xb[name], xa2[name], T, xa3[name])
+                except jax.errors.JaxRuntimeError as e:
                     row["error"] = f"{path}: {type(e).__name__}: {str(e)[:300]}"
-                    continue
-                if path == "grad":
-                    row["grad"] = compare_grads(xa, xb, xa2, xa3)
-                else:
-                    for name in xa:
-                        row[name] = compare(xa[name], xb[name], xa2[name], T, xa3[name])
-                del xa, xb, xa2, xa3
+                xa = xb = xa2 = xa3 = None  # the device buffers go before the next shape
             checked = [k for k in ("plain", "train_fwd", "prefill", "grad") if k in row]
             row["causal"] = "error" not in row and all(row[k]["causal"] for k in checked)
             row["kernels"] = kernels_pallas.chosen()
@@ -525,6 +524,8 @@ def verdict(row, deterministic: bool) -> str:
     and whose only failing check is the gradient under XLA's default GPU ops, which are not
     deterministic (atomic sums: a rerun of the same input already moves the gradients), is
     inconclusive, not a leak; ``--deterministic`` decides it."""
+    if "error" in row:
+        return "NOT CHECKED (an error, e.g. out of memory: run it alone):"
     failing = [k for k in ("plain", "train_fwd", "prefill", "grad") if k in row]
     failing = [k for k in failing if not row[k]["causal"]]
     if failing == ["grad"] and not deterministic and "model" in row:

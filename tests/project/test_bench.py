@@ -376,3 +376,6 @@ def test_causality_verdict_calls_a_gradient_under_default_gpu_ops_inconclusive(m
     assert causality.verdict(row, deterministic=True) == "NOT AS EXPECTED:"
     assert causality.verdict({**row, "prefill": bad}, False) == "NOT AS EXPECTED:"
     assert causality.verdict({"kernel": "short_conv", "grad": grad}, False) == "NOT AS EXPECTED:"
+    assert causality.verdict({**row, "error": "grad: out of memory"}, False).startswith(
+        "NOT CHECKED"
+    )
