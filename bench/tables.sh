@@ -71,7 +71,8 @@ for part in "$@"; do
     hgrn)
       python3 bench/gated_recurrence.py --profile --shapes 8,2048,2048 2,8192,2048 --out "$OUT/hgrn.jsonl"
       python3 bench/fla_gdn_anchor.py hgrn 8,2048,1,2048,2048 2,8192,1,2048,2048 | tee "$OUT/hgrn_fla.jsonl" ;;
-    causality)  # small models two at a time; a 380m or 1b4 model needs the GPU to itself
+    causality)
+      # small models two at a time; a 380m or 1b4 model needs the GPU to itself
       python3 bench/causality.py --sizes small --jobs 2 --out "$OUT/causality.jsonl"
       python3 bench/causality.py --sizes 380m 1b4 --kernels '' --out "$OUT/causality_large.jsonl" ;;
     memorize)
