@@ -335,6 +335,16 @@ def test_mixer_takes_a_narrow_fa_branch_as_one_product(spec, monkeypatch):
     )
     fa_width = sum(p.kernel.shape[1] for p in fa_layers)
     assert (fa_width in widths) == narrow
+    if narrow:  # FA heads split over a tensor axis: three products; over fsdp alone: one
+        from jax.sharding import Mesh
+
+        from kernels_pallas.sharding import kernel_mesh
+
+        devices = np.array(jax.devices()[:4])
+        for shape, groups in (((1, 2, 2), ()), ((1, 4, 1), ((0, 1, 2),))):
+            mesh = Mesh(devices.reshape(shape), ("data", "fsdp", "tensor"))
+            with kernel_mesh(mesh):
+                assert m._groups() == groups, shape
 
 
 def _eqns(jp):
