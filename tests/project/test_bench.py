@@ -319,46 +319,30 @@ def test_skinny_matmul_bench_rows(tmp_path):
     assert "us each" in stdout
 
 
-def test_step_parts_fa_qkv_rows(tmp_path):
-    """bench/step_parts.py's FA projections part on the CPU: both forms of one HwH layer's FA
-    heads compute the same outputs and input gradient (up to bf16 sums in another order)."""
+def test_step_parts_projection_rows(tmp_path):
+    """bench/step_parts.py's projection parts on the CPU, one run: both forms of one HwH
+    layer's FA heads, and the layer's nine input projections (HwH-380m with 2 FA heads: FA 3 x
+    128, GDN q, k, v, b, a, gate) under two groupings, give the same outputs and x's gradient
+    up to bf16 sums in another order."""
     rows, _ = _run(
         tmp_path,
         "step_parts.py",
-        "--tokens",
-        "512",
-        "--seq",
-        "256",
-        "--parts",
-        "fa_qkv",
-        "--fa_heads",
-        "2",
-        profile=False,
-    )
-    assert [(r["variant"], r["fa_heads"]) for r in rows] == [
-        ("three_products", 2),
-        ("one_product", 2),
-    ]
-    out_diff, dx_diff = rows[1]["rel_diff"]
-    assert out_diff < 1e-2 and 0 < dx_diff < 1e-2  # one product sums dx in another order
-    assert rows[0]["rel_diff"] == [0.0, 0.0] and rows[0]["fwd_bwd_ms"] > 0
-
-
-def test_step_parts_mixer_in_rows(tmp_path):
-    """bench/step_parts.py's input-projections part: each grouping gives the layer's nine
-    projections (HwH-380m: FA 3 x 192, GDN q, k, v, b, a, gate) and x's gradient within bf16
-    sums of the ungrouped one's."""
-    rows, _ = _run(
-        tmp_path,
-        "step_parts.py",
-        *("--tokens", "256", "--seq", "256", "--parts", "mixer_in", "--fa_heads", "3"),
+        *("--tokens", "256", "--seq", "256", "--parts", "fa_qkv", "mixer_in", "--fa_heads", "2"),
         *("--groupings", "none", "wide"),
         profile=False,
     )
-    assert [r["variant"] for r in rows] == ["none", "wide"]
-    assert all(r["widths"] == [192] * 3 + [832] * 3 + [13, 13, 832] for r in rows)
-    assert rows[0]["rel_diff"] == [0.0, 0.0]
-    assert rows[1]["rel_diff"][0] == 0.0 and 0 < rows[1]["rel_diff"][1] < 1e-2
+    fa, mixer = rows[:2], rows[2:]
+    assert [(r["variant"], r["fa_heads"]) for r in fa] == [
+        ("three_products", 2),
+        ("one_product", 2),
+    ]
+    out_diff, dx_diff = fa[1]["rel_diff"]
+    assert out_diff < 1e-2 and 0 < dx_diff < 1e-2  # one product sums dx in another order
+    assert fa[0]["rel_diff"] == [0.0, 0.0] and fa[0]["fwd_bwd_ms"] > 0
+    assert [r["variant"] for r in mixer] == ["none", "wide"]
+    assert all(r["widths"] == [128] * 3 + [896] * 3 + [14, 14, 896] for r in mixer)
+    assert mixer[0]["rel_diff"] == [0.0, 0.0]
+    assert mixer[1]["rel_diff"][0] < 1e-2 and 0 < mixer[1]["rel_diff"][1] < 1e-2
 
 
 def test_causality_verdict_calls_a_gradient_under_default_gpu_ops_inconclusive(monkeypatch):
