@@ -56,6 +56,29 @@ def train_and_summarize(config, out) -> dict:
     return kept
 
 
+def finished(workdir) -> bool:
+    """Whether ``workdir`` holds a run that trained and finished its closing evaluation (its
+    experiment.json, and eval/results.json not marked unfinished): a group's command run again
+    skips it. A run stopped before or during its evaluation is not finished: that command
+    continues it from its checkpoint (``launch.train``'s resume)."""
+    workdir = storage.path(workdir)
+    if not (workdir / "experiment.json").exists():
+        return False
+    results = workdir / "eval" / "results.json"
+    return results.exists() and json.loads(results.read_text()).get("finished", True)
+
+
+def _pending(jobs, workdirs):
+    """The jobs whose run is not ``finished``; a line for each one skipped."""
+    keep = []
+    for job, workdir in zip(jobs, workdirs, strict=True):
+        if finished(workdir):
+            print(f"{job[0]}: finished already ({workdir}): not run again", flush=True)
+        else:
+            keep.append(job)
+    return keep
+
+
 def _run_all(jobs, side_by_side: int, out, what: str) -> None:
     """``jobs`` (name, argv, console) as processes, ``side_by_side`` at a time; RunsFailed
     naming those that did not finish."""
@@ -74,7 +97,8 @@ def _run_all(jobs, side_by_side: int, out, what: str) -> None:
 def seeds(child_argv: list[str], seed_list: list[int], side_by_side: int, out) -> str:
     """One run per seed (``launch.experiment`` with ``child_argv`` and ``--config.seed=N``) in
     ``out/seed<N>``, then ``out/seeds.json`` (each NIAH cell's mean, standard deviation, range
-    and pooled interval over the seeds); returns the tables over the seeds."""
+    and pooled interval over the seeds); returns the tables over the seeds. Seeds already
+    ``finished`` there are not run again."""
     if len(set(seed_list)) != len(seed_list):
         raise ValueError(f"--seeds has a seed twice: {seed_list}")
     if side_by_side < 1:
@@ -96,7 +120,7 @@ def seeds(child_argv: list[str], seed_list: list[int], side_by_side: int, out) -
         )
         for s in seed_list
     ]
-    _run_all(jobs, side_by_side, out, "seed")
+    _run_all(_pending(jobs, [out / f"seed{s}" for s in seed_list]), side_by_side, out, "seed")
     over = {"name": out.name, **over_seeds([summarize(out / f"seed{s}") for s in seed_list])}
     (out / "seeds.json").write_text(json.dumps(over, indent=2))
     return (
@@ -142,5 +166,5 @@ def grid(cells, side_by_side: int, out, config_file: str) -> str:
         )
         for name, arg in cells
     ]
-    _run_all(jobs, side_by_side, out, "cell")
+    _run_all(_pending(jobs, [out / name for name, _ in cells]), side_by_side, out, "cell")
     return report([out / name for name, _ in cells], out)

@@ -564,6 +564,30 @@ def test_the_ratio_grid_names_its_cells_and_refuses_a_cell_before_training():
         grid_cells(get_config, ["gdn"], [], 512)
 
 
+def test_a_groups_command_run_again_skips_its_finished_runs(tmp_path, capsys):
+    """launch.experiment --seeds run again over a group: seeds whose training and closing
+    evaluation finished are not run again (the tables come from them); a run cut during its
+    evaluation, or one without its experiment.json, is not finished."""
+    import shutil
+
+    from hwh_jax.experiments.runner import finished, seeds
+
+    src = Path(__file__).resolve().parents[2] / "measurements" / "experiment_L512_untaught_format"
+    group = tmp_path / "untaught_hwh"
+    shutil.copytree(src / "untaught_hwh", group)
+    (group / "seeds.json").unlink()
+    text = seeds(["--never-run"], [0, 1, 2], 3, group)  # a started process would fail
+    out = capsys.readouterr().out
+    assert all(f"seed {s}: finished already" in out for s in range(3)) and "started" not in out
+    assert "over 3 seeds" in text and (group / "seeds.json").exists()
+    results = group / "seed0" / "eval" / "results.json"
+    res = json.loads(results.read_text())
+    results.write_text(json.dumps({**res, "finished": False}))  # cut during its evaluation
+    assert not finished(group / "seed0") and finished(group / "seed1")
+    (group / "seed1" / "experiment.json").unlink()
+    assert not finished(group / "seed1") and not finished(tmp_path / "absent")
+
+
 def test_heldout_loss_scores_the_same_rows_whatever_the_micro_batch():
     """The held-out evaluation scores one fixed set of rows (a seeded sample spread over the
     stream, not its first book) whatever the micro-batch: the same tokens and, for the same
