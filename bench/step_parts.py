@@ -88,11 +88,17 @@ def mlp_fn(variant, module):
     return f, params
 
 
+def hwh_380m_layer(cls, heads: int):
+    """(graphdef, params) of ``cls`` (FullAttentionHeads, HeadwiseMixer) for an HwH-380m layer
+    of ``heads`` FA heads and 16 - heads GDN heads, bf16 compute."""
+    cfg = model_config("hwh", "380m", dtype="bfloat16")
+    module = cls(cfg, LayerSpec(num_fa=heads, num_la=16 - heads), rngs=nnx.Rngs(0))
+    return nnx.split(module, nnx.Param)
+
+
 def fa_qkv_fn(variant, heads: int, seq: int):
     """(f(params, x [N, d]) -> the FA heads' outputs [N / seq, seq, heads * D], params)."""
-    cfg = model_config("hwh", "380m", dtype="bfloat16")
-    module = FullAttentionHeads(cfg, LayerSpec(num_fa=heads, num_la=16 - heads), rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(module, nnx.Param)
+    graphdef, params = hwh_380m_layer(FullAttentionHeads, heads)
     groups = {"three_products": (), "one_product": ((0, 1, 2),)}
     if variant not in groups:
         raise ValueError(f"unknown fa_qkv variant {variant!r}; known: {list(groups)}")
@@ -120,9 +126,7 @@ def mixer_in_fn(grouping, heads: int):
     """(f(params, x [N, d]) -> the layer's input projections, a tuple, params)."""
     if grouping not in GROUPINGS:
         raise ValueError(f"unknown mixer_in grouping {grouping!r}; known: {list(GROUPINGS)}")
-    cfg = model_config("hwh", "380m", dtype="bfloat16")
-    module = HeadwiseMixer(cfg, LayerSpec(num_fa=heads, num_la=16 - heads), rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(module, nnx.Param)
+    graphdef, params = hwh_380m_layer(HeadwiseMixer, heads)
 
     def f(params, x):
         fa, la = nnx.merge(graphdef, params).input_projections()
@@ -184,6 +188,25 @@ def timed_row(rows, label, run, args, fields):
     print(f"{label} device {dev or float('nan'):.3f} ms :: {kernels_line(ks)}", flush=True)
 
 
+def variant_rows(rows, part, variants, make, heads_list, x, fields):
+    """A timed row per (FA heads, variant): ``make(variant, heads)`` -> (f, params); each row's
+    ``rel_diff``: its output's (the largest over outputs) and x's gradient's relative difference
+    from the first variant's."""
+    for heads in heads_list:
+        ref = None
+        for v in variants:
+            f, params = make(v, heads)
+            run = fwd_bwd(f)
+            y, (_, dx) = run(params, x)
+            ys = jax.tree.leaves(y)
+            ref = (ys, dx) if ref is None else ref  # the first variant's
+            row = dict(part=part, variant=v, **fields, fa_heads=heads)
+            if part == "mixer_in":
+                row["widths"] = [int(a.shape[-1]) for a in ys]
+            row["rel_diff"] = [max(map(rel_err, ys, ref[0])), rel_err(dx, ref[1])]
+            timed_row(rows, f"{part} {heads} FA heads {v:14s}", run, (params, x), row)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=65536)
@@ -223,30 +246,12 @@ def main():
             fields["matmul_tflop"] = 6 * N * d * V / 1e12
             timed_row(rows, f"loss {v:9s} {float(y):.5f}", run, (emb, x, targets), fields)
     if "fa_qkv" in args.parts:
-        for heads in args.fa_heads:
-            ref = None
-            for v in args.fa_variants:
-                f, params = fa_qkv_fn(v, heads, args.seq)
-                run = fwd_bwd(f)
-                y, (_, dx) = run(params, x)
-                ref = (y, dx) if ref is None else ref  # the first variant's
-                fields = dict(part="fa_qkv", variant=v, **ceil, tokens=N, d=d, fa_heads=heads)
-                fields["seq"] = args.seq
-                # output and input gradient against the first variant's, relative
-                fields["rel_diff"] = [rel_err(a, b) for a, b in zip((y, dx), ref)]
-                timed_row(rows, f"fa_qkv {heads} heads {v:11s}", run, (params, x), fields)
+        make = lambda v, heads: fa_qkv_fn(v, heads, args.seq)
+        fields = dict(**ceil, tokens=N, d=d, seq=args.seq)
+        variant_rows(rows, "fa_qkv", args.fa_variants, make, args.fa_heads, x, fields)
     if "mixer_in" in args.parts:
-        for heads in args.fa_heads:
-            ref = None
-            for g in args.groupings:
-                f, params = mixer_in_fn(g, heads)
-                run = fwd_bwd(f)
-                ys, (_, dx) = run(params, x)
-                ref = (ys, dx) if ref is None else ref  # the first grouping's
-                fields = dict(part="mixer_in", variant=g, **ceil, tokens=N, d=d, fa_heads=heads)
-                fields["widths"] = [int(y.shape[-1]) for y in ys]
-                fields["rel_diff"] = [max(map(rel_err, ys, ref[0])), rel_err(dx, ref[1])]
-                timed_row(rows, f"mixer_in {heads} FA heads {g:10s}", run, (params, x), fields)
+        fields = dict(**ceil, tokens=N, d=d)
+        variant_rows(rows, "mixer_in", args.groupings, mixer_in_fn, args.fa_heads, x, fields)
     _bench.write_jsonl(args.out, rows)
 
 
