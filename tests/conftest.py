@@ -42,6 +42,13 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="hwh_jax_xla_cache_")
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
+# PyTorch (installed for the Hugging Face parity tests, CPU build) imports the `triton` package
+# when it is present, only to learn which GPU compilers it has. Loading Triton's native library
+# into a test worker that already holds JAX, W&B and thread pools once aborted the worker (and
+# pytest-xdist then waited for it forever); nothing on the CPU needs that package (JAX's Pallas
+# lowers to Triton through its own jaxlib), so the tests keep it out: `import triton` fails.
+sys.modules.setdefault("triton", None)
+
 from absl import flags  # noqa: E402 - after the environment above
 
 flags.FLAGS.mark_as_parsed()
