@@ -279,8 +279,9 @@ def model_rows(label, arch, size, overrides, batches, lengths, trained_steps, th
                     else:
                         for name in xa:
                             row[name] = compare(xa[name], xb[name], xa2[name], T, xa3[name])
-                except jax.errors.JaxRuntimeError as e:
-                    row["error"] = f"{path}: {type(e).__name__}: {str(e)[:300]}"
+                except jax.errors.JaxRuntimeError as e:  # each path's error, none overwritten
+                    err = f"{path}: {type(e).__name__}: {str(e)[:300]}"
+                    row["error"] = f"{row['error']}; {err}" if "error" in row else err
                 xa = xb = xa2 = xa3 = None  # the device buffers go before the next shape
             checked = [k for k in ("plain", "train_fwd", "prefill", "grad") if k in row]
             row["causal"] = "error" not in row and all(row[k]["causal"] for k in checked)

@@ -17,7 +17,8 @@
 #                  T 2K and 8K: nothing before a changed token moves, in the forward, the training
 #                  forward, the loss's gradient and prefill, at init and after 50 steps; the kernels
 #                  alone (bench/causality.py; --sizes/--archs for a part); a row that runs out of
-#                  memory says so (NOT CHECKED) and the rest go on
+#                  memory says so (NOT CHECKED) and the rest go on; then the gradients again under
+#                  XLA's deterministic GPU ops (bitwise; a rerun under default ops differs)
 #       memorize   one fixed batch against a fresh batch every step (bench/memorize.py): 380m HwH and
 #                  the Transformer at the step2k batch and at 1, then small, 5 architectures x 3 seeds
 #       projections  one HwH-380m layer's input projections grouped into products several ways, and
@@ -72,9 +73,14 @@ for part in "$@"; do
       python3 bench/gated_recurrence.py --profile --shapes 8,2048,2048 2,8192,2048 --out "$OUT/hgrn.jsonl"
       python3 bench/fla_gdn_anchor.py hgrn 8,2048,1,2048,2048 2,8192,1,2048,2048 | tee "$OUT/hgrn_fla.jsonl" ;;
     causality)
-      # small models two at a time; a 380m or 1b4 model needs the GPU to itself
+      # small models two at a time; a 380m or 1b4 model needs the GPU to itself. Then the
+      # gradients bitwise: XLA's deterministic GPU ops and XLA's attention (cuDNN's stops there)
       python3 bench/causality.py --sizes small --jobs 2 --out "$OUT/causality.jsonl"
-      python3 bench/causality.py --sizes 380m 1b4 --kernels '' --out "$OUT/causality_large.jsonl" ;;
+      python3 bench/causality.py --sizes 380m 1b4 --kernels '' --out "$OUT/causality_large.jsonl"
+      python3 bench/causality.py --sizes small --jobs 2 --kernels '' --deterministic --attention_impl reference \
+        --out "$OUT/causality_deterministic.jsonl"
+      python3 bench/causality.py --sizes 380m 1b4 --kernels '' --batches 1 --deterministic --attention_impl reference \
+        --out "$OUT/causality_large_deterministic.jsonl" ;;
     memorize)
       python3 bench/memorize.py --archs hwh transformer --size 380m --seq_len 2048 --batch 22 1 --steps 34 \
         --skip_recency --out "$OUT/memorize_380m.jsonl"
