@@ -37,8 +37,10 @@ from hwh_jax.layers.variables import data
 from kernels_pallas.sharding import constrain, current
 
 # q's width (heads x head dim) up to which the FA branch's q, k and v are one product in
-# training: one HwH-380m layer's FA heads forward and backward on an H100, 1 / 3 / 5 heads
-# of 64 (docs/benchmarks.md); wider branches (a Transformer's 16 heads) were not measured.
+# training, from HwH-380m's layers on an H100 (docs/benchmarks.md, "The training step"): the FA
+# heads alone forward and backward are faster as one product at 1, 3 and 5 heads of 64; among
+# all of a layer's input projections, faster at 1 head, even at 3 and 3% slower at 5. Wider
+# branches (a Transformer's 16 heads) were not measured.
 FA_ONE_PRODUCT_WIDTH = 320
 
 
