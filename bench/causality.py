@@ -464,7 +464,8 @@ def main():
         "--attention_impl",
         default="auto",
         help="the models' attention (model.attention.impl): 'reference' for XLA's, which runs "
-        "under --deterministic where cuDNN's attention did not (an H100, JAX 0.11.2)",
+        "under --deterministic where cuDNN's attention did not (an H100, JAX 0.11.2); "
+        "'blocked' for XLA's by query blocks, whose scores fit at 8 x 8,192",
     )
     ap.add_argument(
         "--stop_after",

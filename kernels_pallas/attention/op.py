@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from kernels_pallas import dispatch, sharding
 from kernels_pallas.attention import shard_rows, zigzag
-from kernels_pallas.attention.reference import attention_reference, same_segment
+from kernels_pallas.attention.reference import attention_blocked, attention_reference, same_segment
 from kernels_pallas.attention.settings import AttentionSettings
 
 
@@ -90,7 +90,7 @@ def attention(
     km = sharding.current()
     axis = km.seq_spec(T) if km is not None else None
     if axis is not None and (
-        impl in ("reference", "splash")
+        impl in ("reference", "blocked", "splash")
         or (impl == "cudnn" and _rows_ok(km, axis, T, causal, window, segment_ids))
     ):
         balance = settings.balance and _balance_ok(
@@ -98,10 +98,10 @@ def attention(
         )
         return _over_time_shards(
             km, axis, impl, q, k, v, causal, window, scale, segment_ids, settings.interpret,
-            balance,
+            balance, settings.block_q,
         )  # fmt: skip
-    if impl == "reference":
-        return attention_reference(
+    if impl in ("reference", "blocked"):
+        return _xla(impl, settings.block_q)(
             q, k, v, causal=causal, window=window, scale=scale, segment_ids=segment_ids
         )
     kernel = functools.partial(
@@ -139,9 +139,17 @@ def _balance_ok(n, impl, T, D, causal, window, segment_ids) -> bool:
     return impl != "cudnn" or segment_ids is None or h % 2 == 0
 
 
+def _xla(impl, block_q):
+    """The XLA attention ``impl`` names: the reference, or the reference by query blocks."""
+    if impl == "blocked":
+        return functools.partial(attention_blocked, block_q=block_q)
+    return attention_reference
+
+
 def _over_time_shards(
-    km, axis, impl, q, k, v, causal, window, scale, segment_ids, interpret, balance=False
-):
+    km, axis, impl, q, k, v, causal, window, scale, segment_ids, interpret, balance=False,
+    block_q=1024,
+):  # fmt: skip
     """Attention with the time dimension over ``axis``: each device gathers the keys and
     values (and their segment ids) and computes T / n queries, masking by global position:
     its own, or with ``balance`` its first half and the mirror device's second half
@@ -191,7 +199,7 @@ def _over_time_shards(
             )
         if kernel is not None:
             return tpu.run(kernel, q, k, v, scale, seg, kv_seg)
-        return attention_reference(
+        return _xla(impl, block_q)(
             q,
             k,
             v,
@@ -216,7 +224,7 @@ def _over_time_shards(
             )  # fmt: skip
         if kernel is not None:
             return tpu.run(kernel, q, k, v, scale, seg, kv_seg)
-        part = lambda x, c, i: attention_reference(
+        part = lambda x, c, i: _xla(impl, block_q)(
             x[:, i * h : (i + 1) * h], k, v, causal=True, scale=scale, q_offset=c * h,
             segment_ids=None if seg is None else seg[:, i * h : (i + 1) * h],
             kv_segment_ids=kv_seg,

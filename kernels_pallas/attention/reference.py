@@ -69,6 +69,52 @@ def attention_reference(
     return o.reshape(B, T, H, D).astype(q.dtype)
 
 
+def attention_blocked(
+    q,
+    k,
+    v,
+    *,
+    block_q=1024,
+    causal=True,
+    window=None,
+    scale=None,
+    segment_ids=None,
+    q_offset=None,
+    kv_segment_ids=None,
+):
+    """``attention_reference`` over blocks of ``block_q`` queries, one block at a time
+    (``lax.map``), each recomputed in the backward (``jax.checkpoint``): a block's scores are
+    [B, H, block_q, S] where the reference holds [B, H, T, S] (8 x 16 heads x 8,192^2 in fp32
+    is 34 GiB, its gradient about twice that). The same math a row; every key of every block is
+    scored, masked ones included. Fewer than two blocks' queries, or T not a multiple of
+    ``block_q``: the reference itself. Arguments as ``attention_reference``'s."""
+    B, T, H, D = q.shape
+    S = k.shape[1]
+    if block_q < 1:
+        raise ValueError(f"attention_blocked: block_q must be >= 1, got {block_q}")
+    kw = dict(causal=causal, window=window, scale=scale)
+    if T <= block_q or T % block_q:
+        return attention_reference(
+            q, k, v, segment_ids=segment_ids, q_offset=q_offset, kv_segment_ids=kv_segment_ids,
+            **kw,
+        )  # fmt: skip
+    n = T // block_q
+    first = S - T if q_offset is None else q_offset
+    kv_seg = segment_ids if kv_segment_ids is None else kv_segment_ids
+    blocks = q.reshape(B, n, block_q, H, D).swapaxes(0, 1)  # [n, B, block_q, H, D]
+    segs = None if segment_ids is None else segment_ids.reshape(B, n, block_q).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one(xs):
+        i, qi, si = xs
+        return attention_reference(
+            qi, k, v, segment_ids=si, q_offset=first + i * block_q, kv_segment_ids=kv_seg, **kw
+        )
+
+    o = jax.lax.map(one, (jnp.arange(n), blocks, segs))
+    return o.swapaxes(0, 1).reshape(B, T, H, D)
+
+
 def cache_mask(q_time, k_time, k_start, window=None):
     """[B, T, S] bool: key s (at time k_time[s], -1 = empty slot) visible to query t (at
     q_time[t]) of row b iff k_start[b] <= k_time[s] <= q_time[t] (and, with a window,

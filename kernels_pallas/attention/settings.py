@@ -10,7 +10,9 @@ from kernels_pallas.dispatch import KernelSettings
 
 @dataclasses.dataclass(frozen=True)
 class AttentionSettings(KernelSettings):
-    """impl: "auto" | "reference" (XLA einsum + softmax, fp32 inside) | "cudnn"
+    """impl: "auto" | "reference" (XLA einsum + softmax, fp32 inside) | "blocked" (the
+    reference over ``block_q`` queries at a time, each block recomputed in the backward: XLA
+    and deterministic, without the reference's [B, H, T, T] scores) | "cudnn"
     (``jax.nn.dot_product_attention``, GPU) | "splash" (JAX's splash attention kernel, TPU);
     "auto" takes cuDNN on GPU for bf16/fp16 heads of at most 128 (with segment ids: a
     same-document mask, a [B, 1, T, T] bias, and an even length, which cuDNN's backward with a
@@ -23,9 +25,14 @@ class AttentionSettings(KernelSettings):
     device's own queries (the last device then attends ~2x the mean)."""
 
     balance: bool = True
+    block_q: int = 1024
 
     OP = "attention"
-    IMPLS = ("auto", "reference", "cudnn", "splash")
+    IMPLS = ("auto", "reference", "blocked", "cudnn", "splash")
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.require_positive("block_q")
 
 
 @dataclasses.dataclass(frozen=True)

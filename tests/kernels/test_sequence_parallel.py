@@ -3,6 +3,8 @@ the unsplit op's (8 fake CPU devices, fp32)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -170,25 +172,29 @@ def test_gated_recurrence_over_a_sequence_axis_equals_the_unsplit_run(seq, batch
 def test_attention_over_a_sequence_axis_equals_the_unsplit_run(seq, batch, window, documents):
     """Each time shard's queries over the gathered keys and values, masked by global position
     (causal, a window reaching back across shards, documents across shard boundaries), GQA;
-    causal without a window with the devices' query halves swapped (``zigzag``) and without."""
+    causal without a window with the devices' query halves swapped (``zigzag``) and without;
+    the reference and the reference by query blocks (``blocked``, blocks of 8)."""
     T = 96
     ks = jax.random.split(jax.random.key(2), 3)
     q = jax.random.normal(ks[0], (batch, T, 4, 8))
     k, v = (jax.random.normal(x, (batch, T, 2, 8)) for x in ks[1:])
     seg = jnp.asarray(np.repeat([[0, 1, 2]], batch, 0).repeat([30, 41, 25], axis=1))
     seg = seg if documents else None
-    settings = kernels_pallas.AttentionSettings(impl="reference")
+    for impl in ("reference", "blocked"):
+        settings = kernels_pallas.AttentionSettings(impl=impl, block_q=8)
 
-    def fn(q, k, v):
-        o = kernels_pallas.attention(q, k, v, window=window, segment_ids=seg, settings=settings)
-        return o, jnp.zeros(())
+        def fn(q, k, v, settings=settings):
+            o = kernels_pallas.attention(q, k, v, window=window, segment_ids=seg, settings=settings)
+            return o, jnp.zeros(())
 
-    with kernels_pallas.kernel_mesh(_mesh(batch, seq)):
-        assert ("ppermute" in str(jax.make_jaxpr(fn)(q, k, v))) == (window is None)
-    _assert_split_equals_unsplit(fn, (q, k, v), batch, seq)
-    if window is None:  # each device its own queries
-        settings = kernels_pallas.AttentionSettings(impl="reference", balance=False)
+        with kernels_pallas.kernel_mesh(_mesh(batch, seq)):
+            assert ("ppermute" in str(jax.make_jaxpr(fn)(q, k, v))) == (window is None)
         _assert_split_equals_unsplit(fn, (q, k, v), batch, seq)
+        if window is None:  # each device its own queries
+            unbalanced = kernels_pallas.AttentionSettings(impl=impl, block_q=8, balance=False)
+            _assert_split_equals_unsplit(
+                functools.partial(fn, settings=unbalanced), (q, k, v), batch, seq
+            )
 
 
 @pytest.mark.parametrize("window, documents, T", [(None, True, 512), (150, False, 256)])
