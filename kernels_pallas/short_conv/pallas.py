@@ -2,7 +2,7 @@
 
 Same contract as ``reference.short_conv_reference``. Written with jnp, the op is a string of
 elementwise passes and their gradients; here the forward is one kernel (reads x, writes y) and
-the backward two: one reads x and dy and writes dz and per-tile partial sums of dw, one reads dz
+the backward two: one reads x and dy and writes dz and per-program partial sums of dw, one reads dz
 and writes dx (its transposed convolution).
 
 One program per (batch row, ``tiles`` tiles of ``block_t`` tokens, head), the tiles one after
