@@ -4,10 +4,10 @@ separates "cannot retrieve" from "cannot transfer to NIAH's haystacks and length
 
 Documents are ``RetrievalMix`` synthetic documents (``hwh_jax/data/retrieval.py``: in
 ``fmt``'s wording, RULER's templates by default, 1-4 needles, every one asked for) cut from the
-*held-out* token stream, at the run's training length. For the value tokens of the answers (predictable only by retrieving the needle)
-and, as the chance baseline, for the same values' tokens in the needles: mean log-loss per token
-and teacher-forced greedy accuracy; and the share of answers whose every value token is the
-model's argmax ("exact").
+*held-out* token stream, at the run's training length. For the value tokens of the answers
+(predictable only by retrieving the needle) and, as the chance baseline, for the same values'
+tokens in the needles: mean log-loss per token and teacher-forced greedy accuracy; and the
+share of answers whose every value token is the model's argmax ("exact").
 """
 
 from __future__ import annotations
