@@ -25,7 +25,9 @@ leaf may also move by 2^-12 of its own largest entry (1/32 of bf16's spacing at 
 whose order depends on the data (the embedding's scatter-add, XLA's atomics) rounds
 differently when a later token changes, without carrying it; ``exact`` says whether any leaf
 moved more than its rerun level. ``--deterministic`` asks XLA for deterministic GPU ops
-(``--xla_gpu_exclude_nondeterministic_ops``), so that the rerun level is 0. ``moved_after_p``
+(``--xla_gpu_exclude_nondeterministic_ops``), so that the rerun level is 0. XLA's GEMM autotuning
+is off unless ``--autotune`` (``--xla_gpu_autotune_level=0``; each row's ``xla_flags``): it
+picks the fastest of equivalent algorithms, which a check does not need. ``moved_after_p``
 shows the change does reach the later positions. ``--trained_steps`` (50) steps of AdamW at lr 1e-3 on fresh random
 batches (1 x 2,048) then repeat every check on the trained weights (a path whose weights are
 zero at init cannot leak at init).
@@ -76,6 +78,7 @@ from kernels_pallas import (
 PROJ = 16
 START = time.time()
 DETERMINISTIC = "--xla_gpu_exclude_nondeterministic_ops=true"
+NO_AUTOTUNE = "--xla_gpu_autotune_level=0"  # XLA's default GEMMs: a check, not a timing
 GRAD_FLOOR = 2.0**-12  # of a leaf's largest entry: rounding, not a carried token
 
 
@@ -287,6 +290,7 @@ def model_rows(label, arch, size, overrides, batches, lengths, trained_steps, th
             row["causal"] = "error" not in row and all(row[k]["causal"] for k in checked)
             row["kernels"] = kernels_pallas.chosen()
             row["compile_s"] = round(compile_s, 1)
+            row["xla_flags"] = os.environ.get("XLA_FLAGS", "")
             yield row
 
 
@@ -417,8 +421,7 @@ def run_jobs(args, size, models):
         cmd += ["--trained_steps", str(args.trained_steps), "--threads", str(threads)]
         cmd += ["--seed", str(args.seed), "--out", out, "--quiet_device"]
         cmd += ["--stop_after", str(args.stop_after - (time.time() - START))]
-        if args.deterministic:
-            cmd.append("--deterministic")
+        cmd += ["--deterministic"] * args.deterministic + ["--autotune"] * args.autotune
         cmd += ["--attention_impl", args.attention_impl]
         procs.append((subprocess.Popen(cmd, env=env), out))
     rows = []
@@ -473,12 +476,19 @@ def main():
         default=float("inf"),
         help="seconds after which no further model is started (a device call's limit)",
     )
+    ap.add_argument(
+        "--autotune",
+        action="store_true",
+        help="let XLA autotune its GPU GEMMs while compiling (off by default: the check does "
+        "not need the fastest algorithms, and a 380m model's many programs compile faster)",
+    )
     ap.add_argument("--quiet_device", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     # before JAX starts its backend (the first device use below)
-    if args.deterministic:
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + DETERMINISTIC).strip()
+    flags = [DETERMINISTIC] * args.deterministic + [NO_AUTOTUNE] * (not args.autotune)
+    if flags:  # the jobs below inherit them
+        os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
     if args.jobs > 1:
         os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # the GPU's memory is the jobs'
     if not args.quiet_device:
