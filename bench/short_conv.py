@@ -11,7 +11,7 @@ the bytes the op must move at least over that time (forward: read x, write y;
 forward+backward adds read x and dy, write dx: 2 and 5 passes of B*T*C bf16) beside a
 device-to-device copy's rate timed the same way, and the forward+backward's kernels. Each
 row's ``rel_err`` is the relative error of its y, dx, dw against the reference in fp32. An
---impls entry "pallas:KEY=VALUE,..." sets fields of ``ShortConvSettings`` (block_t, num_warps, tiles;
+--impls entry "pallas:KEY=VALUE,..." sets fields of ``ShortConvSettings`` (block_t, num_warps;
 interpret=True runs the kernels interpreted, on any device).
 """
 

@@ -2,11 +2,10 @@
 
 Same contract as ``reference.short_conv_reference``. Written with jnp, the op is a string of
 elementwise passes and their gradients; here the forward is one kernel (reads x, writes y) and
-the backward two: one reads x and dy and writes dz and per-program partial sums of dw, one reads dz
+the backward two: one reads x and dy and writes dz and per-tile partial sums of dw, one reads dz
 and writes dx (its transposed convolution).
 
-One program per (batch row, ``tiles`` tiles of ``block_t`` tokens, head), the tiles one after
-another (``ShortConvSettings.tiles``, default 1). x is passed whole along time and
+One program per (batch row, tile of ``block_t`` tokens, head). x is passed whole along time and
 each program reads the rows its taps need at their offsets (lag j reads rows t - j), so no halo
 is copied. Only the first tile can reach before row 0: it reads its taps from a copy of its rows
 behind W - 1 zero rows (``_head``, 2 block_t rows a sequence), in its own branch; the transposed
@@ -54,7 +53,6 @@ class ConvConfig:
     interpret: object = False
     scale: float = 1.0  # multiplies the normalised output
     num_warps: int = 4
-    tiles: int = 1  # tiles of block_t tokens a program computes, one after another
 
 
 def _head(x, W, BT):
@@ -82,60 +80,40 @@ def _conv(xs, w_ref, m, W):
     return z
 
 
-def _rows(i, BT, K):
-    """The rows of a program's block that its tile i (static or traced) covers."""
-    return slice(None) if K == 1 else pl.ds(i * BT, BT)
-
-
-def _per_program(program):
-    """Run ``program(first)`` with first = whether this program's first tile is the sequence's
-    first; each case in its own branch, so that only that tile pays for the edge."""
+def _per_tile(body):
+    """Run ``body(first)`` with first = whether this program's tile is the sequence's first;
+    each case in its own branch, so that only the first tile pays for the edge."""
     t = pl.program_id(1)
-    pl.when(t == 0)(functools.partial(program, True))
-    pl.when(t > 0)(functools.partial(program, False))
-
-
-def _tiles(tile, first, K, carry=None):
-    """``tile(i, first_i, carry) -> carry`` for the program's K tiles in turn: the first with
-    ``first``, the others in a loop (none when K == 1)."""
-    carry = tile(0, first, carry)
-    if K > 1:
-        carry = jax.lax.fori_loop(1, K, lambda i, c: tile(i, False, c), carry)
-    return carry
+    pl.when(t == 0)(functools.partial(body, True))
+    pl.when(t > 0)(functools.partial(body, False))
 
 
 def _fwd_kernel(x_ref, head_ref, m_ref, w_ref, y_ref, *, cfg):
-    W, BT, K = cfg.width, cfg.block_t, cfg.tiles
-    p = pl.program_id(1)
+    W, BT = cfg.width, cfg.block_t
+    t0 = pl.program_id(1) * BT
 
-    def tile(i, first, carry):
-        t0, rows = (p * K + i) * BT, _rows(i, BT, K)
-        m = m_ref[rows, :]
+    def body(first):
+        m = m_ref[...]
         s = jax.nn.silu(_conv(_taps(x_ref, head_ref, t0, BT, W, first), w_ref, m, W))
         if cfg.normalize:
             r = jax.lax.rsqrt(jnp.sum(s * s, axis=1, keepdims=True) + cfg.eps)
             s = s * (r * cfg.scale if cfg.scale != 1.0 else r)
-        y_ref[rows, :] = s.astype(y_ref.dtype)
-        return carry
+        y_ref[...] = s.astype(y_ref.dtype)
 
-    def program(first):
-        _tiles(tile, first, K, 0)
-
-    _per_program(program)
+    _per_tile(body)
 
 
 def _bwd_kernel(x_ref, head_ref, m_ref, w_ref, dy_ref, dz_ref, dw_ref, *, cfg):
-    """dz at the program's rows and its tiles' part of dw; dx is dz's transposed convolution.
+    """dz at the tile's rows and this tile's part of dw; dx is dz's transposed convolution.
     dw reads its taps again, one per step of a loop, rather than keeping those of z live."""
-    W, BT, K = cfg.width, cfg.block_t, cfg.tiles
-    p = pl.program_id(1)
+    W, BT = cfg.width, cfg.block_t
+    t0 = pl.program_id(1) * BT
 
-    def tile(i, first, dw):
-        t0, rows = (p * K + i) * BT, _rows(i, BT, K)
-        m = m_ref[rows, :]
+    def body(first):
+        m = m_ref[...]
         z = _conv(_taps(x_ref, head_ref, t0, BT, W, first), w_ref, m, W)
         sig = jax.nn.sigmoid(z)
-        dy = dy_ref[rows, :].astype(f32)
+        dy = dy_ref[...].astype(f32)
         if cfg.normalize:
             if cfg.scale != 1.0:
                 dy = dy * cfg.scale
@@ -144,20 +122,17 @@ def _bwd_kernel(x_ref, head_ref, m_ref, w_ref, dy_ref, dz_ref, dw_ref, *, cfg):
             n = s * r
             dy = r * (dy - n * jnp.sum(dy * n, axis=1, keepdims=True))
         dz = dy * sig * (1.0 + z * (1.0 - sig))
-        dz_ref[rows, :] = dz.astype(dz_ref.dtype)
-        which = jax.lax.broadcasted_iota(jnp.int32, dw_ref.shape, 0)
+        dz_ref[...] = dz.astype(dz_ref.dtype)
+        rows = jax.lax.broadcasted_iota(jnp.int32, dw_ref.shape, 0)
 
-        def tap(j, dw):  # dw_{W-1-j} += sum over the tile of m_j x(t - j) dz
+        def tap(j, dw):  # dw_{W-1-j}: sum over the tile of m_j x(t - j) dz
             xj = _tap(x_ref, head_ref, t0, j, BT, W, first)
             part = jnp.sum(jnp.where(m >= j, xj, 0.0) * dz, axis=0, keepdims=True)
-            return jnp.where(which == W - 1 - j, dw + part, dw)
+            return jnp.where(rows == W - 1 - j, part, dw)
 
-        return jax.lax.fori_loop(0, W, tap, dw)
+        dw_ref[...] = jax.lax.fori_loop(0, W, tap, jnp.zeros(dw_ref.shape, f32))
 
-    def program(first):
-        dw_ref[...] = _tiles(tile, first, K, jnp.zeros(dw_ref.shape, f32))
-
-    _per_program(program)
+    _per_tile(body)
 
 
 def _tail(a, BT):
@@ -166,15 +141,13 @@ def _tail(a, BT):
     return jnp.pad(a[:, a.shape[1] - BT :], ((0, 0), (0, BT)) + ((0, 0),) * (a.ndim - 2))
 
 
-def _dx_kernel(dz_ref, dz_tail_ref, m_ref, m_tail_ref, w_ref, dx_ref, *, cfg, last_program):
-    """dx(t) = sum_j w_{W-1-j} m_j(t + j) dz(t + j) at the program's rows, fp32 inside: the
-    forward's taps mirrored, reaching j rows ahead (zero past the end); the sequence's last
-    tile (the last program's last) reads its taps from the tail copy."""
-    W, BT, K = cfg.width, cfg.block_t, cfg.tiles
-    p = pl.program_id(1)
+def _dx_kernel(dz_ref, dz_tail_ref, m_ref, m_tail_ref, w_ref, dx_ref, *, cfg, last_tile):
+    """dx(t) = sum_j w_{W-1-j} m_j(t + j) dz(t + j) at the tile's rows, fp32 inside: the
+    forward's taps mirrored, reaching j rows ahead (zero past the end)."""
+    W, BT = cfg.width, cfg.block_t
+    t0 = pl.program_id(1) * BT
 
-    def tile(i, last, carry):
-        t0 = (p * K + i) * BT
+    def body(last):
         dx = w_ref[pl.ds(W - 1, 1), :].astype(f32) * dz_ref[pl.ds(t0, BT), :].astype(f32)
         for j in range(1, W):
             if last:
@@ -182,26 +155,19 @@ def _dx_kernel(dz_ref, dz_tail_ref, m_ref, m_tail_ref, w_ref, dx_ref, *, cfg, la
             else:
                 dz, m = dz_ref[pl.ds(t0 + j, BT), :], m_ref[pl.ds(t0 + j, BT), :]
             dx += w_ref[pl.ds(W - 1 - j, 1), :].astype(f32) * jnp.where(m >= j, dz.astype(f32), 0.0)
-        dx_ref[_rows(i, BT, K), :] = dx.astype(dx_ref.dtype)
-        return carry
+        dx_ref[...] = dx.astype(dx_ref.dtype)
 
-    def program(last):  # the program's tiles but its last in a loop, then its last
-        if K > 1:
-            jax.lax.fori_loop(0, K - 1, lambda i, c: tile(i, False, c), 0)
-        tile(K - 1, last, 0)
-
-    pl.when(p == last_program)(functools.partial(program, True))
-    pl.when(p < last_program)(functools.partial(program, False))
+    t = pl.program_id(1)
+    pl.when(t == last_tile)(functools.partial(body, True))
+    pl.when(t < last_tile)(functools.partial(body, False))
 
 
-def _specs(B, T, heads, X, BT, K):
-    """Block specs: all of time, the first tile's padded copy, and a program's K tiles of the
-    mask and of a tensor."""
+def _specs(B, T, heads, X, BT):
     sq = pl.squeezed
     whole = pl.BlockSpec((sq, T, X), lambda b, t, h: (b, 0, h))  # all of time
     head = pl.BlockSpec((sq, 2 * BT, X), lambda b, t, h: (b, 0, h))
-    tile_m = pl.BlockSpec((sq, BT * K, 1), lambda b, t, h: (b, t, 0))
-    tile = pl.BlockSpec((sq, BT * K, X), lambda b, t, h: (b, t, h))
+    tile_m = pl.BlockSpec((sq, BT, 1), lambda b, t, h: (b, t, 0))
+    tile = pl.BlockSpec((sq, BT, X), lambda b, t, h: (b, t, h))
     return whole, head, tile_m, tile
 
 
@@ -219,12 +185,12 @@ def _params(cfg):
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _forward(cfg, heads, x, w, m):
     B, T, C = x.shape
-    X, BT, K = C // heads, cfg.block_t, cfg.tiles
-    whole, head, tile_m, tile = _specs(B, T, heads, X, BT, K)
+    X, BT = C // heads, cfg.block_t
+    whole, head, tile_m, tile = _specs(B, T, heads, X, BT)
     wspec = pl.BlockSpec((w.shape[0], X), lambda b, t, h: (0, h))
     return pl.pallas_call(
         functools.partial(_fwd_kernel, cfg=cfg),
-        grid=(B, T // (BT * K), heads),
+        grid=(B, T // BT, heads),
         in_specs=[whole, head, tile_m, wspec],
         out_specs=tile,
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -237,19 +203,19 @@ def _forward(cfg, heads, x, w, m):
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _backward(cfg, heads, x, w, m, dy):
     B, T, C = x.shape
-    X, BT, K = C // heads, cfg.block_t, cfg.tiles
-    NP, Wp = T // (BT * K), w.shape[0]  # programs along time
-    whole, head, tile_m, tile = _specs(B, T, heads, X, BT, K)
+    X, BT = C // heads, cfg.block_t
+    NT, Wp = T // BT, w.shape[0]
+    whole, head, tile_m, tile = _specs(B, T, heads, X, BT)
     wspec = pl.BlockSpec((Wp, X), lambda b, t, h: (0, h))
     sq = pl.squeezed
     dz, dw = pl.pallas_call(
         functools.partial(_bwd_kernel, cfg=cfg),
-        grid=(B, NP, heads),
+        grid=(B, NT, heads),
         in_specs=[whole, head, tile_m, wspec, tile],
         out_specs=[tile, pl.BlockSpec((sq, sq, Wp, X), lambda b, t, h: (b, t, 0, h))],
         out_shape=[
             jax.ShapeDtypeStruct(x.shape, x.dtype),
-            jax.ShapeDtypeStruct((B, NP, Wp, C), f32),
+            jax.ShapeDtypeStruct((B, NT, Wp, C), f32),
         ],
         interpret=cfg.interpret,
         name="short_conv_bwd",
@@ -259,8 +225,8 @@ def _backward(cfg, heads, x, w, m, dy):
     m_tail = pl.BlockSpec((sq, 2 * BT, 1), lambda b, t, h: (b, 0, 0))
     tail = pl.BlockSpec((sq, 2 * BT, X), lambda b, t, h: (b, 0, h))
     dx = pl.pallas_call(
-        functools.partial(_dx_kernel, cfg=cfg, last_program=NP - 1),
-        grid=(B, NP, heads),
+        functools.partial(_dx_kernel, cfg=cfg, last_tile=NT - 1),
+        grid=(B, NT, heads),
         in_specs=[whole, tail, m_whole, m_tail, wspec],
         out_specs=tile,
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -332,8 +298,7 @@ def short_conv_pallas(
             f"short_conv(impl='pallas'): {W} taps reach {W - 1} rows back, past "
             f"a tile of {bt}; use block_t >= {W - 1}"
         )
-    tiles = min(settings.tiles, 1 << (-(-T // bt) - 1).bit_length())  # no more than T needs
-    pad = (-T) % (bt * tiles)
+    pad = (-T) % bt
     cfg = ConvConfig(
         width=W,
         block_t=bt,
@@ -342,7 +307,6 @@ def short_conv_pallas(
         interpret=interpret,
         num_warps=settings.num_warps,
         scale=float(scale),
-        tiles=tiles,
     )
     m = jnp.minimum(doc_offsets(segment_ids, B, T), W - 1).astype(f32)[..., None]
     Wp = 1 << (W - 1).bit_length()

@@ -12,12 +12,10 @@ class ShortConvSettings(KernelSettings):
     """impl: "auto" | "reference" (jnp) | "pallas" (Triton kernels, GPU or interpreted); "auto"
     takes the kernels on GPU where a head has a power of two >= 16 channels, else the reference
     (TPU has no Mosaic layout of these kernels: XLA fuses the reference there).
-    block_t: tokens a tile; tiles: tiles a program computes one after another (a power of two;
-    fewer where the sequence has fewer); num_warps: warps a program (GPU)."""
+    block_t: tokens a program; num_warps: warps a program (GPU)."""
 
     block_t: int = 64
     num_warps: int = 4
-    tiles: int = 1
 
     OP = "short_conv"
     IMPLS = ("auto", "reference", "pallas")
@@ -29,8 +27,4 @@ class ShortConvSettings(KernelSettings):
             raise ValueError(
                 f"short_conv: block_t and num_warps must be >= 1, got "
                 f"{self.block_t}, {self.num_warps}"
-            )
-        if self.tiles < 1 or self.tiles & (self.tiles - 1):
-            raise ValueError(
-                f"short_conv: ShortConvSettings.tiles must be a power of two, got {self.tiles}"
             )

@@ -46,19 +46,15 @@ def make(B, T, C, W=4, seed=0, segments=True, dtype=jnp.float32):
     return x, w, seg, dy
 
 
-@functools.partial(
-    jax.jit, static_argnames=("impl", "heads", "normalize", "block_t", "scale", "tiles")
-)
-def value_and_grads(x, w, seg, dy, *, impl, heads, normalize, block_t=64, scale=1.0, tiles=1):
+@functools.partial(jax.jit, static_argnames=("impl", "heads", "normalize", "block_t", "scale"))
+def value_and_grads(x, w, seg, dy, *, impl, heads, normalize, block_t=64, scale=1.0):
     def loss(x, w):
         if impl == "reference":
             y = short_conv(
                 x, w, seg, heads=heads, normalize=normalize, scale=scale, settings=REFERENCE
             )
         else:
-            settings = ShortConvSettings(
-                block_t=block_t, tiles=tiles, interpret=impl == "interpret"
-            )
+            settings = ShortConvSettings(block_t=block_t, interpret=impl == "interpret")
             y = short_conv_pallas(
                 x, w, seg, heads=heads, normalize=normalize, scale=scale, settings=settings
             )
@@ -117,26 +113,6 @@ def test_pallas_matches_reference(case, normalize, mode):
     out = value_and_grads(x, w, seg, dy, impl=mode, heads=heads, normalize=normalize, block_t=bt)
     for name, a, b in zip(("y", "dx", "dw"), out, ref):
         assert rel(a, b) < 2e-6, (name, rel(a, b))
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("tiles", [2, 4, 8])
-def test_several_tiles_a_program_give_the_same_values(tiles, mode):
-    """``tiles``: a program computes several tiles in turn (the sequence's first and last tile
-    inside one, with documents, 75 tokens padded to the programs' span): y, dx and dw those of
-    one tile a program within fp32 rounding (the interpreter compiles the loop's body apart,
-    and dw sums per program), and the reference's within the usual tolerance."""
-    x, w, seg, dy = make(2, 75, 32, 4, seed=3)
-    kw = dict(heads=2, normalize=True, block_t=16)
-    one = value_and_grads(x, w, seg, dy, impl=mode, **kw)
-    many = value_and_grads(x, w, seg, dy, impl=mode, tiles=tiles, **kw)
-    ref = value_and_grads(x, w, seg, dy, impl="reference", heads=2, normalize=True)
-    for name, a, b in zip(("y", "dx", "dw"), many, one):
-        assert rel(a, b) < 1e-6, (name, rel(a, b))
-    for name, a, b in zip(("y", "dx", "dw"), many, ref):
-        assert rel(a, b) < 2e-6, (name, rel(a, b))
-    with pytest.raises(ValueError, match="power of two"):
-        ShortConvSettings(tiles=3)
 
 
 def test_pallas_bf16_within_bf16_noise():
