@@ -480,15 +480,16 @@ def main():
         "--autotune",
         action="store_true",
         help="let XLA autotune its GPU GEMMs while compiling (off by default: the check does "
-        "not need the fastest algorithms, and a 380m model's many programs compile faster)",
+        "not need the fastest algorithms)",
     )
     ap.add_argument("--quiet_device", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     # before JAX starts its backend (the first device use below)
-    flags = [DETERMINISTIC] * args.deterministic + [NO_AUTOTUNE] * (not args.autotune)
-    if flags:  # the jobs below inherit them
-        os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
+    flags = os.environ.get("XLA_FLAGS", "").split()  # the jobs below inherit them
+    flags += [DETERMINISTIC] * args.deterministic + [NO_AUTOTUNE] * (not args.autotune)
+    if flags:
+        os.environ["XLA_FLAGS"] = " ".join(dict.fromkeys(flags))  # each once, in order
     if args.jobs > 1:
         os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # the GPU's memory is the jobs'
     if not args.quiet_device:
