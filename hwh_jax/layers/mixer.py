@@ -16,8 +16,8 @@ there were up to nine shortens it. Training keeps one matmul per projection
 output gradients have to be concatenated again (docs/benchmarks.md has both timings). The
 exception is a narrow FA branch (q at most ``FA_ONE_PRODUCT_WIDTH`` wide: HwH's 1-5 heads),
 whose q, k and v are one product: three products of 64-320 columns each pass over x and,
-backward, write x's full-width gradient; measured, one product and its copies cost less at 1
-head, the same at 3 and 3% more at 5 (docs/benchmarks.md, "The training step").
+backward, write x's full-width gradient, which one product and its copies avoid (measured
+against three products at 1, 3 and 5 heads: docs/benchmarks.md, "The training step").
 """
 
 from __future__ import annotations
