@@ -69,7 +69,7 @@ def recency(model, tokens, near: int = 4) -> dict:
         return h[0, -1].astype(jnp.float32)
 
     x = model.embed_tokens(tokens).astype(jnp.float32)
-    jac = jax.jacrev(last_hidden)(x)  # [d, 1, T, d]
+    jac = jax.jit(jax.jacrev(last_hidden))(x)  # [d, 1, T, d]; one program, not op by op
     norms = np.asarray(jnp.sqrt((jac**2).sum(axis=(0, 3)))[0])[:-1]  # earlier positions
     total = norms.sum()
     return {

@@ -22,7 +22,7 @@ from hwh_jax.eval import commonsense, harness
 from hwh_jax.models import HybridLM, model_config
 
 TASKS = commonsense.TASKS
-LIMIT = 6
+LIMIT = 3
 
 
 @pytest.fixture(scope="module")
