@@ -37,6 +37,9 @@ decay_attention (per head and per key), gated_recurrence, and attention at 1, 2,
 (HwH's FA head counts, no positional encoding) with the dispatchers' choices, forward and
 gradient of a prefix loss.
 
+``--paths fwd`` (or ``grad``) checks one of the two programs alone: less to compile and to hold
+where the other was checked already.
+
 ``--jobs N`` checks the models of a size in N processes at once (each compiles on its own
 cores and takes 0.9/N of the GPU's memory), the kernels first in this one; the rows of all go
 to ``--out``.
@@ -236,7 +239,18 @@ def compile_all(fns, params, shapes, threads):
         return dict(done)
 
 
-def model_rows(label, arch, size, overrides, batches, lengths, trained_steps, threads, seed):
+def model_rows(
+    label,
+    arch,
+    size,
+    overrides,
+    batches,
+    lengths,
+    trained_steps,
+    threads,
+    seed,
+    checks=("fwd", "grad"),
+):
     cfg = model_config(arch, size, dtype="bfloat16", remat="full", **overrides)
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(seed)), nnx.Param)
     fns = model_paths(graphdef)
@@ -244,21 +258,22 @@ def model_rows(label, arch, size, overrides, batches, lengths, trained_steps, th
     shapes = []
     for T in lengths:
         for B in batches:
-            paths = ["fwd"]
-            if not big or B == min(batches):
+            paths = ["fwd"] if "fwd" in checks else []
+            if "grad" in checks and (not big or B == min(batches)):
                 paths.append("grad")
-            shapes.append((B, T, paths))
-    if trained_steps and not any(B == 1 and T == 2048 and "grad" in ps for B, T, ps in shapes):
-        shapes.append((1, 2048, ["grad"]))
+            if paths:
+                shapes.append((B, T, paths))
+    # the training's gradient (1 x 2,048), compiled beside the checks where they lack it
+    train_only = trained_steps and not any(
+        B == 1 and T == 2048 and "grad" in ps for B, T, ps in shapes
+    )
     t0 = time.time()
-    compiled = compile_all(fns, params, shapes, threads)
+    compiled = compile_all(fns, params, shapes + [(1, 2048, ["grad"])] * train_only, threads)
     compile_s = time.time() - t0
     for stage in ("init", "trained") if trained_steps else ("init",):
         if stage == "trained":
             params = train(compiled[("grad", 1, 2048)], params, cfg.vocab_size, trained_steps, seed)
         for B, T, paths in shapes:
-            if (B, T) == (1, 2048) and paths == ["grad"]:
-                continue
             a, b = token_pair(cfg.vocab_size, B, T, seed=B * 100003 + T)
             mask = prefix_mask(B, T)
             ba, bb = batch_of(a, mask), batch_of(b, mask)
@@ -422,7 +437,7 @@ def run_jobs(args, size, models):
         cmd += ["--seed", str(args.seed), "--out", out, "--quiet_device"]
         cmd += ["--stop_after", str(args.stop_after - (time.time() - START))]
         cmd += ["--deterministic"] * args.deterministic + ["--autotune"] * args.autotune
-        cmd += ["--attention_impl", args.attention_impl]
+        cmd += ["--attention_impl", args.attention_impl, "--paths", *args.paths]
         procs.append((subprocess.Popen(cmd, env=env), out))
     rows = []
     for proc, out in procs:
@@ -482,6 +497,13 @@ def main():
         help="let XLA autotune its GPU GEMMs while compiling (off by default: the check does "
         "not need the fastest algorithms)",
     )
+    ap.add_argument(
+        "--paths",
+        nargs="+",
+        choices=["fwd", "grad"],
+        default=["fwd", "grad"],
+        help="the models' checks: 'fwd' (plain, train_fwd, prefill: one program) and 'grad'",
+    )
     ap.add_argument("--quiet_device", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -522,6 +544,7 @@ def main():
                 args.trained_steps,
                 args.threads,
                 args.seed,
+                args.paths,
             ):
                 emit(rows, r)
                 write_jsonl(args.out, rows)  # each row as it comes: kept if the call is cut
