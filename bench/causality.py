@@ -83,6 +83,9 @@ START = time.time()
 DETERMINISTIC = "--xla_gpu_exclude_nondeterministic_ops=true"
 NO_AUTOTUNE = "--xla_gpu_autotune_level=0"  # XLA's default GEMMs: a check, not a timing
 GRAD_FLOOR = 2.0**-12  # of a leaf's largest entry: rounding, not a carried token
+ARCHS = ["transformer", "gdn", "layerwise", "swa", "hwh"]  # the matrix: these, then HwH with
+KINDS = [k for k in heads.names() if k != "gdn"]  # each other linear kind
+SIZES = ["small", "380m", "1b4"]
 
 
 def split_p(T: int) -> int:
@@ -452,15 +455,15 @@ def run_jobs(args, size, models):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--archs", nargs="*", default=["transformer", "gdn", "layerwise", "swa", "hwh"])
+    ap.add_argument("--archs", nargs="*", default=ARCHS)
     ap.add_argument(
         "--kinds",
         nargs="*",
-        default=[k for k in heads.names() if k != "gdn"],
+        default=KINDS,
         help="HwH with each of these linear-head kinds (model.la_kind)",
     )
     ap.add_argument("--only", nargs="*", default=None, help="these model labels alone")
-    ap.add_argument("--sizes", nargs="*", default=["small", "380m", "1b4"])
+    ap.add_argument("--sizes", nargs="*", default=SIZES)
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--lengths", nargs="+", type=int, default=[2048, 8192])
     ap.add_argument("--trained_steps", type=int, default=50)

@@ -363,3 +363,41 @@ def test_causality_verdict_calls_a_gradient_under_default_gpu_ops_inconclusive(m
     assert causality.verdict({**row, "error": "grad: out of memory"}, False).startswith(
         "NOT CHECKED"
     )
+
+
+def test_causality_table_grades_each_point_by_its_best_row_and_lists_a_leak(monkeypatch):
+    """bench/causality_table.py: a point's gradient takes the best of its rows (a deterministic
+    rerun settles an inconclusive one), the embedding's rounding is told apart from other
+    leaves', a failing deterministic row is reported NOT CAUSAL whatever else the point has, and
+    unchecked points are counted for every model of the matrix."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    t = importlib.import_module("causality_table")
+    fwd = {k: {"before_p": 0.0, "causal": True} for k in t.FWD}
+    det = "--xla_gpu_exclude_nondeterministic_ops=true"
+
+    def row(stage, B, T, moved, causal, leaf="['blocks'][0]['w']", flags="", rerun=0.0, **kw):
+        g = {"before_p": moved, "causal": causal, "worst_leaf": leaf, "rerun": rerun}
+        p = {"size": "small", "model": "hwh", "stage": stage, "B": B, "T": T, "xla_flags": flags}
+        return {**p, **fwd, "grad": {**g, "leaf_rerun": 0.0}, **kw}
+
+    rows = [
+        row("init", 1, 2048, 0.0, True),
+        row("init", 1, 8192, 1e-5, False, rerun=1e-3),  # default ops: inconclusive ...
+        row("init", 1, 8192, 0.0, True, flags=det),  # ... then bit-identical under determinism
+        row("init", 8, 2048, 1e-9, True, leaf="['embed']['embedding']", flags=det),
+        row("init", 8, 8192, 1e-9, True, flags=det),  # within the floor, not the embedding
+        row("trained", 1, 2048, 1e-5, False, rerun=1e-3),
+        row("trained", 1, 8192, 1e-3, False, flags=det),  # a leak
+        row("trained", 1, 8192, 0.0, True, flags=det),
+    ]
+    rows.append({**row("trained", 8, 2048, 0.0, True), "plain": {"before_p": 1.0, "causal": False}})
+    entries = {(e["size"], e["model"]): e for e in t.table(rows)}
+    e = entries[("small", "hwh")]
+    assert e["forward"] == 6  # 7 points have rows; the failing plain forward is not bit-exact
+    assert (e["identical"], e["embedding"], e["tolerance"], e["inconclusive"]) == (4, 1, 1, 1)
+    assert e["not_causal"] == ["gradient ('trained', 1, 8192)", "forward ('trained', 8, 2048)"]
+    assert "gradient ('trained', 8, 8192)" in e["missing"]
+    assert len(entries[("1b4", "hwh_gla")]["missing"]) == 8 + 4  # no rows: every point
+    assert "NOT CAUSAL" in t.markdown([e])
