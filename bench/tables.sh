@@ -18,7 +18,8 @@
 #                  forward, the loss's gradient and prefill, at init and after 50 steps; the kernels
 #                  alone (bench/causality.py; --sizes/--archs for a part); a row that runs out of
 #                  memory says so (NOT CHECKED) and the rest go on; then the gradients again under
-#                  XLA's deterministic GPU ops (bitwise; a rerun under default ops differs)
+#                  XLA's deterministic GPU ops (bitwise; a rerun under default ops differs); the
+#                  table of what is checked (bench/causality_table.py)
 #       memorize   one fixed batch against a fresh batch every step (bench/memorize.py): 380m HwH and
 #                  the Transformer at the step2k batch and at 1, then small, 5 architectures x 3 seeds
 #       projections  one HwH-380m layer's input projections grouped into products several ways, and
@@ -81,7 +82,8 @@ for part in "$@"; do
       python3 bench/causality.py --sizes small --jobs 2 --kernels '' --deterministic --attention_impl blocked \
         --out "$OUT/causality_deterministic.jsonl"
       python3 bench/causality.py --sizes 380m 1b4 --kernels '' --batches 1 --deterministic --attention_impl blocked \
-        --out "$OUT/causality_large_deterministic.jsonl" ;;
+        --paths grad --out "$OUT/causality_large_deterministic.jsonl"
+      python3 bench/causality_table.py "$OUT"/causality*.jsonl --missing ;;
     memorize)
       python3 bench/memorize.py --archs hwh transformer --size 380m --seq_len 2048 --batch 22 1 --steps 34 \
         --skip_recency --out "$OUT/memorize_380m.jsonl"
