@@ -38,7 +38,9 @@ decay_attention (per head and per key), gated_recurrence, and attention at 1, 2,
 gradient of a prefix loss.
 
 ``--paths fwd`` (or ``grad``) checks one of the two programs alone: less to compile and to hold
-where the other was checked already.
+where the other was checked already. Each row says where the time went, to plan a device call:
+``compile_s`` (the model's programs, once), ``train_s`` (its training, once) and ``check_s``
+(the row's own runs and comparisons).
 
 ``--jobs N`` checks the models of a size in N processes at once (each compiles on its own
 cores and takes 0.9/N of the GPU's memory), the kernels first in this one; the rows of all go
@@ -273,10 +275,14 @@ def model_rows(
     t0 = time.time()
     compiled = compile_all(fns, params, shapes + [(1, 2048, ["grad"])] * train_only, threads)
     compile_s = time.time() - t0
+    train_s = 0.0
     for stage in ("init", "trained") if trained_steps else ("init",):
         if stage == "trained":
+            t0 = time.time()
             params = train(compiled[("grad", 1, 2048)], params, cfg.vocab_size, trained_steps, seed)
+            train_s = time.time() - t0
         for B, T, paths in shapes:
+            t0 = time.time()
             a, b = token_pair(cfg.vocab_size, B, T, seed=B * 100003 + T)
             mask = prefix_mask(B, T)
             ba, bb = batch_of(a, mask), batch_of(b, mask)
@@ -307,7 +313,9 @@ def model_rows(
             checked = [k for k in ("plain", "train_fwd", "prefill", "grad") if k in row]
             row["causal"] = "error" not in row and all(row[k]["causal"] for k in checked)
             row["kernels"] = kernels_pallas.chosen()
-            row["compile_s"] = round(compile_s, 1)
+            row["compile_s"] = round(compile_s, 1)  # the model's programs, once
+            row["train_s"] = round(train_s, 1)  # its training steps, once (0 at init)
+            row["check_s"] = round(time.time() - t0, 1)  # this row's runs and comparisons
             row["xla_flags"] = os.environ.get("XLA_FLAGS", "")
             yield row
 
