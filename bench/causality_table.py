@@ -25,7 +25,7 @@ import argparse
 import collections
 import json
 
-from causality import ARCHS, KINDS, SIZES, arch_list
+from causality import ARCHS, DETERMINISTIC, KINDS, SIZES, arch_list
 
 POINTS = [(s, b, t) for s in ("init", "trained") for b in (1, 8) for t in (2048, 8192)]
 FWD = ("plain", "train_fwd", "prefill")
@@ -34,7 +34,7 @@ GRADES = ("identical", "embedding", "tolerance", "inconclusive")
 
 def grad_grade(row: dict) -> str:
     g = row["grad"]
-    deterministic = "exclude_nondeterministic_ops" in row.get("xla_flags", "")
+    deterministic = DETERMINISTIC in row.get("xla_flags", "")
     if g["before_p"] == 0:
         return "identical"
     if g["causal"]:
@@ -45,11 +45,12 @@ def grad_grade(row: dict) -> str:
 
 
 def table(rows: list[dict]) -> list[dict]:
-    """One entry a (size, model) in the rows' order: forward points, gradient grades, missing."""
+    """One entry a (size, model), the script's matrix first and then any other model the rows
+    hold: forward points, gradient grades, what is missing and what is not causal."""
     seen = collections.defaultdict(lambda: {"fwd": set(), "grad": {}, "bad": []})
     for r in rows:
-        if "model" not in r or "grad" in r and "leaf_rerun" not in r["grad"]:
-            continue  # kernel rows; rows from before the script kept each leaf's rerun level
+        if "model" not in r:
+            continue  # the kernels alone
         e = seen[(r["size"], r["model"])]
         point = (r["stage"], r["B"], r["T"])
         if all(k in r for k in FWD):
@@ -57,7 +58,7 @@ def table(rows: list[dict]) -> list[dict]:
                 e["fwd"].add(point)
             elif any(not r[k]["causal"] for k in FWD):
                 e["bad"].append(f"forward {point}")
-        if "grad" in r:
+        if "grad" in r and "leaf_rerun" in r["grad"]:  # older rows lack each leaf's rerun level
             grade = grad_grade(r)
             old = e["grad"].get(point)
             if grade == "NOT CAUSAL":
@@ -96,7 +97,7 @@ def markdown(entries: list[dict]) -> str:
         grads = " / ".join(str(e[g]) for g in GRADES)
         bad = f" **NOT CAUSAL: {', '.join(e['not_causal'])}**" if e["not_causal"] else ""
         lines.append(
-            f"| {e['size']} | {e['model']} | {e['forward']}/8 | {grads} of {e['grad_points']}"
+            f"| {e['size']} | {e['model']} | {e['forward']}/{len(POINTS)} | {grads} of {e['grad_points']}"
             f"{bad} | {len(e['missing'])} |"
         )
     return "\n".join(lines)

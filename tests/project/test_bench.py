@@ -401,3 +401,20 @@ def test_causality_table_grades_each_point_by_its_best_row_and_lists_a_leak(monk
     assert "gradient ('trained', 8, 8192)" in e["missing"]
     assert len(entries[("1b4", "hwh_gla")]["missing"]) == 8 + 4  # no rows: every point
     assert "NOT CAUSAL" in t.markdown([e])
+
+
+def test_causality_table_counts_the_forward_paths_of_rows_older_than_the_leaf_reruns(monkeypatch):
+    """A row whose gradient predates the per-leaf rerun level still counts its forward paths;
+    its gradient is not graded (the point stays missing there)."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    t = importlib.import_module("causality_table")
+    fwd = {k: {"before_p": 0.0, "causal": True} for k in t.FWD}
+    old = {"before_p": 0.0, "causal": True, "rerun": 0.0}  # no leaf_rerun, no worst_leaf
+    row = {"size": "small", "model": "gdn", "stage": "init", "B": 1, "T": 2048, **fwd}
+    (e,) = [
+        e for e in t.table([{**row, "grad": old}]) if e["model"] == "gdn" and e["size"] == "small"
+    ]
+    assert e["forward"] == 1 and e["identical"] == 0
+    assert "gradient ('init', 1, 2048)" in e["missing"]
