@@ -38,9 +38,9 @@ decay_attention (per head and per key), gated_recurrence, and attention at 1, 2,
 gradient of a prefix loss.
 
 ``--paths fwd`` (or ``grad``) checks one of the two programs alone: less to compile and to hold
-where the other was checked already. Each row says where the time went, to plan a device call:
-``compile_s`` (the model's programs, once), ``train_s`` (its training, once) and ``check_s``
-(the row's own runs and comparisons).
+where the other was checked already. Each row says where the time went, to plan a run within
+a time limit: ``compile_s`` (the model's programs, once), ``train_s`` (its training, once) and
+``check_s`` (the row's own runs and comparisons).
 
 ``--jobs N`` checks the models of a size in N processes at once (each compiles on its own
 cores and takes 0.9/N of the GPU's memory), the kernels first in this one; the rows of all go
@@ -500,7 +500,7 @@ def main():
         "--stop_after",
         type=float,
         default=float("inf"),
-        help="seconds after which no further model is started (a device call's limit)",
+        help="seconds after which no further model is started (a time limit the run must keep)",
     )
     ap.add_argument(
         "--autotune",
