@@ -317,7 +317,13 @@ def model_rows(
             row["train_s"] = round(train_s, 1)  # its training steps, once (0 at init)
             row["check_s"] = round(time.time() - t0, 1)  # this row's runs and comparisons
             row["xla_flags"] = os.environ.get("XLA_FLAGS", "")
-            yield row
+            yield {**row, **run_info()}
+
+
+def run_info() -> dict:
+    """What ran a row: the device's kind and the JAX version (each row carries them, so that
+    rows merged from several runs keep their provenance)."""
+    return {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
 
 
 def train(grad_fn, params, vocab, steps, seed):
@@ -423,7 +429,7 @@ def kernel_rows(B, T, seed=0):
         except Exception as e:  # noqa: BLE001  (a kernel that does not take this shape here)
             row = {"kernel": name, "B": B, "T": T, "error": f"{type(e).__name__}: {e}"[:300]}
         row["kernels"] = kernels_pallas.chosen()
-        rows.append(row)
+        rows.append({**row, **run_info()})
     return rows
 
 
