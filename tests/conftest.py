@@ -5,11 +5,13 @@ a GPU run on one with ``JAX_PLATFORMS=cuda`` (``bash bench/tables.sh OUT compile
 skipped or interpreted otherwise."""
 
 import atexit
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 # Tests compile many small programs: skipping LLVM's heavy optimisations halves compile time
 # (results are bitwise the same here; only run speed drops, which tests do not measure), and
@@ -38,9 +40,16 @@ os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {X
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache per pytest run, inherited by the launcher subprocesses:
 # the trainer, eval and analysis programs that several tests compile are compiled once.
+# Programs are cached whatever their compile time (the default keeps only those over a second):
+# the launcher subprocesses each compile dozens of small ones (init, evaluation, the data's).
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="hwh_jax_xla_cache_")
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# Runs that several test files read (never write), made once per pytest run for every worker.
+if "HWH_TEST_SHARED_RUNS" not in os.environ:
+    os.environ["HWH_TEST_SHARED_RUNS"] = tempfile.mkdtemp(prefix="hwh_jax_test_runs_")
+    atexit.register(shutil.rmtree, os.environ["HWH_TEST_SHARED_RUNS"], ignore_errors=True)
 
 # PyTorch (installed for the Hugging Face parity tests, CPU build) imports the `triton` package
 # when it is present, only to learn which GPU compilers it has. Loading Triton's native library
@@ -94,3 +103,17 @@ def train_main_job(workdir) -> None:
     ]
     done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def main_job_run() -> Path:
+    """``train_main_job``'s run, trained once per pytest run and shared by its workers (a lock
+    file orders them); for tests that only read it (export, the lm-eval harness)."""
+    root = Path(os.environ["HWH_TEST_SHARED_RUNS"])
+    work = root / "main_job"
+    with open(root / "main_job.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (root / "main_job.done").exists():
+            shutil.rmtree(work, ignore_errors=True)  # a worker that failed half-way
+            train_main_job(work)
+            (root / "main_job.done").touch()
+    return work

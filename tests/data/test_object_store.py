@@ -72,7 +72,7 @@ def train_args(workdir, *extra):
         "--config.train.warmup_steps=2",
         "--config.train.log_every=1",
         "--config.train.eval_every=0",
-        "--config.train.checkpoint_every=4",
+        "--config.train.checkpoint_every=8",
         "--config.train.eval_sequences=16",
         "--config.eval.at_end=False",
         *extra,

@@ -14,7 +14,7 @@ from flax import nnx
 
 pytest.importorskip("lm_eval")  # an optional dependency (hwh-jax[eval])
 
-from conftest import train_main_job
+from conftest import main_job_run
 
 from hwh_jax.data.paths import resolve
 from hwh_jax.data.tokenizers import GPT2BPE
@@ -82,11 +82,9 @@ def test_the_harness_asks_what_the_in_house_suite_asks(tiny):
 
 
 @pytest.fixture(scope="module")
-def main_run(tmp_path_factory):
+def main_run():
     """A 4-step run of the main job's config (SentencePiece vocabulary, seq_len 64)."""
-    work = tmp_path_factory.mktemp("main_run") / "run"
-    train_main_job(work)
-    return work
+    return main_job_run()
 
 
 GEN_TASK = """task: gen_lambada
@@ -181,14 +179,14 @@ def test_the_plain_lm_eval_command_and_the_eval_suite_on_a_trained_run(main_run,
     accuracy and interval, the accuracy equal to lm-eval's."""
     work, tasks = main_run, tmp_path / "tasks"
     write = [sys.executable, "-m", "launch.lm_eval_tasks", f"--out={tasks}",
-             "--tasks=hwh_piqa,hwh_lambada_openai", "--limit=8"]  # fmt: skip
+             "--tasks=hwh_piqa,hwh_lambada_openai", "--limit=4"]  # fmt: skip
     lm_eval = [
         sys.executable,
         "-m",
         "launch.lm_eval",
         "--model=hwh",
         f"--model_args=pretrained={work},max_length=256",
-        "--batch_size=8",
+        "--batch_size=4",
         "--tasks=hwh_piqa,hwh_lambada_openai",
         f"--include_path={tasks}",
         f"--output_path={tmp_path / 'lm_eval'}",
@@ -199,7 +197,7 @@ def test_the_plain_lm_eval_command_and_the_eval_suite_on_a_trained_run(main_run,
         "launch.eval",
         f"--checkpoint={work}",
         "--suite=lm_eval:hwh_piqa,hwh_lambada_openai",
-        "--lm_eval_limit=8",
+        "--lm_eval_limit=4",
         f"--out={tmp_path / 'suite'}",
     ]
     for argv in (write, lm_eval, suite):
@@ -208,12 +206,12 @@ def test_the_plain_lm_eval_command_and_the_eval_suite_on_a_trained_run(main_run,
     (path,) = (tmp_path / "lm_eval").rglob("results_*.json")
     assert path.parent.name.endswith(work.name)  # lm-eval's folder named after pretrained=RUN
     header = json.loads(path.read_text())
-    assert header["config"]["batch_size"] in (8, "8")  # what ran: lm-eval's --batch_size
+    assert header["config"]["batch_size"] in (4, "4")  # what ran: lm-eval's --batch_size
     theirs = header["results"]
     (path,) = (tmp_path / "suite").rglob("results.json")
     ours = json.loads(path.read_text())["lm_eval"]
     for task in ("hwh_piqa", "hwh_lambada_openai"):
-        assert ours[task]["n"] == 8
+        assert ours[task]["n"] == 4
         assert ours[task]["acc"] == pytest.approx(theirs[task]["acc,none"])
         lo, hi = ours[task]["acc_interval"]
         assert lo <= ours[task]["acc"] <= hi

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import train_main_job
+from conftest import main_job_run
 from flax import nnx
 
 from hwh_jax.data.paths import resolve
@@ -82,8 +82,7 @@ def test_launch_export_hf_then_transformers_alone_generates_text(tmp_path):
     this project encodes as the project does and generates from the folder."""
     from hwh_jax.training.restore import load_run
 
-    work, out = tmp_path / "run", tmp_path / "hf"
-    train_main_job(work)
+    work, out = main_job_run(), tmp_path / "hf"
     argv = ["launch.export_hf", f"--checkpoint={work}", f"--out={out}"]
     done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
