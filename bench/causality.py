@@ -255,6 +255,7 @@ def model_rows(
     threads,
     seed,
     checks=("fwd", "grad"),
+    stages=("init", "trained"),
 ):
     cfg = model_config(arch, size, dtype="bfloat16", remat="full", **overrides)
     graphdef, params = nnx.split(HybridLM(cfg, rngs=nnx.Rngs(seed)), nnx.Param)
@@ -276,7 +277,7 @@ def model_rows(
     compiled = compile_all(fns, params, shapes + [(1, 2048, ["grad"])] * train_only, threads)
     compile_s = time.time() - t0
     train_s = 0.0
-    for stage in ("init", "trained") if trained_steps else ("init",):
+    for stage in [s for s in stages if s == "init" or trained_steps]:
         if stage == "trained":
             t0 = time.time()
             params = train(compiled[("grad", 1, 2048)], params, cfg.vocab_size, trained_steps, seed)
@@ -455,6 +456,7 @@ def run_jobs(args, size, models):
         cmd += ["--stop_after", str(args.stop_after - (time.time() - START))]
         cmd += ["--deterministic"] * args.deterministic + ["--autotune"] * args.autotune
         cmd += ["--attention_impl", args.attention_impl, "--paths", *args.paths]
+        cmd += ["--stages", *args.stages]
         procs.append((subprocess.Popen(cmd, env=env), out))
     rows = []
     for proc, out in procs:
@@ -521,6 +523,13 @@ def main():
         default=["fwd", "grad"],
         help="the models' checks: 'fwd' (plain, train_fwd, prefill: one program) and 'grad'",
     )
+    ap.add_argument(
+        "--stages",
+        nargs="+",
+        choices=["init", "trained"],
+        default=["init", "trained"],
+        help="check at initialisation, after --trained_steps steps, or both",
+    )
     ap.add_argument("--quiet_device", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -562,6 +571,7 @@ def main():
                 args.threads,
                 args.seed,
                 args.paths,
+                args.stages,
             ):
                 emit(rows, r)
                 write_jsonl(args.out, rows)  # each row as it comes: kept if the call is cut
