@@ -16,18 +16,14 @@ import numpy as np
 from hwh_jax.profiling import profile
 
 
+def device_info() -> dict:
+    """What runs a bench: the device's kind and the JAX version."""
+    return {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
+
+
 def print_device() -> None:
     """The JSON line every bench output starts with: device kind, JAX version, XLA_FLAGS."""
-    print(
-        json.dumps(
-            {
-                "device": jax.devices()[0].device_kind,
-                "jax": jax.__version__,
-                "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            }
-        ),
-        flush=True,
-    )
+    print(json.dumps({**device_info(), "xla_flags": os.environ.get("XLA_FLAGS", "")}), flush=True)
 
 
 def is_oom(e: Exception) -> bool:

@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _bench import emit, print_device, write_jsonl
+from _bench import device_info, emit, print_device, write_jsonl
 from flax import nnx
 from train_step import sample_tokens
 
@@ -318,13 +318,7 @@ def model_rows(
             row["train_s"] = round(train_s, 1)  # its training steps, once (0 at init)
             row["check_s"] = round(time.time() - t0, 1)  # this row's runs and comparisons
             row["xla_flags"] = os.environ.get("XLA_FLAGS", "")
-            yield {**row, **run_info()}
-
-
-def run_info() -> dict:
-    """What ran a row: the device's kind and the JAX version (each row carries them, so that
-    rows merged from several runs keep their provenance)."""
-    return {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
+            yield {**row, **device_info()}  # each row's provenance, kept when rows are merged
 
 
 def train(grad_fn, params, vocab, steps, seed):
@@ -430,7 +424,7 @@ def kernel_rows(B, T, seed=0):
         except Exception as e:  # noqa: BLE001  (a kernel that does not take this shape here)
             row = {"kernel": name, "B": B, "T": T, "error": f"{type(e).__name__}: {e}"[:300]}
         row["kernels"] = kernels_pallas.chosen()
-        rows.append({**row, **run_info()})
+        rows.append({**row, **device_info()})
     return rows
 
 
