@@ -270,14 +270,14 @@ def model_rows(
             if paths:
                 shapes.append((B, T, paths))
     # the training's gradient (1 x 2,048), compiled beside the checks where they lack it
-    train_only = trained_steps and not any(
+    train_only = "trained" in stages and not any(
         B == 1 and T == 2048 and "grad" in ps for B, T, ps in shapes
     )
     t0 = time.time()
     compiled = compile_all(fns, params, shapes + [(1, 2048, ["grad"])] * train_only, threads)
     compile_s = time.time() - t0
     train_s = 0.0
-    for stage in [s for s in stages if s == "init" or trained_steps]:
+    for stage in stage_order(stages, trained_steps):
         if stage == "trained":
             t0 = time.time()
             params = train(compiled[("grad", 1, 2048)], params, cfg.vocab_size, trained_steps, seed)
@@ -319,6 +319,14 @@ def model_rows(
             row["check_s"] = round(time.time() - t0, 1)  # this row's runs and comparisons
             row["xla_flags"] = os.environ.get("XLA_FLAGS", "")
             yield {**row, **device_info()}  # each row's provenance, kept when rows are merged
+
+
+def stage_order(stages, trained_steps: int) -> list[str]:
+    """The stages to check, initialisation first whatever the order asked (the trained stage
+    changes the parameters in place of the initial ones)."""
+    if "trained" in stages and not trained_steps:
+        raise ValueError("--stages trained needs --trained_steps > 0 (got 0)")
+    return [s for s in ("init", "trained") if s in stages]
 
 
 def train(grad_fn, params, vocab, steps, seed):
@@ -521,12 +529,19 @@ def main():
         "--stages",
         nargs="+",
         choices=["init", "trained"],
-        default=["init", "trained"],
-        help="check at initialisation, after --trained_steps steps, or both",
+        default=None,
+        help="check at initialisation, after --trained_steps steps, or both (the default; "
+        "initialisation alone at --trained_steps 0)",
     )
     ap.add_argument("--quiet_device", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    if args.stages is None:  # both, where there are steps to train
+        args.stages = ["init", "trained"] if args.trained_steps else ["init"]
+    try:
+        args.stages = stage_order(args.stages, args.trained_steps)
+    except ValueError as e:
+        ap.error(str(e))
     # before JAX starts its backend (the first device use below)
     flags = os.environ.get("XLA_FLAGS", "").split()  # the jobs below inherit them
     flags += [DETERMINISTIC] * args.deterministic + [NO_AUTOTUNE] * (not args.autotune)

@@ -363,6 +363,10 @@ def test_causality_verdict_calls_a_gradient_under_default_gpu_ops_inconclusive(m
     assert causality.verdict({**row, "error": "grad: out of memory"}, False).startswith(
         "NOT CHECKED"
     )
+    # the stages run initialisation first whatever the order asked; trained needs steps
+    assert causality.stage_order(["trained", "init"], 50) == ["init", "trained"]
+    with pytest.raises(ValueError, match="--trained_steps > 0"):
+        causality.stage_order(["trained"], 0)
 
 
 def test_causality_table_grades_each_point_by_its_best_row_and_lists_a_leak(monkeypatch):
