@@ -1,10 +1,10 @@
 """Training with a sequence mesh axis (the time dimension split over devices) equals training
 without one: the loss and every gradient of a batch (and the Transformer's losses of two steps:
 the step is the same code around the gradients), for the model family's architectures and every
-linear-head kind, with and without document masks, on 8 fake CPU devices in fp32. The linear recurrences pass states between time shards
-(``kernels_pallas.time_shards``); attention keeps each device's queries over the gathered keys
-and values; the short convolutions are left to GSPMD, which passes their halos; these tests
-hold all of it to the unsplit run."""
+linear-head kind, with and without document masks, on 8 fake CPU devices in fp32. The linear
+recurrences pass states between time shards (``kernels_pallas.time_shards``); attention keeps
+each device's queries over the gathered keys and values; the short convolutions are left to
+GSPMD, which passes their halos; these tests hold all of it to the unsplit run."""
 
 from __future__ import annotations
 
