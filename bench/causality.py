@@ -37,8 +37,9 @@ decay_attention (per head and per key), gated_recurrence, and attention at 1, 2,
 (HwH's FA head counts, no positional encoding) with the dispatchers' choices, forward and
 gradient of a prefix loss.
 
-``--paths fwd`` (or ``grad``) checks one of the two programs alone: less to compile and to hold
-where the other was checked already. Each row says where the time went, to plan a run within
+Each path is its own program, run one after another (a device holds one path's buffers at a
+time; a gradient check holds two gradients, not four). ``--paths fwd`` (the three forward
+paths) or ``grad`` checks one kind alone: less to compile where the other was checked already. Each row says where the time went, to plan a run within
 a time limit: ``compile_s`` (the model's programs, once), ``train_s`` (its training, once) and
 ``check_s`` (the row's own runs and comparisons).
 
@@ -131,10 +132,13 @@ def _streams(model, tokens):
     return jnp.stack(out)
 
 
+PATHS = {"fwd": ("plain", "train_fwd", "prefill"), "grad": ("grad",)}  # a check's programs
+
+
 def model_paths(graphdef):
-    """{"fwd": f(params, batch) -> {plain, train_fwd, prefill}, "grad": f(params, batch) ->
-    gradients}: the paths the module docstring lists, the three forward ones in one program
-    (one compile a shape)."""
+    """{path: f(params, batch)}: the paths the module docstring lists, each its own program
+    (the three forward ones in one program asked 41.6 GiB at once for a 1.4B at 8 x 8,192: the
+    prefill's cache and logits beside the other two's activations)."""
 
     def plain(params, batch):
         return _streams(nnx.merge(graphdef, params), batch["inputs"])
@@ -151,14 +155,7 @@ def model_paths(graphdef):
         logits, _ = model.extend(batch["inputs"], model.init_cache(B, T), fresh=True)
         return _project(logits, jax.random.key(8))
 
-    def fwd(params, batch):
-        return {
-            "plain": plain(params, batch),
-            "train_fwd": train_fwd(params, batch),
-            "prefill": prefill(params, batch),
-        }
-
-    return {"fwd": fwd, "grad": grad}
+    return {"plain": plain, "train_fwd": train_fwd, "prefill": prefill, "grad": grad}
 
 
 def batch_of(tok, loss_mask=None):
@@ -204,9 +201,14 @@ def compare(x_a, x_b, x_a2, T, x_a3=None):
     }
 
 
+@jax.jit
+def _max_abs_diff(x, y):
+    return jnp.abs(x - y).max()  # one fused reduction: no |x - y| the size of the leaf
+
+
 def leaf_diffs(g_a, g_b) -> list[float]:
     """The largest |g_a - g_b| of each leaf (gradient pytrees)."""
-    return [float(jnp.abs(x - y).max()) for x, y in zip(jax.tree.leaves(g_a), jax.tree.leaves(g_b))]
+    return [float(_max_abs_diff(x, y)) for x, y in zip(jax.tree.leaves(g_a), jax.tree.leaves(g_b))]
 
 
 def compare_grads(g_a, diffs, rerun_diffs):
@@ -217,7 +219,7 @@ def compare_grads(g_a, diffs, rerun_diffs):
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(g_a)]
     la = jax.tree.leaves(g_a)
     leaf_rerun = [max(r[i] for r in rerun_diffs) for i in range(len(la))]
-    scales = [float(jnp.abs(x).max()) for x in la]
+    scales = [float(_max_abs_diff(x, 0.0)) for x in la]
     # a leaf's change over what it may move: its rerun level or the rounding floor
     excess = [d / max(r, GRAD_FLOOR * s, 1e-30) for d, r, s in zip(diffs, leaf_rerun, scales)]
     worst = int(np.argmax(excess))
@@ -242,7 +244,7 @@ def compile_all(fns, params, shapes, threads):
     lowered = {}
     for B, T, paths in shapes:  # tracing stays on this thread (nnx's graph contexts)
         b = jax.eval_shape(lambda: batch_of(np.zeros((B, T + 1), np.int32)))
-        for path in paths:
+        for path in [p for check in paths for p in PATHS[check]]:
             lowered[(path, B, T)] = jax.jit(fns[path]).lower(pshape, b)
     with concurrent.futures.ThreadPoolExecutor(threads) as ex:
         done = ex.map(lambda item: (item[0], item[1].compile()), lowered.items())
@@ -285,7 +287,13 @@ def model_rows(
     for stage in stage_order(stages, trained_steps):
         if stage == "trained":
             t0 = time.time()
-            params = train(compiled[("grad", 1, 2048)], params, cfg.vocab_size, trained_steps, seed)
+            host = jax.device_get(
+                train(compiled[("grad", 1, 2048)], params, cfg.vocab_size, trained_steps, seed)
+            )
+            # back onto a device the training's buffers no longer fragment (a 1.4B's trained
+            # 8 x 8,192 forward found no 18.4 GiB block where its initial one had)
+            params = None
+            params = jax.device_put(host)
             train_s = time.time() - t0
         for B, T, paths in shapes:
             t0 = time.time()
@@ -302,7 +310,7 @@ def model_rows(
                 "p": split_p(T),
                 **({"overrides": overrides} if overrides else {}),
             }
-            for path in paths:
+            for path in [p for check in paths for p in PATHS[check]]:
                 f = compiled[(path, B, T)]
                 try:  # out of memory at one shape (runs or comparisons): said in its row
                     if path == "grad":  # two gradients held at a time (a 1.4B's are 5.6 GB)
@@ -312,13 +320,11 @@ def model_rows(
                         row["grad"] = compare_grads(xa, diffs, reruns)
                     else:  # two reruns: the rerun level is the larger change
                         xa, xb, xa2 = f(params, ba), f(params, bb), f(params, ba)
-                        xa3 = f(params, ba)
-                        for name in xa:
-                            row[name] = compare(xa[name], xb[name], xa2[name], T, xa3[name])
+                        row[path] = compare(xa, xb, xa2, T, f(params, ba))
                 except jax.errors.JaxRuntimeError as e:  # each path's error, none overwritten
                     err = f"{path}: {type(e).__name__}: {str(e)[:300]}"
                     row["error"] = f"{row['error']}; {err}" if "error" in row else err
-                xa = xb = xa2 = xa3 = None  # the device buffers go before the next shape
+                xa = xb = xa2 = None  # the device buffers go before the next program
             checked = [k for k in ("plain", "train_fwd", "prefill", "grad") if k in row]
             row["causal"] = "error" not in row and all(row[k]["causal"] for k in checked)
             row["kernels"] = kernels_pallas.chosen()
@@ -531,7 +537,7 @@ def main():
         nargs="+",
         choices=["fwd", "grad"],
         default=["fwd", "grad"],
-        help="the models' checks: 'fwd' (plain, train_fwd, prefill: one program) and 'grad'",
+        help="the models' checks: 'fwd' (plain, train_fwd, prefill) and 'grad'",
     )
     ap.add_argument(
         "--stages",
