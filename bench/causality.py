@@ -28,9 +28,9 @@ moved more than its rerun level. ``--deterministic`` asks XLA for deterministic 
 (``--xla_gpu_exclude_nondeterministic_ops``), so that the rerun level is 0. XLA's GEMM autotuning
 is off unless ``--autotune`` (``--xla_gpu_autotune_level=0``; each row's ``xla_flags``): it
 picks the fastest of equivalent algorithms, which a check does not need. ``moved_after_p``
-shows the change does reach the later positions. ``--trained_steps`` (50) steps of AdamW at lr 1e-3 on fresh random
-batches (1 x 2,048) then repeat every check on the trained weights (a path whose weights are
-zero at init cannot leak at init).
+shows the change does reach the later positions. ``--trained_steps`` (50) steps of AdamW at
+lr 1e-3 on fresh random batches (1 x 2,048) then repeat every check on the trained weights (a
+path whose weights are zero at init cannot leak at init).
 
 The kernels alone (``kernel_rows``): short_conv, gated_delta_rule with each ``wy_apply``,
 decay_attention (per head and per key), gated_recurrence, and attention at 1, 2, 3, 5 heads
@@ -39,9 +39,10 @@ gradient of a prefix loss.
 
 Each path is its own program, run one after another (a device holds one path's buffers at a
 time; a gradient check holds two gradients, not four). ``--paths fwd`` (the three forward
-paths) or ``grad`` checks one kind alone: less to compile where the other was checked already. Each row says where the time went, to plan a run within
-a time limit: ``compile_s`` (the model's programs, once), ``train_s`` (its training, once) and
-``check_s`` (the row's own runs and comparisons).
+paths) or ``grad`` checks one kind alone: less to compile where the other was checked already.
+Each row says where the time went, to plan a run within a time limit: ``compile_s`` (the
+model's programs, once), ``train_s`` (its training, once) and ``check_s`` (the row's own runs
+and comparisons).
 
 ``--jobs N`` checks the models of a size in N processes at once (each compiles on its own
 cores and takes 0.9/N of the GPU's memory), the kernels first in this one; the rows of all go

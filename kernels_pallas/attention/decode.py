@@ -19,10 +19,10 @@ which slots a query may see (times, left padding, a window) is one [B, S] mask c
 ``settings.fused`` the kernel forms that visibility itself from the slots' times, and a second
 kernel (grid (B, G)) merges the splits and writes the output in q's dtype: three kernels a call
 (q's padding, the two) in place of about eight, for steps of few rows x kv heads, where those
-small XLA passes cost about as much as reading the cache. Splits are
-chosen so that B x G x splits fills the device (``plan``). The slot count must be a multiple of
-16 (Triton blocks are powers of two); ``decode_attention`` sends other caches, steps of fewer
-than ``min_heads`` rows x kv heads (at batch 1 with a few kv heads the kernel measured no
+small XLA passes cost about as much as reading the cache. Splits are chosen so that B x G x
+splits fills the device (``plan``). The slot count must be a multiple of 16 (Triton blocks are
+powers of two); ``decode_attention`` sends other caches, steps of fewer than ``min_heads``
+rows x kv heads (at batch 1 with a few kv heads the kernel measured no
 faster), and every platform but the GPU, to the reference. GPU only (Triton) and the generic
 interpreter.
 """
