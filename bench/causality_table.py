@@ -1,8 +1,9 @@
 r"""What the committed rows of ``bench/causality.py`` have checked: for every size and model, how
 many of the (stage, batch, length) points have bit-exact forward paths and how each point's
-gradient came out, best row first; the points no row checks are listed.
+gradient came out, best row first; ``--missing`` lists the points no row checks and those
+whose gradient is still inconclusive (what is left to run).
 
-  python bench/causality_table.py measurements/benchmark_rows/*/causality*.jsonl
+  python bench/causality_table.py measurements/benchmark_rows/*/causality*.jsonl --missing
 
 A point is (stage init/trained, B 1/8, T 2,048/8,192): eight a model. ``forward`` counts the
 points where one row holds the plain forward, the training forward and prefill all bit-exact
@@ -73,6 +74,7 @@ def table(rows: list[dict]) -> list[dict]:
         grades = collections.Counter(e["grad"][p] for p in need if p in e["grad"])
         missing = [f"forward {p}" for p in POINTS if p not in e["fwd"]]
         missing += [f"gradient {p}" for p in need if p not in e["grad"]]
+        undecided = [f"gradient {p} inconclusive" for p in need if e["grad"].get(p) == GRADES[-1]]
         out.append(
             {
                 "size": size,
@@ -81,6 +83,7 @@ def table(rows: list[dict]) -> list[dict]:
                 "grad_points": len(need),
                 **{g: grades[g] for g in GRADES},
                 "missing": missing,
+                "undecided": undecided,
                 "not_causal": e["bad"],
             }
         )
@@ -106,15 +109,19 @@ def markdown(entries: list[dict]) -> str:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("rows", nargs="+", help="JSON-lines files written by bench/causality.py")
-    ap.add_argument("--missing", action="store_true", help="list every point not checked")
+    ap.add_argument(
+        "--missing",
+        action="store_true",
+        help="list every point not checked, and every gradient still inconclusive",
+    )
     args = ap.parse_args()
     rows = [json.loads(line) for f in args.rows for line in open(f) if line.strip()]
     entries = table(rows)
     print(markdown(entries))
     if args.missing:
         for e in entries:
-            if e["missing"]:
-                print(f"{e['size']} {e['model']}: {'; '.join(e['missing'])}")
+            if e["missing"] + e["undecided"]:
+                print(f"{e['size']} {e['model']}: {'; '.join(e['missing'] + e['undecided'])}")
 
 
 if __name__ == "__main__":

@@ -372,8 +372,9 @@ def test_causality_verdict_calls_a_gradient_under_default_gpu_ops_inconclusive(m
 def test_causality_table_grades_each_point_by_its_best_row_and_lists_a_leak(monkeypatch):
     """bench/causality_table.py: a point's gradient takes the best of its rows (a deterministic
     rerun settles an inconclusive one), the embedding's rounding is told apart from other
-    leaves', a failing deterministic row is reported NOT CAUSAL whatever else the point has, and
-    unchecked points are counted for every model of the matrix."""
+    leaves', a failing deterministic row is reported NOT CAUSAL whatever else the point has,
+    unchecked points are counted for every model of the matrix, and a point left inconclusive is
+    listed as still to run."""
     import importlib
 
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
@@ -403,6 +404,7 @@ def test_causality_table_grades_each_point_by_its_best_row_and_lists_a_leak(monk
     assert (e["identical"], e["embedding"], e["tolerance"], e["inconclusive"]) == (4, 1, 1, 1)
     assert e["not_causal"] == ["gradient ('trained', 1, 8192)", "forward ('trained', 8, 2048)"]
     assert "gradient ('trained', 8, 8192)" in e["missing"]
+    assert e["undecided"] == ["gradient ('trained', 1, 2048) inconclusive"]  # left to run
     assert len(entries[("1b4", "hwh_gla")]["missing"]) == 8 + 4  # no rows: every point
     assert "NOT CAUSAL" in t.markdown([e])
 
