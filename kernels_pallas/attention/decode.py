@@ -15,14 +15,10 @@ XLA forms the logits, the softmax and p V as separate passes. Here:
   combine  XLA: the splits' partial softmaxes merged (rescaled to their common max)
 
 which slots a query may see (times, left padding, a window) is one [B, S] mask computed in XLA
-(four bytes a slot against the 2 x G x D x 2 the slot's keys and values take). With
-``settings.fused`` the kernel forms that visibility itself from the slots' times, and a second
-kernel (grid (B, G)) merges the splits and writes the output in q's dtype: three kernels a call
-(q's padding, the two) in place of about eight, for steps of few rows x kv heads, where those
-small XLA passes cost about as much as reading the cache. Splits are chosen so that B x G x
-splits fills the device (``plan``). The slot count must be a multiple of 16 (Triton blocks are
-powers of two); ``decode_attention`` sends other caches, steps of fewer than ``min_heads``
-rows x kv heads (at batch 1 with a few kv heads the kernel measured no
+(four bytes a slot against the 2 x G x D x 2 the slot's keys and values take). Splits are
+chosen so that B x G x splits fills the device (``plan``). The slot count must be a multiple of
+16 (Triton blocks are powers of two); ``decode_attention`` sends other caches, steps of fewer
+than ``min_heads`` rows x kv heads (at batch 1 with a few kv heads the kernel measured no
 faster), and every platform but the GPU, to the reference. GPU only (Triton) and the generic
 interpreter.
 """
@@ -80,27 +76,15 @@ def plan(B: int, G: int, S: int, settings: DecodeAttentionSettings) -> DecodePla
     return DecodePlan(block, steps, settings.num_warps, settings.num_stages, settings.interpret)
 
 
-def _kernel(q_ref, k_ref, v_ref, *refs, block, steps, scale, fused, window):
+def _kernel(q_ref, k_ref, v_ref, vis_ref, o_ref, m_ref, l_ref, *, block, steps, scale):
     q = q_ref[...]  # [ROWS, D]
     prec = jax.lax.Precision.HIGHEST if q.dtype == f32 else None
-    if fused:  # the slots' times, the query's time and the row's start: visibility here
-        kt_ref, qt_ref, ks_ref, o_ref, m_ref, l_ref = refs
-        qt, ks = qt_ref[...], ks_ref[...]  # [1] each
-
-        def seen_at(at):
-            kt = kt_ref[at]
-            seen = (kt >= 0) & (kt <= qt) & (kt >= ks)
-            return seen if window is None else seen & (kt > qt - window)
-
-    else:  # the visibility mask, formed in XLA
-        vis_ref, o_ref, m_ref, l_ref = refs
-        seen_at = lambda at: vis_ref[at] > 0
 
     def body(i, carry):
         m, l, acc = carry
         at = pl.ds(pl.multiple_of(i * block, block), block)
         k, v = k_ref[at, :], v_ref[at, :]  # [block, D]
-        seen = seen_at(at)  # [block]
+        seen = vis_ref[at] > 0  # [block]
         s = (
             jax.lax.dot_general(
                 q, k, (((1,), (1,)), ((), ())), precision=prec, preferred_element_type=f32
@@ -129,40 +113,30 @@ def _kernel(q_ref, k_ref, v_ref, *refs, block, steps, scale, fused, window):
     l_ref[...] = l
 
 
-def _params(p: DecodePlan):
-    if p.interpret is not False:
-        return {}
-    from jax.experimental.pallas import triton as plgpu
-
-    return {"compiler_params": plgpu.CompilerParams(num_warps=p.num_warps, num_stages=p.num_stages)}
-
-
-def _partials(qp, k, v, vis, p: DecodePlan, scale, window=None):
-    """(o [B, G, N, ROWS, D], m, l [B, G, N, ROWS]) fp32 of N = S // (block * steps) splits.
-    ``vis``: the [B, S] mask, or (k_time [S], q_time [1], k_start [B]) for the kernel to form
-    it (``window`` then applies there)."""
+def _partials(qp, k, v, vis, p: DecodePlan, scale):
+    """(o [B, G, N, ROWS, D], m, l [B, G, N, ROWS]) fp32 of N = S // (block * steps) splits."""
     B, S, G, D = k.shape
     span, N = p.block * p.steps, p.splits(S)
     sq = pl.squeezed
-    fused = isinstance(vis, tuple)
-    kernel = functools.partial(
-        _kernel, block=p.block, steps=p.steps, scale=scale, fused=fused, window=window
-    )
+    kernel = functools.partial(_kernel, block=p.block, steps=p.steps, scale=scale)
+    params = {}
+    if p.interpret is False:
+        from jax.experimental.pallas import triton as plgpu
+
+        params = {
+            "compiler_params": plgpu.CompilerParams(num_warps=p.num_warps, num_stages=p.num_stages)
+        }
     cache = pl.BlockSpec((sq, span, sq, D), lambda b, g, n: (b, n, g, 0))
     part = lambda *x: pl.BlockSpec((sq, sq, sq) + x, lambda b, g, n: (b, g, n) + (0,) * len(x))
-    if fused:
-        vis_specs = [
-            pl.BlockSpec((span,), lambda b, g, n: (n,)),
-            pl.BlockSpec((1,), lambda b, g, n: (0,)),
-            pl.BlockSpec((1,), lambda b, g, n: (b,)),
-        ]
-    else:
-        vis, vis_specs = (vis,), [pl.BlockSpec((sq, span), lambda b, g, n: (b, n))]
     return pl.pallas_call(
         kernel,
         grid=(B, G, N),
-        in_specs=[pl.BlockSpec((sq, sq, ROWS, D), lambda b, g, n: (b, g, 0, 0)), cache, cache]
-        + vis_specs,
+        in_specs=[
+            pl.BlockSpec((sq, sq, ROWS, D), lambda b, g, n: (b, g, 0, 0)),
+            cache,
+            cache,
+            pl.BlockSpec((sq, span), lambda b, g, n: (b, n)),
+        ],
         out_specs=[part(ROWS, D), part(ROWS), part(ROWS)],
         out_shape=[
             jax.ShapeDtypeStruct((B, G, N, ROWS, D), f32),
@@ -171,39 +145,8 @@ def _partials(qp, k, v, vis, p: DecodePlan, scale, window=None):
         ],
         interpret=p.interpret,
         name="decode_attention",
-        **_params(p),
-    )(qp, k, v, *vis)
-
-
-def _merge_kernel(o_ref, m_ref, l_ref, out_ref):
-    m, l = m_ref[...], l_ref[...]  # [N, R]
-    top = jnp.max(m, axis=0)  # [R]
-    w = jnp.exp(m - jnp.where(top > -jnp.inf, top, 0.0)[None, :])  # a split that saw nothing: 0
-    total = jnp.sum(w * l, axis=0)
-    out = jnp.sum(w[:, :, None] * o_ref[...], axis=0)  # [R, D]
-    safe = jnp.where(total > 0, total, 1.0)
-    out_ref[...] = jnp.where(total[:, None] > 0, out / safe[:, None], 0.0).astype(out_ref.dtype)
-
-
-def _merge(o, m, l, R: int, dtype, p: DecodePlan):
-    """``_combine`` as one kernel a (row, kv head), for the first R of its ROWS query rows:
-    [B, G, R, D] in ``dtype`` (R and the split count powers of two: Triton's blocks)."""
-    B, G, N, _, D = o.shape
-    sq = pl.squeezed
-    return pl.pallas_call(
-        _merge_kernel,
-        grid=(B, G),
-        in_specs=[
-            pl.BlockSpec((sq, sq, N, R, D), lambda b, g: (b, g, 0, 0, 0)),
-            pl.BlockSpec((sq, sq, N, R), lambda b, g: (b, g, 0, 0)),
-            pl.BlockSpec((sq, sq, N, R), lambda b, g: (b, g, 0, 0)),
-        ],
-        out_specs=pl.BlockSpec((sq, sq, R, D), lambda b, g: (b, g, 0, 0)),
-        out_shape=jax.ShapeDtypeStruct((B, G, R, D), dtype),
-        interpret=p.interpret,
-        name="decode_attention_merge",
-        **_params(p),
-    )(o, m, l)
+        **params,
+    )(qp, k, v, vis)
 
 
 def _combine(o, m, l):
@@ -255,12 +198,6 @@ def decode_attention(
     scale = D**-0.5 if scale is None else scale
     R = H // G
     qp = jnp.pad(q.reshape(B, G, R, D).astype(k.dtype), ((0, 0), (0, 0), (0, ROWS - R), (0, 0)))
-    pow2 = lambda n: n & (n - 1) == 0
-    if settings.fused and pow2(R) and pow2(p.splits(S)):
-        i32 = lambda x: jnp.asarray(x, jnp.int32)
-        times = (i32(k_time), i32(q_time), i32(k_start))
-        o, m, l = _partials(qp, k, v, times, p, scale, window)
-        return _merge(o, m, l, R, q.dtype, p).reshape(B, 1, H, D)
     vis = cache_mask(q_time, k_time, k_start, window)[:, 0].astype(jnp.int32)  # [B, S]
     out = _combine(*_partials(qp, k, v, vis, p, scale))[:, :, :R]
     return out.reshape(B, 1, H, D).astype(q.dtype)

@@ -45,11 +45,7 @@ class DecodeAttentionSettings(KernelSettings):
     keep at least this many programs, and at most ``max_splits``; ``min_heads``: below this
     many rows x kv heads the reference runs (at HwH-380m's batch 1, one to five kv heads a
     layer, the kernel gained nothing; at the Transformer's 16 it did: docs/benchmarks.md);
-    ``num_warps`` / ``num_stages``: Triton's. ``fused``: the visibility formed in the kernel
-    from the slots' times and the splits merged by a second kernel (three kernels a call with
-    q's padding, not eight: at a few rows x kv heads the XLA passes around the kernel cost
-    about as much as the cache read; where the query heads a kv head or the splits are not a
-    power of two, the unfused path runs)."""
+    ``num_warps`` / ``num_stages``: Triton's."""
 
     block: int = 128
     min_programs: int = 1024
@@ -57,7 +53,6 @@ class DecodeAttentionSettings(KernelSettings):
     min_heads: int = 8
     num_warps: int = 4
     num_stages: int = 2
-    fused: bool = False
 
     OP = "decode_attention"
     IMPLS = ("auto", "reference", "pallas")

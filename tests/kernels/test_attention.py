@@ -1,6 +1,5 @@
 """The attention dispatcher against its reference, and the reference against jax.nn."""
 
-import dataclasses
 import functools
 import itertools
 
@@ -309,25 +308,21 @@ def test_blockwise_cached_attention_bf16_within_bf16_noise():
 DECODE = dict(impl="pallas", interpret=True, block=16, min_programs=8, min_heads=1)
 
 
-@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize(
     "ring,window,G", [(False, None, 2), (True, 9, 2), (False, 5, 4), (True, None, 1)]
 )
-def test_decode_attention_kernel_matches_reference(ring, window, G, fused):
+def test_decode_attention_kernel_matches_reference(ring, window, G):
     """The decode kernel (interpreted) against the reference that forms all logits: several
     splits of several blocks, ring caches with empty slots, windows, left-padded rows, GQA and
-    MHA; a query that sees no key (window past every slot) returns zeros. ``fused``: the
-    visibility formed in the kernel and the splits merged by the second kernel."""
+    MHA; a query that sees no key (window past every slot) returns zeros."""
     from kernels_pallas import DecodeAttentionSettings, cached_attention, decode_attention
     from kernels_pallas.attention.decode import plan
 
     q, k, v, q_time, k_time, k_start = _cache_case(3, 1, 128, 4, G, 16, seed=G, ring=ring)
-    settings = DecodeAttentionSettings(**{**DECODE, "min_programs": 3 * G * 4, "fused": fused})
+    settings = DecodeAttentionSettings(**{**DECODE, "min_programs": 3 * G * 4})
     p = plan(3, G, 128, settings)
     assert (p.block, p.steps, p.splits(128)) == (16, 2, 4)  # the loop and the merge
     kw = dict(q_time=q_time, k_time=k_time, k_start=k_start, window=window)
-    jaxpr = str(jax.make_jaxpr(lambda q: decode_attention(q, k, v, settings=settings, **kw))(q))
-    assert ("decode_attention_merge" in jaxpr) == fused
     np.testing.assert_allclose(
         decode_attention(q, k, v, settings=settings, **kw),
         cached_attention(q, k, v, **kw),
@@ -351,13 +346,10 @@ def test_decode_attention_bf16_within_bf16_noise_and_its_fallbacks():
     kw = dict(q_time=q_time, k_time=k_time, k_start=k_start)
     exact = cached_attention(q, k, v, **kw)
     bf = lambda x: x.astype(jnp.bfloat16)
-    for fused in (False, True):
-        fs = dataclasses.replace(settings, fused=fused)
-        out = decode_attention(bf(q), bf(k), bf(v), settings=fs, **kw)
-        assert out.dtype == jnp.bfloat16
-        assert kernels_pallas.chosen()["decode_attention@cpu"] == "pallas"
-        err = float(jnp.linalg.norm(out.astype(jnp.float32) - exact) / jnp.linalg.norm(exact))
-        assert err < 1e-2, (fused, err)
+    out = decode_attention(bf(q), bf(k), bf(v), settings=settings, **kw)
+    assert out.dtype == jnp.bfloat16 and kernels_pallas.chosen()["decode_attention@cpu"] == "pallas"
+    err = float(jnp.linalg.norm(out.astype(jnp.float32) - exact) / jnp.linalg.norm(exact))
+    assert err < 1e-2, err
     q, k, v, q_time, k_time, k_start = _cache_case(2, 1, 40, 4, 2, 16, seed=8, ring=False)
     kw = dict(q_time=q_time, k_time=k_time, k_start=k_start)
     np.testing.assert_array_equal(
