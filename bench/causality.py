@@ -246,7 +246,7 @@ def compile_all(fns, params, shapes, threads):
     lowered = {}
     for B, T, paths in shapes:  # tracing stays on this thread (nnx's graph contexts)
         b = jax.eval_shape(lambda: batch_of(np.zeros((B, T + 1), np.int32)))
-        for path in [p for check in paths for p in PATHS[check]]:
+        for path in paths:
             lowered[(path, B, T)] = jax.jit(fns[path]).lower(pshape, b)
     with concurrent.futures.ThreadPoolExecutor(threads) as ex:
         done = ex.map(lambda item: (item[0], item[1].compile()), lowered.items())
@@ -273,9 +273,9 @@ def model_rows(
     shapes = []
     for T in lengths:
         for B in batches:
-            paths = ["fwd"] if "fwd" in checks else []
+            paths = list(PATHS["fwd"]) if "fwd" in checks else []  # each a program
             if "grad" in checks and (not big or B == min(batches)):
-                paths.append("grad")
+                paths += PATHS["grad"]
             if paths:
                 shapes.append((B, T, paths))
     # the training's gradient (1 x 2,048), compiled beside the checks where they lack it
@@ -312,7 +312,7 @@ def model_rows(
                 "p": split_p(T),
                 **({"overrides": overrides} if overrides else {}),
             }
-            for path in [p for check in paths for p in PATHS[check]]:
+            for path in paths:
                 f = compiled[(path, B, T)]
                 try:  # out of memory at one shape (runs or comparisons): said in its row
                     if path == "grad":  # two gradients held at a time (a 1.4B's are 5.6 GB)
